@@ -15,3 +15,7 @@ ctest --test-dir build-device -j 4 --output-on-failure "$@" 2>&1 | tee "$OUT/cte
 if [ -x build-device/bench/tvd_bench ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   build-device/bench/tvd_bench --json "$OUT/tvd_bench.json" 2>&1 | tee "$OUT/tvd_bench.txt"
 fi
+if [ "${DEBUG_PY:-0}" = 1 ] && command -v cuda-gdb >/dev/null; then  # native backtrace of the Python test
+  cuda-gdb -batch -ex run -ex bt --args "$PY" tests/test_tvd_op.py build-device/lib/liblossfns.so \
+    >"$OUT/py_gdb.txt" 2>&1; grep -A30 "SIGSEGV" "$OUT/py_gdb.txt" | head -40
+fi

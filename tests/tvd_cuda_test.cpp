@@ -56,7 +56,8 @@ TEST(TvdCuda, ForwardAndBackwardDoNotSynchronise) {
   });
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
   ASSERT_TRUE(grad.defined());
-  EXPECT_TRUE(grad[1].eq(0).all().item<bool>()) << "row 1 has label -1: ignored";
+  EXPECT_TRUE(grad[0].eq(0).all().item<bool>()) << "row 0 has label -1: ignored";
+  EXPECT_FALSE(grad[1].eq(0).all().item<bool>()) << "row 1 (label 0) counts";
 }
 
 }  // namespace

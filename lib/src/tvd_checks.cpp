@@ -71,24 +71,15 @@ FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
   return in;
 }
 
-void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& signs,
-                           const at::Tensor& scale, int64_t V, int64_t reduction) {
-  TORCH_CHECK(signs.dim() == 2 && signs.scalar_type() == at::kByte && signs.is_contiguous() &&
-                  signs.size(1) == kernels::sign_row_pitch(V),
-              "lossfns._tvd_backward: signs must be contiguous uint8 (rows, ", kernels::sign_row_pitch(V),
-              ") from _tvd_forward(save_signs=True); got ", signs.scalar_type(), " ", signs.sizes(),
-              ". Was the forward run with inputs that do not require grad?");
-  TORCH_CHECK(grad_output.device() == signs.device(), "lossfns._tvd_backward: grad_output must be on ",
-              signs.device(), "; got ", grad_output.device());
+void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows, int64_t V,
+                           int64_t reduction) {
   if (reduction == kernels::kNone) {
-    TORCH_CHECK(grad_output.numel() == signs.size(0) * V, "lossfns._tvd_backward: grad_output must have ",
-                signs.size(0) * V, " elements (the loss's shape) for reduction 'none'; got ",
-                grad_output.sizes());
+    TORCH_CHECK(grad_output.numel() == rows * V, "lossfns._tvd_backward: grad_output must have ", rows * V,
+                " elements (the loss's shape) for reduction 'none'; got ", grad_output.sizes());
   } else {
     TORCH_CHECK(grad_output.numel() == 1, "lossfns._tvd_backward: grad_output must hold one value for a ",
                 "reduced loss; got shape ", grad_output.sizes());
-    TORCH_CHECK(scale.numel() == 1 && scale.device() == signs.device(),
-                "lossfns._tvd_backward: scale must be the 1-element tensor from _tvd_forward");
+    TORCH_CHECK(scale.numel() == 1, "lossfns._tvd_backward: scale must be the 1-element tensor from _tvd_forward");
   }
 }
 

@@ -1,9 +1,10 @@
-// Framework-free pieces shared by the CPU and CUDA TVD kernels: the 2-bit sign code that forward
-// saves for backward, and its packed layout. Includes nothing from Torch or CUDA.
+// Framework-free pieces shared by the CPU and CUDA TVD kernels: the sign rule, the reduction's
+// scale, and the 2-bit sign code the CUDA forward saves for backward with its packed layout.
+// Includes nothing from Torch or CUDA.
 //
-// Why signs and not the gradient: backward needs only sign(p - q) per element. Saving it as 2 bits
-// (4 per byte) instead of a (BT, V) gradient keeps BT*V/4 bytes alive between forward and
-// backward, and lets backward honour any grad_output (read on the device) in one write pass:
+// Why the CUDA path saves signs and not the gradient: backward needs only sign(p - q) per
+// element. Saving it as 2 bits (4 per byte) instead of a (BT, V) gradient keeps BT*V/4 bytes alive
+// between forward and backward, and lets backward honour any grad_output (read on the device) in one write pass:
 // forward reads p and q, backward writes grad, plus 2 * BT*V/4 bytes of signs.
 #pragma once
 
@@ -34,7 +35,8 @@ LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) {
 // NaN difference (the loss is NaN then; abs's backward in ATen gives 0 there too).
 template <typename Acc>
 LOSSFNS_HOST_DEVICE uint32_t sign_code(Acc d) {
-  return d > Acc(0) ? kPos : (d < Acc(0) ? kNeg : kZero);
+  // Branch-free: signs of real data are random, and a branch per element mispredicts half the time.
+  return static_cast<uint32_t>(d > Acc(0)) | (static_cast<uint32_t>(d < Acc(0)) << 1);
 }
 
 // The signed unit for a code: 0, +1 or -1. Backward multiplies it by 0.5*scale*grad_output, so a

@@ -35,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
   at::Tensor signs = at::empty({save_signs ? in.rows : 0, sign_row_pitch(in.V)}, p.options().dtype(at::kByte));
   at::Tensor loss = none ? at::empty({in.rows, in.V}, f32) : at::empty({}, f32);
   at::Tensor scale = at::empty({none ? 0 : 1}, f32);
-  at::Tensor row_loss = none ? at::Tensor() : at::empty({in.rows}, f32);
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 
   AT_DISPATCH_V2(p.scalar_type(), "lossfns_tvd_forward_cuda", AT_WRAP([&] {
     using T = typename CudaType<scalar_t>::type;
@@ -48,6 +48,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
     a.ignore_index = ignore_index;
     a.rows = in.rows;
     a.V = in.V;
+    a.num_sms = num_sms;
+    at::Tensor row_loss = none ? at::Tensor() : at::empty({kernels::tvd_forward_scratch<T>(in.rows, in.V, num_sms)}, f32);
     a.row_loss = none ? nullptr : row_loss.mutable_data_ptr<float>();
     a.elem_loss = none ? loss.mutable_data_ptr<float>() : nullptr;
     a.signs = save_signs ? signs.mutable_data_ptr<uint8_t>() : nullptr;
@@ -60,8 +62,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
 }
 
 at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& signs, const at::Tensor& scale,
-                             int64_t V, at::ScalarType dtype, int64_t reduction) {
-  check_backward_inputs(grad_output, signs, scale, V, reduction);
+                             const std::optional<at::Tensor>& /*p*/, const std::optional<at::Tensor>& /*q*/,
+                             const std::optional<at::Tensor>& /*labels: zero signs already*/,
+                             int64_t /*ignore_index*/, int64_t V, at::ScalarType dtype, int64_t reduction) {
+  TORCH_CHECK(signs.dim() == 2 && signs.scalar_type() == at::kByte && signs.is_contiguous() &&
+                  signs.size(1) == sign_row_pitch(V) && signs.is_cuda(),
+              "lossfns._tvd_backward: signs must be contiguous CUDA uint8 (rows, ", sign_row_pitch(V),
+              ") from _tvd_forward(save_signs=True); got ", signs.scalar_type(), " ", signs.sizes());
+  check_backward_inputs(grad_output, scale, signs.size(0), V, reduction);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
               "lossfns._tvd_backward: on CUDA the gradient dtype must be Float, Half or BFloat16; got ", dtype);
   const c10::cuda::CUDAGuard guard(signs.device());
@@ -78,6 +86,7 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
     a.grad_output = go.const_data_ptr<float>();
     a.scale = reduction == kernels::kNone ? nullptr : scale.const_data_ptr<float>();
     a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
+    a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     check_cuda(kernels::tvd_backward<T>(a, reduction, at::cuda::getCurrentCUDAStream()), "backward");
   }), at::kFloat, at::kHalf, at::kBFloat16);
   return grad;

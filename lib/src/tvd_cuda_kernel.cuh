@@ -7,6 +7,7 @@
 // stores are 16 bytes wide when rows are 16-byte aligned, with several loads in flight per thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -27,7 +28,10 @@ struct TvdForwardArgs {
   int64_t ignore_index;
   int64_t rows;
   int64_t V;
-  float* row_loss;            // (rows,) sum_j |p - q| (0 for ignored rows), or nullptr ('none')
+  int64_t chunks;             // blocks per row (set by tvd_forward from num_sms; >= 1)
+  int num_sms;                // multiprocessors of the device (sizes the grid)
+  float* row_loss;            // (rows, chunks) partial sums of |p - q| (0 for ignored rows), or
+                              // nullptr ('none'); rows * max_chunks(V) floats suffice
   float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
   uint8_t* signs;             // (rows, sign_row_pitch(V)) packed 2-bit codes, or nullptr
 };
@@ -40,12 +44,24 @@ struct TvdBackwardArgs {
   const float* grad_output;   // 1 value (reduced loss), or (rows, V) contiguous ('none')
   const float* scale;         // 1 value from the forward's finalize (unused for 'none')
   T* grad;                    // (rows, V) contiguous
+  int num_sms;                // multiprocessors of the device (sizes the grid)
 };
 
 namespace detail {
 
-constexpr int kThreads = 256;  // per block; one block per row
-constexpr int kUnroll = 4;     // independent 16-byte loads in flight per thread and tensor
+constexpr int kThreads = 256;  // per block; a block handles one chunk of one row
+constexpr int kUnroll = 4;     // independent 16-byte accesses in flight per thread and tensor
+constexpr int kBlocksPerSm = 2048 / kThreads;
+
+// Rows are split into `chunks` blocks when there are too few rows to fill the device (e.g.
+// BT = 512), but never into chunks of fewer than kThreads * kUnroll groups.
+inline int64_t chunks_per_row(int64_t rows, int64_t groups, int num_sms) {
+  const int64_t want = 2 * int64_t{num_sms} * kBlocksPerSm;  // two waves of resident blocks
+  const int64_t by_rows = (want + rows - 1) / (rows > 0 ? rows : 1);
+  const int64_t by_size = groups / (kThreads * kUnroll);
+  const int64_t c = by_rows < by_size ? by_rows : by_size;
+  return c < 1 ? 1 : (c > 65535 ? 65535 : c);
+}
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -85,21 +101,29 @@ __device__ __forceinline__ uint32_t tvd_elems(const T* pe, const T* qe, float& a
 
 template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
-  constexpr int N = kVec ? 16 / sizeof(T) : kSignsPerByte;  // elements per thread step
+  constexpr int N = kVec ? 16 / sizeof(T) : kSignsPerByte;  // elements per group (one thread step)
   __shared__ float shared[kThreads / 32];
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
+  const int64_t groups = V / N;  // full groups; the last chunk also takes the < N tail elements
+  const int64_t per_chunk = (groups + chunks - 1) / chunks;
+  const int64_t g_begin = chunk * per_chunk;
+  const int64_t g_end = g_begin + per_chunk < groups ? g_begin + per_chunk : groups;
+  const bool last = chunk == chunks - 1;
   uint8_t* srow = kSaveSigns ? a.signs + row * sign_row_pitch(V) : nullptr;
   float* erow = kElemLoss ? a.elem_loss + row * V : nullptr;
 
   if (a.labels != nullptr && a.labels[row] == a.ignore_index) {  // no loss, no gradient
-    if constexpr (kSaveSigns) {
-      uint4* s4 = reinterpret_cast<uint4*>(srow);
-      for (int64_t i = threadIdx.x; i < sign_row_pitch(V) / 16; i += kThreads) s4[i] = make_uint4(0, 0, 0, 0);
+    if constexpr (kSaveSigns) {  // zero this chunk's sign bytes (all of them in the last chunk)
+      const int64_t b_begin = g_begin * N / kSignsPerByte;
+      const int64_t b_end = last ? sign_row_pitch(V) : g_end * N / kSignsPerByte;
+      for (int64_t b = b_begin + threadIdx.x; b < b_end; b += kThreads) srow[b] = 0;
     }
-    if constexpr (kElemLoss)
-      for (int64_t j = threadIdx.x; j < V; j += kThreads) erow[j] = 0.f;
-    if (a.row_loss != nullptr && threadIdx.x == 0) a.row_loss[row] = 0.f;
+    if constexpr (kElemLoss) {
+      const int64_t e_end = last ? V : g_end * N;
+      for (int64_t j = g_begin * N + threadIdx.x; j < e_end; j += kThreads) erow[j] = 0.f;
+    }
+    if (a.row_loss != nullptr && threadIdx.x == 0) a.row_loss[row * chunks + chunk] = 0.f;
     return;
   }
 
@@ -114,17 +138,14 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
     }
     if constexpr (kElemLoss)
 #pragma unroll
-      for (int k = 0; k < N; ++k)
-        if (i * N + k < V) erow[i * N + k] = el[k];
+      for (int k = 0; k < N; ++k) erow[i * N + k] = el[k];
   };
 
-  int64_t tail_start;
   if constexpr (kVec) {
     const uint4* p4 = reinterpret_cast<const uint4*>(prow);
     const uint4* q4 = reinterpret_cast<const uint4*>(qrow);
-    const int64_t nvec = V / N;
-    int64_t i = threadIdx.x;
-    for (; i + (kUnroll - 1) * kThreads < nvec; i += kUnroll * kThreads) {
+    int64_t i = g_begin + threadIdx.x;
+    for (; i + (kUnroll - 1) * kThreads < g_end; i += kUnroll * kThreads) {
       uint4 pv[kUnroll], qv[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -136,26 +157,24 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
         emit(i + u * kThreads, tvd_elems<N, kElemLoss>(reinterpret_cast<const T*>(&pv[u]),
                                                        reinterpret_cast<const T*>(&qv[u]), acc, el));
     }
-    for (; i < nvec; i += kThreads) {
+    for (; i < g_end; i += kThreads) {
       const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
       emit(i, tvd_elems<N, kElemLoss>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv),
                                       acc, el));
     }
-    tail_start = nvec * N;
   } else {
-    // Unaligned rows: groups of 4 elements (one sign byte) per thread step.
-    const int64_t full = V / N;
-    for (int64_t i = threadIdx.x; i < full; i += kThreads)
+    // Rows not 16-byte aligned: groups of 4 elements (one sign byte) per thread step.
+    for (int64_t i = g_begin + threadIdx.x; i < g_end; i += kThreads)
       emit(i, tvd_elems<N, kElemLoss>(prow + i * N, qrow + i * N, acc, el));
-    tail_start = full * N;
   }
-  // Fewer than N trailing elements share sign bytes: one thread writes them all.
-  if (threadIdx.x == 0 && tail_start < V) {
+  // Fewer than N trailing elements share sign bytes: one thread of the last chunk writes them all.
+  const int64_t tail_start = groups * N;
+  if (last && threadIdx.x == 0 && tail_start < V) {
     uint32_t bits = 0;
     for (int64_t j = tail_start; j < V; ++j) {
       const float d = to_float(prow[j]) - to_float(qrow[j]);
       acc += fabsf(d);
-      bits |= sign_code(d) << (2 * ((j - tail_start) % 16));
+      bits |= sign_code(d) << (2 * (j - tail_start));
       if constexpr (kElemLoss) erow[j] = 0.5f * fabsf(d);
     }
     if constexpr (kSaveSigns)
@@ -164,21 +183,20 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   }
   if (a.row_loss != nullptr) {
     acc = block_sum(acc, shared);
-    if (threadIdx.x == 0) a.row_loss[row] = acc;
+    if (threadIdx.x == 0) a.row_loss[row * chunks + chunk] = acc;
   }
 }
 
 // One block: total loss over rows (in double), the non-ignored row count, the reduction's scale.
 __global__ void __launch_bounds__(kThreads)
-tvd_finalize_kernel(const float* row_loss, const int64_t* labels, int64_t ignore_index, int64_t rows,
-                    int64_t V, int64_t reduction, float* loss, float* scale) {
+tvd_finalize_kernel(const float* row_loss, int64_t chunks, const int64_t* labels, int64_t ignore_index,
+                    int64_t rows, int64_t V, int64_t reduction, float* loss, float* scale) {
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
   double sum = 0.0, cnt = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
-    sum += row_loss[r];
+  for (int64_t i = threadIdx.x; i < rows * chunks; i += kThreads) sum += row_loss[i];
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads)
     cnt += (labels == nullptr || labels[r] != ignore_index) ? 1.0 : 0.0;
-  }
   sum = block_sum(sum, shared_sum);
   cnt = block_sum(cnt, shared_cnt);
   if (threadIdx.x == 0) {
@@ -191,29 +209,45 @@ tvd_finalize_kernel(const float* row_loss, const int64_t* labels, int64_t ignore
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<T> a) {
   constexpr int N = kVec ? 16 / sizeof(T) : 1;
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const uint8_t* srow = a.signs + row * sign_row_pitch(V);
   T* grow = a.grad + row * V;
   const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
   const T zero = from_float<T>(0.f * h);  // 0 * h, as the reference: NaN if h is not finite
   const T lut[4] = {zero, from_float<T>(h), from_float<T>(-h), zero};
-  int64_t done = 0;
-  if constexpr (kVec) {
-    const int64_t nvec = V / N;
-    uint4* g4 = reinterpret_cast<uint4*>(grow);
-    for (int64_t i = threadIdx.x; i < nvec; i += kThreads) {
-      const uint32_t bits = N == 8 ? reinterpret_cast<const uint16_t*>(srow)[i] : srow[i];
-      uint4 out;
-      T* o = reinterpret_cast<T*>(&out);
+  const int64_t groups = V / N;
+  const int64_t per_chunk = (groups + chunks - 1) / chunks;
+  const int64_t g_begin = chunk * per_chunk;
+  const int64_t g_end = g_begin + per_chunk < groups ? g_begin + per_chunk : groups;
+  auto decode = [&](uint32_t bits) {
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-      for (int k = 0; k < N; ++k) o[k] = lut[(bits >> (2 * k)) & 3u];
-      __stcs(g4 + i, out);
+    for (int k = 0; k < N; ++k) o[k] = lut[(bits >> (2 * k)) & 3u];
+    return out;
+  };
+  if constexpr (kVec) {
+    auto load_bits = [&](int64_t i) -> uint32_t {
+      return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[i] : srow[i];
+    };
+    uint4* g4 = reinterpret_cast<uint4*>(grow);
+    int64_t i = g_begin + threadIdx.x;
+    for (; i + (kUnroll - 1) * kThreads < g_end; i += kUnroll * kThreads) {
+      uint32_t bits[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) bits[u] = load_bits(i + u * kThreads);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) __stcs(g4 + i + u * kThreads, decode(bits[u]));
     }
-    done = nvec * N;
+    for (; i < g_end; i += kThreads) __stcs(g4 + i, decode(load_bits(i)));
+    if (chunk == chunks - 1)
+      for (int64_t j = groups * N + threadIdx.x; j < V; j += kThreads)
+        grow[j] = lut[(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte))) & 3u];
+  } else {
+    for (int64_t j = g_begin + threadIdx.x; j < g_end; j += kThreads)
+      grow[j] = lut[(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte))) & 3u];
   }
-  for (int64_t j = done + threadIdx.x; j < V; j += kThreads)
-    grow[j] = lut[(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte))) & 3u];
 }
 
 template <typename T>
@@ -232,8 +266,8 @@ inline bool aligned16(const void* ptr, int64_t row_stride_bytes) {
 
 template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 cudaError_t launch_forward(const TvdForwardArgs<T>& a, cudaStream_t stream) {
-  tvd_forward_kernel<T, kVec, kSaveSigns, kElemLoss>
-      <<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
+  const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.chunks));
+  tvd_forward_kernel<T, kVec, kSaveSigns, kElemLoss><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -248,22 +282,31 @@ cudaError_t launch_forward_sel(const TvdForwardArgs<T>& a, cudaStream_t stream) 
 
 }  // namespace detail
 
-// Forward. Reduced losses (reduction != kNone) need a.row_loss (rows floats of scratch) and write
-// the loss and the reduction's scale to *loss and *scale (device pointers). 'none' needs
+// Scratch floats that tvd_forward needs in a.row_loss for a reduced loss: rows * chunks.
+template <typename T>
+int64_t tvd_forward_scratch(int64_t rows, int64_t V, int num_sms) {
+  return rows * detail::chunks_per_row(rows, V / (16 / int64_t(sizeof(T))), num_sms);
+}
+
+// Forward. Reduced losses (reduction != kNone) need a.row_loss (tvd_forward_scratch floats) and
+// write the loss and the reduction's scale to *loss and *scale (device pointers). 'none' needs
 // a.elem_loss. Two launches for reduced losses (rows pass + finalize), one for 'none'.
 template <typename T>
-cudaError_t tvd_forward(const TvdForwardArgs<T>& a, int64_t reduction, float* loss, float* scale,
-                        cudaStream_t stream) {
+cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, float* scale, cudaStream_t stream) {
+  const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
+                   detail::aligned16(a.q, a.q_row_stride * int64_t(sizeof(T)));
+  // The scratch is sized for vector groups; the scalar path's groups (4 elements) may ask for more
+  // chunks, so it is capped at the same count.
+  const int64_t vec_chunks = detail::chunks_per_row(a.rows, a.V / (16 / int64_t(sizeof(T))), a.num_sms);
+  a.chunks = vec ? vec_chunks : std::min(vec_chunks, detail::chunks_per_row(a.rows, a.V / kSignsPerByte, a.num_sms));
   if (a.rows > 0) {
-    const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
-                     detail::aligned16(a.q, a.q_row_stride * int64_t(sizeof(T)));
     const cudaError_t err = vec ? detail::launch_forward_sel<T, true>(a, stream)
                                 : detail::launch_forward_sel<T, false>(a, stream);
     if (err != cudaSuccess) return err;
   }
   if (reduction == kNone) return cudaSuccess;
-  detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, stream>>>(
-      a.row_loss, a.labels, a.ignore_index, a.rows, a.V, reduction, loss, scale);
+  detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, stream>>>(a.row_loss, a.chunks, a.labels, a.ignore_index,
+                                                                   a.rows, a.V, reduction, loss, scale);
   return cudaGetLastError();
 }
 
@@ -271,12 +314,14 @@ cudaError_t tvd_forward(const TvdForwardArgs<T>& a, int64_t reduction, float* lo
 template <typename T>
 cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>(a.rows);
+  const unsigned rows = static_cast<unsigned>(a.rows);
   if (reduction == kNone) {
-    detail::tvd_backward_none_kernel<T><<<grid, detail::kThreads, 0, stream>>>(a);
+    detail::tvd_backward_none_kernel<T><<<rows, detail::kThreads, 0, stream>>>(a);
   } else if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) {
+    const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V / (16 / sizeof(T)), a.num_sms)));
     detail::tvd_backward_kernel<T, true><<<grid, detail::kThreads, 0, stream>>>(a);
   } else {
+    const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V, a.num_sms)));
     detail::tvd_backward_kernel<T, false><<<grid, detail::kThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
