@@ -82,7 +82,6 @@ __device__ __forceinline__ Acc block_sum(Acc v, Acc* shared) {  // shared: kThre
   v = lane < kThreads / 32 ? shared[lane] : Acc(0);
   if (warp == 0)
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();  // `shared` may be reused right after (persistent blocks)
   return v;  // valid in thread 0
 }
 
@@ -100,12 +99,11 @@ __device__ __forceinline__ uint32_t tvd_elems(const T* pe, const T* qe, float& a
   return bits;
 }
 
-// One work item: chunk `chunk` of row `row`.
 template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
-__device__ __forceinline__ void tvd_forward_item(const TvdForwardArgs<T>& a, int64_t row, int64_t chunk,
-                                                 float* shared) {
+__global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
   constexpr int N = kVec ? 16 / sizeof(T) : kSignsPerByte;  // elements per group (one thread step)
-  const int64_t chunks = a.chunks;
+  __shared__ float shared[kThreads / 32];
+  const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const int64_t groups = V / N;  // full groups; the last chunk also takes the < N tail elements
   const int64_t per_chunk = (groups + chunks - 1) / chunks;
@@ -189,16 +187,6 @@ __device__ __forceinline__ void tvd_forward_item(const TvdForwardArgs<T>& a, int
   }
 }
 
-// Persistent blocks (grid = resident capacity) walk the (row, chunk) items: no wave tail, and
-// per-block set-up is paid once, not once per row.
-template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
-__global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
-  __shared__ float shared[kThreads / 32];
-  const int64_t items = a.rows * a.chunks;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x)
-    tvd_forward_item<T, kVec, kSaveSigns, kElemLoss>(a, item / a.chunks, item % a.chunks, shared);
-}
-
 // One block: total loss over rows (in double), the non-ignored row count, the reduction's scale.
 __global__ void __launch_bounds__(kThreads)
 tvd_finalize_kernel(const float* row_loss, int64_t chunks, const int64_t* labels, int64_t ignore_index,
@@ -219,12 +207,15 @@ tvd_finalize_kernel(const float* row_loss, int64_t chunks, const int64_t* labels
 }
 
 template <typename T, bool kVec>
-__device__ __forceinline__ void tvd_backward_item(const TvdBackwardArgs<T>& a, int64_t row, int64_t chunk,
-                                                  int64_t chunks, const T (&lut)[4]) {
+__global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<T> a) {
   constexpr int N = kVec ? 16 / sizeof(T) : 1;
+  const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const uint8_t* srow = a.signs + row * sign_row_pitch(V);
   T* grow = a.grad + row * V;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
+  const T zero = from_float<T>(0.f * h);  // 0 * h, as the reference: NaN if h is not finite
+  const T lut[4] = {zero, from_float<T>(h), from_float<T>(-h), zero};
   const int64_t groups = V / N;
   const int64_t per_chunk = (groups + chunks - 1) / chunks;
   const int64_t g_begin = chunk * per_chunk;
@@ -259,16 +250,6 @@ __device__ __forceinline__ void tvd_backward_item(const TvdBackwardArgs<T>& a, i
   }
 }
 
-template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<T> a, int64_t chunks) {
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
-  const T zero = from_float<T>(0.f * h);  // 0 * h, as the reference: NaN if h is not finite
-  const T lut[4] = {zero, from_float<T>(h), from_float<T>(-h), zero};
-  const int64_t items = a.rows * chunks;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x)
-    tvd_backward_item<T, kVec>(a, item / chunks, item % chunks, chunks, lut);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads) tvd_backward_none_kernel(TvdBackwardArgs<T> a) {
   const int64_t row = blockIdx.x;
@@ -279,20 +260,14 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_none_kernel(TvdBackward
   }
 }
 
-// Blocks for `items` work items: at most what the device holds at once.
-inline unsigned persistent_grid(int64_t items, int num_sms) {
-  const int64_t resident = int64_t{num_sms} * kBlocksPerSm;
-  return static_cast<unsigned>(items < resident ? items : resident);
-}
-
 inline bool aligned16(const void* ptr, int64_t row_stride_bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride_bytes % 16 == 0;
 }
 
 template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 cudaError_t launch_forward(const TvdForwardArgs<T>& a, cudaStream_t stream) {
-  tvd_forward_kernel<T, kVec, kSaveSigns, kElemLoss><<<persistent_grid(a.rows * a.chunks, a.num_sms), kThreads, 0,
-                                                       stream>>>(a);
+  const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.chunks));
+  tvd_forward_kernel<T, kVec, kSaveSigns, kElemLoss><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -343,13 +318,11 @@ cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStr
   if (reduction == kNone) {
     detail::tvd_backward_none_kernel<T><<<rows, detail::kThreads, 0, stream>>>(a);
   } else if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) {
-    const int64_t chunks = detail::chunks_per_row(a.rows, a.V / (16 / sizeof(T)), a.num_sms);
-    detail::tvd_backward_kernel<T, true>
-        <<<detail::persistent_grid(a.rows * chunks, a.num_sms), detail::kThreads, 0, stream>>>(a, chunks);
+    const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V / (16 / sizeof(T)), a.num_sms)));
+    detail::tvd_backward_kernel<T, true><<<grid, detail::kThreads, 0, stream>>>(a);
   } else {
-    const int64_t chunks = detail::chunks_per_row(a.rows, a.V, a.num_sms);
-    detail::tvd_backward_kernel<T, false>
-        <<<detail::persistent_grid(a.rows * chunks, a.num_sms), detail::kThreads, 0, stream>>>(a, chunks);
+    const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V, a.num_sms)));
+    detail::tvd_backward_kernel<T, false><<<grid, detail::kThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
