@@ -80,8 +80,8 @@ at::Tensor tvd_backward_cpu(const at::Tensor& grad_output, const at::Tensor& /*s
   TORCH_CHECK(p_opt && q_opt && p_opt->defined() && q_opt->defined(),
               "lossfns._tvd_backward: on CPU, p and q (the forward's inputs) are required");
   const FlatInputs in = check_and_flatten(*p_opt, *q_opt, labels, reduction, kCpuDtypes, "CPU");
-  TORCH_CHECK(in.V == V && in.p.scalar_type() == dtype, "lossfns._tvd_backward: V ", V, " and dtype ", dtype,
-              " must match p's (", in.V, ", ", in.p.scalar_type(), ")");
+  TORCH_CHECK(in.V == V && in.p.scalar_type() == dtype, "lossfns._tvd_backward: V ", num(V), " and dtype ", dtype,
+              " must match p's (", num(in.V), ", ", in.p.scalar_type(), ")");
   check_backward_inputs(grad_output, scale, in.rows, V, reduction);
   at::Tensor grad = at::empty({in.rows, V}, in.p.options().memory_format(at::MemoryFormat::Contiguous));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lossfns_tvd_backward_cpu", [&] {

@@ -28,7 +28,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
     int64_t ignore_index, int64_t reduction, bool save_signs) {
   const FlatInputs in =
       check_and_flatten(p, q, labels, reduction, {at::kFloat, at::kHalf, at::kBFloat16}, "CUDA");
-  TORCH_CHECK(in.rows <= int64_t{INT32_MAX}, "lossfns.tvd_loss: at most 2^31-1 rows on CUDA; got ", in.rows);
+  TORCH_CHECK(in.rows <= int64_t{INT32_MAX}, "lossfns.tvd_loss: at most 2^31-1 rows on CUDA; got ", num(in.rows));
   const c10::cuda::CUDAGuard guard(p.device());
   const auto f32 = p.options().dtype(at::kFloat);
   const bool none = reduction == kernels::kNone;
@@ -67,8 +67,8 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
                              int64_t /*ignore_index*/, int64_t V, at::ScalarType dtype, int64_t reduction) {
   TORCH_CHECK(signs.dim() == 2 && signs.scalar_type() == at::kByte && signs.is_contiguous() &&
                   signs.size(1) == sign_row_pitch(V) && signs.is_cuda(),
-              "lossfns._tvd_backward: signs must be contiguous CUDA uint8 (rows, ", sign_row_pitch(V),
-              ") from _tvd_forward(save_signs=True); got ", signs.scalar_type(), " ", signs.sizes());
+              "lossfns._tvd_backward: signs must be contiguous CUDA uint8 (rows, ", num(sign_row_pitch(V)),
+              ") from _tvd_forward(save_signs=True); got ", signs.scalar_type(), " ", dims(signs.sizes()));
   check_backward_inputs(grad_output, scale, signs.size(0), V, reduction);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
               "lossfns._tvd_backward: on CUDA the gradient dtype must be Float, Half or BFloat16; got ", dtype);

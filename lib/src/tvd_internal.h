@@ -4,11 +4,18 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
 
 namespace lossfns::detail {
+
+// Shapes and integers for error messages, formatted without std::ostream's integer insertion: in
+// some Python processes (seen with the GPU machine's torch image) a library's call of
+// ostream::operator<<(long) crashes, while strings stream fine.
+std::string dims(c10::IntArrayRef sizes);
+inline std::string num(int64_t v) { return std::to_string(v); }
 
 // Inputs as every kernel wants them: (rows, V) views with unit stride inside a row, and labels
 // (rows,) contiguous int64 (undefined when absent).
