@@ -105,13 +105,21 @@ Result run_case(const Case& c, int warmup, int reps) {
 }
 
 #ifdef LOSSFNS_BENCH_CUDA
-// Device-to-device copy bandwidth, bytes read + written per second (GB/s), on a 4 GiB buffer.
-double copy_bandwidth_gbs() {
+struct Bandwidth {
+  double copy, read, write;  // GB/s: copy counts bytes read + written
+};
+// Device bandwidths on a 4 GiB buffer: a device-to-device copy (the limit's reference), a sum
+// (read-only) and a fill (write-only), to tell which side a kernel is bound by.
+Bandwidth measure_bandwidth() {
   const int64_t n = int64_t{1} << 30;  // floats
   const at::Tensor src = at::rand({n}, at::TensorOptions().device(at::kCUDA));
   at::Tensor dst = at::empty_like(src);
-  const double ms = time_ms("cuda", [&] { dst.copy_(src); }, 3, 20);
-  return 2.0 * n * 4 / (ms * 1e-3) / 1e9;
+  const double bytes = 4.0 * n;
+  Bandwidth bw{};
+  bw.copy = 2 * bytes / (time_ms("cuda", [&] { dst.copy_(src); }, 3, 10) * 1e-3) / 1e9;
+  bw.read = bytes / (time_ms("cuda", [&] { src.sum(); }, 3, 10) * 1e-3) / 1e9;
+  bw.write = bytes / (time_ms("cuda", [&] { dst.fill_(1.0); }, 3, 10) * 1e-3) / 1e9;
+  return bw;
 }
 #endif
 
@@ -133,11 +141,14 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Case> cases;
-  double bw = 0;
+  double bw = 0, read_bw = 0, write_bw = 0;
   std::string device_name = "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
 #ifdef LOSSFNS_BENCH_CUDA
   if (!cpu_only && torch::cuda::is_available()) {
-    bw = copy_bandwidth_gbs();
+    const Bandwidth b = measure_bandwidth();
+    bw = b.copy;
+    read_bw = b.read;
+    write_bw = b.write;
     device_name = at::cuda::getCurrentDeviceProperties()->name;
     const std::vector<std::tuple<int64_t, int64_t, at::ScalarType>> shapes = {
         {4096, 32000, at::kBFloat16}, {4096, 32000, at::kFloat}, {8192, 128256, at::kBFloat16},
@@ -151,7 +162,8 @@ int main(int argc, char** argv) {
     for (bool l : {false, true}) cases.push_back({"cpu", BT, 32000, at::kFloat, 1.0, l});
 
   std::vector<Result> results;
-  std::printf("device: %s; copy bandwidth %.0f GB/s (read+write)\n\n", device_name.c_str(), bw);
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read+write); read-only %.0f GB/s; write-only %.0f GB/s\n\n",
+              device_name.c_str(), bw, read_bw, write_bw);
   std::printf("%-5s %6s %7s %4s %4s %3s | %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "BT", "V", "dt",
               "g", "ign", "fwd ms", "bwd ms", "full ms", "ref fwd", "ref bwd", "ref full", "speedup",
               "of limit");
@@ -172,7 +184,9 @@ int main(int argc, char** argv) {
   }
 
   std::ofstream js(json_path);
-  js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw << ",\n  \"cases\": [\n";
+  js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw
+     << ",\n  \"read_bandwidth_gbs\": " << read_bw << ",\n  \"write_bandwidth_gbs\": " << write_bw
+     << ",\n  \"cases\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     js << "    {\"device\": \"" << r.c.device << "\", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plot tvd_bench's JSON: full-pass time of lossfns vs the LibTorch composite, and the full pass as
-a fraction of the three-stream limit (CUDA). Usage: plot_bench.py tvd_bench.json out.png"""
+a fraction of the three-stream limit (CUDA); print the same numbers as a Markdown table.
+Usage: plot_bench.py tvd_bench.json out.png"""
 import json
 import sys
 
@@ -44,6 +45,19 @@ def main(src, dst):
     fig.suptitle(f'TVD loss benchmark on {data["device"]}')
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
+    print_table(data)
+
+
+def print_table(data):
+    print("| device | BT | V | dtype | grad_output | ignored rows | fwd ms | bwd ms | full ms "
+          "| composite full ms | speedup | % of 3-stream limit |")
+    print("|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for c in data["cases"]:
+        frac = f'{100 * c["limit_ms"] / c["ours_full_ms"]:.0f}%' if c["limit_ms"] > 0 else "-"
+        print(f'| {c["device"]} | {c["BT"]} | {c["V"]} | {c["dtype"]} | {c["grad_output"]:g} '
+              f'| {"yes" if c["ignored_rows"] else "no"} | {c["ours_fwd_ms"]:.3f} | {c["ours_bwd_ms"]:.3f} '
+              f'| {c["ours_full_ms"]:.3f} | {c["ref_full_ms"]:.3f} | {c["ref_full_ms"] / c["ours_full_ms"]:.1f}x '
+              f'| {frac} |')
 
 
 if __name__ == "__main__":
