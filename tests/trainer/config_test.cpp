@@ -188,9 +188,9 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "x.yaml:5: teacher: duplicate key (first set at x.yaml:3)"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  vocab_size: 63\n",
        "x.yaml:5: teacher.vocab_size: expected student.vocab_size (64), got 63"},
-      {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  pad_vocab_to_multiple_of: 8\n",
+      {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  pad_vocab_to_multiple_of: 48\n",
        "x.yaml:5: teacher.pad_vocab_to_multiple_of: expected a value that pads to the student's "
-       "64 logits, got 8 (pads to 64)"},
+       "64 logits, got 48 (pads to 96)"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\nstudent:\n  init_from_teacher: true\n",
        "(default): student.n_layer: expected 4 (= teacher.n_layer; student.init_from_teacher is "
        "true), got 2"},

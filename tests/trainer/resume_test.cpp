@@ -136,18 +136,18 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   c.train.baseline = true;
   ASSERT_TRUE(IsPipeline(c));
   std::ostringstream first, second;
-  const auto rows = Run(c, RunFlags{false, true}, first);
+  const auto rows = distill::Run(c, RunFlags{false, true}, first);
   ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].name, "teacher");
   EXPECT_EQ(rows[1].name, "student (distilled)");
   EXPECT_EQ(rows[2].name, "student (hard labels)");
   for (const auto& r : rows) EXPECT_GT(r.val_loss, r.entropy_floor);
-  const auto again = Run(c, RunFlags{false, true}, second);
+  const auto again = distill::Run(c, RunFlags{false, true}, second);
   EXPECT_EQ(first.str(), second.str());
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/results.txt"));
   // --fresh retrains from scratch, deterministically: the same table again.
   std::ostringstream third;
-  Run(c, RunFlags{true, true}, third);
+  distill::Run(c, RunFlags{true, true}, third);
   EXPECT_EQ(first.str(), third.str());
 }
 

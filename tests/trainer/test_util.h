@@ -7,17 +7,22 @@
 #include <gtest/gtest.h>
 
 #include "distill/config.h"
+#include "distill/run_dir.h"
 
 namespace distill::testing {
 
-// A unique, empty directory under the system temp dir, named after the running test.
+// A fresh directory path under the system temp dir, named after the running test. Removes
+// what earlier runs of the test left there, including the derived "<dir>-*" run directories.
 inline std::string TempRunDir(const std::string& suffix = "") {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const auto dir = std::filesystem::temp_directory_path() /
-                   (std::string("distill_test_") + info->test_suite_name() + "_" + info->name() +
-                    suffix);
-  std::filesystem::remove_all(dir);
-  return dir.string();
+  const std::string name = std::string("distill_test_") + info->test_suite_name() + "_" +
+                           info->name() + suffix;
+  const auto root = std::filesystem::temp_directory_path();
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    const std::string entry_name = entry.path().filename().string();
+    if (entry_name == name || entry_name.rfind(name + "-", 0) == 0) RemoveTree(entry.path().string());
+  }
+  return (root / name).string();
 }
 
 // Small models on the synthetic language (a few ms per step on one CPU core): vocab 24 padded
@@ -70,11 +75,11 @@ inline std::string MakeTeacher(const Config& config, const std::string& dir, int
 }
 
 // A tiny distill config whose teacher was pretrained a few steps (in `<out_dir>-teacher`).
-inline Config TinyDistillConfig(const std::string& out_dir) {
+inline Config TinyDistillConfig(const std::string& out_dir, int64_t teacher_steps = 5) {
   Config c = TinyConfig(out_dir);
   c.train.mode = "distill";
   c.distill.ce_weight = 0.5;
-  c.teacher.checkpoint = MakeTeacher(c, out_dir + "-teacher");
+  c.teacher.checkpoint = MakeTeacher(c, out_dir + "-teacher", teacher_steps);
   return c;
 }
 

@@ -37,9 +37,11 @@ TEST(TrainingTest, PretrainStepsReduceValidationLoss) {
   EXPECT_GT(after, *trainer.data().EntropyFloor());  // nothing beats the floor
 }
 
+// A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation
+// steps must close a good part of that gap. 0.7 leaves margin both ways on this deterministic run.
 TEST(TrainingTest, DistillStepsReduceValidationKd) {
-  Config c = TinyDistillConfig(TempRunDir());
-  c.train.steps = 30;
+  Config c = TinyDistillConfig(TempRunDir(), /*teacher_steps=*/60);
+  c.train.steps = 40;
   Trainer trainer(c, RunOptions{false, true});
   const EvalResult before = trainer.Evaluate();
   const EvalResult after = trainer.Train();

@@ -96,7 +96,10 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
               Config& config, Locations& locations) {
   for (const auto& item : map) {
     const std::string where_key = fmt::format("{}:{}", source, item.first.Mark().line + 1);
-    const std::string where_value = fmt::format("{}:{}", source, item.second.Mark().line + 1);
+    // A null value's mark points past it (at the next token): report the key's line instead.
+    const std::string where_value =
+        item.second.IsNull() ? where_key
+                             : fmt::format("{}:{}", source, item.second.Mark().line + 1);
     if (!item.first.IsScalar()) {
       Fail(where_key, prefix.empty() ? "<root>" : prefix, "expected key names, got a complex key");
     }

@@ -1,6 +1,10 @@
 #include "distill/run_dir.h"
 
+#include <ftw.h>
+#include <stdio.h>
+
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -36,6 +40,16 @@ void WriteFileAtomically(const std::string& path, const std::string& content) {
   fs::rename(tmp, path);
 }
 
+void RemoveTree(const std::string& path) {
+  if (!fs::exists(path)) return;
+  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    return ::remove(entry);
+  };
+  if (nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    throw RunDirError(fmt::format("cannot delete {}", path));
+  }
+}
+
 std::string RunIdentity(const Config& config) {
   Config c = config;
   const TrainConfig defaults;
@@ -66,7 +80,7 @@ bool PrepareRunDir(const Config& config, bool fresh) {
         dir.string()));
   }
   if (!empty && fresh) {
-    fs::remove_all(dir);
+    RemoveTree(dir.string());
   } else if (!empty) {
     std::string stored_identity;
     try {

@@ -29,6 +29,11 @@ bool PrepareRunDir(const Config& config, bool fresh);
 // Writes `content` to `<path>.tmp`, then renames it to `path`.
 void WriteFileAtomically(const std::string& path, const std::string& content);
 
+// Deletes `path` and everything under it (no-op when absent). POSIX nftw, not
+// std::filesystem::remove_all: the torch wheel's libtorch.so exports a broken copy of the
+// latter that the dynamic linker may bind instead of libstdc++'s (it crashes).
+void RemoveTree(const std::string& path);
+
 // The config with the keys that may differ between attempts of one run reset, as YAML.
 std::string RunIdentity(const Config& config);
 
