@@ -67,6 +67,9 @@ Rule<std::array<double, 2>> Betas() {
 // YAML node -> value; nullopt when the node is not a scalar of that type.
 template <typename T>
 std::optional<T> Convert(const YAML::Node& node) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (node.IsNull()) return std::string();  // `key:` or `key=`: the empty string
+  }
   if (!node.IsScalar()) return std::nullopt;
   try {
     T value = node.as<T>();

@@ -239,9 +239,10 @@ void Trainer::LogStep(const StepResult& r) {
                       .Add("grad_norm", r.grad_norm)
                       .Add("tokens_per_s", tokens_per_second)
                       .Add("elapsed_s", elapsed_));
-  progress_->Log(fmt::format("step {:>6}/{}  loss {:.4f}  kd {:.4f}  ce {:.4f}  lr {:.2e}  "
-                             "|g| {:.3f}  {:.0f} tok/s  {}",
-                             position_.step, config_.train.steps, r.loss, r.kd_loss, r.ce_loss,
+  progress_->Log(fmt::format("step {:>6}/{}  loss {:.4f}{}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  {}",
+                             position_.step, config_.train.steps, r.loss,
+                             distill_ ? fmt::format("  kd {:.4f}  ce {:.4f}", r.kd_loss, r.ce_loss)
+                                      : "",
                              r.lr, r.grad_norm, tokens_per_second, progress_->Eta(position_.step)));
   tokens_since_log_ = 0;
   seconds_since_log_ = 0;
@@ -259,10 +260,13 @@ void Trainer::LogEval(const EvalResult& r) {
                       .Add("val_kd", r.val_kd)
                       .Add("entropy_floor", floor)
                       .Add("elapsed_s", elapsed_));
-  progress_->Log(fmt::format("eval {:>6}  val_loss {:.4f} (ppl {:.2f})  teacher {:.4f}  val_kd "
-                             "{:.4f}  floor {:.4f}",
-                             position_.step, r.val_loss, r.val_ppl, r.teacher_val_loss, r.val_kd,
-                             floor));
+  std::string line = fmt::format("eval {:>6}  val_loss {:.4f} (ppl {:.2f})", position_.step,
+                                 r.val_loss, r.val_ppl);
+  if (distill_) {
+    line += fmt::format("  teacher {:.4f}  val_kd {:.4f}", r.teacher_val_loss, r.val_kd);
+  }
+  if (std::isfinite(floor)) line += fmt::format("  floor {:.4f}", floor);
+  progress_->Log(line);
 }
 
 void Trainer::TrainUntil(int64_t stop_step) {
