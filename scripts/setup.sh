@@ -14,17 +14,28 @@ PY_EXTRAS=(numpy matplotlib)
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- Debian packages -------------------------------------------------------------------------
-APT_PKGS=(cmake ninja-build g++ make libyaml-cpp-dev libfmt-dev libgtest-dev libcli11-dev ccache
-          python3-venv python3-pip)
+# Each package with a probe: a command on PATH or a header. Only what is missing is installed, so a
+# machine that has everything (the GPU machine, with no network) never calls apt-get.
+PKGS=(
+  "cmake:cmd:cmake" "ninja-build:cmd:ninja" "g++:cmd:g++" "make:cmd:make" "ccache:cmd:ccache"
+  "libyaml-cpp-dev:file:/usr/include/yaml-cpp/yaml.h" "libfmt-dev:file:/usr/include/fmt/format.h"
+  "libgtest-dev:file:/usr/include/gtest/gtest.h" "libcli11-dev:file:/usr/include/CLI/CLI.hpp"
+)
 missing=()
-for pkg in "${APT_PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+for entry in "${PKGS[@]}"; do
+  IFS=: read -r pkg kind probe <<<"$entry"
+  if [ "$kind" = cmd ]; then command -v "$probe" >/dev/null 2>&1 || missing+=("$pkg")
+  else [ -e "$probe" ] || missing+=("$pkg"); fi
 done
+python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   log "installing Debian packages: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! { $SUDO apt-get update -qq &&
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    log "error: could not install ${missing[*]} with apt-get; install them by hand and re-run"
+    exit 1
+  fi
 fi
 
 # --- LibTorch --------------------------------------------------------------------------------

@@ -1,0 +1,188 @@
+// TVD loss benchmark: our op against the LibTorch composite reference, forward / backward / full
+// pass, and the full pass as a fraction of the three-stream limit (read p and q, write grad) at the
+// device-to-device copy bandwidth measured in the same run. Prints a table, writes JSON.
+//
+//   tvd_bench [--json FILE] [--cpu-only] [--quick]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+#ifdef LOSSFNS_BENCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "lossfns/tvd.h"
+
+namespace {
+
+struct Case {
+  std::string device;
+  int64_t BT, V;
+  at::ScalarType dtype;
+  double grad_output;
+  bool labels;  // every 7th row ignored
+};
+
+struct Result {
+  Case c;
+  double ours_fwd, ours_bwd, ours_full, ref_fwd, ref_bwd, ref_full;  // median ms
+  double limit_ms;  // three streams at the copy bandwidth (CUDA only)
+};
+
+// Median milliseconds of one call of fn, over `reps` samples after `warmup` calls. On CUDA a
+// sample is a batch of back-to-back calls between two events, divided by the batch size: the
+// steady state of a training loop, where the host runs ahead and launch latency is hidden.
+double time_ms(const std::string& device, const std::function<void()>& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+#ifdef LOSSFNS_BENCH_CUDA
+  if (device == "cuda") {
+    constexpr int kBatch = 10;
+    for (int i = 0; i < reps; ++i) {
+      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+      start.record();
+      for (int b = 0; b < kBatch; ++b) fn();
+      stop.record();
+      stop.synchronize();
+      ms.push_back(start.elapsed_time(stop) / kBatch);
+    }
+  }
+#endif
+  if (device == "cpu") {
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The composite reference the issue names: (p - q).abs().sum() / (2*BT), autograd through ATen.
+at::Tensor composite(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels) {
+  if (!labels) return (p - q).abs().sum() / (2.0 * p.size(0));
+  const at::Tensor keep = labels->ne(-100);
+  return ((p - q).abs() * keep.unsqueeze(1).to(p.scalar_type())).sum() / (2.0 * keep.sum().clamp_min(1));
+}
+
+Result run_case(const Case& c, int warmup, int reps) {
+  at::manual_seed(0);
+  const auto opts = at::TensorOptions().device(c.device == "cuda" ? at::kCUDA : at::kCPU);
+  const at::Tensor p = at::softmax(at::randn({c.BT, c.V}, opts), -1).to(c.dtype).requires_grad_(true);
+  const at::Tensor q = at::softmax(at::randn({c.BT, c.V}, opts), -1).to(c.dtype);
+  std::optional<at::Tensor> labels;
+  if (c.labels) labels = at::where(at::arange(c.BT, opts.dtype(at::kLong)) % 7 == 0, -100, 1);
+  const at::Tensor go = at::full({}, c.grad_output, opts.dtype(at::kFloat));
+
+  Result r{c, 0, 0, 0, 0, 0, 0, 0};
+  using LossFn = std::function<at::Tensor()>;
+  auto measure = [&](const LossFn& loss_fn, double& fwd, double& bwd, double& full) {
+    {
+      c10::AutoGradMode no_grad(false);
+      fwd = time_ms(c.device, [&] { loss_fn(); }, warmup, reps);
+    }
+    const at::Tensor loss = loss_fn();
+    const at::Tensor g = go.to(loss.scalar_type());
+    bwd = time_ms(c.device, [&] { torch::autograd::grad({loss}, {p}, {g}, /*retain_graph=*/true); }, warmup, reps);
+    full = time_ms(c.device, [&] { torch::autograd::grad({loss_fn()}, {p}, {g}); }, warmup, reps);
+  };
+  // Forward alone is timed with grad mode off for both (no signs saved, no graph built).
+  measure([&] { return lossfns::tvd_loss(p, q, {}, labels); }, r.ours_fwd, r.ours_bwd, r.ours_full);
+  measure([&] { return composite(p, q, labels); }, r.ref_fwd, r.ref_bwd, r.ref_full);
+  return r;
+}
+
+#ifdef LOSSFNS_BENCH_CUDA
+// Device-to-device copy bandwidth, bytes read + written per second (GB/s), on a 4 GiB buffer.
+double copy_bandwidth_gbs() {
+  const int64_t n = int64_t{1} << 30;  // floats
+  const at::Tensor src = at::rand({n}, at::TensorOptions().device(at::kCUDA));
+  at::Tensor dst = at::empty_like(src);
+  const double ms = time_ms("cuda", [&] { dst.copy_(src); }, 3, 20);
+  return 2.0 * n * 4 / (ms * 1e-3) / 1e9;
+}
+#endif
+
+std::string dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : (t == at::kHalf ? "fp16" : "fp32"); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path = "tvd_bench.json";
+  bool cpu_only = false, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--cpu-only") cpu_only = true;
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: tvd_bench [--json FILE] [--cpu-only] [--quick]\n");
+      return 2;
+    }
+  }
+  std::vector<Case> cases;
+  double bw = 0;
+  std::string device_name = "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
+#ifdef LOSSFNS_BENCH_CUDA
+  if (!cpu_only && torch::cuda::is_available()) {
+    bw = copy_bandwidth_gbs();
+    device_name = at::cuda::getCurrentDeviceProperties()->name;
+    const std::vector<std::tuple<int64_t, int64_t, at::ScalarType>> shapes = {
+        {4096, 32000, at::kBFloat16}, {4096, 32000, at::kFloat}, {8192, 128256, at::kBFloat16},
+        {16384, 131072, at::kFloat}, {512, 32000, at::kBFloat16}};
+    for (const auto& [BT, V, dt] : shapes)
+      for (double g : {1.0, 0.5})
+        for (bool l : {false, true}) cases.push_back({"cuda", BT, V, dt, g, l});
+  }
+#endif
+  for (int64_t BT : {256, 1024})
+    for (bool l : {false, true}) cases.push_back({"cpu", BT, 32000, at::kFloat, 1.0, l});
+
+  std::vector<Result> results;
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read+write)\n\n", device_name.c_str(), bw);
+  std::printf("%-5s %6s %7s %4s %4s %3s | %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "BT", "V", "dt",
+              "g", "ign", "fwd ms", "bwd ms", "full ms", "ref fwd", "ref bwd", "ref full", "speedup",
+              "of limit");
+  for (const Case& c : cases) {
+    const bool cuda = c.device == "cuda";
+    const int reps = quick ? 3 : (cuda ? 15 : 7);
+    Result r = run_case(c, cuda ? 5 : 2, reps);
+    const double bytes = 3.0 * c.BT * c.V * at::elementSize(c.dtype);
+    r.limit_ms = cuda && bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0;
+    std::printf("%-5s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx %7s\n",
+                c.device.c_str(), (long long)c.BT, (long long)c.V, dtype_name(c.dtype).c_str(), c.grad_output,
+                c.labels ? "yes" : "no", r.ours_fwd, r.ours_bwd, r.ours_full, r.ref_fwd, r.ref_bwd, r.ref_full,
+                r.ref_full / r.ours_full,
+                r.limit_ms > 0 ? (std::to_string(int(100 * r.limit_ms / r.ours_full + 0.5)) + "%").c_str() : "-");
+    std::fflush(stdout);
+    results.push_back(r);
+    if (cuda) c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+
+  std::ofstream js(json_path);
+  js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw << ",\n  \"cases\": [\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    js << "    {\"device\": \"" << r.c.device << "\", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""
+       << dtype_name(r.c.dtype) << "\", \"grad_output\": " << r.c.grad_output << ", \"ignored_rows\": "
+       << (r.c.labels ? "true" : "false") << ", \"ours_fwd_ms\": " << r.ours_fwd << ", \"ours_bwd_ms\": "
+       << r.ours_bwd << ", \"ours_full_ms\": " << r.ours_full << ", \"ref_fwd_ms\": " << r.ref_fwd
+       << ", \"ref_bwd_ms\": " << r.ref_bwd << ", \"ref_full_ms\": " << r.ref_full << ", \"limit_ms\": " << r.limit_ms
+       << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  js << "  ]\n}\n";
+  std::printf("\nwrote %s\n", json_path.c_str());
+  return 0;
+}

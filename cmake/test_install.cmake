@@ -1,0 +1,20 @@
+# ctest script: install the project into a temporary prefix, move that prefix elsewhere (the
+# package must be relocatable), then configure, build and run examples/link_lossfns against it.
+# Inputs: -DBUILD_DIR -DSOURCE_DIR -DWORK_DIR -DTORCH_PREFIX -DGENERATOR
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${ARGV}\n${out}\n${err}")
+  endif()
+  message("${out}")
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/staged)
+file(RENAME ${WORK_DIR}/staged ${WORK_DIR}/moved)
+# The environment form of CMAKE_PREFIX_PATH (':'-separated) survives execute_process's list splitting.
+set(ENV{CMAKE_PREFIX_PATH} "${WORK_DIR}/moved:${TORCH_PREFIX}")
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/link_lossfns -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/link_lossfns)

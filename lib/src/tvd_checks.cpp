@@ -1,0 +1,92 @@
+// Input validation of the TVD op, shared by the CPU and CUDA adapters.
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "tvd_common.h"
+#include "tvd_internal.h"
+
+namespace lossfns::detail {
+
+namespace {
+std::string dtype_list(std::initializer_list<at::ScalarType> types) {
+  std::string out;
+  for (auto t : types) out += (out.empty() ? "" : ", ") + std::string(c10::toString(t));
+  return out;
+}
+}  // namespace
+
+std::string dims(c10::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+int64_t parse_reduction(std::string_view name) {
+  if (name == "none") return kernels::kNone;
+  if (name == "sum") return kernels::kSum;
+  if (name == "mean") return kernels::kMean;
+  if (name == "batchmean") return kernels::kBatchMean;
+  TORCH_CHECK(false, "lossfns.tvd_loss: reduction must be one of 'none', 'sum', 'mean', 'batchmean'; got '",
+              name, "'");
+}
+
+FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
+                             const std::optional<at::Tensor>& labels, int64_t reduction,
+                             std::initializer_list<at::ScalarType> supported, const char* backend) {
+  TORCH_CHECK(p.defined() && q.defined(), "lossfns.tvd_loss: p and q must be defined tensors");
+  TORCH_CHECK(p.dim() == 2 || p.dim() == 3,
+              "lossfns.tvd_loss: p must be (BT, V) or (B, T, V) probabilities; got shape ", dims(p.sizes()));
+  TORCH_CHECK(q.sizes() == p.sizes(), "lossfns.tvd_loss: q must have p's shape ", dims(p.sizes()), "; got ",
+              dims(q.sizes()));
+  TORCH_CHECK(q.scalar_type() == p.scalar_type(), "lossfns.tvd_loss: q must have p's dtype ",
+              p.scalar_type(), "; got ", q.scalar_type(), " (convert one with .to(dtype))");
+  TORCH_CHECK(q.device() == p.device(), "lossfns.tvd_loss: q must be on p's device ", p.device(),
+              "; got ", q.device());
+  bool dtype_ok = false;
+  for (auto t : supported) dtype_ok = dtype_ok || t == p.scalar_type();
+  TORCH_CHECK(dtype_ok, "lossfns.tvd_loss: on ", backend, " p and q must be one of ", dtype_list(supported),
+              "; got ", p.scalar_type());
+  TORCH_CHECK(reduction >= kernels::kNone && reduction <= kernels::kBatchMean,
+              "lossfns.tvd_loss: reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(reduction));
+
+  FlatInputs in;
+  in.V = p.size(-1);
+  TORCH_CHECK(in.V > 0, "lossfns.tvd_loss: the vocabulary dimension V (last of p's shape ", dims(p.sizes()),
+              ") must be > 0");
+  in.rows = p.numel() / in.V;
+  auto flat = [&](const at::Tensor& t) {
+    at::Tensor r = t.reshape({in.rows, in.V});  // a view whenever the layout allows one
+    return r.stride(1) == 1 ? r : r.contiguous();
+  };
+  in.p = flat(p);
+  in.q = flat(q);
+
+  if (labels.has_value() && labels->defined()) {
+    const at::Tensor& l = *labels;
+    TORCH_CHECK(l.scalar_type() == at::kLong, "lossfns.tvd_loss: labels must be int64 (Long); got ",
+                l.scalar_type(), " (convert with .to(torch::kLong))");
+    TORCH_CHECK(l.device() == p.device(), "lossfns.tvd_loss: labels must be on p's device ", p.device(),
+                "; got ", l.device());
+    const auto lead = p.sizes().slice(0, p.dim() - 1);
+    TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == in.rows),
+                "lossfns.tvd_loss: labels must have shape ", dims(lead), " (p's shape without V) or (",
+                num(in.rows), ",); got ", dims(l.sizes()));
+    in.labels = l.reshape({in.rows}).contiguous();
+  }
+  return in;
+}
+
+void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows, int64_t V,
+                           int64_t reduction) {
+  if (reduction == kernels::kNone) {
+    TORCH_CHECK(grad_output.numel() == rows * V, "lossfns._tvd_backward: grad_output must have ", num(rows * V),
+                " elements (the loss's shape) for reduction 'none'; got ", dims(grad_output.sizes()));
+  } else {
+    TORCH_CHECK(grad_output.numel() == 1, "lossfns._tvd_backward: grad_output must hold one value for a ",
+                "reduced loss; got shape ", dims(grad_output.sizes()));
+    TORCH_CHECK(scale.numel() == 1, "lossfns._tvd_backward: scale must be the 1-element tensor from _tvd_forward");
+  }
+}
+
+}  // namespace lossfns::detail

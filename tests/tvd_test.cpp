@@ -1,0 +1,210 @@
+// TVD loss against the float64 reference: every element of loss and gradient, swept over devices,
+// dtypes, reductions, shapes and tie patterns. CUDA cases skip without a GPU.
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "lossfns/tvd.h"
+#include "tvd_reference.h"
+
+namespace lossfns::testing {
+namespace {
+
+// Tolerances, element-wise |got - ref| <= atol + rtol*|ref|:
+// - gradient: atol 0 everywhere, so a tie (ref exactly 0) must give exactly 0. The value
+//   0.5*scale*grad_output is formed in the accumulation type and rounded once to the input dtype:
+//   rtol is that dtype's half-ulp plus a margin (bf16 2^-8, fp16 2^-11, fp32 a few ulps).
+// - loss: inputs are the same values for both sides; the op sums |p - q| in fp32 (fp64 for fp64
+//   inputs) in chains of up to ~V/4 terms, so its rounding grows like sqrt(V)*eps32 ~ 2e-5 at
+//   V = 128256; 1e-4 leaves margin. 'none' is one rounding per element (rtol 1e-6).
+//   fp16 gradients below 2^-14 are subnormal, where rounding is absolute: atol 2^-25, half the
+//   subnormal spacing. Ties are still checked for exact 0.0 separately.
+struct Tol {
+  double grad_rtol, grad_atol, loss_rtol, elem_rtol;
+};
+Tol tolerance(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return {1e-12, 0.0, 1e-12, 1e-15};
+    case at::kFloat: return {1e-6, 0.0, 1e-4, 1e-6};
+    case at::kHalf: return {1e-3, 0x1p-25, 1e-4, 1e-6};
+    default: return {8e-3, 0.0, 1e-4, 1e-6};  // bfloat16
+  }
+}
+
+enum class Ties { kNone, kAll, kPaddedHalf, kPartial };
+const char* name(Ties t) {
+  switch (t) {
+    case Ties::kNone: return "no ties";
+    case Ties::kAll: return "q == p (self-distillation)";
+    case Ties::kPaddedHalf: return "trailing half of V exactly 0.0 in both (padded vocabulary)";
+    default: return "partial ties inside rows";
+  }
+}
+
+// p, q: (BT, V) probabilities in dtype on device, with the requested tie pattern.
+std::pair<at::Tensor, at::Tensor> make_inputs(int64_t BT, int64_t V, Ties ties, at::ScalarType dtype,
+                                              at::Device device) {
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  auto softmax_rows = [&](int64_t cols) { return at::softmax(at::randn({BT, cols}, opts) * 2, -1); };
+  at::Tensor p, q;
+  if (ties == Ties::kPaddedHalf) {
+    const int64_t real = (V + 1) / 2;
+    const at::Tensor pad = at::zeros({BT, V - real}, opts);
+    p = at::cat({softmax_rows(real), pad}, 1);
+    q = at::cat({softmax_rows(real), pad}, 1);
+  } else {
+    p = softmax_rows(V);
+    q = softmax_rows(V);
+  }
+  p = p.to(device, dtype);
+  q = q.to(device, dtype);
+  if (ties == Ties::kAll) q = p.clone();
+  if (ties == Ties::kPartial) q = at::where(at::rand({BT, V}, opts).to(device) < 0.5, p, q);
+  return {p, q};
+}
+
+class TvdSweep : public ::testing::TestWithParam<std::tuple<std::string, at::ScalarType>> {
+ protected:
+  void SetUp() override {
+    if (std::get<0>(GetParam()) == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    at::manual_seed(1234);
+  }
+  at::Device device() const { return std::get<0>(GetParam()) == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU); }
+  at::ScalarType dtype() const { return std::get<1>(GetParam()); }
+};
+
+// One case: forward and backward of the op against the reference; grad_output g (scalar, or a
+// random tensor for 'none'); optionally labels with some rows ignored.
+void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double g, bool with_labels,
+                bool q_grad) {
+  const Tol tol = tolerance(p.scalar_type());
+  const int64_t BT = p.numel() / p.size(-1);
+  std::optional<at::Tensor> labels;
+  if (with_labels) {  // every third row ignored
+    at::Tensor l = at::arange(BT, at::TensorOptions().dtype(at::kLong)) % 5;
+    l.index_put_({at::arange(0, BT, 3)}, -100);
+    labels = l.reshape(p.sizes().slice(0, p.dim() - 1)).to(p.device());
+  }
+  p = p.detach().requires_grad_(true);
+  q = q.detach().requires_grad_(q_grad);
+  const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction_from(reduction)), labels);
+
+  const at::Tensor pd = p.detach().to(at::kCPU, at::kDouble).requires_grad_(true);
+  const at::Tensor qd = q.detach().to(at::kCPU, at::kDouble).requires_grad_(q_grad);
+  std::optional<at::Tensor> labels_cpu;
+  if (labels) labels_cpu = labels->cpu();
+  const at::Tensor ref = reference_tvd(pd, qd, labels_cpu, -100, reduction);
+
+  ASSERT_EQ(loss.sizes(), ref.sizes());
+  const auto expected_loss_dtype = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  EXPECT_EQ(loss.scalar_type(), expected_loss_dtype);
+  EXPECT_TRUE(all_close(loss, ref, reduction == "none" ? tol.elem_rtol : tol.loss_rtol, 0.0)) << "loss";
+
+  at::Tensor grad_out = reduction == "none" ? at::rand(loss.sizes(), loss.options()) + 0.25
+                                            : at::full({}, g, loss.options());
+  std::vector<at::Tensor> inputs{p};
+  if (q_grad) inputs.push_back(q);
+  const auto grads = torch::autograd::grad({loss}, inputs, {grad_out});
+  std::vector<at::Tensor> ref_inputs{pd};
+  if (q_grad) ref_inputs.push_back(qd);
+  const auto ref_grads = torch::autograd::grad({ref}, ref_inputs, {grad_out.cpu().to(at::kDouble)});
+
+  ASSERT_EQ(grads[0].scalar_type(), p.scalar_type());
+  EXPECT_TRUE(all_close(grads[0], ref_grads[0], tol.grad_rtol, tol.grad_atol)) << "grad p";
+  // The tie rule, stated directly: where p == q the gradient is exactly 0.0.
+  const at::Tensor ties = p.detach().eq(q.detach());
+  EXPECT_TRUE(grads[0].masked_select(ties).eq(0).all().item<bool>()) << "a tie got a non-zero gradient";
+  if (q_grad) EXPECT_TRUE(grads[1].equal(grads[0].neg())) << "grad q must be -grad p";
+}
+
+TEST_P(TvdSweep, MatchesFloat64ReferenceEverywhere) {
+  const std::vector<int64_t> rows = {1, 13};
+  const std::vector<int64_t> vocab = {1, 7, 1271, 32000, 128256};
+  for (int64_t BT : rows)
+    for (int64_t V : vocab)
+      for (Ties ties : {Ties::kNone, Ties::kAll, Ties::kPaddedHalf, Ties::kPartial})
+        for (const char* reduction : {"batchmean", "sum", "mean", "none"}) {
+          SCOPED_TRACE(::testing::Message() << "BT=" << BT << " V=" << V << " " << name(ties)
+                                            << " reduction=" << reduction);
+          auto [p, q] = make_inputs(BT, V, ties, dtype(), device());
+          check_case(p, q, reduction, 1.0, /*with_labels=*/false, /*q_grad=*/false);
+        }
+}
+
+TEST_P(TvdSweep, WeightedLossIgnoredRowsAndTeacherGradient) {
+  for (const char* reduction : {"batchmean", "sum", "mean", "none"})
+    for (Ties ties : {Ties::kNone, Ties::kPartial, Ties::kPaddedHalf}) {
+      SCOPED_TRACE(::testing::Message() << name(ties) << " reduction=" << reduction);
+      auto [p, q] = make_inputs(31, 1000, ties, dtype(), device());
+      check_case(p, q, reduction, 0.5, /*with_labels=*/true, /*q_grad=*/true);
+      check_case(p, q, reduction, -3.0, /*with_labels=*/false, /*q_grad=*/false);
+    }
+}
+
+TEST_P(TvdSweep, EveryRowIgnoredGivesZeroLossAndZeroGradient) {
+  auto [p, q] = make_inputs(5, 300, Ties::kNone, dtype(), device());
+  p.requires_grad_(true);
+  const at::Tensor labels = at::full({5}, -1, at::TensorOptions().dtype(at::kLong).device(device()));
+  for (auto reduction : {TVDLossOptions::reduction_t(torch::kBatchMean), TVDLossOptions::reduction_t(torch::kMean),
+                         TVDLossOptions::reduction_t(torch::kSum)}) {
+    SCOPED_TRACE(reduction_name(reduction));
+    const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction).ignore_index(-1), labels);
+    const at::Tensor grad = torch::autograd::grad({loss}, {p})[0];
+    EXPECT_EQ(loss.item<double>(), 0.0);
+    EXPECT_TRUE(grad.eq(0).all().item<bool>());
+  }
+}
+
+TEST_P(TvdSweep, NonContiguousAndThreeDimensionalInputs) {
+  // Strided row views into wider tensors (row stride != V, odd element offset), a transposed
+  // (column-major) pair, and (B, T, V) with (B, T) labels.
+  auto [wp, wq] = make_inputs(11, 1290, Ties::kPartial, dtype(), device());
+  check_case(wp.slice(1, 3, 1274), wq.slice(1, 1, 1272), "batchmean", 1.0, true, true);
+  auto [tp, tq] = make_inputs(257, 9, Ties::kPartial, dtype(), device());
+  check_case(tp.t(), tq.t(), "sum", 0.5, false, false);
+  auto [p3, q3] = make_inputs(2 * 7, 515, Ties::kPaddedHalf, dtype(), device());
+  check_case(p3.view({2, 7, 515}), q3.view({2, 7, 515}), "mean", 1.0, true, true);
+  check_case(p3.view({2, 7, 515}), q3.view({2, 7, 515}), "none", 1.0, true, false);
+}
+
+TEST_P(TvdSweep, NaNPropagatesWhereTheReferenceHasIt) {
+  auto [p, q] = make_inputs(3, 40, Ties::kPartial, dtype(), device());
+  p.index_put_({1, 5}, std::numeric_limits<double>::quiet_NaN());
+  for (const char* reduction : {"sum", "none"}) {
+    SCOPED_TRACE(reduction);
+    check_case(p, q, reduction, 1.0, false, false);
+  }
+}
+
+TEST_P(TvdSweep, InferenceModeAndNoGradNeedNoSavedSigns) {
+  auto [p, q] = make_inputs(4, 100, Ties::kNone, dtype(), device());
+  const at::Tensor expected = tvd_loss(p, q);
+  {
+    c10::InferenceMode guard;
+    EXPECT_TRUE(tvd_loss(p, q).equal(expected));
+  }
+  c10::AutoGradMode no_grad(false);
+  EXPECT_FALSE(tvd_loss(p.requires_grad_(true), q).requires_grad());
+}
+
+std::string param_name(const ::testing::TestParamInfo<TvdSweep::ParamType>& info) {
+  return std::get<0>(info.param) + "_" + c10::toString(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, TvdSweep,
+                         ::testing::Combine(::testing::Values("cpu"),
+                                            ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Cuda, TvdSweep,
+                         ::testing::Combine(::testing::Values("cuda"),
+                                            ::testing::Values(at::kFloat, at::kHalf, at::kBFloat16)),
+                         param_name);
+
+}  // namespace
+}  // namespace lossfns::testing
