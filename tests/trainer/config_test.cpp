@@ -1,6 +1,7 @@
 // Config parsing: every key round-trips through YAML and overrides; every error path names
 // where, which key, what was expected and what was found.
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -257,6 +258,17 @@ TEST(ConfigTest, ShippedConfigsParse) {
   }
   EXPECT_EQ(QuickstartYaml().find("# The quickstart"), 0u);
   EXPECT_NO_THROW(ParseConfig(QuickstartYaml(), "embedded"));
+}
+
+// docs/config.md is the reference: it must document every key (as "| `key.path` |").
+TEST(ConfigTest, ReferenceDocumentsEveryKey) {
+  std::ifstream in(std::string(DISTILL_DOCS_DIR) + "/config.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const auto& key : ConfigKeys()) {
+    EXPECT_NE(text.str().find("| `" + key + "` |"), std::string::npos) << key;
+  }
 }
 
 TEST(ConfigTest, MissingFileIsAConfigError) {

@@ -195,15 +195,15 @@ EvalResult Trainer::Evaluate() {
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
     tokens += batch.num_targets;
-    LossSums s = ComputeLossSums(student_->forward(inputs), {}, targets, config_.distill);
-    ce += s.ce;
+    const at::Tensor student_logits = student_->forward(inputs);
     if (distill_) {
       const at::Tensor teacher_logits = teacher_->forward(inputs);
-      LossSums t = ComputeLossSums(teacher_logits, {}, targets, config_.distill);
-      teacher_ce += t.ce;
-      LossSums both =
-          ComputeLossSums(student_->forward(inputs), teacher_logits, targets, config_.distill);
+      const LossSums both = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+      ce += both.ce;
       kd += both.kd;
+      teacher_ce += ComputeLossSums(teacher_logits, {}, targets, config_.distill).ce;
+    } else {
+      ce += ComputeLossSums(student_logits, {}, targets, config_.distill).ce;
     }
   }
   student_->train();
