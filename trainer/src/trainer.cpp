@@ -121,10 +121,10 @@ Trainer::Trainer(Config config, RunOptions options)
       (fs::path(config_.train.out_dir) / "metrics.jsonl").string(), position_.step);
   progress_ = std::make_unique<Progress>(config_.train.steps, position_.step, options_.quiet);
   progress_->Log(fmt::format(
-      "{} {}: student {} parameters{}; {}; {} on {}; {}",
+      "{} {}: {} {} parameters{}; {}; {} on {}; {}",
       same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
                                      : "starting",
-      config_.train.out_dir, student_->num_parameters(),
+      config_.train.out_dir, distill_ ? "student" : "model", student_->num_parameters(),
       distill_ ? fmt::format(", teacher {}", teacher_->num_parameters()) : "",
       data_->Describe(), config_.train.mode, device_.str(), config_.train.precision));
 }
@@ -140,13 +140,17 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches)
   for (const auto& batch : micro_batches) {
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
-    AutocastGuard autocast(config_.train.precision == "bf16");
-    at::Tensor teacher_logits;
-    if (distill_) {
-      torch::NoGradGuard no_grad;
-      teacher_logits = teacher_->forward(inputs);
+    at::Tensor teacher_logits, student_logits;
+    {
+      // Autocast covers the forward passes only; the losses are computed in fp32 and the
+      // backward pass runs outside it (autograd replays the forward's dtypes).
+      AutocastGuard autocast(config_.train.precision == "bf16");
+      if (distill_) {
+        torch::NoGradGuard no_grad;
+        teacher_logits = teacher_->forward(inputs);
+      }
+      student_logits = student_->forward(inputs);
     }
-    const at::Tensor student_logits = student_->forward(inputs);
     LossSums sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
     (sums.total * scale).backward();
     kd_sum += sums.kd;
