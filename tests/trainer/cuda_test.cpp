@@ -17,10 +17,11 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   Config c = testing::TinyConfig(testing::TempRunDir());
   c.train.device = "cuda";
   c.train.precision = "bf16";
-  c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher", 30);
+  // As in TrainingTest.DistillStepsReduceValidationKd: a 60-step teacher, 40 distillation steps.
+  c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher", 60);
   c.train.mode = "distill";
   c.distill.ce_weight = 0.5;
-  c.train.steps = 30;
+  c.train.steps = 40;
 
   Trainer trainer(c, RunOptions{false, true});
   ASSERT_TRUE(trainer.device().is_cuda());
@@ -30,16 +31,16 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   // Parameters and optimizer state stay fp32 under autocast; the logits are bf16.
   EXPECT_EQ(trainer.student()->lm_head_weight().scalar_type(), at::kFloat);
   const EvalResult after = trainer.Train();
-  EXPECT_LT(after.val_kd, before.val_kd);
+  EXPECT_LT(after.val_kd, 0.7 * before.val_kd) << before.val_kd << " -> " << after.val_kd;
   EXPECT_TRUE(std::isfinite(after.val_loss));
 
   Config longer = c;
-  longer.train.steps = 32;
+  longer.train.steps = 42;
   Trainer resumed(longer, RunOptions{false, true});
-  EXPECT_EQ(resumed.step(), 30);
+  EXPECT_EQ(resumed.step(), 40);
   EXPECT_TRUE(at::equal(resumed.student()->lm_head_weight(), trainer.student()->lm_head_weight()));
   resumed.Train();
-  EXPECT_EQ(resumed.step(), 32);
+  EXPECT_EQ(resumed.step(), 42);
 }
 
 }  // namespace
