@@ -142,8 +142,17 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   EXPECT_EQ(rows[1].name, "student (distilled)");
   EXPECT_EQ(rows[2].name, "student (hard labels)");
   for (const auto& r : rows) EXPECT_GT(r.val_loss, r.entropy_floor);
+  auto count_lines = [](const std::string& path) {
+    std::ifstream in(path);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  const std::string student_metrics = c.train.out_dir + "/student/metrics.jsonl";
+  const int records = count_lines(student_metrics);
   const auto again = distill::Run(c, RunFlags{false, true}, second);
   EXPECT_EQ(first.str(), second.str());
+  EXPECT_EQ(count_lines(student_metrics), records) << "the re-run duplicated metrics records";
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/results.txt"));
   // --fresh retrains from scratch, deterministically: the same table again.
   std::ostringstream third;

@@ -59,7 +59,14 @@ MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) {
       std::ifstream in(path);
       for (std::string line; std::getline(in, line);) {
         const size_t at = line.find("\"step\":");
-        if (at != std::string::npos && std::atoll(line.c_str() + at + 7) > keep_up_to_step) continue;
+        if (at == std::string::npos) continue;  // not a record of ours
+        const int64_t step = std::atoll(line.c_str() + at + 7);
+        if (step > keep_up_to_step) continue;
+        const size_t type_at = line.find("\"type\":\"");
+        if (type_at != std::string::npos) {
+          const size_t begin = type_at + 8;
+          kept_.emplace(line.substr(begin, line.find('"', begin) - begin), step);
+        }
         kept.push_back(line);
       }
     }
@@ -67,6 +74,10 @@ MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) {
     for (const auto& line : kept) rewrite << line << '\n';
   }
   out_.open(path, std::ios::app);
+}
+
+bool MetricsLog::Has(const std::string& type, int64_t step) const {
+  return kept_.count({type, step}) > 0;
 }
 
 void MetricsLog::Write(const JsonRecord& record) {

@@ -300,7 +300,8 @@ EvalResult Trainer::Train() {
     final_eval = *last_eval_;  // evaluated (and logged) at the last step already
   } else {
     final_eval = Evaluate();
-    LogEval(final_eval);
+    // A finished run opened again already has its final record.
+    if (!metrics_->Has("eval", position_.step)) LogEval(final_eval);
   }
   const double floor = data_->EntropyFloor().value_or(NAN);
   WriteFileAtomically(

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <string>
+#include <utility>
 
 namespace distill {
 
@@ -30,9 +32,13 @@ class MetricsLog {
   // after the checkpoint a run resumes from; they are recomputed identically).
   MetricsLog(const std::string& path, int64_t keep_up_to_step);
   void Write(const JsonRecord& record);  // one line, flushed
+  // Whether a kept record has "type":"<type>" and this step (e.g. the final evaluation of a
+  // finished run that is opened again).
+  bool Has(const std::string& type, int64_t step) const;
 
  private:
   std::ofstream out_;
+  std::set<std::pair<std::string, int64_t>> kept_;  // (type, step) of the records kept
 };
 
 class Progress {
