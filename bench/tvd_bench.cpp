@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
@@ -37,6 +38,7 @@ struct Case {
 struct Result {
   Case c;
   double ours_fwd, ours_bwd, ours_full, ref_fwd, ref_bwd, ref_full;  // median ms
+  double kernels_full;  // the op's internal forward + backward ops, no autograd (median ms)
   double limit_ms;  // three streams at the copy bandwidth (CUDA only)
 };
 
@@ -86,7 +88,7 @@ Result run_case(const Case& c, int warmup, int reps) {
   if (c.labels) labels = at::where(at::arange(c.BT, opts.dtype(at::kLong)) % 7 == 0, -100, 1);
   const at::Tensor go = at::full({}, c.grad_output, opts.dtype(at::kFloat));
 
-  Result r{c, 0, 0, 0, 0, 0, 0, 0};
+  Result r{c, 0, 0, 0, 0, 0, 0, 0, 0};
   using LossFn = std::function<at::Tensor()>;
   auto measure = [&](const LossFn& loss_fn, double& fwd, double& bwd, double& full) {
     {
@@ -101,17 +103,40 @@ Result run_case(const Case& c, int warmup, int reps) {
   // Forward alone is timed with grad mode off for both (no signs saved, no graph built).
   measure([&] { return lossfns::tvd_loss(p, q, {}, labels); }, r.ours_fwd, r.ours_bwd, r.ours_full);
   measure([&] { return composite(p, q, labels); }, r.ref_fwd, r.ref_bwd, r.ref_full);
+
+  // The same work without autograd: lossfns::_tvd_forward (saving what backward needs) and
+  // lossfns::_tvd_backward through the dispatcher. The gap to ours_full is autograd's host cost.
+  using Opt = const std::optional<at::Tensor>&;
+  static const auto fwd_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("lossfns::_tvd_forward", "").typed<
+          std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, Opt, int64_t, int64_t, bool)>();
+  static const auto bwd_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("lossfns::_tvd_backward", "").typed<at::Tensor(
+          const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt, int64_t, int64_t, at::ScalarType, int64_t)>();
+  const at::Tensor pd = p.detach();
+  r.kernels_full = time_ms(c.device, [&] {
+    auto [loss, signs, scale] = fwd_op.call(pd, q, labels, -100, /*batchmean*/ 3, true);
+    bwd_op.call(go, signs, scale, pd, q, labels, -100, c.V, c.dtype, 3);
+  }, 2, c.device == "cuda" ? 15 : 5);
   return r;
 }
 
 #ifdef LOSSFNS_BENCH_CUDA
-// Device-to-device copy bandwidth, bytes read + written per second (GB/s), on a 4 GiB buffer.
-double copy_bandwidth_gbs() {
+struct Bandwidth {
+  double copy, read, write;  // GB/s: copy counts bytes read + written
+};
+// Device bandwidths on a 4 GiB buffer: a device-to-device copy (the limit's reference), a sum
+// (read-only) and a fill (write-only), to tell which side a kernel is bound by.
+Bandwidth measure_bandwidth() {
   const int64_t n = int64_t{1} << 30;  // floats
   const at::Tensor src = at::rand({n}, at::TensorOptions().device(at::kCUDA));
   at::Tensor dst = at::empty_like(src);
-  const double ms = time_ms("cuda", [&] { dst.copy_(src); }, 3, 20);
-  return 2.0 * n * 4 / (ms * 1e-3) / 1e9;
+  const double bytes = 4.0 * n;
+  Bandwidth bw{};
+  bw.copy = 2 * bytes / (time_ms("cuda", [&] { dst.copy_(src); }, 3, 10) * 1e-3) / 1e9;
+  bw.read = bytes / (time_ms("cuda", [&] { src.sum(); }, 3, 10) * 1e-3) / 1e9;
+  bw.write = bytes / (time_ms("cuda", [&] { dst.fill_(1.0); }, 3, 10) * 1e-3) / 1e9;
+  return bw;
 }
 #endif
 
@@ -133,11 +158,14 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Case> cases;
-  double bw = 0;
+  double bw = 0, read_bw = 0, write_bw = 0;
   std::string device_name = "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
 #ifdef LOSSFNS_BENCH_CUDA
   if (!cpu_only && torch::cuda::is_available()) {
-    bw = copy_bandwidth_gbs();
+    const Bandwidth b = measure_bandwidth();
+    bw = b.copy;
+    read_bw = b.read;
+    write_bw = b.write;
     device_name = at::cuda::getCurrentDeviceProperties()->name;
     const std::vector<std::tuple<int64_t, int64_t, at::ScalarType>> shapes = {
         {4096, 32000, at::kBFloat16}, {4096, 32000, at::kFloat}, {8192, 128256, at::kBFloat16},
@@ -151,9 +179,10 @@ int main(int argc, char** argv) {
     for (bool l : {false, true}) cases.push_back({"cpu", BT, 32000, at::kFloat, 1.0, l});
 
   std::vector<Result> results;
-  std::printf("device: %s; copy bandwidth %.0f GB/s (read+write)\n\n", device_name.c_str(), bw);
-  std::printf("%-5s %6s %7s %4s %4s %3s | %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "BT", "V", "dt",
-              "g", "ign", "fwd ms", "bwd ms", "full ms", "ref fwd", "ref bwd", "ref full", "speedup",
+  std::printf("device: %s; copy bandwidth %.0f GB/s (read+write); read-only %.0f GB/s; write-only %.0f GB/s\n\n",
+              device_name.c_str(), bw, read_bw, write_bw);
+  std::printf("%-5s %6s %7s %4s %4s %3s | %9s %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "BT", "V", "dt",
+              "g", "ign", "fwd ms", "bwd ms", "full ms", "kernels", "ref fwd", "ref bwd", "ref full", "speedup",
               "of limit");
   for (const Case& c : cases) {
     const bool cuda = c.device == "cuda";
@@ -161,9 +190,10 @@ int main(int argc, char** argv) {
     Result r = run_case(c, cuda ? 5 : 2, reps);
     const double bytes = 3.0 * c.BT * c.V * at::elementSize(c.dtype);
     r.limit_ms = cuda && bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0;
-    std::printf("%-5s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx %7s\n",
+    std::printf("%-5s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx %7s\n",
                 c.device.c_str(), (long long)c.BT, (long long)c.V, dtype_name(c.dtype).c_str(), c.grad_output,
-                c.labels ? "yes" : "no", r.ours_fwd, r.ours_bwd, r.ours_full, r.ref_fwd, r.ref_bwd, r.ref_full,
+                c.labels ? "yes" : "no", r.ours_fwd, r.ours_bwd, r.ours_full, r.kernels_full, r.ref_fwd, r.ref_bwd,
+                r.ref_full,
                 r.ref_full / r.ours_full,
                 r.limit_ms > 0 ? (std::to_string(int(100 * r.limit_ms / r.ours_full + 0.5)) + "%").c_str() : "-");
     std::fflush(stdout);
@@ -172,13 +202,15 @@ int main(int argc, char** argv) {
   }
 
   std::ofstream js(json_path);
-  js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw << ",\n  \"cases\": [\n";
+  js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw
+     << ",\n  \"read_bandwidth_gbs\": " << read_bw << ",\n  \"write_bandwidth_gbs\": " << write_bw
+     << ",\n  \"cases\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     js << "    {\"device\": \"" << r.c.device << "\", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""
        << dtype_name(r.c.dtype) << "\", \"grad_output\": " << r.c.grad_output << ", \"ignored_rows\": "
        << (r.c.labels ? "true" : "false") << ", \"ours_fwd_ms\": " << r.ours_fwd << ", \"ours_bwd_ms\": "
-       << r.ours_bwd << ", \"ours_full_ms\": " << r.ours_full << ", \"ref_fwd_ms\": " << r.ref_fwd
+       << r.ours_bwd << ", \"ours_full_ms\": " << r.ours_full << ", \"kernels_full_ms\": " << r.kernels_full << ", \"ref_fwd_ms\": " << r.ref_fwd
        << ", \"ref_bwd_ms\": " << r.ref_bwd << ", \"ref_full_ms\": " << r.ref_full << ", \"limit_ms\": " << r.limit_ms
        << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }

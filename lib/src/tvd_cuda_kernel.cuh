@@ -206,6 +206,17 @@ tvd_finalize_kernel(const float* row_loss, int64_t chunks, const int64_t* labels
   }
 }
 
+// The gradient value of a 2-bit code, by selects: a table indexed at run time would live in local
+// memory (a load per element).
+template <typename T>
+struct Decoder {
+  T pos, neg, zero;  // 0.5*scale*g, -0.5*scale*g, 0*(0.5*scale*g) (NaN if that is not finite)
+  __device__ __forceinline__ T operator()(uint32_t bits) const {
+    const uint32_t code = bits & 3u;
+    return code == kPos ? pos : (code == kNeg ? neg : zero);
+  }
+};
+
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<T> a) {
   constexpr int N = kVec ? 16 / sizeof(T) : 1;
@@ -214,8 +225,7 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<
   const uint8_t* srow = a.signs + row * sign_row_pitch(V);
   T* grow = a.grad + row * V;
   const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
-  const T zero = from_float<T>(0.f * h);  // 0 * h, as the reference: NaN if h is not finite
-  const T lut[4] = {zero, from_float<T>(h), from_float<T>(-h), zero};
+  const Decoder<T> dec{from_float<T>(h), from_float<T>(-h), from_float<T>(0.f * h)};
   const int64_t groups = V / N;
   const int64_t per_chunk = (groups + chunks - 1) / chunks;
   const int64_t g_begin = chunk * per_chunk;
@@ -224,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<
     uint4 out;
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = lut[(bits >> (2 * k)) & 3u];
+    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
     return out;
   };
   if constexpr (kVec) {
@@ -243,10 +253,10 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<
     for (; i < g_end; i += kThreads) __stcs(g4 + i, decode(load_bits(i)));
     if (chunk == chunks - 1)
       for (int64_t j = groups * N + threadIdx.x; j < V; j += kThreads)
-        grow[j] = lut[(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte))) & 3u];
+        grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
   } else {
     for (int64_t j = g_begin + threadIdx.x; j < g_end; j += kThreads)
-      grow[j] = lut[(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte))) & 3u];
+      grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
   }
 }
 
