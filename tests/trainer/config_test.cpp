@@ -53,7 +53,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "teacher.context_length=80", "teacher.n_layer=5", "teacher.n_head=8",
       "teacher.d_model=256", "teacher.mlp_ratio=3", "teacher.dropout=0.5",
       "teacher.tie_embeddings=false", "teacher.checkpoint=runs/t",
-      "teacher.pretrain_steps=7", "data.source=synthetic", "data.path=some/file.txt",
+      "teacher.pretrain_steps=0", "data.source=synthetic", "data.path=some/file.txt",
       "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40",
       "data.min_seq_len=20", "data.seed=-5", "data.synthetic.order=3",
       "data.synthetic.branching=5", "data.synthetic.zipf=0", "distill.divergence=tvd",
@@ -79,7 +79,8 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_DOUBLE_EQ(c.teacher.dropout, 0.5);
   EXPECT_FALSE(c.teacher.tie_embeddings);
   EXPECT_EQ(c.teacher.checkpoint, "runs/t");
-  EXPECT_EQ(c.teacher.pretrain_steps, 7);
+  // pretrain_steps > 0 conflicts with a checkpoint: set on its own.
+  EXPECT_EQ(ParseConfig("", "x.yaml", {"teacher.pretrain_steps=7"}).teacher.pretrain_steps, 7);
   EXPECT_EQ(c.data.path, "some/file.txt");
   EXPECT_DOUBLE_EQ(c.data.val_fraction, 0.25);
   EXPECT_EQ(c.data.seed, -5);
@@ -106,10 +107,11 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
     ++lines;
     differing += la != lb;
   }
-  // Overrides equal to the default on purpose: source, divergence, precision, init_from_teacher,
-  // mode (distill in kValidDistill), device? no: default auto.
+  // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
+  // data.source, distill.divergence, train.precision, train.mode, student.init_from_teacher,
+  // teacher.pretrain_steps.
   EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
-  EXPECT_EQ(differing, lines - 5) << dumped;
+  EXPECT_EQ(differing, lines - 6) << dumped;
 }
 
 TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
@@ -195,6 +197,11 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\nstudent:\n  init_from_teacher: true\n",
        "(default): student.n_layer: expected 4 (= teacher.n_layer; student.init_from_teacher is "
        "true), got 2"},
+      {head + "teacher:\n  pretrain_steps: 5\n",
+       "x.yaml:5: teacher: duplicate key (first set at x.yaml:3)"},
+      {"train: {mode: distill}\nteacher: {checkpoint: t, pretrain_steps: 5}\n",
+       "x.yaml:2: teacher.pretrain_steps: expected 0 when teacher.checkpoint is set (the teacher "
+       "is loaded, not pretrained), got 5"},
       {"train:\n  mode: pretrain\n  baseline: true\n",
        "x.yaml:3: train.baseline: expected false in pretrain mode, got true"},
       {head + "distill:\n  ignore_index: 3\n",

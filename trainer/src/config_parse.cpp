@@ -208,6 +208,12 @@ void CheckCrossKey(const Config& c, const Locations& at) {
          "expected a checkpoint file or run directory in distill mode (or teacher.pretrain_steps "
          "> 0 to pretrain one first), got \"\"");
   }
+  if (!c.teacher.checkpoint.empty() && c.teacher.pretrain_steps > 0) {
+    fail("teacher.pretrain_steps",
+         fmt::format("expected 0 when teacher.checkpoint is set (the teacher is loaded, not "
+                     "pretrained), got {}",
+                     c.teacher.pretrain_steps));
+  }
   if (c.teacher.vocab_size != c.student.vocab_size) {
     fail("teacher.vocab_size", fmt::format("expected student.vocab_size ({}), got {}",
                                            c.student.vocab_size, c.teacher.vocab_size));
