@@ -89,6 +89,37 @@ TEST(ResumeTest, CheckpointsAreWrittenAndPruned) {
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/config.yaml"));
 }
 
+// metrics.jsonl: one flat JSON object per line with every documented field (docs/trainer.md).
+TEST(ResumeTest, MetricsRecordsHaveEveryField) {
+  Config c = testing::TinyDistillConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.log_interval = 2;
+  c.train.eval_interval = 2;
+  Trainer(c, RunOptions{false, true}).Train();
+  std::ifstream in(c.train.out_dir + "/metrics.jsonl");
+  int train_records = 0, eval_records = 0;
+  for (std::string line; std::getline(in, line);) {
+    ASSERT_TRUE(line.front() == '{' && line.back() == '}') << line;
+    EXPECT_EQ(line.find("null"), std::string::npos) << "distill on synthetic data: all known";
+    std::vector<std::string> fields;
+    if (line.find("\"type\":\"train\"") != std::string::npos) {
+      ++train_records;
+      fields = {"step", "loss", "kd_loss", "ce_loss", "lr", "grad_norm", "tokens_per_s",
+                "elapsed_s"};
+    } else {
+      ASSERT_NE(line.find("\"type\":\"eval\""), std::string::npos) << line;
+      ++eval_records;
+      fields = {"step", "val_loss", "val_ppl", "teacher_val_loss", "teacher_val_ppl", "val_kd",
+                "entropy_floor", "elapsed_s"};
+    }
+    for (const auto& f : fields) {
+      EXPECT_NE(line.find("\"" + f + "\":"), std::string::npos) << f << " in " << line;
+    }
+  }
+  EXPECT_EQ(train_records, 2);
+  EXPECT_EQ(eval_records, 2);
+}
+
 TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
