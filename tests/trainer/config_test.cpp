@@ -1,0 +1,291 @@
+// Config parsing: every key round-trips through YAML and overrides; every error path names
+// where, which key, what was expected and what was found.
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "distill/config.h"
+
+namespace distill {
+namespace {
+
+// Parses `yaml` and returns the ConfigError message ("" if it parsed).
+std::string ErrorOf(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    ParseConfig(yaml, "x.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kValidDistill = "train:\n  mode: distill\nteacher:\n  checkpoint: t.pt\n";
+
+TEST(ConfigTest, EmptyDocumentGivesDefaultsWhichNeedATeacher) {
+  EXPECT_EQ(ErrorOf(""),
+            "(default): teacher.checkpoint: expected a checkpoint file or run directory in "
+            "distill mode (or teacher.pretrain_steps > 0 to pretrain one first), got \"\"");
+  EXPECT_EQ(ErrorOf(kValidDistill), "");
+}
+
+// Every key: print the defaults, parse them back, and compare the dump; then change every key
+// through an override to a different valid value and check it was applied.
+TEST(ConfigTest, EveryKeyRoundTripsThroughPrintConfig) {
+  Config c = ParseConfig(kValidDistill, "x.yaml");
+  const std::string dumped = ConfigToYaml(c);
+  const Config again = ParseConfig(dumped, "dump.yaml");
+  EXPECT_EQ(ConfigToYaml(again), dumped);
+  for (const auto& key : ConfigKeys()) {
+    EXPECT_NE(dumped.find(key.substr(key.rfind('.') + 1) + ":"), std::string::npos) << key;
+  }
+}
+
+TEST(ConfigTest, EveryKeyIsSettableByOverride) {
+  // One non-default, valid value per key (keeps the config consistent as a whole).
+  const std::vector<std::string> overrides = {
+      "student.vocab_size=30", "student.pad_vocab_to_multiple_of=8",
+      "student.context_length=100", "student.n_layer=3", "student.n_head=2",
+      "student.d_model=32", "student.mlp_ratio=2.5", "student.dropout=0.25",
+      "student.tie_embeddings=false", "student.init_from_teacher=false",
+      "teacher.vocab_size=30", "teacher.pad_vocab_to_multiple_of=16",
+      "teacher.context_length=80", "teacher.n_layer=5", "teacher.n_head=8",
+      "teacher.d_model=256", "teacher.mlp_ratio=3", "teacher.dropout=0.5",
+      "teacher.tie_embeddings=false", "teacher.checkpoint=runs/t",
+      "teacher.pretrain_steps=0", "data.source=synthetic", "data.path=some/file.txt",
+      "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40",
+      "data.min_seq_len=20", "data.seed=-5", "data.synthetic.order=3",
+      "data.synthetic.branching=5", "data.synthetic.zipf=0", "distill.divergence=tvd",
+      "distill.temperature=2.5", "distill.kd_weight=0.5", "distill.ce_weight=0.75",
+      "distill.ignore_index=-1", "optim.lr=0.01", "optim.betas=[0.8, 0.99]",
+      "optim.eps=1e-6", "optim.weight_decay=0", "optim.grad_clip=0",
+      "schedule.kind=linear", "schedule.warmup_steps=0", "schedule.min_lr_ratio=1",
+      "train.mode=distill", "train.steps=11", "train.grad_accum=4", "train.seed=9",
+      "train.device=cpu", "train.precision=fp32", "train.log_interval=3",
+      "train.eval_interval=0", "train.eval_batches=5", "train.checkpoint_interval=0",
+      "train.keep_checkpoints=9", "train.resume=false", "train.baseline=true",
+      "train.out_dir=elsewhere"};
+  ASSERT_EQ(overrides.size(), ConfigKeys().size()) << "a key was added: give it an override";
+  const Config c = ParseConfig("", "x.yaml", overrides);
+  const Config defaults;
+  const std::string dumped = ConfigToYaml(c);
+  // Each override appears in the dump (flow values as given, modulo number formatting).
+  EXPECT_EQ(c.student.vocab_size, 30);
+  EXPECT_EQ(c.student.padded_vocab_size(), 32);
+  EXPECT_EQ(c.teacher.padded_vocab_size(), 32);
+  EXPECT_EQ(c.student.context_length, 100);
+  EXPECT_DOUBLE_EQ(c.student.mlp_ratio, 2.5);
+  EXPECT_DOUBLE_EQ(c.teacher.dropout, 0.5);
+  EXPECT_FALSE(c.teacher.tie_embeddings);
+  EXPECT_EQ(c.teacher.checkpoint, "runs/t");
+  // pretrain_steps > 0 conflicts with a checkpoint: set on its own.
+  EXPECT_EQ(ParseConfig("", "x.yaml", {"teacher.pretrain_steps=7"}).teacher.pretrain_steps, 7);
+  EXPECT_EQ(c.data.path, "some/file.txt");
+  EXPECT_DOUBLE_EQ(c.data.val_fraction, 0.25);
+  EXPECT_EQ(c.data.seed, -5);
+  EXPECT_EQ(c.data.synthetic.order, 3);
+  EXPECT_DOUBLE_EQ(c.data.synthetic.zipf, 0.0);
+  EXPECT_DOUBLE_EQ(c.distill.temperature, 2.5);
+  EXPECT_EQ(c.distill.ignore_index, -1);
+  EXPECT_DOUBLE_EQ(c.optim.betas[0], 0.8);
+  EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.99);
+  EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);
+  EXPECT_EQ(c.schedule.kind, "linear");
+  EXPECT_DOUBLE_EQ(c.schedule.min_lr_ratio, 1.0);
+  EXPECT_EQ(c.train.grad_accum, 4);
+  EXPECT_FALSE(c.train.resume);
+  EXPECT_TRUE(c.train.baseline);
+  EXPECT_EQ(c.train.out_dir, "elsewhere");
+  // And every key's dumped line differs from the default dump (each override took effect).
+  const std::string default_dump = ConfigToYaml(ParseConfig(kValidDistill, "x.yaml"));
+  std::istringstream a(dumped), b(default_dump);
+  std::string la, lb;
+  int differing = 0, lines = 0;
+  while (std::getline(a, la) && std::getline(b, lb)) {
+    if (la.find(": ") == std::string::npos || la.back() == ':') continue;  // section headers
+    ++lines;
+    differing += la != lb;
+  }
+  // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
+  // data.source, distill.divergence, train.precision, train.mode, student.init_from_teacher,
+  // teacher.pretrain_steps.
+  EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
+  EXPECT_EQ(differing, lines - 6) << dumped;
+}
+
+TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
+  const std::string yaml =
+      "train:\n"
+      "  mode: distill\n"
+      "teacher:\n"
+      "  checkpoint: t.pt\n"
+      "distill:\n"
+      "  temperature: 2.0\n"
+      "optim:\n"
+      "  betas: [0.5, 0.6]\n";
+  const Config c = ParseConfig(yaml, "x.yaml");
+  EXPECT_DOUBLE_EQ(c.distill.temperature, 2.0);
+  EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.6);
+  EXPECT_EQ(ErrorOf("train:\n  mode: distill\nteacher:\n  checkpoint: t\ndistill:\n"
+                    "  temperature: hot\n"),
+            "x.yaml:6: distill.temperature: expected a number > 0, got \"hot\"");
+}
+
+struct ErrorCase {
+  std::string yaml;
+  std::string message;
+};
+
+TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
+  const std::string head = kValidDistill;  // lines 1-4
+  const std::vector<ErrorCase> cases = {
+      {head + "distill:\n  temprature: 2\n",
+       "x.yaml:6: distill.temprature: unknown key; did you mean \"distill.temperature\"?"},
+      {head + "distil:\n  temperature: 2\n",
+       "x.yaml:5: distil: unknown key; did you mean \"distill\"?"},
+      {head + "bogus: 1\n", "x.yaml:5: bogus: unknown key"},
+      {head + "distill: 3\n", "x.yaml:5: distill: expected a mapping (the distill section), got \"3\""},
+      {head + "distill:\n  temperature: -1\n",
+       "x.yaml:6: distill.temperature: expected a number > 0, got \"-1\""},
+      {head + "distill:\n  temperature: [1, 2]\n",
+       "x.yaml:6: distill.temperature: expected a number > 0, got a list"},
+      {head + "distill:\n  temperature:\n",
+       "x.yaml:6: distill.temperature: expected a number > 0, got nothing"},
+      {head + "distill:\n  temperature: .inf\n",
+       "x.yaml:6: distill.temperature: expected a number > 0, got \".inf\""},
+      {head + "distill:\n  divergence: kl\n",
+       "x.yaml:6: distill.divergence: expected one of: tvd, got \"kl\""},
+      {head + "student:\n  n_layer: 1.5\n",
+       "x.yaml:6: student.n_layer: expected an integer >= 1, got \"1.5\""},
+      {head + "student:\n  n_layer: 0\n",
+       "x.yaml:6: student.n_layer: expected an integer >= 1, got \"0\""},
+      {head + "student:\n  dropout: 1\n",
+       "x.yaml:6: student.dropout: expected a number in [0, 1), got \"1\""},
+      {head + "student:\n  tie_embeddings: maybe\n",
+       "x.yaml:6: student.tie_embeddings: expected true or false, got \"maybe\""},
+      {head + "optim:\n  betas: [0.9]\n",
+       "x.yaml:6: optim.betas: expected a list of two numbers in [0, 1), got a list"},
+      {head + "optim:\n  betas: [0.9, 1.0]\n",
+       "x.yaml:6: optim.betas: expected a list of two numbers in [0, 1), got a list"},
+      {head + "data:\n  val_fraction: 1\n",
+       "x.yaml:6: data.val_fraction: expected a number in (0, 1), got \"1\""},
+      {head + "data:\n  synthetic:\n    branching: 65\n",
+       "x.yaml:7: data.synthetic.branching: expected an integer in [1, 64], got \"65\""},
+      {head + "train:\n  device: tpu\n", "x.yaml:5: train: duplicate key (first set at x.yaml:1)"},
+      {head + "schedule:\n  min_lr_ratio: 1.5\n",
+       "x.yaml:6: schedule.min_lr_ratio: expected a number in [0, 1], got \"1.5\""},
+      {"- 1\n- 2\n",
+       "x.yaml:1: expected a mapping of sections (student, teacher, data, distill, optim, "
+       "schedule, train), got a list"},
+      // Cross-key constraints, reported at the key to change.
+      {head + "student:\n  d_model: 66\n",
+       "x.yaml:6: student.d_model: expected a multiple of student.n_head (4), got 66"},
+      {head + "data:\n  seq_len: 200\n",
+       "x.yaml:6: data.seq_len: expected at most student.context_length (128), got 200"},
+      {head + "data:\n  min_seq_len: 100\n",
+       "x.yaml:6: data.min_seq_len: expected at most data.seq_len (64), got 100"},
+      {head + "data:\n  source: text\n",
+       "(default): student.vocab_size: expected 256 (byte tokens; data.source is text), got 64"},
+      {head + "teacher:\n  vocab_size: 65\n",
+       "x.yaml:5: teacher: duplicate key (first set at x.yaml:3)"},
+      {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  vocab_size: 63\n",
+       "x.yaml:5: teacher.vocab_size: expected student.vocab_size (64), got 63"},
+      {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  pad_vocab_to_multiple_of: 48\n",
+       "x.yaml:5: teacher.pad_vocab_to_multiple_of: expected a value that pads to the student's "
+       "64 logits, got 48 (pads to 96)"},
+      {"train:\n  mode: distill\nteacher:\n  checkpoint: t\nstudent:\n  init_from_teacher: true\n",
+       "(default): student.n_layer: expected 4 (= teacher.n_layer; student.init_from_teacher is "
+       "true), got 2"},
+      {head + "teacher:\n  pretrain_steps: 5\n",
+       "x.yaml:5: teacher: duplicate key (first set at x.yaml:3)"},
+      {"train: {mode: distill}\nteacher: {checkpoint: t, pretrain_steps: 5}\n",
+       "x.yaml:2: teacher.pretrain_steps: expected 0 when teacher.checkpoint is set (the teacher "
+       "is loaded, not pretrained), got 5"},
+      {"train:\n  mode: pretrain\n  baseline: true\n",
+       "x.yaml:3: train.baseline: expected false in pretrain mode, got true"},
+      {head + "distill:\n  ignore_index: 3\n",
+       "x.yaml:6: distill.ignore_index: expected a value outside the token range [0, 64), got 3"},
+      {"train:\n  mode: distill\n  device: cpu\n  precision: bf16\nteacher:\n  checkpoint: t\n",
+       "x.yaml:4: train.precision: expected fp32 with train.device cpu (bf16 autocast is "
+       "CUDA-only), got \"bf16\""},
+      {head + "train: {out_dir: \"\"}\n", "x.yaml:5: train: duplicate key (first set at x.yaml:1)"},
+      {"train: {mode: distill, out_dir: \"\"}\nteacher: {checkpoint: t}\n",
+       "x.yaml:1: train.out_dir: expected a directory path, got \"\""},
+  };
+  for (const auto& c : cases) EXPECT_EQ(ErrorOf(c.yaml), c.message) << c.yaml;
+}
+
+TEST(ConfigTest, InvalidYamlNamesTheLine) {
+  EXPECT_EQ(ErrorOf("train:\n  mode: [distill\n"),
+            "x.yaml:3: invalid YAML: end of sequence flow not found");
+}
+
+TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
+  EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temperature=hot"}),
+            "override \"distill.temperature=hot\": distill.temperature: expected a number > 0, "
+            "got \"hot\"");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temprature=2"}),
+            "override \"distill.temprature=2\": distill.temprature: unknown key; did you mean "
+            "\"distill.temperature\"?");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"distill=2"}),
+            "override \"distill=2\": distill: is a section; set one of its keys (see --help)");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"temperature"}),
+            "override \"temperature\": expected key.path=value");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"optim.betas=[0.9, 0.9"}).rfind(
+                "override \"optim.betas=[0.9, 0.9\": optim.betas: expected a list of two numbers "
+                "in [0, 1), got invalid YAML",
+                0),
+            0u);
+  // Cross-key errors point at the override that set the key.
+  EXPECT_EQ(ErrorOf(kValidDistill, {"student.n_head=3"}),
+            "(default): student.d_model: expected a multiple of student.n_head (3), got 64");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"data.seq_len=129"}),
+            "override \"data.seq_len=129\": data.seq_len: expected at most "
+            "student.context_length (128), got 129");
+  // Later overrides win; an override beats the file.
+  const Config c = ParseConfig(std::string(kValidDistill) + "distill:\n  temperature: 3\n", "x",
+                               {"distill.temperature=4", "distill.temperature=5"});
+  EXPECT_DOUBLE_EQ(c.distill.temperature, 5.0);
+}
+
+TEST(ConfigTest, HelpListsEveryKeyWithDefault) {
+  const std::string help = ConfigHelp();
+  for (const auto& key : ConfigKeys()) {
+    EXPECT_NE(help.find("  " + key + " = "), std::string::npos) << key;
+  }
+  EXPECT_NE(help.find("  distill.temperature = 1\n"), std::string::npos) << help;
+  EXPECT_NE(help.find("Accepts a number > 0."), std::string::npos);
+}
+
+TEST(ConfigTest, ShippedConfigsParse) {
+  for (const char* name : {"quickstart.yaml", "teacher.yaml", "distill.yaml", "text.yaml"}) {
+    const std::string path = std::string(DISTILL_CONFIGS_DIR) + "/" + name;
+    EXPECT_NO_THROW(LoadConfigFile(path)) << path;
+  }
+  EXPECT_EQ(QuickstartYaml().find("# The quickstart"), 0u);
+  EXPECT_NO_THROW(ParseConfig(QuickstartYaml(), "embedded"));
+}
+
+// docs/config.md is the reference: it must document every key (as "| `key.path` |").
+TEST(ConfigTest, ReferenceDocumentsEveryKey) {
+  std::ifstream in(std::string(DISTILL_DOCS_DIR) + "/config.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const auto& key : ConfigKeys()) {
+    EXPECT_NE(text.str().find("| `" + key + "` |"), std::string::npos) << key;
+  }
+}
+
+TEST(ConfigTest, MissingFileIsAConfigError) {
+  try {
+    LoadConfigFile("/nonexistent/x.yaml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "/nonexistent/x.yaml: cannot read the config file");
+  }
+}
+
+}  // namespace
+}  // namespace distill

@@ -1,0 +1,132 @@
+// Data: batches are pure functions of (seed, split, index); the synthetic language's entropy
+// floor is what its samples actually have; padding is marked with ignore_index.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "distill/data.h"
+#include "test_util.h"
+
+namespace distill {
+namespace {
+
+DataConfig SmallData() {
+  DataConfig c;
+  c.batch_size = 8;
+  c.seq_len = 32;
+  c.min_seq_len = 10;
+  c.synthetic.order = 2;
+  c.synthetic.branching = 5;
+  c.synthetic.zipf = 1.0;
+  return c;
+}
+
+TEST(DataTest, BatchesAreDeterministicAndDistinct) {
+  auto a = MakeDataSource(SmallData(), 20, -100);
+  auto b = MakeDataSource(SmallData(), 20, -100);
+  EXPECT_TRUE(at::equal(a->TrainBatch(7).inputs, b->TrainBatch(7).inputs));
+  EXPECT_TRUE(at::equal(a->TrainBatch(7).targets, b->TrainBatch(7).targets));
+  EXPECT_FALSE(at::equal(a->TrainBatch(7).inputs, a->TrainBatch(8).inputs));
+  EXPECT_FALSE(at::equal(a->TrainBatch(0).inputs, a->ValBatch(0).inputs));
+  DataConfig other = SmallData();
+  other.seed += 1;
+  EXPECT_FALSE(at::equal(a->TrainBatch(0).inputs, MakeDataSource(other, 20, -100)->TrainBatch(0).inputs));
+}
+
+TEST(DataTest, PaddingIsIgnoredAndCounted) {
+  const DataConfig c = SmallData();
+  auto data = MakeDataSource(c, 20, -7);
+  for (int64_t i = 0; i < 5; ++i) {
+    const Batch batch = data->TrainBatch(i);
+    ASSERT_EQ(batch.inputs.sizes(), at::IntArrayRef({c.batch_size, c.seq_len}));
+    const at::Tensor real = batch.targets.ne(-7);
+    EXPECT_EQ(real.sum().item<int64_t>(), batch.num_targets);
+    // Each row: a real prefix of length in [min_seq_len, seq_len], then only padding.
+    const at::Tensor lengths = real.sum(1);
+    EXPECT_GE(lengths.min().item<int64_t>(), c.min_seq_len);
+    EXPECT_LE(lengths.max().item<int64_t>(), c.seq_len);
+    EXPECT_TRUE(at::equal(real, at::arange(c.seq_len).unsqueeze(0).lt(lengths.unsqueeze(1))));
+    // targets are the inputs shifted by one inside the real prefix.
+    const at::Tensor shifted_ok = batch.targets.slice(1, 0, -1).eq(batch.inputs.slice(1, 1)) |
+                                  real.slice(1, 1).logical_not();
+    EXPECT_TRUE(shifted_ok.all().item<bool>());
+    EXPECT_GE(batch.inputs.min().item<int64_t>(), 0);
+    EXPECT_LT(batch.inputs.max().item<int64_t>(), 20);
+  }
+}
+
+// The floor is E[-log P(token | context)] over the targets. Measure it on samples with the
+// language's own probabilities: every sampled transition must be possible (finite log-prob),
+// and the mean must match the floor within 4 standard errors (a false alarm ~ 1 in 16000).
+TEST(DataTest, EntropyFloorMatchesSampledCrossEntropy) {
+  const DataConfig c = SmallData();
+  const int64_t vocab = 20;
+  auto data = MakeDataSource(c, vocab, -100);
+  SyntheticLanguage language(c.synthetic, vocab, static_cast<uint64_t>(c.seed));
+  double sum = 0, sum_sq = 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < 200; ++i) {
+    const Batch batch = data->TrainBatch(i);
+    const auto in = batch.inputs.accessor<int64_t, 2>();
+    const auto out = batch.targets.accessor<int64_t, 2>();
+    for (int64_t b = 0; b < c.batch_size; ++b) {
+      for (int64_t t = 0; t < c.seq_len && out[b][t] != -100; ++t) {
+        // Target t is token t + 1 of the sequence; tokens before `order` are uniform.
+        double nll = std::log(static_cast<double>(vocab));
+        if (t + 1 >= c.synthetic.order) {
+          const int64_t context[2] = {t >= 1 ? in[b][t - 1] : 0, in[b][t]};
+          nll = -language.LogProb(context, out[b][t]);
+          ASSERT_TRUE(std::isfinite(nll)) << "impossible transition at batch " << i;
+        }
+        sum += nll;
+        sum_sq += nll * nll;
+        ++n;
+      }
+    }
+  }
+  const double mean = sum / n;
+  const double stderr_mean = std::sqrt((sum_sq / n - mean * mean) / n);
+  EXPECT_NEAR(mean, *data->EntropyFloor(), 4 * stderr_mean);
+  // H(w) for Zipf(1) over 5 successors, by hand: w = (60, 30, 20, 15, 12) / 137.
+  double h = 0;
+  for (double w : {60.0, 30.0, 20.0, 15.0, 12.0}) h -= w / 137 * std::log(w / 137);
+  EXPECT_NEAR(language.ConditionalEntropy(), h, 1e-12);
+}
+
+TEST(DataTest, TextSourceIsByteLevelWithSplit) {
+  const std::string path = testing::TempRunDir(".txt");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "héllo wörld " + std::to_string(i) + "\n";
+  std::ofstream(path, std::ios::binary) << text;
+  DataConfig c;
+  c.source = "text";
+  c.path = path;
+  c.batch_size = 4;
+  c.seq_len = 16;
+  c.val_fraction = 0.25;
+  auto data = MakeDataSource(c, 256, -100);
+  const Batch train = data->TrainBatch(3);
+  EXPECT_EQ(train.num_targets, 4 * 16);
+  EXPECT_TRUE(at::equal(train.targets.slice(1, 0, -1), train.inputs.slice(1, 1)));
+  EXPECT_LT(train.inputs.max().item<int64_t>(), 256);
+  EXPECT_GE(train.inputs.max().item<int64_t>(), 128);  // UTF-8 bytes of é/ö do occur
+  EXPECT_FALSE(data->EntropyFloor().has_value());
+  EXPECT_TRUE(at::equal(data->ValBatch(1).inputs, MakeDataSource(c, 256, -100)->ValBatch(1).inputs));
+
+  std::ofstream(path, std::ios::binary) << "too short";
+  try {
+    MakeDataSource(c, 256, -100);
+    FAIL() << "a file shorter than one sequence was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.path: \"" + path + "\" has 9 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace distill

@@ -1,0 +1,144 @@
+// distill_trainer's configuration: one plain struct per component, nested in Config.
+//
+// The defaults below are the single source of truth: the key table in config_schema.cpp reads
+// them for --help and --print-config, and the parser starts from a default-constructed Config.
+// No torch headers here: every TU may include this cheaply.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace distill {
+
+// A decoder-only transformer. The logits have padded_vocab_size() columns; the padded ones are
+// masked to -inf, so the model never predicts them and they never get gradient.
+struct ModelConfig {
+  int64_t vocab_size = 64;
+  int64_t pad_vocab_to_multiple_of = 64;
+  int64_t context_length = 128;
+  int64_t n_layer = 2;
+  int64_t n_head = 4;
+  int64_t d_model = 64;
+  double mlp_ratio = 4.0;
+  double dropout = 0.0;
+  bool tie_embeddings = true;
+
+  // vocab_size rounded up to a multiple of pad_vocab_to_multiple_of.
+  int64_t padded_vocab_size() const {
+    const int64_t m = pad_vocab_to_multiple_of;
+    return (vocab_size + m - 1) / m * m;
+  }
+};
+
+struct StudentConfig : ModelConfig {
+  // Self-distillation: the student starts as an exact copy of the teacher (same architecture).
+  bool init_from_teacher = false;
+};
+
+struct TeacherConfig : ModelConfig {
+  TeacherConfig() {
+    n_layer = 4;
+    d_model = 128;
+  }
+  // A checkpoint file or a run directory (its latest checkpoint) holding the teacher's weights.
+  std::string checkpoint;
+  // When > 0 and no checkpoint is given: pretrain the teacher first, for this many steps, into
+  // <train.out_dir>/teacher (the quickstart pipeline).
+  int64_t pretrain_steps = 0;
+};
+
+struct SyntheticConfig {
+  int64_t order = 2;      // tokens of context that determine the next token's distribution
+  int64_t branching = 4;  // possible successors of each context
+  double zipf = 1.0;      // successor r (1-based) has probability proportional to r^-zipf
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text
+  std::string path;                  // text: a UTF-8 file, read as bytes
+  double val_fraction = 0.1;         // text: the last fraction of the file is validation
+  int64_t batch_size = 16;           // sequences per micro-batch
+  int64_t seq_len = 64;              // tokens predicted per sequence (inputs are seq_len long)
+  int64_t min_seq_len = 64;          // synthetic: shorter sequences are padded, targets ignored
+  int64_t seed = 1234;
+  SyntheticConfig synthetic;
+};
+
+struct DistillConfig {
+  std::string divergence = "tvd";  // tvd (forward_kl, reverse_kl, jsd: a later issue)
+  double temperature = 1.0;
+  double kd_weight = 1.0;
+  double ce_weight = 0.0;
+  int64_t ignore_index = -100;
+};
+
+struct OptimConfig {
+  double lr = 3e-3;
+  std::array<double, 2> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // max global gradient norm; 0 disables clipping
+};
+
+struct ScheduleConfig {
+  std::string kind = "cosine";  // cosine | linear | constant (after warmup)
+  int64_t warmup_steps = 20;
+  double min_lr_ratio = 0.1;  // the decay ends at lr * min_lr_ratio
+};
+
+struct TrainConfig {
+  std::string mode = "distill";  // pretrain (cross-entropy only) | distill
+  int64_t steps = 300;
+  int64_t grad_accum = 1;
+  int64_t seed = 0;
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16 (autocast, CUDA only)
+  int64_t log_interval = 10;
+  int64_t eval_interval = 100;  // 0: evaluate only at the end
+  int64_t eval_batches = 8;
+  int64_t checkpoint_interval = 100;  // 0: checkpoint only at the end
+  int64_t keep_checkpoints = 2;
+  bool resume = true;
+  bool baseline = false;  // distill mode: also train the student on hard labels, for comparison
+  std::string out_dir = "runs/default";
+};
+
+struct Config {
+  StudentConfig student;
+  TeacherConfig teacher;
+  DataConfig data;
+  DistillConfig distill;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+};
+
+// A configuration error, already formatted as "<where>: <key.path>: expected ..., got ...".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Parses YAML text (`source_name` is used in messages, e.g. the file path), then applies
+// `overrides` ("key.path=value", each value parsed as YAML and validated like the file), then
+// checks the cross-key constraints. Throws ConfigError.
+Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
+                   const std::vector<std::string>& overrides = {});
+// Reads `path` and parses it as above. Throws ConfigError (also when the file cannot be read).
+Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The resolved config as YAML, every key, in declaration order.
+std::string ConfigToYaml(const Config& config);
+// Every key with its type, default and meaning, generated from the key table.
+std::string ConfigHelp();
+// Key paths in declaration order ("student.vocab_size", ...).
+std::vector<std::string> ConfigKeys();
+
+// The embedded configs/quickstart.yaml (the run when distill_trainer gets no --config).
+const std::string& QuickstartYaml();
+
+}  // namespace distill

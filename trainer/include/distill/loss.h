@@ -1,0 +1,36 @@
+// The training objective, in sums over the non-ignored target tokens of one micro-batch.
+//
+// The trainer divides the sums by the count of non-ignored targets over all micro-batches of
+// the optimizer step, so the step's loss is the batchmean over its tokens whatever the split
+// into micro-batches:
+//   distill:  total = kd_weight * TVD(softmax(s / T), softmax(t / T)) + ce_weight * CE(s, y)
+//   pretrain: total = CE(s, y)
+#pragma once
+
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "distill/config.h"
+
+namespace distill {
+
+enum class Divergence { kTvd };  // forward_kl, reverse_kl, jsd: a later issue
+Divergence ParseDivergence(const std::string& name);
+
+struct LossSums {
+  at::Tensor total;  // 0-dim fp32, differentiable w.r.t. the student's logits
+  at::Tensor kd;     // 0-dim fp32, detached; 0 in pretrain mode
+  at::Tensor ce;     // 0-dim fp32, detached
+};
+
+// student_logits, teacher_logits: (B, T, V) (padded columns -inf in both); targets (B, T) int64
+// with ignore_index for padding. teacher_logits undefined in pretrain mode (kd_weight ignored).
+LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
+                         const at::Tensor& targets, const DistillConfig& config);
+
+// The divergence alone, summed over non-ignored rows: (BT, V) probabilities, (BT,) targets.
+at::Tensor DivergenceSum(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
+                         const DistillConfig& config);
+
+}  // namespace distill

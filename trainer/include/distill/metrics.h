@@ -1,0 +1,63 @@
+// Metrics as JSON Lines (<run>/metrics.jsonl, one flat object per line) and console progress:
+// a redrawn status line on a terminal, plain log lines otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace distill {
+
+// One flat JSON object, built field by field. Non-finite numbers are written as null.
+class JsonRecord {
+ public:
+  JsonRecord& Add(const std::string& key, double value);
+  JsonRecord& Add(const std::string& key, int64_t value);
+  JsonRecord& Add(const std::string& key, const std::string& value);
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  void Key(const std::string& key);
+  std::string body_;
+};
+
+std::string JsonQuote(const std::string& text);
+
+class MetricsLog {
+ public:
+  // Opens `path` for appending, first dropping records with "step" > keep_up_to_step (written
+  // after the checkpoint a run resumes from; they are recomputed identically).
+  MetricsLog(const std::string& path, int64_t keep_up_to_step);
+  void Write(const JsonRecord& record);  // one line, flushed
+  // Whether a kept record has "type":"<type>" and this step (e.g. the final evaluation of a
+  // finished run that is opened again).
+  bool Has(const std::string& type, int64_t step) const;
+
+ private:
+  std::ofstream out_;
+  std::set<std::pair<std::string, int64_t>> kept_;  // (type, step) of the records kept
+};
+
+class Progress {
+ public:
+  // quiet: print nothing (tests). Otherwise a status line on a TTY stderr, else log lines.
+  Progress(int64_t total_steps, int64_t first_step, bool quiet);
+  // After each step: redraws the status line on a TTY.
+  void Update(int64_t step, double loss, double tokens_per_second);
+  // A log line (printed above the status line on a TTY).
+  void Log(const std::string& line);
+  void Finish();
+  // "ETA 1:05" for the remaining steps at the rate measured in this process.
+  std::string Eta(int64_t step) const;
+
+ private:
+  int64_t total_, first_;
+  bool quiet_, tty_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace distill

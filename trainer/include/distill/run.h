@@ -1,0 +1,42 @@
+// What `distill_trainer` runs for a config: one training run, or -- in distill mode with
+// teacher.pretrain_steps > 0 and no teacher.checkpoint -- the pipeline
+//   <out_dir>/teacher   pretrain the teacher (cross-entropy, teacher architecture)
+//   <out_dir>/student   distil the student from it
+//   <out_dir>/baseline  (train.baseline) the same student on hard labels only
+// ending with a table of validation losses against the data's entropy floor.
+// No torch headers: main.cpp stays cheap to compile.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "distill/config.h"
+
+namespace distill {
+
+struct RunFlags {
+  bool fresh = false;  // delete an existing run in train.out_dir first
+  bool quiet = false;  // no progress output (the final table is still printed)
+};
+
+struct ResultRow {
+  std::string name;  // teacher, student (distilled), student (hard labels)
+  std::string run_dir;
+  int64_t parameters = 0;
+  double val_loss = 0;
+  double entropy_floor = 0;  // NaN when unknown (text data)
+};
+
+// Runs `config` and returns one row per trained model; prints the table to `out`.
+std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out);
+
+// The stage configs of the pipeline (each a plain single run). Exposed for tests and docs.
+Config TeacherStageConfig(const Config& config);
+Config StudentStageConfig(const Config& config);
+Config BaselineStageConfig(const Config& config);
+bool IsPipeline(const Config& config);
+
+std::string FormatTable(const std::vector<ResultRow>& rows);
+
+}  // namespace distill

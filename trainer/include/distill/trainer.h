@@ -1,0 +1,103 @@
+// One training run: a student trained with cross-entropy (pretrain) or distilled from a frozen
+// teacher (distill), on one device, logging to and checkpointing in train.out_dir.
+//
+// The loop reads:  Step() -> log -> Evaluate() every eval_interval -> checkpoint every
+// checkpoint_interval; a checkpoint is always written when TrainUntil() returns, so any stop
+// point can be resumed exactly (bit-identical on CPU).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/optim/adamw.h>
+
+#include "distill/checkpoint.h"
+#include "distill/config.h"
+#include "distill/data.h"
+#include "distill/metrics.h"
+#include "distill/model.h"
+
+namespace distill {
+
+struct RunOptions {
+  bool fresh = false;  // delete an existing run directory first (see run_dir.h)
+  bool quiet = false;  // no console output (tests)
+};
+
+struct StepResult {
+  double loss = 0, kd_loss = 0, ce_loss = 0;  // batchmeans over the step's non-ignored tokens
+  double lr = 0, grad_norm = 0;               // grad_norm: before clipping
+  int64_t tokens = 0;                         // non-ignored target tokens in the step
+};
+
+struct EvalResult {
+  double val_loss = 0, val_ppl = 0;  // student cross-entropy (nats/token) and its exp
+  double teacher_val_loss = NAN, teacher_val_ppl = NAN;
+  double val_kd = NAN;  // the divergence (at distill.temperature) on the validation tokens
+  int64_t tokens = 0;
+};
+
+// "cpu" or "cuda" for train.device ("auto": CUDA when available).
+at::Device ResolveDevice(const std::string& device);
+
+// Learning rate of (0-based) optimizer step `step`: linear warmup to optim.lr over
+// schedule.warmup_steps, then cosine / linear / constant decay to lr * min_lr_ratio at the end.
+double LearningRate(const Config& config, int64_t step);
+
+class Trainer {
+ public:
+  // Prepares the run directory (resume or refuse, run_dir.h), builds data, teacher, student and
+  // optimizer, and restores the latest checkpoint when the directory holds this run.
+  // Throws ConfigError / RunDirError / std::runtime_error with an actionable message.
+  explicit Trainer(Config config, RunOptions options = {});
+  ~Trainer();
+
+  // Trains until `stop_step` optimizer steps are done (at most train.steps), then checkpoints.
+  void TrainUntil(int64_t stop_step);
+  // The whole run: TrainUntil(train.steps), a final evaluation, summary.json. Returns the
+  // final evaluation.
+  EvalResult Train();
+
+  // One optimizer step on train.grad_accum micro-batches from the data position.
+  StepResult Step();
+  // Forward and backward of `micro_batches` as one optimizer step's worth of data: gradients
+  // are accumulated into the student's .grad, normalised by the total count of non-ignored
+  // targets over all of them. Returns the loss terms (no optimizer update, no zeroing).
+  StepResult AccumulateGradients(const std::vector<Batch>& micro_batches);
+  EvalResult Evaluate();
+  void SaveCheckpoint();
+
+  int64_t step() const { return position_.step; }
+  const Config& config() const { return config_; }
+  const DataSource& data() const { return *data_; }
+  TransformerLM& student() { return student_; }
+  TransformerLM* teacher() { return teacher_ ? &teacher_ : nullptr; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  const at::Device& device() const { return device_; }
+
+ private:
+  void LogStep(const StepResult& result);
+  void LogEval(const EvalResult& result);
+
+  Config config_;
+  RunOptions options_;
+  at::Device device_;
+  bool distill_;
+  std::unique_ptr<DataSource> data_;
+  TransformerLM student_{nullptr};
+  TransformerLM teacher_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  TrainingPosition position_;
+  int64_t checkpointed_step_ = -1;
+  std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<Progress> progress_;
+  // Throughput since the last log record.
+  int64_t tokens_since_log_ = 0;
+  double seconds_since_log_ = 0;
+  double elapsed_ = 0;  // training seconds in this process
+};
+
+}  // namespace distill

@@ -1,0 +1,58 @@
+// distill_trainer: the front door. Parses the command line, loads the config, calls Run, and
+// turns any failure into one line on stderr and a non-zero exit. All logic is in the library.
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include "distill/config.h"
+#include "distill/run.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "distill_trainer: knowledge distillation on LibTorch, configured by YAML.\n"
+      "Without --config it runs the embedded configs/quickstart.yaml (pretrain a teacher, distil "
+      "a student, compare with hard-label training)."};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+  distill::RunFlags flags;
+  app.add_option("-c,--config", config_path, "YAML config file");
+  app.add_option("overrides", overrides, "key.path=value overrides, validated like the file");
+  app.add_flag("--print-config", print_config, "print the resolved config and exit");
+  app.add_flag("--fresh", flags.fresh,
+               "delete an existing run in train.out_dir and start over (instead of resuming)");
+  app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
+  app.footer("Config keys (key = default, meaning, accepted values):\n" + distill::ConfigHelp());
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    const distill::Config config =
+        config_path.empty()
+            ? distill::ParseConfig(distill::QuickstartYaml(), "configs/quickstart.yaml (embedded)",
+                                   overrides)
+            : distill::LoadConfigFile(config_path, overrides);
+    if (print_config) {
+      std::cout << distill::ConfigToYaml(config);
+      return 0;
+    }
+    distill::Run(config, flags, std::cout);
+    return 0;
+  } catch (const distill::ConfigError& e) {
+    std::cerr << "distill_trainer: config error: " << e.what() << '\n';
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "distill_trainer: " << e.what_without_backtrace() << '\n';
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "distill_trainer: " << e.what() << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,317 @@
+// Parsing and validation of the config: YAML file, then command-line overrides, then the
+// constraints between keys. Every error names where (file:line or the override), the key path,
+// what was expected and what was found.
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "config_schema.h"
+#include "distill/config.h"
+
+namespace distill {
+namespace {
+
+using internal::KeyDecl;
+using internal::Keys;
+
+// Where each key got its value ("configs/x.yaml:12", "override \"a.b=1\""); absent: default.
+using Locations = std::map<std::string, std::string>;
+
+const KeyDecl* FindKey(const std::string& path) {
+  for (const auto& k : Keys()) {
+    if (k.path == path) return &k;
+  }
+  return nullptr;
+}
+
+bool IsSection(const std::string& path) {
+  for (const auto& k : Keys()) {
+    if (k.path.size() > path.size() && k.path.compare(0, path.size(), path) == 0 &&
+        k.path[path.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar: return fmt::format("\"{}\"", node.Scalar());
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    default: return "nothing";
+  }
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// ": did you mean "x"?" for the closest key or section, or "" when nothing is close.
+std::string Suggestion(const std::string& path) {
+  std::string best;
+  size_t best_distance = 4;  // more than 3 edits away is not a typo
+  auto consider = [&](const std::string& candidate) {
+    size_t d = EditDistance(path, candidate);
+    if (d < best_distance) best_distance = d, best = candidate;
+  };
+  for (const auto& k : Keys()) {
+    consider(k.path);
+    for (size_t dot = k.path.find('.'); dot != std::string::npos; dot = k.path.find('.', dot + 1)) {
+      consider(k.path.substr(0, dot));
+    }
+  }
+  return best.empty() ? "" : fmt::format("; did you mean \"{}\"?", best);
+}
+
+[[noreturn]] void Fail(const std::string& where, const std::string& path,
+                       const std::string& what) {
+  throw ConfigError(fmt::format("{}: {}: {}", where, path, what));
+}
+
+void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& where,
+            Config& config, Locations& locations) {
+  if (!key.set(value, config)) {
+    Fail(where, key.path, fmt::format("expected {}, got {}", key.expected, Describe(value)));
+  }
+  locations[key.path] = where;
+}
+
+// Walks a mapping node whose keys live under `prefix` ("" for the document root).
+void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::string& source,
+              Config& config, Locations& locations) {
+  for (const auto& item : map) {
+    const std::string where_key = fmt::format("{}:{}", source, item.first.Mark().line + 1);
+    // A null value's mark points past it (at the next token): report the key's line instead.
+    const std::string where_value =
+        item.second.IsNull() ? where_key
+                             : fmt::format("{}:{}", source, item.second.Mark().line + 1);
+    if (!item.first.IsScalar()) {
+      Fail(where_key, prefix.empty() ? "<root>" : prefix, "expected key names, got a complex key");
+    }
+    const std::string name = item.first.Scalar();
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (locations.count(path) && locations[path].rfind(source + ":", 0) == 0) {
+      Fail(where_key, path, fmt::format("duplicate key (first set at {})", locations[path]));
+    }
+    if (const KeyDecl* key = FindKey(path)) {
+      SetKey(*key, item.second, where_value, config, locations);
+    } else if (IsSection(path)) {
+      if (!item.second.IsMap() && !item.second.IsNull()) {
+        Fail(where_value, path,
+             fmt::format("expected a mapping (the {} section), got {}", path,
+                         Describe(item.second)));
+      }
+      locations[path] = where_key;
+      if (item.second.IsMap()) ApplyMap(item.second, path, source, config, locations);
+    } else {
+      Fail(where_key, path, "unknown key" + Suggestion(path));
+    }
+  }
+}
+
+void ApplyOverride(const std::string& text, Config& config, Locations& locations) {
+  const std::string where = fmt::format("override \"{}\"", text);
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(fmt::format("{}: expected key.path=value", where));
+  }
+  const std::string path = text.substr(0, eq);
+  const KeyDecl* key = FindKey(path);
+  if (key == nullptr) {
+    if (IsSection(path)) Fail(where, path, "is a section; set one of its keys (see --help)");
+    Fail(where, path, "unknown key" + Suggestion(path));
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    Fail(where, path, fmt::format("expected {}, got invalid YAML ({})", key->expected, e.msg));
+  }
+  SetKey(*key, value, where, config, locations);
+}
+
+std::string Where(const Locations& locations, const std::string& path) {
+  auto it = locations.find(path);
+  return it == locations.end() ? "(default)" : it->second;
+}
+
+// The constraints that involve more than one key. Each error is reported at the key that the
+// user most likely has to change.
+void CheckCrossKey(const Config& c, const Locations& at) {
+  auto fail = [&](const std::string& path, const std::string& what) {
+    Fail(Where(at, path), path, what);
+  };
+  const bool distill = c.train.mode == "distill";
+  auto check_model = [&](const std::string& name, const ModelConfig& m) {
+    if (m.d_model % m.n_head != 0) {
+      fail(name + ".d_model",
+           fmt::format("expected a multiple of {}.n_head ({}), got {}", name, m.n_head, m.d_model));
+    }
+    if (c.data.seq_len > m.context_length) {
+      fail("data.seq_len", fmt::format("expected at most {}.context_length ({}), got {}", name,
+                                       m.context_length, c.data.seq_len));
+    }
+    if (c.data.source == "text" && m.vocab_size != 256) {
+      fail(name + ".vocab_size",
+           fmt::format("expected 256 (byte tokens; data.source is text), got {}", m.vocab_size));
+    }
+    if (c.data.source == "synthetic" && c.data.synthetic.branching > m.vocab_size) {
+      fail("data.synthetic.branching", fmt::format("expected at most {}.vocab_size ({}), got {}",
+                                                   name, m.vocab_size, c.data.synthetic.branching));
+    }
+    if (c.distill.ignore_index >= 0 && c.distill.ignore_index < m.vocab_size) {
+      fail("distill.ignore_index",
+           fmt::format("expected a value outside the token range [0, {}), got {}", m.vocab_size,
+                       c.distill.ignore_index));
+    }
+  };
+  check_model("student", c.student);
+  if (distill) check_model("teacher", c.teacher);
+
+  if (c.data.min_seq_len > c.data.seq_len) {
+    fail("data.min_seq_len",
+         fmt::format("expected at most data.seq_len ({}), got {}", c.data.seq_len,
+                     c.data.min_seq_len));
+  }
+  if (c.data.source == "text" && c.data.path.empty()) {
+    fail("data.path", "expected a file path (data.source is text), got \"\"");
+  }
+  if (c.train.device == "cpu" && c.train.precision == "bf16") {
+    fail("train.precision",
+         "expected fp32 with train.device cpu (bf16 autocast is CUDA-only), got \"bf16\"");
+  }
+  if (c.train.out_dir.empty()) fail("train.out_dir", "expected a directory path, got \"\"");
+  if (!distill) {
+    if (c.train.baseline) fail("train.baseline", "expected false in pretrain mode, got true");
+    if (c.student.init_from_teacher) {
+      fail("student.init_from_teacher", "expected false in pretrain mode, got true");
+    }
+    return;
+  }
+  if (c.teacher.checkpoint.empty() && c.teacher.pretrain_steps == 0) {
+    fail("teacher.checkpoint",
+         "expected a checkpoint file or run directory in distill mode (or teacher.pretrain_steps "
+         "> 0 to pretrain one first), got \"\"");
+  }
+  if (!c.teacher.checkpoint.empty() && c.teacher.pretrain_steps > 0) {
+    fail("teacher.pretrain_steps",
+         fmt::format("expected 0 when teacher.checkpoint is set (the teacher is loaded, not "
+                     "pretrained), got {}",
+                     c.teacher.pretrain_steps));
+  }
+  if (c.teacher.vocab_size != c.student.vocab_size) {
+    fail("teacher.vocab_size", fmt::format("expected student.vocab_size ({}), got {}",
+                                           c.student.vocab_size, c.teacher.vocab_size));
+  }
+  if (c.teacher.padded_vocab_size() != c.student.padded_vocab_size()) {
+    fail("teacher.pad_vocab_to_multiple_of",
+         fmt::format("expected a value that pads to the student's {} logits, got {} (pads to {})",
+                     c.student.padded_vocab_size(), c.teacher.pad_vocab_to_multiple_of,
+                     c.teacher.padded_vocab_size()));
+  }
+  if (c.student.init_from_teacher) {
+    // The copy needs identical parameter shapes; dropout may differ.
+    const std::vector<std::string> shape_keys = {"vocab_size",     "pad_vocab_to_multiple_of",
+                                                 "context_length", "n_layer",
+                                                 "n_head",         "d_model",
+                                                 "mlp_ratio",      "tie_embeddings"};
+    for (const auto& name : shape_keys) {
+      const std::string s = FindKey("student." + name)->get(c);
+      const std::string t = FindKey("teacher." + name)->get(c);
+      if (s != t) {
+        fail("student." + name,
+             fmt::format("expected {} (= teacher.{}; student.init_from_teacher is true), got {}", t,
+                         name, s));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
+                   const std::vector<std::string>& overrides) {
+  Config config;
+  Locations locations;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("{}:{}: invalid YAML: {}", source_name, e.mark.line + 1, e.msg));
+  }
+  if (root.IsMap()) {
+    ApplyMap(root, "", source_name, config, locations);
+  } else if (!root.IsNull()) {
+    throw ConfigError(fmt::format("{}:{}: expected a mapping of sections (student, teacher, data, "
+                                  "distill, optim, schedule, train), got {}",
+                                  source_name, root.Mark().line + 1, Describe(root)));
+  }
+  for (const auto& text : overrides) ApplyOverride(text, config, locations);
+  CheckCrossKey(config, locations);
+  return config;
+}
+
+Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path, overrides);
+}
+
+std::string ConfigToYaml(const Config& config) {
+  std::string out;
+  std::vector<std::string> open;  // the sections of the previous key
+  for (const auto& key : Keys()) {
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t dot = key.path.find('.', start);
+      parts.push_back(key.path.substr(start, dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) {
+      ++common;
+    }
+    for (size_t i = common; i + 1 < parts.size(); ++i) {
+      out += fmt::format("{:{}}{}:\n", "", 2 * i, parts[i]);
+    }
+    out += fmt::format("{:{}}{}: {}\n", "", 2 * (parts.size() - 1), parts.back(), key.get(config));
+    open.assign(parts.begin(), parts.end() - 1);
+  }
+  return out;
+}
+
+std::string ConfigHelp() {
+  const Config defaults;
+  std::string out;
+  for (const auto& key : Keys()) {
+    out += fmt::format("  {} = {}\n      {} Accepts {}.\n", key.path, key.get(defaults), key.help,
+                       key.expected);
+  }
+  return out;
+}
+
+std::vector<std::string> ConfigKeys() {
+  std::vector<std::string> paths;
+  for (const auto& key : Keys()) paths.push_back(key.path);
+  return paths;
+}
+
+}  // namespace distill

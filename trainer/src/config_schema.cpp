@@ -1,0 +1,258 @@
+// The key table: every configuration key is declared here exactly once.
+#include "config_schema.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace distill::internal {
+namespace {
+
+// What a key accepts: the description used in error messages, and the test.
+template <typename T>
+struct Rule {
+  std::string expected;
+  std::function<bool(const T&)> ok;
+};
+
+Rule<int64_t> IntAtLeast(int64_t lo) {
+  return {fmt::format("an integer >= {}", lo), [lo](const int64_t& v) { return v >= lo; }};
+}
+Rule<int64_t> IntIn(int64_t lo, int64_t hi) {
+  return {fmt::format("an integer in [{}, {}]", lo, hi),
+          [=](const int64_t& v) { return v >= lo && v <= hi; }};
+}
+Rule<int64_t> AnyInt() {
+  return {"an integer", [](const int64_t&) { return true; }};
+}
+Rule<double> NumberAbove(double lo) {
+  return {fmt::format("a number > {}", lo), [lo](const double& v) { return v > lo; }};
+}
+Rule<double> NumberAtLeast(double lo) {
+  return {fmt::format("a number >= {}", lo), [lo](const double& v) { return v >= lo; }};
+}
+// [lo, hi) when hi_open, else [lo, hi].
+Rule<double> NumberIn(double lo, double hi, bool hi_open) {
+  return {fmt::format("a number in [{}, {}{}", lo, hi, hi_open ? ")" : "]"),
+          [=](const double& v) { return v >= lo && (hi_open ? v < hi : v <= hi); }};
+}
+Rule<double> NumberStrictlyIn(double lo, double hi) {
+  return {fmt::format("a number in ({}, {})", lo, hi),
+          [=](const double& v) { return v > lo && v < hi; }};
+}
+Rule<std::string> OneOf(std::vector<std::string> names) {
+  return {fmt::format("one of: {}", fmt::join(names, ", ")), [names](const std::string& v) {
+            for (const auto& n : names) {
+              if (v == n) return true;
+            }
+            return false;
+          }};
+}
+Rule<std::string> AnyString() {
+  return {"a string", [](const std::string&) { return true; }};
+}
+Rule<bool> Bool() {
+  return {"true or false", [](const bool&) { return true; }};
+}
+Rule<std::array<double, 2>> Betas() {
+  return {"a list of two numbers in [0, 1)", [](const std::array<double, 2>& b) {
+            return b[0] >= 0 && b[0] < 1 && b[1] >= 0 && b[1] < 1;
+          }};
+}
+
+// YAML node -> value; nullopt when the node is not a scalar of that type.
+template <typename T>
+std::optional<T> Convert(const YAML::Node& node) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (node.IsNull()) return std::string();  // `key:` or `key=`: the empty string
+  }
+  if (!node.IsScalar()) return std::nullopt;
+  try {
+    T value = node.as<T>();
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(value)) return std::nullopt;
+    }
+    return value;
+  } catch (const YAML::Exception&) {
+    return std::nullopt;
+  }
+}
+template <>
+std::optional<std::array<double, 2>> Convert(const YAML::Node& node) {
+  if (!node.IsSequence() || node.size() != 2) return std::nullopt;
+  auto a = Convert<double>(node[0]);
+  auto b = Convert<double>(node[1]);
+  if (!a || !b) return std::nullopt;
+  return std::array<double, 2>{*a, *b};
+}
+
+std::string ToYaml(int64_t v) { return std::to_string(v); }
+std::string ToYaml(double v) { return fmt::format("{}", v); }
+std::string ToYaml(bool v) { return v ? "true" : "false"; }
+std::string ToYaml(const std::array<double, 2>& v) { return fmt::format("[{}, {}]", v[0], v[1]); }
+std::string ToYaml(const std::string& v) {
+  bool plain = !v.empty();
+  for (char c : v) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
+                      c == '/' || c == '-');
+  }
+  if (plain && v != "true" && v != "false" && v != "null") return v;
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// Declares one key. `access` is a generic lambda `(auto& config) -> auto&` returning the field,
+// so one accessor serves both reading (const Config) and writing.
+template <typename T, typename Access>
+void Add(std::vector<KeyDecl>& keys, std::string path, Access access, Rule<T> rule,
+         std::string help) {
+  KeyDecl decl;
+  decl.path = std::move(path);
+  decl.expected = rule.expected;
+  decl.help = std::move(help);
+  decl.set = [access, ok = rule.ok](const YAML::Node& node, Config& config) {
+    std::optional<T> value = Convert<T>(node);
+    if (!value || !ok(*value)) return false;
+    access(config) = *value;
+    return true;
+  };
+  decl.get = [access](const Config& config) { return ToYaml(access(config)); };
+  keys.push_back(std::move(decl));
+}
+
+// The architecture keys shared by `student` and `teacher`; `model(config)` returns the section.
+template <typename Model>
+void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model model) {
+  auto key = [&](const char* name) { return section + "." + name; };
+  Add(keys, key("vocab_size"), [=](auto& c) -> auto& { return model(c).vocab_size; },
+      IntAtLeast(2), "Real vocabulary size; data tokens are in [0, vocab_size).");
+  Add(keys, key("pad_vocab_to_multiple_of"),
+      [=](auto& c) -> auto& { return model(c).pad_vocab_to_multiple_of; }, IntAtLeast(1),
+      "Round the embedding/lm_head rows up to a multiple of this; padded logits are -inf.");
+  Add(keys, key("context_length"), [=](auto& c) -> auto& { return model(c).context_length; },
+      IntAtLeast(1), "Longest input sequence (learned position embeddings).");
+  Add(keys, key("n_layer"), [=](auto& c) -> auto& { return model(c).n_layer; }, IntAtLeast(1),
+      "Transformer blocks.");
+  Add(keys, key("n_head"), [=](auto& c) -> auto& { return model(c).n_head; }, IntAtLeast(1),
+      "Attention heads per block; must divide d_model.");
+  Add(keys, key("d_model"), [=](auto& c) -> auto& { return model(c).d_model; }, IntAtLeast(1),
+      "Width of the residual stream.");
+  Add(keys, key("mlp_ratio"), [=](auto& c) -> auto& { return model(c).mlp_ratio; },
+      NumberAbove(0), "MLP hidden width = round(mlp_ratio * d_model).");
+  Add(keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
+      NumberIn(0, 1, true), "Dropout on attention, MLP and embeddings while training.");
+  Add(keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
+      Bool(), "lm_head shares the token embedding matrix.");
+}
+
+std::vector<KeyDecl> Declare() {
+  std::vector<KeyDecl> k;
+  AddModelKeys(k, "student", [](auto& c) -> auto& { return c.student; });
+  Add(k, "student.init_from_teacher", [](auto& c) -> auto& { return c.student.init_from_teacher; },
+      Bool(), "Self-distillation: start the student as an exact copy of the teacher.");
+  AddModelKeys(k, "teacher", [](auto& c) -> auto& { return c.teacher; });
+  Add(k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, AnyString(),
+      "Teacher weights: a checkpoint file, or a run directory (its latest checkpoint).");
+  Add(k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
+      IntAtLeast(0),
+      "Without a checkpoint: pretrain the teacher this many steps into <out_dir>/teacher first.");
+
+  Add(k, "data.source", [](auto& c) -> auto& { return c.data.source; },
+      OneOf({"synthetic", "text"}),
+      "synthetic: seeded Markov language with a known entropy floor; text: bytes of data.path.");
+  Add(k, "data.path", [](auto& c) -> auto& { return c.data.path; }, AnyString(),
+      "text: the UTF-8 file to train on (byte-level tokens, vocab_size 256).");
+  Add(k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
+      NumberStrictlyIn(0, 1), "text: the last fraction of the file is the validation split.");
+  Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; }, IntAtLeast(1),
+      "Sequences per micro-batch.");
+  Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; }, IntAtLeast(1),
+      "Tokens predicted per sequence; at most the models' context_length.");
+  Add(k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; }, IntAtLeast(1),
+      "synthetic: lengths are uniform in [min_seq_len, seq_len]; the rest is ignored padding.");
+  Add(k, "data.seed", [](auto& c) -> auto& { return c.data.seed; }, AnyInt(),
+      "Seed of the data (language, batches, split); batches depend only on seed and position.");
+  Add(k, "data.synthetic.order", [](auto& c) -> auto& { return c.data.synthetic.order; },
+      IntAtLeast(1), "Tokens of context that determine the next token's distribution.");
+  Add(k, "data.synthetic.branching", [](auto& c) -> auto& { return c.data.synthetic.branching; },
+      IntIn(1, 64), "Distinct possible successors of every context (<= vocab_size).");
+  Add(k, "data.synthetic.zipf", [](auto& c) -> auto& { return c.data.synthetic.zipf; },
+      NumberAtLeast(0), "Successor r has probability proportional to r^-zipf (0: uniform).");
+
+  Add(k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
+      OneOf({"tvd"}), "Divergence between student and teacher distributions (lossfns).");
+  Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
+      NumberAbove(0), "Both models' logits are divided by this before the softmax.");
+  Add(k, "distill.kd_weight", [](auto& c) -> auto& { return c.distill.kd_weight; },
+      NumberAtLeast(0), "Weight of the divergence term.");
+  Add(k, "distill.ce_weight", [](auto& c) -> auto& { return c.distill.ce_weight; },
+      NumberAtLeast(0), "Weight of the hard-label cross-entropy term.");
+  Add(k, "distill.ignore_index", [](auto& c) -> auto& { return c.distill.ignore_index; }, AnyInt(),
+      "Target value marking padding: no loss, no gradient, not counted (must be outside [0, V)).");
+
+  Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; }, NumberAbove(0),
+      "AdamW peak learning rate.");
+  Add(k, "optim.betas", [](auto& c) -> auto& { return c.optim.betas; }, Betas(),
+      "AdamW (beta1, beta2).");
+  Add(k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; }, NumberAbove(0), "AdamW eps.");
+  Add(k, "optim.weight_decay", [](auto& c) -> auto& { return c.optim.weight_decay; },
+      NumberAtLeast(0), "Decoupled weight decay on matrices (not on biases and norms).");
+  Add(k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
+      "Clip the global gradient norm to this; 0 disables clipping.");
+
+  Add(k, "schedule.kind", [](auto& c) -> auto& { return c.schedule.kind; },
+      OneOf({"cosine", "linear", "constant"}), "Learning-rate decay after the warmup.");
+  Add(k, "schedule.warmup_steps", [](auto& c) -> auto& { return c.schedule.warmup_steps; },
+      IntAtLeast(0), "Linear warmup from lr/warmup_steps to lr.");
+  Add(k, "schedule.min_lr_ratio", [](auto& c) -> auto& { return c.schedule.min_lr_ratio; },
+      NumberIn(0, 1, false), "The decay ends at lr * min_lr_ratio on the last step.");
+
+  Add(k, "train.mode", [](auto& c) -> auto& { return c.train.mode; },
+      OneOf({"pretrain", "distill"}),
+      "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill.");
+  Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; }, IntAtLeast(1),
+      "Optimizer steps.");
+  Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; }, IntAtLeast(1),
+      "Micro-batches per optimizer step; the loss is normalised over all their tokens.");
+  Add(k, "train.seed", [](auto& c) -> auto& { return c.train.seed; }, AnyInt(),
+      "Seed of initialisation and dropout.");
+  Add(k, "train.device", [](auto& c) -> auto& { return c.train.device; },
+      OneOf({"auto", "cpu", "cuda"}), "auto: CUDA when available, else CPU.");
+  Add(k, "train.precision", [](auto& c) -> auto& { return c.train.precision; },
+      OneOf({"fp32", "bf16"}), "bf16: autocast the forward passes to bfloat16 (CUDA only).");
+  Add(k, "train.log_interval", [](auto& c) -> auto& { return c.train.log_interval; },
+      IntAtLeast(1), "Write a metrics record every this many steps.");
+  Add(k, "train.eval_interval", [](auto& c) -> auto& { return c.train.eval_interval; },
+      IntAtLeast(0), "Evaluate every this many steps (0: only at the end).");
+  Add(k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
+      IntAtLeast(1), "Validation micro-batches per evaluation (always the same ones).");
+  Add(k, "train.checkpoint_interval",
+      [](auto& c) -> auto& { return c.train.checkpoint_interval; }, IntAtLeast(0),
+      "Checkpoint every this many steps (0: only at the end).");
+  Add(k, "train.keep_checkpoints", [](auto& c) -> auto& { return c.train.keep_checkpoints; },
+      IntAtLeast(1), "Keep the newest this many checkpoints.");
+  Add(k, "train.resume", [](auto& c) -> auto& { return c.train.resume; }, Bool(),
+      "Continue the run in out_dir if it is the same run; false: refuse an existing run.");
+  Add(k, "train.baseline", [](auto& c) -> auto& { return c.train.baseline; }, Bool(),
+      "distill mode: also train the student on hard labels only, into <out_dir>/baseline.");
+  Add(k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
+      "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
+  return k;
+}
+
+}  // namespace
+
+const std::vector<KeyDecl>& Keys() {
+  static const std::vector<KeyDecl> keys = Declare();
+  return keys;
+}
+
+}  // namespace distill::internal

@@ -1,0 +1,28 @@
+// The key table behind config.h: one declaration per key (path, accepted values, meaning, how
+// to read and write it). Parsing, validation, --help and --print-config all walk this table.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "distill/config.h"
+
+namespace distill::internal {
+
+struct KeyDecl {
+  std::string path;      // "distill.temperature"
+  std::string expected;  // "a number > 0": the "expected" part of an error message
+  std::string help;      // one sentence, for --help and docs/config.md
+  // Stores `node` into `config` when acceptable; returns false (config untouched) otherwise.
+  std::function<bool(const YAML::Node& node, Config& config)> set;
+  // The value as YAML flow text ("0.9", "[0.9, 0.95]", "synthetic").
+  std::function<std::string(const Config& config)> get;
+};
+
+// All keys, in declaration (and --print-config) order. Built once.
+const std::vector<KeyDecl>& Keys();
+
+}  // namespace distill::internal

@@ -1,0 +1,124 @@
+#include "distill/metrics.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace distill {
+
+std::string JsonQuote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<int>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+void JsonRecord::Key(const std::string& key) {
+  if (!body_.empty()) body_ += ",";
+  body_ += JsonQuote(key) + ":";
+}
+JsonRecord& JsonRecord::Add(const std::string& key, double value) {
+  Key(key);
+  body_ += std::isfinite(value) ? fmt::format("{}", value) : "null";
+  return *this;
+}
+JsonRecord& JsonRecord::Add(const std::string& key, int64_t value) {
+  Key(key);
+  body_ += std::to_string(value);
+  return *this;
+}
+JsonRecord& JsonRecord::Add(const std::string& key, const std::string& value) {
+  Key(key);
+  body_ += JsonQuote(value);
+  return *this;
+}
+
+MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) {
+  if (std::filesystem::exists(path)) {
+    std::vector<std::string> kept;
+    {
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        const size_t at = line.find("\"step\":");
+        if (at == std::string::npos) continue;  // not a record of ours
+        const int64_t step = std::atoll(line.c_str() + at + 7);
+        if (step > keep_up_to_step) continue;
+        const size_t type_at = line.find("\"type\":\"");
+        if (type_at != std::string::npos) {
+          const size_t begin = type_at + 8;
+          kept_.emplace(line.substr(begin, line.find('"', begin) - begin), step);
+        }
+        kept.push_back(line);
+      }
+    }
+    std::ofstream rewrite(path, std::ios::trunc);
+    for (const auto& line : kept) rewrite << line << '\n';
+  }
+  out_.open(path, std::ios::app);
+}
+
+bool MetricsLog::Has(const std::string& type, int64_t step) const {
+  return kept_.count({type, step}) > 0;
+}
+
+void MetricsLog::Write(const JsonRecord& record) {
+  out_ << record.str() << '\n';
+  out_.flush();
+}
+
+Progress::Progress(int64_t total_steps, int64_t first_step, bool quiet)
+    : total_(total_steps), first_(first_step), quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0),
+      start_(std::chrono::steady_clock::now()) {}
+
+std::string Progress::Eta(int64_t step) const {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (step <= first_) return "ETA --:--";
+  const auto left = static_cast<int64_t>(elapsed / (step - first_) * (total_ - step));
+  return fmt::format("ETA {}:{:02d}", left / 60, left % 60);
+}
+
+void Progress::Update(int64_t step, double loss, double tokens_per_second) {
+  if (quiet_ || !tty_) return;
+  const int width = 24;
+  const int filled = static_cast<int>(width * step / std::max<int64_t>(total_, 1));
+  std::fprintf(stderr, "\r\033[K[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s",
+               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+               static_cast<long long>(step), static_cast<long long>(total_), loss,
+               tokens_per_second, Eta(step).c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void Progress::Log(const std::string& line) {
+  if (quiet_) return;
+  if (tty_ && drawn_) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "%s\n", line.c_str());
+  drawn_ = false;
+}
+
+void Progress::Finish() {
+  if (!quiet_ && tty_ && drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
+}
+
+}  // namespace distill

@@ -1,0 +1,108 @@
+#include "distill/run.h"
+
+#include <cmath>
+#include <filesystem>
+#include <ostream>
+
+#include <fmt/format.h>
+
+#include "distill/run_dir.h"
+#include "distill/trainer.h"
+
+namespace distill {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Subdir(const Config& config, const char* name) {
+  return (fs::path(config.train.out_dir) / name).string();
+}
+
+ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
+  Trainer trainer(config, RunOptions{flags.fresh, flags.quiet});
+  const EvalResult result = trainer.Train();
+  return {name, config.train.out_dir, trainer.student()->num_parameters(), result.val_loss,
+          trainer.data().EntropyFloor().value_or(NAN)};
+}
+
+}  // namespace
+
+bool IsPipeline(const Config& config) {
+  return config.train.mode == "distill" && config.teacher.checkpoint.empty() &&
+         config.teacher.pretrain_steps > 0;
+}
+
+Config TeacherStageConfig(const Config& config) {
+  Config c = config;
+  static_cast<ModelConfig&>(c.student) = config.teacher;
+  c.student.init_from_teacher = false;
+  c.teacher = TeacherConfig();
+  c.train.mode = "pretrain";
+  c.train.steps = config.teacher.pretrain_steps;
+  c.train.baseline = false;
+  c.train.out_dir = Subdir(config, "teacher");
+  return c;
+}
+
+Config StudentStageConfig(const Config& config) {
+  Config c = config;
+  c.teacher.checkpoint = Subdir(config, "teacher");
+  c.teacher.pretrain_steps = 0;
+  c.train.baseline = false;
+  c.train.out_dir = Subdir(config, "student");
+  return c;
+}
+
+Config BaselineStageConfig(const Config& config) {
+  Config c = config;
+  c.student.init_from_teacher = false;
+  c.teacher = TeacherConfig();
+  c.train.mode = "pretrain";
+  c.train.baseline = false;
+  c.train.out_dir = Subdir(config, "baseline");
+  return c;
+}
+
+std::string FormatTable(const std::vector<ResultRow>& rows) {
+  std::string out = fmt::format("{:<26} {:>10} {:>9} {:>9} {:>9}  {}\n", "model", "parameters",
+                                "val_loss", "floor", "excess", "run");
+  for (const auto& r : rows) {
+    const bool known = std::isfinite(r.entropy_floor);
+    out += fmt::format("{:<26} {:>10} {:>9.4f} {:>9} {:>9}  {}\n", r.name, r.parameters,
+                       r.val_loss, known ? fmt::format("{:.4f}", r.entropy_floor) : "n/a",
+                       known ? fmt::format("{:+.4f}", r.val_loss - r.entropy_floor) : "n/a",
+                       r.run_dir);
+  }
+  return out;
+}
+
+std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out) {
+  std::vector<ResultRow> rows;
+  if (!IsPipeline(config)) {
+    const bool distill = config.train.mode == "distill";
+    rows.push_back(TrainOne(config, distill ? "student (distilled)" : "model (pretrained)", flags));
+    if (distill && config.train.baseline) {
+      // The single-run layout keeps the baseline beside the run: <out_dir>-baseline.
+      Config baseline = BaselineStageConfig(config);
+      baseline.train.out_dir = config.train.out_dir + "-baseline";
+      rows.push_back(TrainOne(baseline, "student (hard labels)", flags));
+    }
+  } else {
+    // The pipeline's own directory holds its config; --fresh clears all stages at once.
+    PrepareRunDir(config, flags.fresh);
+    const RunFlags stage_flags{false, flags.quiet};
+    rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
+    rows.push_back(TrainOne(StudentStageConfig(config), "student (distilled)", stage_flags));
+    if (config.train.baseline) {
+      rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
+    }
+  }
+  const std::string table = FormatTable(rows);
+  if (IsPipeline(config)) {
+    WriteFileAtomically((fs::path(config.train.out_dir) / "results.txt").string(), table);
+  }
+  out << table;
+  return rows;
+}
+
+}  // namespace distill

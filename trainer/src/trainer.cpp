@@ -1,0 +1,324 @@
+#include "distill/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/utils.h>
+
+#include "distill/loss.h"
+#include "distill/run_dir.h"
+
+namespace distill {
+namespace fs = std::filesystem;
+
+namespace {
+
+// bf16 autocast of the CUDA forward passes for the guard's lifetime (no-op when off).
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    previous_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, previous_);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool enabled_, previous_ = false;
+};
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+at::Device ResolveDevice(const std::string& device) {
+  if (device == "cuda") {
+    if (!torch::cuda::is_available()) {
+      throw std::runtime_error(
+          "train.device: \"cuda\" requested but no CUDA device is available; use auto or cpu");
+    }
+    return at::Device(at::kCUDA, 0);
+  }
+  if (device == "auto" && torch::cuda::is_available()) return at::Device(at::kCUDA, 0);
+  return at::Device(at::kCPU);
+}
+
+double LearningRate(const Config& config, int64_t step) {
+  const double peak = config.optim.lr;
+  const ScheduleConfig& s = config.schedule;
+  if (step < s.warmup_steps) return peak * static_cast<double>(step + 1) / s.warmup_steps;
+  const int64_t decay_steps = std::max<int64_t>(1, config.train.steps - s.warmup_steps - 1);
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / decay_steps);
+  const double floor = peak * s.min_lr_ratio;
+  if (s.kind == "cosine") return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  if (s.kind == "linear") return peak - (peak - floor) * progress;
+  return peak;
+}
+
+Trainer::Trainer(Config config, RunOptions options)
+    : config_(std::move(config)), options_(options),
+      device_(ResolveDevice(config_.train.device)),
+      distill_(config_.train.mode == "distill") {
+  if (config_.train.precision == "bf16" && !device_.is_cuda()) {
+    throw std::runtime_error(
+        "train.precision: bf16 autocast needs CUDA but train.device resolved to cpu; use fp32");
+  }
+  const bool same_run = PrepareRunDir(config_, options_.fresh);
+  data_ = MakeDataSource(config_.data, config_.student.vocab_size, config_.distill.ignore_index);
+
+  torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
+  if (distill_) {
+    teacher_ = TransformerLM(config_.teacher);
+    teacher_->to(device_);
+    if (!config_.teacher.checkpoint.empty()) {
+      LoadWeights(config_.teacher.checkpoint, teacher_, device_);
+    }
+    teacher_->eval();
+    for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
+  }
+  student_ = TransformerLM(config_.student);
+  student_->to(device_);
+  if (config_.student.init_from_teacher) CopyWeights(teacher_, student_);
+  student_->train();
+
+  // Decoupled weight decay on matrices only; biases and LayerNorm gains are not decayed.
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& p : student_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options_for = [&](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(config_.optim.lr)
+            .betas({config_.optim.betas[0], config_.optim.betas[1]})
+            .eps(config_.optim.eps)
+            .weight_decay(weight_decay));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, options_for(config_.optim.weight_decay));
+  groups.emplace_back(no_decay, options_for(0.0));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(
+      groups, torch::optim::AdamWOptions(config_.optim.lr));
+
+  if (same_run) {
+    if (auto latest = LatestCheckpoint(config_.train.out_dir)) {
+      position_ = LoadCheckpoint(*latest, student_, *optimizer_, device_);
+      checkpointed_step_ = position_.step;
+    }
+  }
+  metrics_ = std::make_unique<MetricsLog>(
+      (fs::path(config_.train.out_dir) / "metrics.jsonl").string(), position_.step);
+  progress_ = std::make_unique<Progress>(config_.train.steps, position_.step, options_.quiet);
+  progress_->Log(fmt::format(
+      "{} {}: {} {} parameters{}; {}; {} on {}; {}",
+      same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
+                                     : "starting",
+      config_.train.out_dir, distill_ ? "student" : "model", student_->num_parameters(),
+      distill_ ? fmt::format(", teacher {}", teacher_->num_parameters()) : "",
+      data_->Describe(), config_.train.mode, device_.str(), config_.train.precision));
+}
+
+Trainer::~Trainer() = default;
+
+StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches) {
+  int64_t tokens = 0;
+  for (const auto& b : micro_batches) tokens += b.num_targets;
+  const double scale = 1.0 / std::max<int64_t>(tokens, 1);
+  at::Tensor kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
+  at::Tensor ce_sum = kd_sum.clone();
+  for (const auto& batch : micro_batches) {
+    const at::Tensor inputs = batch.inputs.to(device_);
+    const at::Tensor targets = batch.targets.to(device_);
+    at::Tensor teacher_logits, student_logits;
+    {
+      // Autocast covers the forward passes only; the losses are computed in fp32 and the
+      // backward pass runs outside it (autograd replays the forward's dtypes).
+      AutocastGuard autocast(config_.train.precision == "bf16");
+      if (distill_) {
+        torch::NoGradGuard no_grad;
+        teacher_logits = teacher_->forward(inputs);
+      }
+      student_logits = student_->forward(inputs);
+    }
+    LossSums sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+    (sums.total * scale).backward();
+    kd_sum += sums.kd;
+    ce_sum += sums.ce;
+  }
+  StepResult r;
+  r.tokens = tokens;
+  r.kd_loss = kd_sum.item<double>() * scale;
+  r.ce_loss = ce_sum.item<double>() * scale;
+  r.loss = distill_ ? config_.distill.kd_weight * r.kd_loss + config_.distill.ce_weight * r.ce_loss
+                    : r.ce_loss;
+  return r;
+}
+
+StepResult Trainer::Step() {
+  const double lr = LearningRate(config_, position_.step);
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  optimizer_->zero_grad(/*set_to_none=*/true);
+
+  std::vector<Batch> micro_batches;
+  for (int64_t i = 0; i < config_.train.grad_accum; ++i) {
+    micro_batches.push_back(data_->TrainBatch(position_.data_position + i));
+  }
+  StepResult r = AccumulateGradients(micro_batches);
+  // max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
+  const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
+  r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
+  r.lr = lr;
+  optimizer_->step();
+
+  position_.step += 1;
+  position_.data_position += config_.train.grad_accum;
+  last_eval_.reset();
+  return r;
+}
+
+EvalResult Trainer::Evaluate() {
+  torch::NoGradGuard no_grad;
+  AutocastGuard autocast(config_.train.precision == "bf16");
+  student_->eval();
+  at::Tensor ce = at::zeros({}, at::TensorOptions(device_).dtype(at::kDouble));
+  at::Tensor teacher_ce = ce.clone(), kd = ce.clone();
+  int64_t tokens = 0;
+  for (int64_t j = 0; j < config_.train.eval_batches; ++j) {
+    const Batch batch = data_->ValBatch(j);
+    const at::Tensor inputs = batch.inputs.to(device_);
+    const at::Tensor targets = batch.targets.to(device_);
+    tokens += batch.num_targets;
+    const at::Tensor student_logits = student_->forward(inputs);
+    if (distill_) {
+      const at::Tensor teacher_logits = teacher_->forward(inputs);
+      const LossSums both = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+      ce += both.ce;
+      kd += both.kd;
+      teacher_ce += ComputeLossSums(teacher_logits, {}, targets, config_.distill).ce;
+    } else {
+      ce += ComputeLossSums(student_logits, {}, targets, config_.distill).ce;
+    }
+  }
+  student_->train();
+  EvalResult r;
+  r.tokens = tokens;
+  r.val_loss = ce.item<double>() / tokens;
+  r.val_ppl = std::exp(r.val_loss);
+  if (distill_) {
+    r.teacher_val_loss = teacher_ce.item<double>() / tokens;
+    r.teacher_val_ppl = std::exp(r.teacher_val_loss);
+    r.val_kd = kd.item<double>() / tokens;
+  }
+  last_eval_ = r;
+  return r;
+}
+
+void Trainer::SaveCheckpoint() {
+  distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), student_,
+                          *optimizer_, position_, device_);
+  PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
+  checkpointed_step_ = position_.step;
+}
+
+void Trainer::LogStep(const StepResult& r) {
+  const double tokens_per_second = tokens_since_log_ / std::max(seconds_since_log_, 1e-9);
+  metrics_->Write(JsonRecord()
+                      .Add("type", std::string("train"))
+                      .Add("step", position_.step)
+                      .Add("loss", r.loss)
+                      .Add("kd_loss", distill_ ? r.kd_loss : NAN)
+                      .Add("ce_loss", r.ce_loss)
+                      .Add("lr", r.lr)
+                      .Add("grad_norm", r.grad_norm)
+                      .Add("tokens_per_s", tokens_per_second)
+                      .Add("elapsed_s", elapsed_));
+  progress_->Log(fmt::format("step {:>6}/{}  loss {:.4f}{}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  {}",
+                             position_.step, config_.train.steps, r.loss,
+                             distill_ ? fmt::format("  kd {:.4f}  ce {:.4f}", r.kd_loss, r.ce_loss)
+                                      : "",
+                             r.lr, r.grad_norm, tokens_per_second, progress_->Eta(position_.step)));
+  tokens_since_log_ = 0;
+  seconds_since_log_ = 0;
+}
+
+void Trainer::LogEval(const EvalResult& r) {
+  const double floor = data_->EntropyFloor().value_or(NAN);
+  metrics_->Write(JsonRecord()
+                      .Add("type", std::string("eval"))
+                      .Add("step", position_.step)
+                      .Add("val_loss", r.val_loss)
+                      .Add("val_ppl", r.val_ppl)
+                      .Add("teacher_val_loss", r.teacher_val_loss)
+                      .Add("teacher_val_ppl", r.teacher_val_ppl)
+                      .Add("val_kd", r.val_kd)
+                      .Add("entropy_floor", floor)
+                      .Add("elapsed_s", elapsed_));
+  std::string line = fmt::format("eval {:>6}  val_loss {:.4f} (ppl {:.2f})", position_.step,
+                                 r.val_loss, r.val_ppl);
+  if (distill_) {
+    line += fmt::format("  teacher {:.4f}  val_kd {:.4f}", r.teacher_val_loss, r.val_kd);
+  }
+  if (std::isfinite(floor)) line += fmt::format("  floor {:.4f}", floor);
+  progress_->Log(line);
+}
+
+void Trainer::TrainUntil(int64_t stop_step) {
+  stop_step = std::min(stop_step, config_.train.steps);
+  const TrainConfig& t = config_.train;
+  while (position_.step < stop_step) {
+    const auto start = std::chrono::steady_clock::now();
+    const StepResult result = Step();
+    const double seconds = Seconds(start);
+    elapsed_ += seconds;
+    seconds_since_log_ += seconds;
+    tokens_since_log_ += result.tokens;
+    progress_->Update(position_.step, result.loss, result.tokens / std::max(seconds, 1e-9));
+
+    if (position_.step % t.log_interval == 0 || position_.step == stop_step) LogStep(result);
+    if (t.eval_interval > 0 && position_.step % t.eval_interval == 0) LogEval(Evaluate());
+    if (t.checkpoint_interval > 0 && position_.step % t.checkpoint_interval == 0) SaveCheckpoint();
+  }
+  if (checkpointed_step_ != position_.step) SaveCheckpoint();
+  progress_->Finish();
+}
+
+EvalResult Trainer::Train() {
+  TrainUntil(config_.train.steps);
+  EvalResult final_eval;
+  if (last_eval_) {
+    final_eval = *last_eval_;  // evaluated (and logged) at the last step already
+  } else {
+    final_eval = Evaluate();
+    // A finished run opened again already has its final record.
+    if (!metrics_->Has("eval", position_.step)) LogEval(final_eval);
+  }
+  const double floor = data_->EntropyFloor().value_or(NAN);
+  WriteFileAtomically(
+      (fs::path(config_.train.out_dir) / "summary.json").string(),
+      JsonRecord()
+              .Add("mode", config_.train.mode)
+              .Add("steps", position_.step)
+              .Add("parameters", student_->num_parameters())
+              .Add("val_loss", final_eval.val_loss)
+              .Add("val_ppl", final_eval.val_ppl)
+              .Add("teacher_val_loss", final_eval.teacher_val_loss)
+              .Add("val_kd", final_eval.val_kd)
+              .Add("entropy_floor", floor)
+              .Add("elapsed_s", elapsed_)
+              .str() +
+          "\n");
+  return final_eval;
+}
+
+}  // namespace distill
