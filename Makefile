@@ -23,7 +23,7 @@ build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
-	@./$(BUILD_DIR)/examples/tvd_demo
+	@./$(BUILD_DIR)/trainer/distill_trainer
 
 test: build
 	@ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
