@@ -208,7 +208,7 @@ StepMetrics Loop::Step() {
   return m;
 }
 
-ValMetrics Loop::Validate(int64_t batches) const {
+ValMetrics Loop::Validate(int64_t batches) {
   torch::NoGradGuard no_grad;
   AutocastGuard autocast(loss_dtype_ == at::kBFloat16 && device_.is_cuda());
   student_->eval();

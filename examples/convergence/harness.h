@@ -74,7 +74,7 @@ class Loop {
   Loop(const distill::Config& config, distill::TransformerLM teacher,
        distill::TransformerLM student, at::ScalarType loss_dtype, Divergence divergence);
   StepMetrics Step();
-  ValMetrics Validate(int64_t batches) const;
+  ValMetrics Validate(int64_t batches);
   distill::TransformerLM& student() { return student_; }
   int64_t step() const { return step_; }
   double last_lr() const { return last_lr_; }
