@@ -80,7 +80,7 @@ TEST(ScenarioConfigs, PaddedVocabPipelineRuns) {
                                   {"teacher.pretrain_steps=2", "train.steps=2",
                                    "train.eval_batches=1", "train.out_dir=" + dir});
   std::ostringstream table;
-  const auto rows = Run(c, RunFlags{false, true}, table);
+  const auto rows = distill::Run(c, RunFlags{false, true}, table);
   ASSERT_EQ(rows.size(), 3u);
   for (const auto& row : rows) {
     EXPECT_TRUE(std::isfinite(row.val_loss)) << row.name;
