@@ -1,4 +1,5 @@
 // Examples 3 and 4: padded vs unpadded vocabulary, and distillation vs hard labels.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -50,15 +51,20 @@ double RealWeightDiff(distill::TransformerLM& a, distill::TransformerLM& b) {
 // Example 3. The same distillation with a 259-token vocabulary (37 with --small) unpadded and
 // padded to a multiple of 64. The padded models are the unpadded ones with extra rows whose
 // logits are -inf: mathematically the same training. Numerically the padded matmuls and
-// softmaxes have other shapes (other blocking and reduction orders), so the runs agree to
-// float rounding, amplified slowly by training: fp32 budget 1e-4 relative per-step loss and
-// 1e-3 on the weights; bf16 (the loss sees bf16 p, q) 1e-2 and 1e-2.
+// softmaxes have other shapes (other blocking and reduction orders), so the runs agree to float
+// rounding at first: over the first 50 steps the budget is 1e-4 relative on the per-step loss
+// and 1e-3 on the real weights (fp32; bf16 p, q: 1e-2 and 1e-2). After that the trajectories
+// separate as any two roundings of one training do (measured on CPU, full size: 1e-2 relative
+// per-step loss by step 100): Adam divides by sqrt(v), so a rounding difference in a near-zero
+// gradient entry becomes a whole lr-sized step. What must still agree is the outcome: the final
+// validation loss, within 1e-2 relative (measured: 6e-4).
 // The padded lm_head rows get exactly zero gradient, so AdamW changes them only by decoupled
 // weight decay: they must equal, bit for bit, their initial values multiplied by
 // (1 - lr_t * weight_decay) step after step (replayed here with the same fp32 multiplications).
 int Padded(const Options& o) {
   const bool bf16 = o.dtype == "bf16";
-  const double loss_tol = bf16 ? 1e-2 : 1e-4, weight_tol = bf16 ? 1e-2 : 1e-3;
+  const double loss_tol = bf16 ? 1e-2 : 1e-4, weight_tol = bf16 ? 1e-2 : 1e-3, val_tol = 1e-2;
+  const int64_t early_steps = 50;  // the window of step-by-step agreement
   const int64_t V = o.small ? 37 : 259;
   const int64_t steps = o.small ? 40 : 400;
   distill::Config cu = BaseConfig(o, o.out + "/runs/padded_teacher");
@@ -94,7 +100,7 @@ int Padded(const Options& o) {
               static_cast<long long>(steps));
   std::printf("%6s %12s %12s %10s %11s %8s\n", "step", "unpadded", "padded", "rel diff",
               "max|dw|", "pad rows");
-  double max_rel = 0, weight_diff = 0;
+  double max_rel = 0, weight_diff = 0, early_rel = 0, early_weight_diff = 0;
   bool rows_identical = true;
   const double weight_decay = cp.optim.weight_decay;
   for (int64_t i = 1; i <= steps; ++i) {
@@ -108,6 +114,10 @@ int Padded(const Options& o) {
     const double rel = std::abs(a.loss - b.loss) / std::max(std::abs(a.loss), 1e-12);
     max_rel = std::max(max_rel, rel);
     weight_diff = RealWeightDiff(student_u, student_p);
+    if (i <= early_steps) {
+      early_rel = max_rel;
+      early_weight_diff = weight_diff;
+    }
     csv.Row({double(i), a.loss, b.loss, rel, weight_diff, identical ? 1.0 : 0.0});
     if (i == 1 || i % (steps / 8) == 0) {
       std::printf("%6lld %12.6f %12.6f %10.2e %11.2e %8s\n", static_cast<long long>(i), a.loss,
@@ -116,11 +126,19 @@ int Padded(const Options& o) {
   }
   const ValMetrics vu = lu.Validate(cu.train.eval_batches), vp = lp.Validate(cp.train.eval_batches);
   std::printf("final val CE: unpadded %.6f  padded %.6f\n", vu.ce, vp.ce);
+  const int64_t early = std::min(steps, early_steps);
+  const double val_rel = std::abs(vu.ce - vp.ce) / vu.ce;
+  std::printf("whole run: max rel. loss diff %.2e, final max |dw| %.2e (reported, not asserted)\n",
+              max_rel, weight_diff);
   Checks checks;
-  checks.Expect(max_rel <= loss_tol, fmt::format("per-step loss: max relative difference {:.2e} "
-                                                 "<= {:.0e}", max_rel, loss_tol));
-  checks.Expect(weight_diff <= weight_tol, fmt::format("final real weights: max |padded - unpadded| "
-                                                       "{:.2e} <= {:.0e}", weight_diff, weight_tol));
+  checks.Expect(early_rel <= loss_tol, fmt::format("steps 1-{}: per-step loss max relative "
+                                                   "difference {:.2e} <= {:.0e}",
+                                                   early, early_rel, loss_tol));
+  checks.Expect(early_weight_diff <= weight_tol,
+                fmt::format("step {}: real weights max |padded - unpadded| {:.2e} <= {:.0e}", early,
+                            early_weight_diff, weight_tol));
+  checks.Expect(val_rel <= val_tol, fmt::format("final validation loss: relative difference "
+                                                "{:.2e} <= {:.0e}", val_rel, val_tol));
   checks.Expect(rows_identical, "padded lm_head rows bit-identical to init x weight decay, every step");
   // Not vacuous: with weight decay the rows did change (only by the decay).
   checks.Expect(weight_decay == 0 || !at::equal(expected, initial),
