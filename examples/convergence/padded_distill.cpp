@@ -185,7 +185,7 @@ int DistillWorks(const Options& o) {
     val_s = student.Evaluate().val_loss;
     val_b = baseline.Evaluate().val_loss;
     csv.Row({double(i), val_s, val_b, teacher_val, floor, rs.loss, rb.ce_loss});
-    if (i % (steps / 5) == 0) {
+    if ((i / eval_every) % std::max<int64_t>(1, steps / eval_every / 5) == 0) {
       std::printf("%6lld %11.4f %11.4f %9.4f %9.4f\n", static_cast<long long>(i), val_s, val_b,
                   teacher_val, floor);
     }
