@@ -1,0 +1,127 @@
+// The shared machinery of the convergence examples: options, configs, a minimal distillation
+// loop with a swappable divergence, tie statistics, CSV output and PASS/FAIL checks.
+//
+// The loop (Loop) is distill::Trainer::Step stripped to one micro-batch per step, with two
+// differences the experiments need: the divergence is a parameter (the lossfns op, a composite
+// LibTorch reference, or the legacy two-way sign), and the probabilities are cast to the loss
+// dtype (fp32 or bf16) before the divergence sees them. Same AdamW groups (decay on matrices
+// only), schedule (distill::LearningRate), clipping and per-token normalisation as the trainer.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include "distill/config.h"
+#include "distill/data.h"
+#include "distill/model.h"
+
+namespace convergence {
+
+struct Options {
+  bool small = false;          // the seconds-long CPU version that ctest runs
+  std::string device = "cpu";  // cpu | cuda
+  std::string dtype = "fp32";  // fp32 | bf16: the dtype of p and q as the divergence sees them
+  std::string out = "out/convergence";
+  at::ScalarType loss_dtype() const { return dtype == "bf16" ? at::kBFloat16 : at::kFloat; }
+  // <out>/<name>_<dtype>.csv
+  std::string CsvPath(const std::string& name) const;
+};
+
+// The models and data of every experiment: a 1-layer d=32 pair on vocab 24 (padded to 32) with
+// --small, a 2/3-layer d=64/128 pair otherwise. `run_dir` is where Trainer-based stages write.
+distill::Config BaseConfig(const Options& options, const std::string& run_dir);
+
+// Pretrains config.teacher's architecture for `steps` steps with distill::Trainer (quietly, from
+// scratch, into `run_dir`) and returns the model (frozen: eval mode, no grad) on the device.
+distill::TransformerLM PretrainTeacher(const distill::Config& config, const std::string& run_dir,
+                                       int64_t steps);
+
+// A fresh model of `config` initialised from torch's generator seeded with `seed`.
+distill::TransformerLM MakeModel(const distill::ModelConfig& config, int64_t seed,
+                                 const at::Device& device);
+
+// Sum over the non-ignored rows of a divergence: p, q (N, V) in the loss dtype, targets (N,).
+// Returns a 0-dim fp32 tensor differentiable w.r.t. p.
+using Divergence = std::function<at::Tensor(const at::Tensor& p, const at::Tensor& q,
+                                            const at::Tensor& targets, int64_t ignore_index)>;
+at::Tensor OpDivergence(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
+                        int64_t ignore_index);         // lossfns::tvd_loss, reduction sum
+at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q,
+                               const at::Tensor& targets, int64_t ignore_index);  // ATen ops
+at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
+                                const at::Tensor& targets, int64_t ignore_index);  // sign(0)=-1
+
+struct StepMetrics {
+  double loss = 0, kd = 0, ce = 0, grad_norm = 0, lr = 0;
+  double tie_fraction = 0;  // real-vocabulary elements of non-ignored rows with p == q exactly
+};
+
+struct ValMetrics {
+  double ce = 0;  // student cross-entropy, nats per token
+  double tvd = 0;  // mean TVD(student, teacher) per token (fp32 probabilities)
+};
+
+class Loop {
+ public:
+  // Takes `student` as is (it is trained in place) and `teacher` frozen.
+  Loop(const distill::Config& config, distill::TransformerLM teacher,
+       distill::TransformerLM student, at::ScalarType loss_dtype, Divergence divergence);
+  StepMetrics Step();
+  ValMetrics Validate(int64_t batches);
+  distill::TransformerLM& student() { return student_; }
+  int64_t step() const { return step_; }
+  double last_lr() const { return last_lr_; }
+
+ private:
+  distill::Config config_;
+  at::Device device_;
+  at::ScalarType loss_dtype_;
+  Divergence divergence_;
+  std::unique_ptr<distill::DataSource> data_;
+  distill::TransformerLM teacher_, student_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  int64_t step_ = 0;
+  double last_lr_ = 0;
+};
+
+// Fraction of exact ties p == q over the first `real_vocab` columns of the rows whose target is
+// not ignore_index.
+double TieFraction(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
+                   int64_t ignore_index, int64_t real_vocab);
+
+// max |a - b| over all parameters (same architecture), and max |a| for scale.
+struct WeightDiff {
+  double max_abs = 0, max_weight = 0;
+};
+WeightDiff CompareWeights(distill::TransformerLM& a, distill::TransformerLM& b);
+
+// A CSV file: a header, then one row of numbers per call.
+class Csv {
+ public:
+  Csv(const std::string& path, const std::vector<std::string>& columns);
+  void Row(const std::vector<double>& values);
+
+ private:
+  std::ofstream out_;
+  size_t columns_;
+};
+
+// Collects named assertions; prints each as "  [ok] ..." / "  [FAIL] ...".
+class Checks {
+ public:
+  bool Expect(bool condition, const std::string& what);
+  // Prints "PASS <name>" or "FAIL <name>" and returns the exit code (0 / 1).
+  int Finish(const std::string& name) const;
+
+ private:
+  bool failed_ = false;
+};
+
+}  // namespace convergence

@@ -1,0 +1,58 @@
+// convergence: the four convergence examples of docs/convergence.md, one subcommand each.
+//   convergence kernel_vs_reference|ties|padded|distill_works [--small] [--device cpu|cuda]
+//               [--dtype fp32|bf16] [--out DIR]
+// Exit code 0 when the experiment's assertions hold, 1 when one fails, 2 on a usage error.
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <string>
+
+#include <torch/utils.h>
+
+#include "experiments.h"
+
+namespace {
+
+int Usage(const char* message) {
+  std::fprintf(stderr,
+               "convergence: %s\nusage: convergence kernel_vs_reference|ties|padded|distill_works "
+               "[--small] [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]\n",
+               message);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, int (*)(const convergence::Options&)> commands = {
+      {"kernel_vs_reference", convergence::KernelVsReference},
+      {"ties", convergence::Ties},
+      {"padded", convergence::Padded},
+      {"distill_works", convergence::DistillWorks}};
+  if (argc < 2 || !commands.count(argv[1])) return Usage("expected a subcommand");
+  convergence::Options options;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (arg == "--small") {
+      options.small = true;
+    } else if (arg == "--device") {
+      options.device = value();
+      if (options.device != "cpu" && options.device != "cuda") return Usage("--device: cpu|cuda");
+    } else if (arg == "--dtype") {
+      options.dtype = value();
+      if (options.dtype != "fp32" && options.dtype != "bf16") return Usage("--dtype: fp32|bf16");
+    } else if (arg == "--out") {
+      options.out = value();
+      if (options.out.empty()) return Usage("--out: a directory");
+    } else {
+      return Usage(("unknown argument " + arg).c_str());
+    }
+  }
+  try {
+    return commands.at(argv[1])(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "convergence %s: error: %s\n", argv[1], e.what());
+    return 2;
+  }
+}

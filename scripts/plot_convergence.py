@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Turns the CSVs of the `convergence` examples into PNG plots (matplotlib, Agg).
+
+    python3 scripts/plot_convergence.py CSV_DIR OUT_DIR
+
+Reads every <name>_<dtype>.csv under CSV_DIR (recursively) for the names kernel_vs_reference,
+ties, padded, distill_works, and writes OUT_DIR/convergence_<name>_<dtype>.png. Uses only the
+standard library's csv module and matplotlib.
+"""
+import csv
+import math
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+NAMES = ("kernel_vs_reference", "ties", "padded", "distill_works")
+
+
+def read(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    cols = {k: [float(r[k]) for r in rows] for k in rows[0]} if rows else {}
+    return cols
+
+
+def series(cols, x, y):
+    """(xs, ys) without the NaN entries of y (metrics logged every k steps)."""
+    pairs = [(a, b) for a, b in zip(cols[x], cols[y]) if not math.isnan(b)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def plot_kernel_vs_reference(c, axes, dtype):
+    axes[0].plot(c["step"], c["loss_op"], label="lossfns op")
+    axes[0].plot(c["step"], c["loss_ref"], "--", label="composite reference")
+    axes[0].set(title=f"training loss ({dtype})", xlabel="step", ylabel="loss")
+    axes[1].semilogy(c["step"], [max(v, 1e-12) for v in c["rel_diff"]], label="|loss diff| / loss")
+    axes[1].semilogy(c["step"], [max(v, 1e-12) for v in c["weight_diff"]], label="max |w_op - w_ref|")
+    axes[1].set(title="op vs reference (floored at 1e-12)", xlabel="step")
+
+
+def plot_ties(c, axes, dtype):
+    axes[0].plot(c["step"], c["ties_op"], label="op")
+    axes[0].plot(c["step"], c["ties_legacy"], "--", label="legacy sign")
+    axes[0].set(title=f"exact-tie fraction of p vs q ({dtype})", xlabel="step", ylim=(-0.02, 1.02))
+    for key, style, label in (("val_ce_op", "-o", "op"), ("val_ce_legacy", "--x", "legacy sign")):
+        axes[1].plot(*series(c, "step", key), style, label=label)
+    axes[1].set(title="shifted data: validation CE", xlabel="step")
+    axes[2].plot(c["step"], c["pure_drift_op"], label="op (stays 0)")
+    axes[2].plot(c["step"], c["pure_drift_legacy"], "--", label="legacy sign")
+    axes[2].set_yscale("symlog", linthresh=1e-9)
+    axes[2].set(title="pure self-distillation: max |w - w_teacher|", xlabel="step")
+
+
+def plot_padded(c, axes, dtype):
+    axes[0].plot(c["step"], c["loss_unpadded"], label="unpadded")
+    axes[0].plot(c["step"], c["loss_padded"], "--", label="padded")
+    axes[0].set(title=f"training loss ({dtype})", xlabel="step", ylabel="loss")
+    axes[1].semilogy(c["step"], [max(v, 1e-12) for v in c["rel_diff"]], label="|loss diff| / loss")
+    axes[1].semilogy(c["step"], [max(v, 1e-12) for v in c["real_weight_diff"]],
+                     label="max |w_pad - w| (real rows)")
+    axes[1].set(title="padded vs unpadded (floored at 1e-12)", xlabel="step")
+
+
+def plot_distill_works(c, axes, dtype):
+    axes[0].plot(*series(c, "step", "val_distilled"), "-o", label="distilled (TVD + 0.1 CE)")
+    axes[0].plot(*series(c, "step", "val_hard_labels"), "-x", label="hard labels only")
+    axes[0].axhline(c["val_teacher"][0], color="gray", ls="--", label="teacher")
+    axes[0].axhline(c["entropy_floor"][0], color="black", ls=":", label="entropy floor")
+    axes[0].set(title=f"validation CE, nats/token ({dtype})", xlabel="step")
+
+
+PLOTS = {"kernel_vs_reference": (plot_kernel_vs_reference, 2), "ties": (plot_ties, 3),
+         "padded": (plot_padded, 2), "distill_works": (plot_distill_works, 1)}
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.exit(__doc__)
+    csv_dir, out_dir = pathlib.Path(argv[1]), pathlib.Path(argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for path in sorted(csv_dir.rglob("*.csv")):
+        name, _, dtype = path.stem.rpartition("_")
+        if name not in PLOTS:
+            continue
+        cols = read(path)
+        if not cols:
+            continue
+        fn, panels = PLOTS[name]
+        fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.2), squeeze=False)
+        fn(cols, axes[0], dtype)
+        for ax in axes[0]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        out = out_dir / f"convergence_{name}_{dtype}.png"
+        fig.savefig(out, dpi=80)
+        plt.close(fig)
+        print(out)
+        written += 1
+    if written == 0:
+        sys.exit(f"no convergence CSVs under {csv_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
