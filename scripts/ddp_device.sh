@@ -9,6 +9,8 @@
 #   (d) prints tokens/s of both and the scaling efficiency tokens/s(2) / (2 x tokens/s(1)).
 # Everything goes to ${OUT:-out}/ddp/ (logs, run directories, report.txt). Exit status 0 when
 # the tests pass and the trajectories agree; the scaling figure is reported, not enforced.
+# Optional: BUILD (default build-device), DDP_OVERRIDES (extra key=value for both runs, e.g.
+# "train.steps=50"), DDP_TEST_FILTER (gtest filter for the world-1 test, default all).
 #
 # Tolerance (written down in docs/trainer.md, Multi-GPU): the 2-GPU run sees the same global
 # batch; only the order of float sums differs (each rank's 2 micro-batch gradients are summed,
@@ -38,7 +40,7 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "== $(date -u +%FT%TZ)  GPUs: $NGPU  build: $BUILD  out: $DIR"
 
 echo "== (a) world size 1 through NCCL, and the CPU data-parallel tests"
-timeout 180 "$TESTS/distill_distributed_cuda_test" 2>&1 | tee "$DIR/world1_test.log" | tail -n 4
+timeout 180 "$TESTS/distill_distributed_cuda_test" --gtest_filter="${DDP_TEST_FILTER:-*}" 2>&1 | tee "$DIR/world1_test.log" | tail -n 4
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAIL: distill_distributed_cuda_test"; status=1; }
 grep -q "SKIPPED" "$DIR/world1_test.log" && { echo "FAIL: the world-1 test skipped (no CUDA?)"; status=1; }
 timeout 180 "$TESTS/distill_distributed_test" 2>&1 | tee "$DIR/cpu_tests.log" | tail -n 2
@@ -48,7 +50,7 @@ run() {  # run <nproc>: the config on <nproc> GPUs into $DIR/gpu<nproc>
   local n=$1
   echo "== (b) $CONFIG on $n GPU(s): torchrun --no-python --standalone --nproc-per-node $n"
   timeout 240 torchrun --no-python --standalone --nproc-per-node "$n" "$TRAINER" \
-    --config "$CONFIG" --fresh train.out_dir="$DIR/gpu$n" train.log_interval=1 \
+    --config "$CONFIG" --fresh train.out_dir="$DIR/gpu$n" train.log_interval=1 ${DDP_OVERRIDES:-} \
     > "$DIR/gpu$n.log" 2>&1
   local rc=$?
   tail -n 5 "$DIR/gpu$n.log"
@@ -73,7 +75,9 @@ def summary(run, stage):
     path = os.path.join(d, run, stage, "summary.json")
     return json.load(open(path)) if os.path.exists(path) else None
 ok = True
-for stage in ("teacher", "student"):
+# The pipeline's stages, or a single run's own directory.
+stages = [s for s in ("teacher", "student") if os.path.isdir(os.path.join(d, "gpu1", s))] or ["."]
+for stage in stages:
     a, b = records("gpu1", stage), records("gpu2", stage)
     steps = sorted(set(a) & set(b))
     if not steps or len(steps) != len(a):
