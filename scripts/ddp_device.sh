@@ -4,7 +4,9 @@
 # runs
 #   (a) the world-size-1 NCCL test (distill_distributed_cuda_test) and the CPU data-parallel tests,
 #   (b) configs/ddp.yaml (teacher pretraining + distillation, same global batch) on 1 GPU via
-#       torchrun --nproc-per-node 1 and on 2 GPUs via torchrun --nproc-per-node 2,
+#       torchrun --nproc-per-node 1, then each of its two stages again on 2 GPUs via
+#       torchrun --nproc-per-node 2, from the stage's own resolved config.yaml: the 2-GPU
+#       distillation uses the 1-GPU run's teacher, so both students start from the same point,
 #   (c) compares the two runs' loss trajectories (metrics.jsonl) against the tolerance below,
 #   (d) prints tokens/s of both and the scaling efficiency tokens/s(2) / (2 x tokens/s(1)).
 # Everything goes to ${OUT:-out}/ddp/ (logs, run directories, report.txt). Exit status 0 when
@@ -47,18 +49,29 @@ grep -q "SKIPPED" "$DIR/world1_test.log" && { echo "FAIL: the world-1 test skipp
 timeout 180 "$TESTS/distill_distributed_test" 2>&1 | tee "$DIR/cpu_tests.log" | tail -n 2
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAIL: distill_distributed_test"; status=1; }
 
-run() {  # run <nproc>: the config on <nproc> GPUs into $DIR/gpu<nproc>
-  local n=$1
-  echo "== (b) $CONFIG on $n GPU(s): torchrun --no-python --standalone --nproc-per-node $n"
-  timeout 240 torchrun --no-python --standalone --nproc-per-node "$n" "$TRAINER" \
-    --config "$CONFIG" --fresh train.out_dir="$DIR/gpu$n" train.log_interval=1 ${DDP_OVERRIDES:-} \
-    > "$DIR/gpu$n.log" 2>&1
+run() {  # run <nproc> <log name> <distill_trainer arguments...>
+  local n=$1 log=$DIR/$2.log
+  shift 2
+  echo "== (b) on $n GPU(s): torchrun --no-python --standalone --nproc-per-node $n $TRAINER $*"
+  timeout 240 torchrun --no-python --standalone --nproc-per-node "$n" "$TRAINER" --fresh "$@" \
+    > "$log" 2>&1
   local rc=$?
-  tail -n 5 "$DIR/gpu$n.log"
-  [ $rc -eq 0 ] || { echo "FAIL: the $n-GPU run exited with $rc (see $DIR/gpu$n.log)"; status=1; }
+  tail -n 4 "$log"
+  [ $rc -eq 0 ] || { echo "FAIL: exit status $rc (see $log)"; status=1; }
 }
-run 1
-if [ "$NGPU" -ge 2 ]; then run 2; else echo "only $NGPU GPU: no 2-GPU run"; status=1; fi
+# shellcheck disable=SC2086  # DDP_OVERRIDES is a list of key=value words
+run 1 gpu1 --config "$CONFIG" train.out_dir="$DIR/gpu1" train.log_interval=1 ${DDP_OVERRIDES:-}
+if [ "$NGPU" -lt 2 ]; then
+  echo "only $NGPU GPU: no 2-GPU run"; status=1
+else
+  for stage in teacher student; do  # the pipeline's stages, each run alone on 2 GPUs
+    [ -f "$DIR/gpu1/$stage/config.yaml" ] || continue
+    run 2 "gpu2_$stage" --config "$DIR/gpu1/$stage/config.yaml" train.out_dir="$DIR/gpu2/$stage"
+  done
+  if [ ! -f "$DIR/gpu1/teacher/config.yaml" ]; then  # not a pipeline: the run itself
+    run 2 gpu2 --config "$DIR/gpu1/config.yaml" train.out_dir="$DIR/gpu2"
+  fi
+fi
 
 echo "== (c) trajectories and (d) scaling"
 python3 - "$DIR" <<'PY' | tee "$DIR/report.txt"
