@@ -11,7 +11,8 @@
 #   (d) prints tokens/s of both and the scaling efficiency tokens/s(2) / (2 x tokens/s(1)).
 # Everything goes to ${OUT:-out}/ddp/ (logs, run directories, report.txt). Exit status 0 when
 # the tests pass and the trajectories agree; the scaling figure is reported, not enforced.
-# Optional: BUILD (default build-device), DDP_OVERRIDES (extra key=value for both runs, e.g.
+# Optional: BUILD (default build-device), DDP_OVERRIDES (extra key=value for the 1-GPU run,
+# which the 2-GPU runs inherit through the stage configs, e.g.
 # "train.steps=50"), DDP_TEST_FILTER (gtest filter for the world-1 test, default all).
 #
 # configs/ddp.yaml: 57M teacher pretrained 100 steps, 19M student distilled 150 steps, global
