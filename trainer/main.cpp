@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include "distill/config.h"
+#include "distill/distributed.h"
 #include "distill/run.h"
 
 int main(int argc, char** argv) {
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
       std::cout << distill::ConfigToYaml(config);
       return 0;
     }
+    // Under torchrun: the process group (data-parallel); otherwise a no-op single process.
+    const auto distributed = distill::Distributed::FromEnvironment();
+    flags.distributed = distributed.get();
     distill::Run(config, flags, std::cout);
     return 0;
   } catch (const distill::ConfigError& e) {

@@ -19,7 +19,7 @@ std::string Subdir(const Config& config, const char* name) {
 }
 
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
-  Trainer trainer(config, RunOptions{flags.fresh, flags.quiet});
+  Trainer trainer(config, RunOptions{flags.fresh, flags.quiet, flags.distributed});
   const EvalResult result = trainer.Train();
   return {name, config.train.out_dir, trainer.student()->num_parameters(), result.val_loss,
           trainer.data().EntropyFloor().value_or(NAN)};
@@ -77,6 +77,8 @@ std::string FormatTable(const std::vector<ResultRow>& rows) {
 }
 
 std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out) {
+  Distributed single;  // the no-op group, when not data-parallel
+  Distributed& dist = flags.distributed ? *flags.distributed : single;
   std::vector<ResultRow> rows;
   if (!IsPipeline(config)) {
     const bool distill = config.train.mode == "distill";
@@ -89,14 +91,15 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     }
   } else {
     // The pipeline's own directory holds its config; --fresh clears all stages at once.
-    PrepareRunDir(config, flags.fresh);
-    const RunFlags stage_flags{false, flags.quiet};
+    dist.MainDecides([&] { return PrepareRunDir(config, flags.fresh); });
+    const RunFlags stage_flags{false, flags.quiet, flags.distributed};
     rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
     rows.push_back(TrainOne(StudentStageConfig(config), "student (distilled)", stage_flags));
     if (config.train.baseline) {
       rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
     }
   }
+  if (!dist.is_main()) return rows;
   const std::string table = FormatTable(rows);
   if (IsPipeline(config)) {
     WriteFileAtomically((fs::path(config.train.out_dir) / "results.txt").string(), table);

@@ -43,6 +43,18 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// Data-parallel: cuda:LOCAL_RANK, whatever "auto" / "cuda" would pick; otherwise train.device.
+at::Device TrainingDevice(const Config& config, const Distributed& dist) {
+  if (!dist.active()) return ResolveDevice(config.train.device);
+  if (config.train.device == "cpu") {
+    throw std::runtime_error(fmt::format(
+        "train.device: \"cpu\" cannot train data-parallel (WORLD_SIZE={}): NCCL needs CUDA; "
+        "use auto or cuda, or run without torchrun",
+        dist.world_size()));
+  }
+  return dist.device();
+}
+
 }  // namespace
 
 at::Device ResolveDevice(const std::string& device) {
@@ -71,13 +83,19 @@ double LearningRate(const Config& config, int64_t step) {
 
 Trainer::Trainer(Config config, RunOptions options)
     : config_(std::move(config)), options_(options),
-      device_(ResolveDevice(config_.train.device)),
+      single_(options.distributed ? nullptr : std::make_unique<Distributed>()),
+      dist_(options.distributed ? options.distributed : single_.get()),
+      device_(TrainingDevice(config_, *dist_)),
       distill_(config_.train.mode == "distill") {
+  // Fails early (on every rank) when the global batch cannot be split evenly.
+  RankMicroBatches(0, config_.train.grad_accum, dist_->rank(), dist_->world_size());
   if (config_.train.precision == "bf16" && !device_.is_cuda()) {
     throw std::runtime_error(
         "train.precision: bf16 autocast needs CUDA but train.device resolved to cpu; use fp32");
   }
-  const bool same_run = PrepareRunDir(config_, options_.fresh);
+  // Only rank 0 touches the run directory; the others learn whether it holds this run (and
+  // wait until it is prepared, so that they can read its checkpoint).
+  const bool same_run = dist_->MainDecides([&] { return PrepareRunDir(config_, options_.fresh); });
   data_ = MakeDataSource(config_.data, config_.student.vocab_size, config_.distill.ignore_index);
 
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
@@ -117,23 +135,41 @@ Trainer::Trainer(Config config, RunOptions options)
       checkpointed_step_ = position_.step;
     }
   }
-  metrics_ = std::make_unique<MetricsLog>(
-      (fs::path(config_.train.out_dir) / "metrics.jsonl").string(), position_.step);
-  progress_ = std::make_unique<Progress>(config_.train.steps, position_.step, options_.quiet);
+  // Every rank built the same weights from the same seed (or checkpoint); broadcasting rank 0's
+  // makes that a guarantee rather than an assumption.
+  dist_->BroadcastParameters(*student_);
+  if (dist_->is_main()) {
+    metrics_ = std::make_unique<MetricsLog>(
+        (fs::path(config_.train.out_dir) / "metrics.jsonl").string(), position_.step);
+  }
+  progress_ = std::make_unique<Progress>(config_.train.steps, position_.step,
+                                         options_.quiet || !dist_->is_main());
   progress_->Log(fmt::format(
-      "{} {}: {} {} parameters{}; {}; {} on {}; {}",
+      "{} {}: {} {} parameters{}; {}; {} on {}{}; {}",
       same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
                                      : "starting",
       config_.train.out_dir, distill_ ? "student" : "model", student_->num_parameters(),
       distill_ ? fmt::format(", teacher {}", teacher_->num_parameters()) : "",
-      data_->Describe(), config_.train.mode, device_.str(), config_.train.precision));
+      data_->Describe(), config_.train.mode, device_.str(),
+      dist_->active() ? fmt::format(" (+{} more ranks, global batch split {} ways)",
+                                    dist_->world_size() - 1, dist_->world_size())
+                      : "",
+      config_.train.precision));
 }
 
 Trainer::~Trainer() = default;
 
-StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches) {
-  int64_t tokens = 0;
-  for (const auto& b : micro_batches) tokens += b.num_targets;
+double Trainer::CombinedLoss(double kd_loss, double ce_loss) const {
+  return distill_ ? config_.distill.kd_weight * kd_loss + config_.distill.ce_weight * ce_loss
+                  : ce_loss;
+}
+
+StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
+                                        int64_t normalizer_tokens) {
+  int64_t tokens = normalizer_tokens;
+  if (tokens == 0) {
+    for (const auto& b : micro_batches) tokens += b.num_targets;
+  }
   const double scale = 1.0 / std::max<int64_t>(tokens, 1);
   at::Tensor kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
   at::Tensor ce_sum = kd_sum.clone();
@@ -160,8 +196,7 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches)
   r.tokens = tokens;
   r.kd_loss = kd_sum.item<double>() * scale;
   r.ce_loss = ce_sum.item<double>() * scale;
-  r.loss = distill_ ? config_.distill.kd_weight * r.kd_loss + config_.distill.ce_weight * r.ce_loss
-                    : r.ce_loss;
+  r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
   return r;
 }
 
@@ -171,10 +206,25 @@ StepResult Trainer::Step() {
   optimizer_->zero_grad(/*set_to_none=*/true);
 
   std::vector<Batch> micro_batches;
-  for (int64_t i = 0; i < config_.train.grad_accum; ++i) {
-    micro_batches.push_back(data_->TrainBatch(position_.data_position + i));
+  int64_t local_tokens = 0;
+  for (int64_t index : RankMicroBatches(position_.data_position, config_.train.grad_accum,
+                                        dist_->rank(), dist_->world_size())) {
+    micro_batches.push_back(data_->TrainBatch(index));
+    local_tokens += micro_batches.back().num_targets;
   }
-  StepResult r = AccumulateGradients(micro_batches);
+  // The global token count before the backward: each rank's gradients are then its share of
+  // the global batchmean, and their sum (the all-reduce) is the one-process gradient.
+  const int64_t global_tokens = dist_->AllReduceSum(local_tokens);
+  StepResult r = AccumulateGradients(micro_batches, global_tokens);
+  if (dist_->active()) {
+    // One all-reduce per ~25 MB bucket after the backward (see docs/trainer.md, Multi-GPU, for
+    // why it does not overlap the backward), then the step's loss terms.
+    dist_->AllReduceGradients(student_->parameters());
+    const std::vector<double> terms = dist_->AllReduceSum({r.kd_loss, r.ce_loss});
+    r.kd_loss = terms[0];
+    r.ce_loss = terms[1];
+    r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
+  }
   // max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
   r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
@@ -194,7 +244,9 @@ EvalResult Trainer::Evaluate() {
   at::Tensor ce = at::zeros({}, at::TensorOptions(device_).dtype(at::kDouble));
   at::Tensor teacher_ce = ce.clone(), kd = ce.clone();
   int64_t tokens = 0;
-  for (int64_t j = 0; j < config_.train.eval_batches; ++j) {
+  // Data-parallel: each rank evaluates a share of the validation batches; the sums are reduced.
+  for (int64_t j : RankEvalBatches(config_.train.eval_batches, dist_->rank(),
+                                   dist_->world_size())) {
     const Batch batch = data_->ValBatch(j);
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
@@ -211,28 +263,35 @@ EvalResult Trainer::Evaluate() {
     }
   }
   student_->train();
+  const std::vector<double> sums = dist_->AllReduceSum(
+      {ce.item<double>(), teacher_ce.item<double>(), kd.item<double>(),
+       static_cast<double>(tokens)});
   EvalResult r;
-  r.tokens = tokens;
-  r.val_loss = ce.item<double>() / tokens;
+  r.tokens = static_cast<int64_t>(sums[3]);
+  r.val_loss = sums[0] / sums[3];
   r.val_ppl = std::exp(r.val_loss);
   if (distill_) {
-    r.teacher_val_loss = teacher_ce.item<double>() / tokens;
+    r.teacher_val_loss = sums[1] / sums[3];
     r.teacher_val_ppl = std::exp(r.teacher_val_loss);
-    r.val_kd = kd.item<double>() / tokens;
+    r.val_kd = sums[2] / sums[3];
   }
   last_eval_ = r;
   return r;
 }
 
 void Trainer::SaveCheckpoint() {
+  checkpointed_step_ = position_.step;
+  if (!dist_->is_main()) return;  // the replicas are identical; rank 0 writes the one copy
   distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), student_,
                           *optimizer_, position_, device_);
   PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
-  checkpointed_step_ = position_.step;
 }
 
 void Trainer::LogStep(const StepResult& r) {
   const double tokens_per_second = tokens_since_log_ / std::max(seconds_since_log_, 1e-9);
+  tokens_since_log_ = 0;
+  seconds_since_log_ = 0;
+  if (!metrics_) return;  // not rank 0
   metrics_->Write(JsonRecord()
                       .Add("type", std::string("train"))
                       .Add("step", position_.step)
@@ -248,11 +307,10 @@ void Trainer::LogStep(const StepResult& r) {
                              distill_ ? fmt::format("  kd {:.4f}  ce {:.4f}", r.kd_loss, r.ce_loss)
                                       : "",
                              r.lr, r.grad_norm, tokens_per_second, progress_->Eta(position_.step)));
-  tokens_since_log_ = 0;
-  seconds_since_log_ = 0;
 }
 
 void Trainer::LogEval(const EvalResult& r) {
+  if (!metrics_) return;  // not rank 0
   const double floor = data_->EntropyFloor().value_or(NAN);
   metrics_->Write(JsonRecord()
                       .Add("type", std::string("eval"))
@@ -301,8 +359,9 @@ EvalResult Trainer::Train() {
   } else {
     final_eval = Evaluate();
     // A finished run opened again already has its final record.
-    if (!metrics_->Has("eval", position_.step)) LogEval(final_eval);
+    if (metrics_ && !metrics_->Has("eval", position_.step)) LogEval(final_eval);
   }
+  if (!dist_->is_main()) return final_eval;
   const double floor = data_->EntropyFloor().value_or(NAN);
   WriteFileAtomically(
       (fs::path(config_.train.out_dir) / "summary.json").string(),

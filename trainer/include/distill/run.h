@@ -15,9 +15,14 @@
 
 namespace distill {
 
+class Distributed;
+
 struct RunFlags {
   bool fresh = false;  // delete an existing run in train.out_dir first
   bool quiet = false;  // no progress output (the final table is still printed)
+  // Data-parallel process group (distributed.h), not owned; nullptr: one plain process. Every
+  // rank calls Run; only rank 0 writes run directories and prints the table.
+  Distributed* distributed = nullptr;
 };
 
 struct ResultRow {

@@ -1,5 +1,7 @@
 // One training run: a student trained with cross-entropy (pretrain) or distilled from a frozen
 // teacher (distill), on one device, logging to and checkpointing in train.out_dir.
+// Data-parallel (RunOptions::distributed active, see distributed.h): every rank runs a Trainer
+// on cuda:LOCAL_RANK over its share of each global batch; only rank 0 writes to train.out_dir.
 //
 // The loop reads:  Step() -> log -> Evaluate() every eval_interval -> checkpoint every
 // checkpoint_interval; a checkpoint is always written when TrainUntil() returns, so any stop
@@ -16,6 +18,7 @@
 #include "distill/checkpoint.h"
 #include "distill/config.h"
 #include "distill/data.h"
+#include "distill/distributed.h"
 #include "distill/metrics.h"
 #include "distill/model.h"
 
@@ -24,6 +27,8 @@ namespace distill {
 struct RunOptions {
   bool fresh = false;  // delete an existing run directory first (see run_dir.h)
   bool quiet = false;  // no console output (tests)
+  // The process group (not owned); nullptr: one plain process. Ranks other than 0 never print.
+  Distributed* distributed = nullptr;
 };
 
 struct StepResult {
@@ -60,12 +65,17 @@ class Trainer {
   // final evaluation.
   EvalResult Train();
 
-  // One optimizer step on train.grad_accum micro-batches from the data position.
+  // One optimizer step on the global batch: train.grad_accum micro-batches from the data
+  // position, this rank's share of them (RankMicroBatches) when data-parallel. The gradients
+  // are summed over ranks and the losses are those of the whole global batch.
   StepResult Step();
   // Forward and backward of `micro_batches` as one optimizer step's worth of data: gradients
-  // are accumulated into the student's .grad, normalised by the total count of non-ignored
-  // targets over all of them. Returns the loss terms (no optimizer update, no zeroing).
-  StepResult AccumulateGradients(const std::vector<Batch>& micro_batches);
+  // are accumulated into the student's .grad, normalised by `normalizer_tokens` (0: the total
+  // count of non-ignored targets over `micro_batches`; data-parallel: the global count over all
+  // ranks). Returns the loss terms of these micro-batches under that normalisation (no
+  // optimizer update, no zeroing, no communication).
+  StepResult AccumulateGradients(const std::vector<Batch>& micro_batches,
+                                 int64_t normalizer_tokens = 0);
   EvalResult Evaluate();
   void SaveCheckpoint();
 
@@ -76,13 +86,17 @@ class Trainer {
   TransformerLM* teacher() { return teacher_ ? &teacher_ : nullptr; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const at::Device& device() const { return device_; }
+  Distributed& distributed() { return *dist_; }
 
  private:
   void LogStep(const StepResult& result);
   void LogEval(const EvalResult& result);
+  double CombinedLoss(double kd_loss, double ce_loss) const;
 
   Config config_;
   RunOptions options_;
+  std::unique_ptr<Distributed> single_;  // the no-op group when options_.distributed is null
+  Distributed* dist_;
   at::Device device_;
   bool distill_;
   std::unique_ptr<DataSource> data_;
@@ -92,7 +106,7 @@ class Trainer {
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
-  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   std::unique_ptr<Progress> progress_;
   // Throughput since the last log record.
   int64_t tokens_since_log_ = 0;
