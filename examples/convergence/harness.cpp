@@ -149,20 +149,7 @@ Loop::Loop(const distill::Config& config, distill::TransformerLM teacher,
                                     config.distill.ignore_index)),
       teacher_(std::move(teacher)), student_(std::move(student)) {
   student_->train();
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : student_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto options_for = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(config_.optim.lr)
-            .betas({config_.optim.betas[0], config_.optim.betas[1]})
-            .eps(config_.optim.eps)
-            .weight_decay(weight_decay));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, options_for(config_.optim.weight_decay));
-  groups.emplace_back(no_decay, options_for(0.0));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(
-      groups, torch::optim::AdamWOptions(config_.optim.lr));
+  optimizer_ = distill::MakeOptimizer(config_, student_);  // the Trainer's own AdamW set-up
 }
 
 StepMetrics Loop::Step() {

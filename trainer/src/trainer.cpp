@@ -81,6 +81,21 @@ double LearningRate(const Config& config, int64_t step) {
   return peak;
 }
 
+std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const Config& config, TransformerLM& model) {
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options_for = [&](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(config.optim.lr)
+                                                            .betas({config.optim.betas[0], config.optim.betas[1]})
+                                                            .eps(config.optim.eps)
+                                                            .weight_decay(weight_decay));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, options_for(config.optim.weight_decay));
+  groups.emplace_back(no_decay, options_for(0.0));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(config.optim.lr));
+}
+
 Trainer::Trainer(Config config, RunOptions options)
     : config_(std::move(config)), options_(options),
       single_(options.distributed ? nullptr : std::make_unique<Distributed>()),
@@ -113,21 +128,7 @@ Trainer::Trainer(Config config, RunOptions options)
   if (config_.student.init_from_teacher) CopyWeights(teacher_, student_);
   student_->train();
 
-  // Decoupled weight decay on matrices only; biases and LayerNorm gains are not decayed.
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : student_->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto options_for = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(config_.optim.lr)
-            .betas({config_.optim.betas[0], config_.optim.betas[1]})
-            .eps(config_.optim.eps)
-            .weight_decay(weight_decay));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, options_for(config_.optim.weight_decay));
-  groups.emplace_back(no_decay, options_for(0.0));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(
-      groups, torch::optim::AdamWOptions(config_.optim.lr));
+  optimizer_ = MakeOptimizer(config_, student_);
 
   if (same_run) {
     if (auto latest = LatestCheckpoint(config_.train.out_dir)) {

@@ -51,6 +51,10 @@ at::Device ResolveDevice(const std::string& device);
 // schedule.warmup_steps, then cosine / linear / constant decay to lr * min_lr_ratio at the end.
 double LearningRate(const Config& config, int64_t step);
 
+// AdamW over `model` as every trainer here uses it: decoupled weight decay on matrices only
+// (biases and LayerNorm gains are not decayed), betas/eps/lr from config.optim.
+std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const Config& config, TransformerLM& model);
+
 class Trainer {
  public:
   // Prepares the run directory (resume or refuse, run_dir.h), builds data, teacher, student and
