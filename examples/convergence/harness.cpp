@@ -5,13 +5,13 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <lossfns/tvd.h>
 #include <torch/autograd.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include "distill/autocast.h"
 #include "distill/trainer.h"
 
 namespace convergence {
@@ -116,24 +116,6 @@ struct LegacySignTvd : public torch::autograd::Function<LegacySignTvd> {
   }
 };
 
-// bf16 autocast of the CUDA forward passes for the guard's lifetime (as distill::Trainer).
-class AutocastGuard {
- public:
-  explicit AutocastGuard(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  }
-  ~AutocastGuard() {
-    if (!enabled_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool enabled_;
-};
-
 }  // namespace
 
 at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
@@ -163,7 +145,7 @@ StepMetrics Loop::Step() {
   const at::Tensor y = batch.targets.to(device_).reshape({-1});
   at::Tensor s, t;
   {
-    AutocastGuard autocast(loss_dtype_ == at::kBFloat16 && device_.is_cuda());
+    distill::AutocastGuard autocast(loss_dtype_ == at::kBFloat16 && device_.is_cuda());
     {
       torch::NoGradGuard no_grad;
       t = teacher_->forward(inputs);
@@ -197,7 +179,7 @@ StepMetrics Loop::Step() {
 
 ValMetrics Loop::Validate(int64_t batches) {
   torch::NoGradGuard no_grad;
-  AutocastGuard autocast(loss_dtype_ == at::kBFloat16 && device_.is_cuda());
+  distill::AutocastGuard autocast(loss_dtype_ == at::kBFloat16 && device_.is_cuda());
   student_->eval();
   double ce = 0, tvd = 0;
   int64_t tokens = 0;

@@ -6,12 +6,12 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include "distill/autocast.h"
 #include "distill/loss.h"
 #include "distill/run_dir.h"
 
@@ -19,25 +19,6 @@ namespace distill {
 namespace fs = std::filesystem;
 
 namespace {
-
-// bf16 autocast of the CUDA forward passes for the guard's lifetime (no-op when off).
-class AutocastGuard {
- public:
-  explicit AutocastGuard(bool enabled) : enabled_(enabled) {
-    if (!enabled_) return;
-    previous_ = at::autocast::is_autocast_enabled(at::kCUDA);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  }
-  ~AutocastGuard() {
-    if (!enabled_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, previous_);
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool enabled_, previous_ = false;
-};
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
