@@ -53,6 +53,167 @@ __global__ void __launch_bounds__(kThreadsV) backward_variant(const uint8_t* sig
   for (; i < groups; i += kThreadsV) g4[i] = decode(load_bits(i));
 }
 
+// Backward, flat and tail-free: a grid of resident blocks; block b takes the contiguous range
+// [b*G/nb, (b+1)*G/nb) of the rows x groups space (G = rows * V/N; needs V % N == 0), so every
+// block does the same work and no wave is partial. (row, col) advance incrementally, no division
+// per group.
+template <typename T, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) backward_flat(const uint8_t* signs, int64_t rows, int64_t V, const float* go,
+                                                     const float* scale, T* grad) {
+  constexpr int N = 16 / sizeof(T);
+  const int64_t gpr = V / N, pitch = sign_row_pitch(V), G = rows * gpr;
+  const int64_t begin = G * blockIdx.x / gridDim.x, end = G * (blockIdx.x + 1) / gridDim.x;
+  const float h = 0.5f * go[0] * scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  auto decode = [&](uint32_t bits) {
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
+    return out;
+  };
+  auto load_bits = [&](int64_t row, int64_t col) -> uint32_t {
+    const uint8_t* srow = signs + row * pitch;
+    return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[col] : srow[col];
+  };
+  uint4* g4 = reinterpret_cast<uint4*>(grad);
+  int64_t i = begin + threadIdx.x;
+  int64_t row[kU], col[kU];
+  row[0] = i / gpr;
+  col[0] = i - row[0] * gpr;
+#pragma unroll
+  for (int u = 1; u < kU; ++u) {
+    row[u] = row[u - 1];
+    col[u] = col[u - 1] + kTh;
+    while (col[u] >= gpr) { col[u] -= gpr; ++row[u]; }
+  }
+  for (; i + (kU - 1) * kTh < end; i += kU * kTh) {
+    uint32_t bits[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) bits[u] = load_bits(row[u], col[u]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) g4[i + u * kTh] = decode(bits[u]);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      col[u] += kU * kTh;
+      while (col[u] >= gpr) { col[u] -= gpr; ++row[u]; }
+    }
+  }
+  for (; i < end; i += kTh) {
+    g4[i] = decode(load_bits(row[0], col[0]));
+    col[0] += kTh;
+    while (col[0] >= gpr) { col[0] -= gpr; ++row[0]; }
+  }
+}
+
+// Backward with 2 groups (two 16-byte stores) per sign load: 32-bit sign loads for 16-bit types,
+// 16-bit for fp32. One block per row, as in the library.
+template <typename T, int kTh>
+__global__ void __launch_bounds__(kTh) backward_wide(const uint8_t* signs, int64_t V, const float* go,
+                                                     const float* scale, T* grad) {
+  constexpr int N = 16 / sizeof(T);
+  const int64_t row = blockIdx.x;
+  const uint8_t* srow = signs + row * sign_row_pitch(V);
+  uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
+  const float h = 0.5f * go[0] * scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  auto decode = [&](uint32_t bits) {
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
+    return out;
+  };
+  const int64_t pairs = V / (2 * N);
+  for (int64_t i = threadIdx.x; i < pairs; i += kTh) {
+    const uint32_t bits = N == 8 ? reinterpret_cast<const uint32_t*>(srow)[i] : reinterpret_cast<const uint16_t*>(srow)[i];
+    g4[2 * i] = decode(bits);
+    g4[2 * i + 1] = decode(bits >> (2 * N));
+  }
+}
+
+// Fill over a contiguous range per resident block (the flat backward's pattern, without signs).
+__global__ void fill_flat(uint4* dst, int64_t n16) {
+  const int64_t begin = n16 * blockIdx.x / gridDim.x, end = n16 * (blockIdx.x + 1) / gridDim.x;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = make_uint4(1, 2, 3, 4);
+}
+
+// Interleaved sign tiles: a warp handles a tile of 32*K groups (K = 16/N: 2 for 16-bit types, 4
+// for fp32), lane l takes groups l, l+32, ..., so every 16-byte load and store of the warp is
+// coalesced, and the lane's K*N signs are one 32-bit word: a warp stores 128 aligned bytes of
+// signs with one instruction. (Workshop version: full tiles only, rows of V % (32*K*N) elements
+// are left short by their last partial tile.)
+template <typename T, int kTh, int kT>
+__global__ void __launch_bounds__(kTh) forward_tile(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
+  constexpr int N = 16 / sizeof(T), K = 16 / N, TILE = 32 * K;
+  __shared__ float shared[detail::kThreads / 32];
+  static_assert(kTh == detail::kThreads, "block_sum assumes kThreads");
+  const int64_t row = blockIdx.x;
+  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
+  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
+  uint32_t* sw = reinterpret_cast<uint32_t*>(signs + row * sign_row_pitch(V));
+  const int64_t tiles = (V / N) / TILE;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int W = kTh / 32;
+  float acc = 0.f;
+  int64_t t = warp;
+  for (; t + (kT - 1) * W < tiles; t += kT * W) {
+    uint4 pv[kT][K], qv[kT][K];
+#pragma unroll
+    for (int u = 0; u < kT; ++u)
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        pv[u][k] = __ldcs(p4 + (t + u * W) * TILE + k * 32 + lane);
+        qv[u][k] = __ldcs(q4 + (t + u * W) * TILE + k * 32 + lane);
+      }
+#pragma unroll
+    for (int u = 0; u < kT; ++u) {
+      uint32_t w = 0;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        w |= detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u][k]), reinterpret_cast<const T*>(&qv[u][k]),
+                                         acc, nullptr) << (2 * N * k);
+      sw[(t + u * W) * 32 + lane] = w;
+    }
+  }
+  for (; t < tiles; t += W) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const uint4 pv = __ldcs(p4 + t * TILE + k * 32 + lane), qv = __ldcs(q4 + t * TILE + k * 32 + lane);
+      w |= detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr)
+           << (2 * N * k);
+    }
+    sw[t * 32 + lane] = w;
+  }
+  acc = detail::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[row] = acc;
+}
+
+template <typename T, int kTh>
+__global__ void __launch_bounds__(kTh) backward_tile(const uint8_t* signs, int64_t V, const float* go,
+                                                     const float* scale, T* grad) {
+  constexpr int N = 16 / sizeof(T), K = 16 / N, TILE = 32 * K;
+  const int64_t row = blockIdx.x;
+  const uint32_t* sw = reinterpret_cast<const uint32_t*>(signs + row * sign_row_pitch(V));
+  uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
+  const float h = 0.5f * go[0] * scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const int64_t tiles = (V / N) / TILE;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t t = warp; t < tiles; t += kTh / 32) {
+    const uint32_t w = sw[t * 32 + lane];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      uint4 out;
+      T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int e = 0; e < N; ++e) o[e] = dec(w >> (2 * (N * k + e)));
+      g4[t * TILE + k * 32 + lane] = out;
+    }
+  }
+}
+
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
@@ -109,6 +270,8 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   };
   const double sign_bytes = double(BT) * V / 4;
   row("fill (write-only, 16B stores)", time_ms([&] { fill_kernel<<<sms * 8, 256>>>((uint4*)grad, bytes / 16); }), bytes);
+  row("cudaMemsetAsync (write-only)", time_ms([&] { CHECK(cudaMemsetAsync(grad, 0, bytes)); }), bytes);
+  row("fill, contiguous range per block, 512 x 4/SM", time_ms([&] { fill_flat<<<sms * 4, 512>>>((uint4*)grad, bytes / 16); }), bytes);
   row("cudaMemcpy D2D (read+write)", time_ms([&] { CHECK(cudaMemcpyAsync(grad, p, bytes, cudaMemcpyDeviceToDevice)); }), 2.0 * bytes);
   row("forward, no signs (+finalize)", time_ms([&] { CHECK(tvd_forward(fa_nosigns, kBatchMean, loss, scale, 0)); }), 2.0 * bytes);
   row("forward, signs (+finalize)", time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); }), 2.0 * bytes + sign_bytes);
@@ -119,11 +282,42 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   row("backward plain stores, U8, 256", time_ms([&] { backward_variant<T, false, 8, 256><<<grid, 256>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
   row("backward plain stores, U2, 512", time_ms([&] { backward_variant<T, false, 2, 512><<<grid, 512>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
   row("backward plain stores, U1, 1024", time_ms([&] { backward_variant<T, false, 1, 1024><<<grid, 1024>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
+  row("backward wide (2 stores per sign load), 512", time_ms([&] { backward_wide<T, 512><<<grid, 512>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
+  row("backward wide (2 stores per sign load), 256", time_ms([&] { backward_wide<T, 256><<<grid, 256>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
+  for (int per_sm : {1, 2, 4}) {
+    const unsigned g512 = unsigned(sms * per_sm);
+    char what[64];
+    std::snprintf(what, sizeof what, "backward flat, 512 x U2, %d blocks/SM", per_sm);
+    row(what, time_ms([&] { backward_flat<T, 512, 2><<<g512, 512>>>(signs, BT, V, go, scale, grad); }), bytes + sign_bytes);
+    std::snprintf(what, sizeof what, "backward flat, 1024 x U1, %d blocks/SM", per_sm);
+    row(what, time_ms([&] { backward_flat<T, 1024, 1><<<unsigned(sms * std::min(per_sm, 2)), 1024>>>(signs, BT, V, go, scale, grad); }), bytes + sign_bytes);
+  }
+  {
+    constexpr int N = 16 / sizeof(T), TILE = 32 * (16 / N);
+    const double frac = double((V / N) / TILE * TILE) / double(V / N);  // full tiles only
+    row("forward tile (128 B sign stores), 256 x 1", time_ms([&] { forward_tile<T, 256, 1><<<grid, 256>>>(p, q, V, signs, row_loss); }), frac * (2.0 * bytes + sign_bytes));
+    row("forward tile (128 B sign stores), 256 x 2", time_ms([&] { forward_tile<T, 256, 2><<<grid, 256>>>(p, q, V, signs, row_loss); }), frac * (2.0 * bytes + sign_bytes));
+    row("backward tile (128 B sign loads), 256", time_ms([&] { backward_tile<T, 256><<<grid, 256>>>(signs, V, go, scale, grad); }), frac * (bytes + sign_bytes));
+    row("backward tile (128 B sign loads), 512", time_ms([&] { backward_tile<T, 512><<<grid, 512>>>(signs, V, go, scale, grad); }), frac * (bytes + sign_bytes));
+    row("full: forward tile 256 x 2 + backward tile 512", time_ms([&] {
+      forward_tile<T, 256, 2><<<grid, 256>>>(p, q, V, signs, row_loss);
+      backward_tile<T, 512><<<grid, 512>>>(signs, V, go, scale, grad);
+    }), frac * limit);
+  }
+  row("forward rows pass only (signs, no finalize)", time_ms([&] {
+    TvdForwardArgs<T> f = fa;
+    f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
+    CHECK((detail::launch_forward_sel<T, true>(f, 0)));
+  }), 2.0 * bytes + sign_bytes);
   const float full = time_ms([&] {
     CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
     CHECK(tvd_backward(ba, kBatchMean, 0));
   });
   row("full: forward (signs) + backward (library)", full, limit);
+  row("full: forward (signs) + backward flat 512 x U2 x 2/SM", time_ms([&] {
+    CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
+    backward_flat<T, 512, 2><<<unsigned(sms * 2), 512>>>(signs, BT, V, go, scale, grad);
+  }), limit);
   CHECK(cudaGetLastError());
   for (void* ptr : {(void*)p, (void*)q, (void*)grad, (void*)signs, (void*)row_loss, (void*)loss, (void*)scale, (void*)go})
     CHECK(cudaFree(ptr));

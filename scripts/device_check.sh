@@ -4,6 +4,9 @@
 # convergence and multi-GPU scripts. Everything lands in ${OUT:-out}/results.tgz; the ctest log and
 # the benchmark's table and JSON are also copied to ${OUT}/. Usage: bash scripts/device_check.sh
 set -uo pipefail
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}  # the device tool's per-call limit is 600 s: leave time to pack results
+stage() { echo "== $1 at +$(( $(date +%s) - START )) s"; }
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 W="$OUT/work"; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -14,15 +17,23 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PA
   -DLOSSFNS_PYTHON="$PY" -DLOSSFNS_CUDA=ON -DTORCH_CUDA_ARCH_LIST=9.0 >"$W/configure.log" 2>&1 ||
   { tail -40 "$W/configure.log"; exit 1; }
 cmake --build build-device -j "$(nproc)" >"$W/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$W/build.log" | head -60; exit 1; }
+stage build-done
 ctest --test-dir build-device -j 4 --output-on-failure 2>&1 | tee "$W/ctest.log" | tail -8
+stage ctest-done
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   build-device/bench/tvd_bench --json "$W/tvd_bench.json" >"$W/tvd_bench.txt" 2>&1
   build-device/bench/tvd_kernel_variants >"$W/tvd_kernel_variants.txt" 2>&1
   cat "$W/tvd_bench.txt"
 fi
-if [ -f scripts/convergence_device.sh ]; then OUT="$W" bash scripts/convergence_device.sh 2>&1 | tee "$W/convergence.txt" | tail -30; fi
+stage bench-done
+# The convergence runs get what is left of the budget (each experiment's log survives a timeout).
+LEFT=$(( BUDGET_S - ($(date +%s) - START) ))
+if [ -f scripts/convergence_device.sh ] && [ "${SKIP_CONVERGENCE:-0}" != 1 ] && [ "$LEFT" -gt 30 ]; then
+  OUT="$W" timeout "$LEFT" bash scripts/convergence_device.sh 2>&1 | tee "$W/convergence.txt" | tail -30
+  stage convergence-done
+fi
 if [ -f scripts/ddp_device.sh ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   OUT="$W" bash scripts/ddp_device.sh 2>&1 | tee "$W/ddp.txt" | tail -30
 fi
-cp "$W/ctest.log" "$W"/tvd_bench.* "$OUT/" 2>/dev/null
+cp "$W/ctest.log" "$W"/tvd_bench.* "$W/tvd_kernel_variants.txt" "$OUT/" 2>/dev/null
 tar czf "$OUT/results.tgz" -C "$W" . && rm -rf "$W"

@@ -25,10 +25,11 @@ enum Reduction : int64_t { kNone = 0, kSum = 1, kMean = 2, kBatchMean = 3 };
 // simply zero-filled. Code 3 is never written and decodes as 0.
 enum SignCode : uint32_t { kZero = 0, kPos = 1, kNeg = 2 };
 constexpr int kSignsPerByte = 4;
-// Row pitch of the packed signs, in bytes: a multiple of 16 so that every row starts aligned for
-// vector access whatever V is.
+// Row pitch of the packed signs, in bytes: a multiple of 128 so that every row starts on a cache
+// line, and a warp's sign stores cover whole 32-byte sectors (a partial sector write costs the
+// memory system a read of that sector).
 LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) {
-  return ((V + kSignsPerByte - 1) / kSignsPerByte + 15) / 16 * 16;
+  return ((V + kSignsPerByte - 1) / kSignsPerByte + 127) / 128 * 128;
 }
 
 // sign(d) as a code, defined as ATen's sign: (0 < d) - (d < 0). So a tie gives 0, and so does a

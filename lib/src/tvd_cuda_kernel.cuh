@@ -73,6 +73,17 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
+// Groups [begin, end) of a row that chunk `chunk` of `chunks` handles. Chunks start at multiples
+// of 32 groups, so every warp's sign stores start on a 32-byte sector boundary.
+struct ChunkRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ ChunkRange chunk_range(int64_t groups, int64_t chunk, int64_t chunks) {
+  const int64_t per_chunk = ((groups + chunks - 1) / chunks + 31) / 32 * 32;
+  const int64_t begin = chunk * per_chunk < groups ? chunk * per_chunk : groups;
+  return {begin, begin + per_chunk < groups ? begin + per_chunk : groups};
+}
+
 template <typename Acc>
 __device__ __forceinline__ Acc block_sum(Acc v, Acc* shared) {  // shared: kThreads/32 entries
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -106,9 +117,8 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const int64_t groups = V / N;  // full groups; the last chunk also takes the < N tail elements
-  const int64_t per_chunk = (groups + chunks - 1) / chunks;
-  const int64_t g_begin = chunk * per_chunk;
-  const int64_t g_end = g_begin + per_chunk < groups ? g_begin + per_chunk : groups;
+  const ChunkRange range = chunk_range(groups, chunk, chunks);
+  const int64_t g_begin = range.begin, g_end = range.end;
   const bool last = chunk == chunks - 1;
   uint8_t* srow = kSaveSigns ? a.signs + row * sign_row_pitch(V) : nullptr;
   float* erow = kElemLoss ? a.elem_loss + row * V : nullptr;
@@ -217,8 +227,10 @@ struct Decoder {
   }
 };
 
-template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<T> a) {
+// kTh threads, kU independent stores in flight per thread: measured on an H200 with
+// bench/tvd_kernel_variants (512 x 2 for 16-bit types, 1024 x 1 for fp32 were fastest).
+template <typename T, bool kVec, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a) {
   constexpr int N = kVec ? 16 / sizeof(T) : 1;
   const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
@@ -227,9 +239,8 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<
   const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
   const Decoder<T> dec{from_float<T>(h), from_float<T>(-h), from_float<T>(0.f * h)};
   const int64_t groups = V / N;
-  const int64_t per_chunk = (groups + chunks - 1) / chunks;
-  const int64_t g_begin = chunk * per_chunk;
-  const int64_t g_end = g_begin + per_chunk < groups ? g_begin + per_chunk : groups;
+  const ChunkRange range = chunk_range(groups, chunk, chunks);
+  const int64_t g_begin = range.begin, g_end = range.end;
   auto decode = [&](uint32_t bits) {
     uint4 out;
     T* o = reinterpret_cast<T*>(&out);
@@ -243,19 +254,19 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_kernel(TvdBackwardArgs<
     };
     uint4* g4 = reinterpret_cast<uint4*>(grow);
     int64_t i = g_begin + threadIdx.x;
-    for (; i + (kUnroll - 1) * kThreads < g_end; i += kUnroll * kThreads) {
-      uint32_t bits[kUnroll];
+    for (; i + (kU - 1) * kTh < g_end; i += kU * kTh) {
+      uint32_t bits[kU];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) bits[u] = load_bits(i + u * kThreads);
+      for (int u = 0; u < kU; ++u) bits[u] = load_bits(i + u * kTh);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) __stcs(g4 + i + u * kThreads, decode(bits[u]));
+      for (int u = 0; u < kU; ++u) g4[i + u * kTh] = decode(bits[u]);
     }
-    for (; i < g_end; i += kThreads) __stcs(g4 + i, decode(load_bits(i)));
+    for (; i < g_end; i += kTh) g4[i] = decode(load_bits(i));
     if (chunk == chunks - 1)
-      for (int64_t j = groups * N + threadIdx.x; j < V; j += kThreads)
+      for (int64_t j = groups * N + threadIdx.x; j < V; j += kTh)
         grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
   } else {
-    for (int64_t j = g_begin + threadIdx.x; j < g_end; j += kThreads)
+    for (int64_t j = g_begin + threadIdx.x; j < g_end; j += kTh)
       grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
   }
 }
@@ -328,11 +339,12 @@ cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStr
   if (reduction == kNone) {
     detail::tvd_backward_none_kernel<T><<<rows, detail::kThreads, 0, stream>>>(a);
   } else if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) {
+    constexpr int kTh = sizeof(T) == 4 ? 1024 : 512, kU = sizeof(T) == 4 ? 1 : 2;
     const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V / (16 / sizeof(T)), a.num_sms)));
-    detail::tvd_backward_kernel<T, true><<<grid, detail::kThreads, 0, stream>>>(a);
+    detail::tvd_backward_kernel<T, true, kTh, kU><<<grid, kTh, 0, stream>>>(a);
   } else {
     const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V, a.num_sms)));
-    detail::tvd_backward_kernel<T, false><<<grid, detail::kThreads, 0, stream>>>(a);
+    detail::tvd_backward_kernel<T, false, detail::kThreads, 1><<<grid, detail::kThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
