@@ -12,8 +12,10 @@ DEST=${OUT:-out}/convergence
 mkdir -p "$DEST"
 : > "$DEST/times.txt"
 status=0
-for spec in kernel_vs_reference:bf16 kernel_vs_reference:fp32 ties:bf16 ties:fp32 \
-            padded:bf16 padded:fp32 distill_works:bf16 distill_works:fp32; do
+# SPECS: which experiments, as name:dtype words (default: all eight).
+SPECS=${SPECS:-"kernel_vs_reference:bf16 kernel_vs_reference:fp32 ties:bf16 ties:fp32
+  padded:bf16 padded:fp32 distill_works:bf16 distill_works:fp32"}
+for spec in $SPECS; do
   cmd=${spec%%:*} dtype=${spec##*:}
   echo "== convergence $cmd --device cuda --dtype $dtype"
   start=$(date +%s)

@@ -53,7 +53,12 @@ double RealWeightDiff(distill::TransformerLM& a, distill::TransformerLM& b) {
 // logits are -inf: mathematically the same training. Numerically the padded matmuls and
 // softmaxes have other shapes (other blocking and reduction orders), so the runs agree to float
 // rounding at first: over the first 50 steps the budget is 1e-4 relative on the per-step loss
-// and 1e-3 on the real weights (fp32; bf16 p, q: 1e-2 and 1e-2). After that the trajectories
+// and 1e-3 on the real weights (fp32; bf16 p, q: 1e-2 and 1e-2). On CUDA in bf16 the models
+// themselves run under autocast (bf16 matmuls, 8-bit mantissas, and cuBLAS picks other kernels
+// for the two shapes), so the gradients differ by bf16 rounding from step 1, and Adam turns a
+// rounding difference in a near-zero gradient entry into an lr-sized step: the real weights get a
+// budget of 5e-2 at step 50 there (the summed learning rate over 50 steps is 0.12; measured on an
+// H200: 1.9e-2), the per-step loss keeps 1e-2 (measured: 3e-4). After that the trajectories
 // separate as any two roundings of one training do (measured on CPU, full size: 1e-2 relative
 // per-step loss by step 100): Adam divides by sqrt(v), so a rounding difference in a near-zero
 // gradient entry becomes a whole lr-sized step. What must still agree is the outcome: the final
@@ -63,7 +68,9 @@ double RealWeightDiff(distill::TransformerLM& a, distill::TransformerLM& b) {
 // (1 - lr_t * weight_decay) step after step (replayed here with the same fp32 multiplications).
 int Padded(const Options& o) {
   const bool bf16 = o.dtype == "bf16";
-  const double loss_tol = bf16 ? 1e-2 : 1e-4, weight_tol = bf16 ? 1e-2 : 1e-3, val_tol = 1e-2;
+  const bool autocast = bf16 && o.device == "cuda";
+  const double loss_tol = bf16 ? 1e-2 : 1e-4, val_tol = 1e-2;
+  const double weight_tol = autocast ? 5e-2 : (bf16 ? 1e-2 : 1e-3);
   const int64_t early_steps = 50;  // the window of step-by-step agreement
   const int64_t V = o.small ? 37 : 259;
   const int64_t steps = o.small ? 40 : 400;
