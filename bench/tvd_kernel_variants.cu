@@ -314,22 +314,6 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     CHECK(tvd_backward(ba, kBatchMean, 0));
   });
   row("full: forward (signs) + backward (library)", full, limit);
-  {
-    TvdForwardArgs<T> fa_plain = fa;
-    fa_plain.l2_keep_signs = false;
-    TvdBackwardArgs<T> ba_plain = ba;
-    ba_plain.l2_hints = false;
-    row("forward, signs, no L2 hints (+finalize)", time_ms([&] { CHECK(tvd_forward(fa_plain, kBatchMean, loss, scale, 0)); }), 2.0 * bytes + sign_bytes);
-    row("backward, no L2 hints", time_ms([&] { CHECK(tvd_backward(ba_plain, kBatchMean, 0)); }), bytes + sign_bytes);
-    row("full, no L2 hints", time_ms([&] {
-      CHECK(tvd_forward(fa_plain, kBatchMean, loss, scale, 0));
-      CHECK(tvd_backward(ba_plain, kBatchMean, 0));
-    }), limit);
-    row("full, signs evict-last only (plain backward)", time_ms([&] {
-      CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
-      CHECK(tvd_backward(ba_plain, kBatchMean, 0));
-    }), limit);
-  }
   row("full: forward (signs) + backward flat 512 x U2 x 2/SM", time_ms([&] {
     CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
     backward_flat<T, 512, 2><<<unsigned(sms * 2), 512>>>(signs, BT, V, go, scale, grad);

@@ -34,7 +34,6 @@ struct TvdForwardArgs {
                               // nullptr ('none'); rows * max_chunks(V) floats suffice
   float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
   uint8_t* signs;             // (rows, sign_row_pitch(V)) packed 2-bit codes, or nullptr
-  bool l2_keep_signs = true;  // store the signs with an L2 evict-last hint (see below)
 };
 
 template <typename T>
@@ -46,7 +45,6 @@ struct TvdBackwardArgs {
   const float* scale;         // 1 value from the forward's finalize (unused for 'none')
   T* grad;                    // (rows, V) contiguous
   int num_sms;                // multiprocessors of the device (sizes the grid)
-  bool l2_hints = true;       // sign loads evict-first (they are dead after), grad stores streaming
 };
 
 namespace detail {
@@ -73,52 +71,6 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
-}
-
-// L2 hints (sm_80+). The forward streams p and q through L2 with evict-first loads and stores
-// the signs evict-last, so when the signs fit in L2 (BT*V/4 bytes: 33 MB at (4096, 32000)) the
-// backward that follows finds them there instead of in DRAM. The backward reads them evict-first
-// (they are dead after it, and reading demotes them back to ordinary lines) and streams the
-// gradient out with evict-first stores.
-__device__ __forceinline__ uint64_t l2_policy(bool evict_last) {
-  uint64_t policy = 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  if (evict_last) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-#endif
-  return policy;
-}
-__device__ __forceinline__ void store_hinted(uint16_t* ptr, uint16_t v, uint64_t policy) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("st.global.L2::cache_hint.b16 [%0], %1, %2;" ::"l"(ptr), "h"(v), "l"(policy));
-#else
-  *ptr = v;
-#endif
-}
-__device__ __forceinline__ void store_hinted(uint8_t* ptr, uint8_t v, uint64_t policy) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("st.global.L2::cache_hint.b8 [%0], %1, %2;" ::"l"(ptr), "h"(static_cast<uint16_t>(v)), "l"(policy));
-#else
-  *ptr = v;
-#endif
-}
-__device__ __forceinline__ uint32_t load_hinted(const uint16_t* ptr, uint64_t policy) {
-  uint16_t v;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm("ld.global.L2::cache_hint.b16 %0, [%1], %2;" : "=h"(v) : "l"(ptr), "l"(policy));
-#else
-  v = *ptr;
-#endif
-  return v;
-}
-__device__ __forceinline__ uint32_t load_hinted(const uint8_t* ptr, uint64_t policy) {
-  uint16_t v;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm("ld.global.L2::cache_hint.b8 %0, [%1], %2;" : "=h"(v) : "l"(ptr), "l"(policy));
-#else
-  v = *ptr;
-#endif
-  return v & 0xffu;
 }
 
 // Groups [begin, end) of a row that chunk `chunk` of `chunks` handles. Chunks start at multiples
@@ -189,11 +141,10 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   const T* qrow = a.q + row * a.q_row_stride;
   float acc = 0.f;
   float el[N];
-  const uint64_t sign_policy = kSaveSigns ? l2_policy(a.l2_keep_signs) : 0;
   auto emit = [&](int64_t i, uint32_t bits) {  // i: index of an N-element group
     if constexpr (kSaveSigns) {
-      if constexpr (N == 8) store_hinted(reinterpret_cast<uint16_t*>(srow) + i, static_cast<uint16_t>(bits), sign_policy);
-      else store_hinted(srow + i, static_cast<uint8_t>(bits), sign_policy);
+      if constexpr (N == 8) reinterpret_cast<uint16_t*>(srow)[i] = static_cast<uint16_t>(bits);
+      else srow[i] = static_cast<uint8_t>(bits);
     }
     if constexpr (kElemLoss)
 #pragma unroll
@@ -298,29 +249,19 @@ __global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a)
     return out;
   };
   if constexpr (kVec) {
-    const uint64_t sign_policy = l2_policy(false);
-    const bool hints = a.l2_hints;
     auto load_bits = [&](int64_t i) -> uint32_t {
-      if (hints) {
-        if constexpr (N == 8) return load_hinted(reinterpret_cast<const uint16_t*>(srow) + i, sign_policy);
-        else return load_hinted(srow + i, sign_policy);
-      }
       return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[i] : srow[i];
     };
     uint4* g4 = reinterpret_cast<uint4*>(grow);
-    auto store = [&](int64_t i, uint4 v) {
-      if (hints) __stcs(g4 + i, v);
-      else g4[i] = v;
-    };
     int64_t i = g_begin + threadIdx.x;
     for (; i + (kU - 1) * kTh < g_end; i += kU * kTh) {
       uint32_t bits[kU];
 #pragma unroll
       for (int u = 0; u < kU; ++u) bits[u] = load_bits(i + u * kTh);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) store(i + u * kTh, decode(bits[u]));
+      for (int u = 0; u < kU; ++u) g4[i + u * kTh] = decode(bits[u]);
     }
-    for (; i < g_end; i += kTh) store(i, decode(load_bits(i)));
+    for (; i < g_end; i += kTh) g4[i] = decode(load_bits(i));
     if (chunk == chunks - 1)
       for (int64_t j = groups * N + threadIdx.x; j < V; j += kTh)
         grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
