@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Turns the CSVs of the `convergence` examples into PNG plots (matplotlib, Agg).
 
-    python3 scripts/plot_convergence.py CSV_DIR OUT_DIR
+    python3 scripts/plot_convergence.py CSV_DIR OUT_DIR [--prefix P]
 
-Reads every <name>_<dtype>.csv under CSV_DIR (recursively) for the names kernel_vs_reference,
-ties, padded, distill_works, and writes OUT_DIR/convergence_<name>_<dtype>.png. Uses only the
-standard library's csv module and matplotlib.
+Reads every <name>_<dtype>.csv under CSV_DIR (recursively; only .csv files, so the .log files
+next to them are ignored) for the names kernel_vs_reference, ties, padded, distill_works, and
+writes OUT_DIR/<P><name>_<dtype>.png, P being "convergence_" by default. A different prefix
+keeps plots of another machine apart, e.g. --prefix convergence_cuda_ writes
+OUT_DIR/convergence_cuda_<name>_<dtype>.png next to the CPU ones. Uses only the standard
+library's csv module and matplotlib.
 """
 import csv
 import math
@@ -77,10 +80,28 @@ PLOTS = {"kernel_vs_reference": (plot_kernel_vs_reference, 2), "ties": (plot_tie
          "padded": (plot_padded, 2), "distill_works": (plot_distill_works, 1)}
 
 
-def main(argv):
-    if len(argv) != 3:
+def parse(argv):
+    """(CSV_DIR, OUT_DIR, prefix) from the command line; exits with the usage otherwise."""
+    prefix, positional, i = "convergence_", [], 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--prefix" and i + 1 < len(argv):
+            prefix, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--prefix="):
+            prefix = arg[len("--prefix="):]
+        elif arg.startswith("-"):
+            sys.exit(__doc__)
+        else:
+            positional.append(arg)
+        i += 1
+    if len(positional) != 2:
         sys.exit(__doc__)
-    csv_dir, out_dir = pathlib.Path(argv[1]), pathlib.Path(argv[2])
+    return pathlib.Path(positional[0]), pathlib.Path(positional[1]), prefix
+
+
+def main(argv):
+    csv_dir, out_dir, prefix = parse(argv)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = 0
     for path in sorted(csv_dir.rglob("*.csv")):
@@ -97,7 +118,7 @@ def main(argv):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        out = out_dir / f"convergence_{name}_{dtype}.png"
+        out = out_dir / f"{prefix}{name}_{dtype}.png"
         fig.savefig(out, dpi=80)
         plt.close(fig)
         print(out)
