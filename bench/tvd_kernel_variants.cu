@@ -214,6 +214,73 @@ __global__ void __launch_bounds__(kTh) backward_tile(const uint8_t* signs, int64
   }
 }
 
+// Backward that stages its row's signs in shared memory with 16-byte loads first (one burst of
+// reads per block), then writes the gradient with coalesced 16-byte stores. One block per row.
+template <typename T, int kTh>
+__global__ void __launch_bounds__(kTh) backward_smem(const uint8_t* signs, int64_t V, const float* go,
+                                                     const float* scale, T* grad) {
+  constexpr int N = 16 / sizeof(T);
+  extern __shared__ uint4 s4[];
+  const int64_t row = blockIdx.x;
+  const int64_t groups = V / N, sign_bytes = groups * N / 4, n16 = (sign_bytes + 15) / 16;
+  const uint4* src = reinterpret_cast<const uint4*>(signs + row * sign_row_pitch(V));
+  for (int64_t j = threadIdx.x; j < n16; j += kTh) s4[j] = __ldcs(src + j);
+  __syncthreads();
+  uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
+  const float h = 0.5f * go[0] * scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const uint8_t* sb = reinterpret_cast<const uint8_t*>(s4);
+  for (int64_t i = threadIdx.x; i < groups; i += kTh) {
+    const uint32_t bits = N == 8 ? reinterpret_cast<const uint16_t*>(sb)[i] : sb[i];
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
+    g4[i] = out;
+  }
+}
+
+// Forward that collects its row's signs in shared memory and writes them at the end with
+// coalesced 16-byte stores (one burst of writes per block). One block per row, 256 threads,
+// kUnroll loads in flight per tensor as in the library.
+template <typename T>
+__global__ void __launch_bounds__(256) forward_smem(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
+  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
+  extern __shared__ uint4 s4[];
+  __shared__ float shared[kTh / 32];
+  const int64_t row = blockIdx.x;
+  const int64_t groups = V / N, sign_bytes = groups * N / 4, n16 = (sign_bytes + 15) / 16;
+  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
+  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
+  uint8_t* sb = reinterpret_cast<uint8_t*>(s4);
+  float acc = 0.f;
+  auto put = [&](int64_t i, uint32_t bits) {
+    if constexpr (N == 8) reinterpret_cast<uint16_t*>(sb)[i] = static_cast<uint16_t>(bits);
+    else sb[i] = static_cast<uint8_t>(bits);
+  };
+  int64_t i = threadIdx.x;
+  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
+    uint4 pv[kU], qv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      pv[u] = __ldcs(p4 + i + u * kTh);
+      qv[u] = __ldcs(q4 + i + u * kTh);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      put(i + u * kTh, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc, nullptr));
+  }
+  for (; i < groups; i += kTh) {
+    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
+    put(i, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr));
+  }
+  __syncthreads();
+  uint4* dst = reinterpret_cast<uint4*>(signs + row * sign_row_pitch(V));
+  for (int64_t j = threadIdx.x; j < n16; j += kTh) dst[j] = s4[j];
+  acc = detail::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[row] = acc;
+}
+
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
@@ -303,6 +370,24 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
       forward_tile<T, 256, 2><<<grid, 256>>>(p, q, V, signs, row_loss);
       backward_tile<T, 512><<<grid, 512>>>(signs, V, go, scale, grad);
     }), frac * limit);
+  }
+  {
+    const size_t smem = size_t((V / (16 / sizeof(T))) * (16 / sizeof(T)) / 4 + 15) / 16 * 16;
+    if (smem <= 48 * 1024) {
+      row("forward smem-staged signs (16 B stores), 256", time_ms([&] { forward_smem<T><<<grid, 256, smem>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
+      row("backward smem-staged signs (16 B loads), 512", time_ms([&] { backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
+      row("backward smem-staged signs (16 B loads), 1024", time_ms([&] { backward_smem<T, 1024><<<grid, 1024, smem>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
+      row("full: forward smem + backward smem 512 (no finalize)", time_ms([&] {
+        forward_smem<T><<<grid, 256, smem>>>(p, q, V, signs, row_loss);
+        backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad);
+      }), limit);
+      row("full: library forward rows pass + backward smem 512", time_ms([&] {
+        TvdForwardArgs<T> f = fa;
+        f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
+        CHECK((detail::launch_forward_sel<T, true>(f, 0)));
+        backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad);
+      }), limit);
+    }
   }
   row("forward rows pass only (signs, no finalize)", time_ms([&] {
     TvdForwardArgs<T> f = fa;
