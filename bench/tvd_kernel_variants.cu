@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "../lib/src/tvd_cuda_kernel.cuh"
@@ -281,13 +282,55 @@ __global__ void __launch_bounds__(256) forward_smem(const T* p, const T* q, int6
   if (threadIdx.x == 0) partial[row] = acc;
 }
 
+// The library's forward loop with the signs computed but not stored per group: they are folded
+// into one word per thread, written once at the end. Separates the cost of computing the signs
+// from the cost of storing them.
+template <typename T>
+__global__ void __launch_bounds__(256) forward_fold(const T* p, const T* q, int64_t V, uint32_t* sink, float* partial) {
+  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
+  __shared__ float shared[kTh / 32];
+  const int64_t row = blockIdx.x, groups = V / N;
+  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
+  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
+  float acc = 0.f;
+  uint32_t fold = 0;
+  int64_t i = threadIdx.x;
+  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
+    uint4 pv[kU], qv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      pv[u] = __ldcs(p4 + i + u * kTh);
+      qv[u] = __ldcs(q4 + i + u * kTh);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      fold = (fold << 1 | fold >> 31) ^ detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc, nullptr);
+  }
+  for (; i < groups; i += kTh) {
+    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
+    fold ^= detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr);
+  }
+  sink[row * kTh + threadIdx.x] = fold;
+  acc = detail::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[row] = acc;
+}
+
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
 }
 
+// --profile: every variant runs once, untimed, on two shapes (for ncu's hardware counters:
+// ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum ./tvd_kernel_variants --profile).
+bool g_profile = false;
+
 template <typename F>
 float time_ms(F&& f) {
+  if (g_profile) {
+    f();
+    CHECK(cudaDeviceSynchronize());
+    return 1.f;
+  }
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
@@ -389,6 +432,13 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
       }), limit);
     }
   }
+  if (size_t(BT) * 256 * 4 <= size_t(BT) * sign_row_pitch(V))
+    row("forward, signs computed and folded, not stored", time_ms([&] { forward_fold<T><<<grid, 256>>>(p, q, V, reinterpret_cast<uint32_t*>(signs), row_loss); }), 2.0 * bytes);
+  row("forward rows pass only (no signs, no finalize)", time_ms([&] {
+    TvdForwardArgs<T> f = fa_nosigns;
+    f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
+    CHECK((detail::launch_forward_sel<T, true>(f, 0)));
+  }), 2.0 * bytes);
   row("forward rows pass only (signs, no finalize)", time_ms([&] {
     TvdForwardArgs<T> f = fa;
     f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
@@ -408,10 +458,15 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     CHECK(cudaFree(ptr));
 }
 
-int main() {
+int main(int argc, char** argv) {
+  g_profile = argc > 1 && std::string(argv[1]) == "--profile";
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   run_shape<__nv_bfloat16>(4096, 32000, "bf16", sms);
+  if (g_profile) {
+    run_shape<__nv_bfloat16>(8192, 128256, "bf16", sms);
+    return 0;
+  }
   run_shape<float>(4096, 32000, "fp32", sms);
   run_shape<__nv_bfloat16>(8192, 128256, "bf16", sms);
   run_shape<float>(16384, 131072, "fp32", sms);
