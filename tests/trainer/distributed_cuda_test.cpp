@@ -39,10 +39,14 @@ int FreePort() {
   return port;
 }
 
-// One process group for the whole test program (NCCL communicators are per process). Never
-// destroyed: tearing NCCL down during static destruction, after CUDA's, is not safe.
+// One process group for the whole test program (NCCL communicators are per process), made by
+// the first test that needs it and shut down by the environment below when the tests are done:
+// still inside main, while CUDA is alive. Left to exit(), NCCL's watchdog thread outlives CUDA's
+// teardown, and the process crashed after all tests had passed (seen on an H200, 1 run in 3).
+Distributed* g_world_of_one = nullptr;
+
 Distributed& WorldOfOne() {
-  static Distributed* dist = [] {
+  if (g_world_of_one == nullptr) {
     ::setenv("RANK", "0", 1);
     ::setenv("WORLD_SIZE", "1", 1);
     ::setenv("LOCAL_RANK", "0", 1);
@@ -50,10 +54,20 @@ Distributed& WorldOfOne() {
     ::setenv("MASTER_PORT", std::to_string(FreePort()).c_str(), 1);
     ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");  // rank 0 hosts the store
     ::setenv("NCCL_NVLS_ENABLE", "0", 0);
-    return Distributed::FromEnvironment().release();
-  }();
-  return *dist;
+    g_world_of_one = Distributed::FromEnvironment().release();
+  }
+  return *g_world_of_one;
 }
+
+class ShutDownWorldOfOne : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    delete g_world_of_one;  // ~Distributed shuts the NCCL process group down
+    g_world_of_one = nullptr;
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kShutDown =
+    ::testing::AddGlobalTestEnvironment(new ShutDownWorldOfOne);
 
 TEST(DistributedCudaTest, WorldOfOneCollectives) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
