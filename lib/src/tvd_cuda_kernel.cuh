@@ -141,14 +141,10 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   const T* qrow = a.q + row * a.q_row_stride;
   float acc = 0.f;
   float el[N];
-  // Sign stores are evict-first (st.global.cs): measured on an H200 (bench/tvd_kernel_variants),
-  // dirty sign lines that linger in L2 slow the streaming reads more than writing them back
-  // promptly does (forward 1.09 -> 1.04 ms at (8192, 128256) bf16).
   auto emit = [&](int64_t i, uint32_t bits) {  // i: index of an N-element group
     if constexpr (kSaveSigns) {
-      if constexpr (N == 8)
-        __stcs(reinterpret_cast<unsigned short*>(srow) + i, static_cast<unsigned short>(bits));
-      else __stcs(reinterpret_cast<signed char*>(srow) + i, static_cast<signed char>(bits));
+      if constexpr (N == 8) reinterpret_cast<uint16_t*>(srow)[i] = static_cast<uint16_t>(bits);
+      else srow[i] = static_cast<uint8_t>(bits);
     }
     if constexpr (kElemLoss)
 #pragma unroll
