@@ -315,6 +315,49 @@ __global__ void __launch_bounds__(256) forward_fold(const T* p, const T* q, int6
   if (threadIdx.x == 0) partial[row] = acc;
 }
 
+// The library's forward loop with the sign stores redirected: kMode 1 stores every row's signs
+// into one of 8 row slots (a 64 KB footprint that stays in L2: no DRAM traffic, no L2 capacity
+// pressure), kMode 2 stores them to their real place with evict-first (.cs) stores. Tells the
+// cost of the SM-to-L2 store path from that of L2 capacity and DRAM writes.
+template <typename T, int kMode>
+__global__ void __launch_bounds__(256) forward_store_probe(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
+  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
+  __shared__ float shared[kTh / 32];
+  const int64_t row = blockIdx.x, groups = V / N;
+  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
+  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
+  uint8_t* srow = signs + (kMode == 1 ? (row & 7) : row) * sign_row_pitch(V);
+  float acc = 0.f;
+  auto put = [&](int64_t i, uint32_t bits) {
+    if constexpr (N == 8) {
+      uint16_t* d = reinterpret_cast<uint16_t*>(srow) + i;
+      if constexpr (kMode == 2) __stcs(reinterpret_cast<unsigned short*>(d), static_cast<unsigned short>(bits));
+      else *d = static_cast<uint16_t>(bits);
+    } else {
+      if constexpr (kMode == 2) __stcs(reinterpret_cast<signed char*>(srow + i), static_cast<signed char>(bits));
+      else srow[i] = static_cast<uint8_t>(bits);
+    }
+  };
+  int64_t i = threadIdx.x;
+  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
+    uint4 pv[kU], qv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      pv[u] = __ldcs(p4 + i + u * kTh);
+      qv[u] = __ldcs(q4 + i + u * kTh);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      put(i + u * kTh, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc, nullptr));
+  }
+  for (; i < groups; i += kTh) {
+    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
+    put(i, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr));
+  }
+  acc = detail::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[row] = acc;
+}
+
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
@@ -434,6 +477,9 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   }
   if (size_t(BT) * 256 * 4 <= size_t(BT) * sign_row_pitch(V))
     row("forward, signs computed and folded, not stored", time_ms([&] { forward_fold<T><<<grid, 256>>>(p, q, V, reinterpret_cast<uint32_t*>(signs), row_loss); }), 2.0 * bytes);
+  row("forward, real sign stores (probe kernel)", time_ms([&] { forward_store_probe<T, 0><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
+  row("forward, sign stores into 8 L2-resident rows", time_ms([&] { forward_store_probe<T, 1><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
+  row("forward, sign stores evict-first (.cs)", time_ms([&] { forward_store_probe<T, 2><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
   row("forward rows pass only (no signs, no finalize)", time_ms([&] {
     TvdForwardArgs<T> f = fa_nosigns;
     f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
