@@ -20,6 +20,22 @@ using namespace lossfns::kernels;
     }                                                                              \
   } while (0)
 
+// The backward variants' common pieces: the decoder for 0.5 * grad_output * scale, and one
+// 16-byte group of gradient from its packed signs.
+template <typename T>
+__device__ __forceinline__ detail::Decoder<T> make_decoder(const float* go, const float* scale) {
+  const float h = 0.5f * go[0] * scale[0];
+  return {detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+}
+template <typename T>
+__device__ __forceinline__ uint4 decode_group(const detail::Decoder<T>& dec, uint32_t bits) {
+  uint4 out;
+  T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int k = 0; k < int(16 / sizeof(T)); ++k) o[k] = dec(bits >> (2 * k));
+  return out;
+}
+
 // Backward variant: kStream (st.global.cs or plain), kU (independent 16-byte stores in flight),
 // kThreadsV (threads per block). One block per (row, chunk) as in the library.
 template <typename T, bool kStream, int kU, int kThreadsV>
@@ -29,16 +45,9 @@ __global__ void __launch_bounds__(kThreadsV) backward_variant(const uint8_t* sig
   const int64_t row = blockIdx.x;
   const uint8_t* srow = signs + row * sign_row_pitch(V);
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const float h = 0.5f * go[0] * scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
   const int64_t groups = V / N;
-  auto decode = [&](uint32_t bits) {
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
-    return out;
-  };
+  auto decode = [&](uint32_t bits) { return decode_group(dec, bits); };
   auto load_bits = [&](int64_t i) -> uint32_t { return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[i] : srow[i]; };
   int64_t i = threadIdx.x;
   for (; i + (kU - 1) * kThreadsV < groups; i += kU * kThreadsV) {
@@ -64,15 +73,8 @@ __global__ void __launch_bounds__(kTh) backward_flat(const uint8_t* signs, int64
   constexpr int N = 16 / sizeof(T);
   const int64_t gpr = V / N, pitch = sign_row_pitch(V), G = rows * gpr;
   const int64_t begin = G * blockIdx.x / gridDim.x, end = G * (blockIdx.x + 1) / gridDim.x;
-  const float h = 0.5f * go[0] * scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
-  auto decode = [&](uint32_t bits) {
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
-    return out;
-  };
+  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  auto decode = [&](uint32_t bits) { return decode_group(dec, bits); };
   auto load_bits = [&](int64_t row, int64_t col) -> uint32_t {
     const uint8_t* srow = signs + row * pitch;
     return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[col] : srow[col];
@@ -116,15 +118,8 @@ __global__ void __launch_bounds__(kTh) backward_wide(const uint8_t* signs, int64
   const int64_t row = blockIdx.x;
   const uint8_t* srow = signs + row * sign_row_pitch(V);
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const float h = 0.5f * go[0] * scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
-  auto decode = [&](uint32_t bits) {
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
-    return out;
-  };
+  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  auto decode = [&](uint32_t bits) { return decode_group(dec, bits); };
   const int64_t pairs = V / (2 * N);
   for (int64_t i = threadIdx.x; i < pairs; i += kTh) {
     const uint32_t bits = N == 8 ? reinterpret_cast<const uint32_t*>(srow)[i] : reinterpret_cast<const uint16_t*>(srow)[i];
@@ -198,20 +193,13 @@ __global__ void __launch_bounds__(kTh) backward_tile(const uint8_t* signs, int64
   const int64_t row = blockIdx.x;
   const uint32_t* sw = reinterpret_cast<const uint32_t*>(signs + row * sign_row_pitch(V));
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const float h = 0.5f * go[0] * scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
   const int64_t tiles = (V / N) / TILE;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t t = warp; t < tiles; t += kTh / 32) {
     const uint32_t w = sw[t * 32 + lane];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      uint4 out;
-      T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-      for (int e = 0; e < N; ++e) o[e] = dec(w >> (2 * (N * k + e)));
-      g4[t * TILE + k * 32 + lane] = out;
-    }
+    for (int k = 0; k < K; ++k) g4[t * TILE + k * 32 + lane] = decode_group(dec, w >> (2 * N * k));
   }
 }
 
@@ -228,114 +216,46 @@ __global__ void __launch_bounds__(kTh) backward_smem(const uint8_t* signs, int64
   for (int64_t j = threadIdx.x; j < n16; j += kTh) s4[j] = __ldcs(src + j);
   __syncthreads();
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const float h = 0.5f * go[0] * scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
   const uint8_t* sb = reinterpret_cast<const uint8_t*>(s4);
   for (int64_t i = threadIdx.x; i < groups; i += kTh) {
-    const uint32_t bits = N == 8 ? reinterpret_cast<const uint16_t*>(sb)[i] : sb[i];
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
-    g4[i] = out;
+    g4[i] = decode_group(dec, N == 8 ? reinterpret_cast<const uint16_t*>(sb)[i] : sb[i]);
   }
 }
 
-// Forward that collects its row's signs in shared memory and writes them at the end with
-// coalesced 16-byte stores (one burst of writes per block). One block per row, 256 threads,
-// kUnroll loads in flight per tensor as in the library.
-template <typename T>
-__global__ void __launch_bounds__(256) forward_smem(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
+// The library's forward loop (one block per row, 256 threads, kUnroll loads in flight per
+// tensor) with the sign stores swapped out, to tell what storing the signs costs:
+//   kStore     plain stores to the row's signs, as the library does;
+//   kAliased   every row's signs into one of 8 row slots (64 KB that stay in L2: no DRAM writes,
+//              no L2 capacity taken);
+//   kStreaming evict-first (st.global.cs) stores to the row's signs;
+//   kFold      no stores: the signs are folded into one word per thread, written once at the end
+//              (computing the signs without storing them);
+//   kSmem      the row's signs collected in shared memory, written at the end with coalesced
+//              16-byte stores (one burst per block; dynamic shared memory of the row's sign bytes).
+enum class SignSink { kStore, kAliased, kStreaming, kFold, kSmem };
+
+template <typename T, SignSink kSink>
+__global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
   constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
   extern __shared__ uint4 s4[];
   __shared__ float shared[kTh / 32];
-  const int64_t row = blockIdx.x;
-  const int64_t groups = V / N, sign_bytes = groups * N / 4, n16 = (sign_bytes + 15) / 16;
-  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
-  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
-  uint8_t* sb = reinterpret_cast<uint8_t*>(s4);
-  float acc = 0.f;
-  auto put = [&](int64_t i, uint32_t bits) {
-    if constexpr (N == 8) reinterpret_cast<uint16_t*>(sb)[i] = static_cast<uint16_t>(bits);
-    else sb[i] = static_cast<uint8_t>(bits);
-  };
-  int64_t i = threadIdx.x;
-  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
-    uint4 pv[kU], qv[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      pv[u] = __ldcs(p4 + i + u * kTh);
-      qv[u] = __ldcs(q4 + i + u * kTh);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      put(i + u * kTh, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc, nullptr));
-  }
-  for (; i < groups; i += kTh) {
-    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
-    put(i, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr));
-  }
-  __syncthreads();
-  uint4* dst = reinterpret_cast<uint4*>(signs + row * sign_row_pitch(V));
-  for (int64_t j = threadIdx.x; j < n16; j += kTh) dst[j] = s4[j];
-  acc = detail::block_sum(acc, shared);
-  if (threadIdx.x == 0) partial[row] = acc;
-}
-
-// The library's forward loop with the signs computed but not stored per group: they are folded
-// into one word per thread, written once at the end. Separates the cost of computing the signs
-// from the cost of storing them.
-template <typename T>
-__global__ void __launch_bounds__(256) forward_fold(const T* p, const T* q, int64_t V, uint32_t* sink, float* partial) {
-  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
-  __shared__ float shared[kTh / 32];
   const int64_t row = blockIdx.x, groups = V / N;
   const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
   const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
+  uint8_t* srow = signs + (kSink == SignSink::kAliased ? (row & 7) : row) * sign_row_pitch(V);
+  uint8_t* sb = kSink == SignSink::kSmem ? reinterpret_cast<uint8_t*>(s4) : srow;
   float acc = 0.f;
   uint32_t fold = 0;
-  int64_t i = threadIdx.x;
-  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
-    uint4 pv[kU], qv[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      pv[u] = __ldcs(p4 + i + u * kTh);
-      qv[u] = __ldcs(q4 + i + u * kTh);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      fold = (fold << 1 | fold >> 31) ^ detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc, nullptr);
-  }
-  for (; i < groups; i += kTh) {
-    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
-    fold ^= detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr);
-  }
-  sink[row * kTh + threadIdx.x] = fold;
-  acc = detail::block_sum(acc, shared);
-  if (threadIdx.x == 0) partial[row] = acc;
-}
-
-// The library's forward loop with the sign stores redirected: kMode 1 stores every row's signs
-// into one of 8 row slots (a 64 KB footprint that stays in L2: no DRAM traffic, no L2 capacity
-// pressure), kMode 2 stores them to their real place with evict-first (.cs) stores. Tells the
-// cost of the SM-to-L2 store path from that of L2 capacity and DRAM writes.
-template <typename T, int kMode>
-__global__ void __launch_bounds__(256) forward_store_probe(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
-  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
-  __shared__ float shared[kTh / 32];
-  const int64_t row = blockIdx.x, groups = V / N;
-  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
-  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
-  uint8_t* srow = signs + (kMode == 1 ? (row & 7) : row) * sign_row_pitch(V);
-  float acc = 0.f;
   auto put = [&](int64_t i, uint32_t bits) {
-    if constexpr (N == 8) {
-      uint16_t* d = reinterpret_cast<uint16_t*>(srow) + i;
-      if constexpr (kMode == 2) __stcs(reinterpret_cast<unsigned short*>(d), static_cast<unsigned short>(bits));
-      else *d = static_cast<uint16_t>(bits);
+    if constexpr (kSink == SignSink::kFold) {
+      fold = (fold << 1 | fold >> 31) ^ bits;
+    } else if constexpr (kSink == SignSink::kStreaming) {
+      if constexpr (N == 8) __stcs(reinterpret_cast<unsigned short*>(sb) + i, static_cast<unsigned short>(bits));
+      else __stcs(reinterpret_cast<signed char*>(sb) + i, static_cast<signed char>(bits));
     } else {
-      if constexpr (kMode == 2) __stcs(reinterpret_cast<signed char*>(srow + i), static_cast<signed char>(bits));
-      else srow[i] = static_cast<uint8_t>(bits);
+      if constexpr (N == 8) reinterpret_cast<uint16_t*>(sb)[i] = static_cast<uint16_t>(bits);
+      else sb[i] = static_cast<uint8_t>(bits);
     }
   };
   int64_t i = threadIdx.x;
@@ -353,6 +273,14 @@ __global__ void __launch_bounds__(256) forward_store_probe(const T* p, const T* 
   for (; i < groups; i += kTh) {
     const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
     put(i, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr));
+  }
+  if constexpr (kSink == SignSink::kFold) {
+    reinterpret_cast<uint32_t*>(signs)[row * kTh + threadIdx.x] = fold;  // needs rows*1 KB <= the sign buffer
+  } else if constexpr (kSink == SignSink::kSmem) {
+    __syncthreads();
+    const int64_t n16 = (groups * N / 4 + 15) / 16;
+    uint4* dst = reinterpret_cast<uint4*>(srow);
+    for (int64_t j = threadIdx.x; j < n16; j += kTh) dst[j] = s4[j];
   }
   acc = detail::block_sum(acc, shared);
   if (threadIdx.x == 0) partial[row] = acc;
@@ -460,11 +388,11 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   {
     const size_t smem = size_t((V / (16 / sizeof(T))) * (16 / sizeof(T)) / 4 + 15) / 16 * 16;
     if (smem <= 48 * 1024) {
-      row("forward smem-staged signs (16 B stores), 256", time_ms([&] { forward_smem<T><<<grid, 256, smem>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
+      row("forward smem-staged signs (16 B stores), 256", time_ms([&] { forward_probe<T, SignSink::kSmem><<<grid, 256, smem>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
       row("backward smem-staged signs (16 B loads), 512", time_ms([&] { backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
       row("backward smem-staged signs (16 B loads), 1024", time_ms([&] { backward_smem<T, 1024><<<grid, 1024, smem>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
       row("full: forward smem + backward smem 512 (no finalize)", time_ms([&] {
-        forward_smem<T><<<grid, 256, smem>>>(p, q, V, signs, row_loss);
+        forward_probe<T, SignSink::kSmem><<<grid, 256, smem>>>(p, q, V, signs, row_loss);
         backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad);
       }), limit);
       row("full: library forward rows pass + backward smem 512", time_ms([&] {
@@ -476,10 +404,10 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     }
   }
   if (size_t(BT) * 256 * 4 <= size_t(BT) * sign_row_pitch(V))
-    row("forward, signs computed and folded, not stored", time_ms([&] { forward_fold<T><<<grid, 256>>>(p, q, V, reinterpret_cast<uint32_t*>(signs), row_loss); }), 2.0 * bytes);
-  row("forward, real sign stores (probe kernel)", time_ms([&] { forward_store_probe<T, 0><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
-  row("forward, sign stores into 8 L2-resident rows", time_ms([&] { forward_store_probe<T, 1><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
-  row("forward, sign stores evict-first (.cs)", time_ms([&] { forward_store_probe<T, 2><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
+    row("forward, signs computed and folded, not stored", time_ms([&] { forward_probe<T, SignSink::kFold><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
+  row("forward, real sign stores (probe kernel)", time_ms([&] { forward_probe<T, SignSink::kStore><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
+  row("forward, sign stores into 8 L2-resident rows", time_ms([&] { forward_probe<T, SignSink::kAliased><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
+  row("forward, sign stores evict-first (.cs)", time_ms([&] { forward_probe<T, SignSink::kStreaming><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
   row("forward rows pass only (no signs, no finalize)", time_ms([&] {
     TvdForwardArgs<T> f = fa_nosigns;
     f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
