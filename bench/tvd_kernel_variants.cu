@@ -1,5 +1,6 @@
-// Workshop, not the library: times the TVD CUDA kernels (from lib/src/tvd_cuda_kernel.cuh) and
-// candidate backward variants against the device's own write and copy speed, on raw CUDA buffers.
+// Workshop, not the library: times the TVD CUDA kernels (from lib/src/tvd_cuda_kernel.cuh),
+// candidate forward and backward variants and probes against the device's own write and copy
+// speed, on raw CUDA buffers.
 // Prints a table. Build: part of bench/ when the CUDA kernels are built. Usage: tvd_kernel_variants
 #include <algorithm>
 #include <cstdio>

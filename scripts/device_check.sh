@@ -30,6 +30,8 @@ stage bench-done
 LEFT=$(( BUDGET_S - ($(date +%s) - START) ))
 if [ -f scripts/convergence_device.sh ] && [ "${SKIP_CONVERGENCE:-0}" != 1 ] && [ "$LEFT" -gt 30 ]; then
   OUT="$W" timeout "$LEFT" bash scripts/convergence_device.sh 2>&1 | tee "$W/convergence.txt" | tail -30
+  (( PIPESTATUS[0] == 124 )) && echo "== convergence stopped by the time budget (${LEFT} s)"
+  rm -rf "$W/convergence/runs"  # checkpoints (MBs each), left behind when the budget ran out
   stage convergence-done
 fi
 if [ -f scripts/ddp_device.sh ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then

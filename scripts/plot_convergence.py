@@ -26,6 +26,8 @@ NAMES = ("kernel_vs_reference", "ties", "padded", "distill_works")
 def read(path):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
+    # A run stopped mid-write leaves a short last row: keep the complete ones.
+    rows = [r for r in rows if all(v not in (None, "") for v in r.values())]
     cols = {k: [float(r[k]) for r in rows] for k in rows[0]} if rows else {}
     return cols
 

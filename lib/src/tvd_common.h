@@ -26,8 +26,8 @@ enum Reduction : int64_t { kNone = 0, kSum = 1, kMean = 2, kBatchMean = 3 };
 enum SignCode : uint32_t { kZero = 0, kPos = 1, kNeg = 2 };
 constexpr int kSignsPerByte = 4;
 // Row pitch of the packed signs, in bytes: a multiple of 128 so that every row starts on a cache
-// line, and a warp's sign stores cover whole 32-byte sectors (a partial sector write costs the
-// memory system a read of that sector).
+// line and a warp's sign stores cover whole 32-byte sectors (with the CUDA forward's chunks on
+// 32-group boundaries).
 LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) {
   return ((V + kSignsPerByte - 1) / kSignsPerByte + 127) / 128 * 128;
 }
