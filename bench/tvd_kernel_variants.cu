@@ -1,7 +1,8 @@
 // Workshop, not the library: times the TVD CUDA kernels (from lib/src/tvd_cuda_kernel.cuh),
 // candidate forward and backward variants and probes against the device's own write and copy
 // speed, on raw CUDA buffers.
-// Prints a table. Build: part of bench/ when the CUDA kernels are built. Usage: tvd_kernel_variants
+// Prints a table. Build: part of bench/ when the CUDA kernels are built.
+// Usage: tvd_kernel_variants [--legacy] [--profile]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -21,15 +22,42 @@ using namespace lossfns::kernels;
     }                                                                              \
   } while (0)
 
+// The workshop's own variants below are the 2-bit design the library used before its tiled
+// 1-bit + tie-flag layout (docs/benchmarks.md quotes their timings); they keep that layout here.
+namespace legacy {
+constexpr int kSignsPerByte = 4;
+inline __host__ __device__ int64_t pitch(int64_t V) { return ((V + kSignsPerByte - 1) / kSignsPerByte + 127) / 128 * 128; }
+template <typename T>
+struct Decoder {
+  T pos, neg, zero;
+  __device__ __forceinline__ T operator()(uint32_t bits) const {
+    const uint32_t code = bits & 3u;
+    return code == kPos ? pos : (code == kNeg ? neg : zero);
+  }
+};
+// N consecutive elements: accumulate |p - q|, return their packed 2-bit codes.
+template <int N, typename T>
+__device__ __forceinline__ uint32_t tvd_elems(const T* pe, const T* qe, float& acc) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float d = detail::to_float(pe[k]) - detail::to_float(qe[k]);
+    acc += fabsf(d);
+    bits |= sign_code(d) << (2 * k);
+  }
+  return bits;
+}
+}  // namespace legacy
+
 // The backward variants' common pieces: the decoder for 0.5 * grad_output * scale, and one
 // 16-byte group of gradient from its packed signs.
 template <typename T>
-__device__ __forceinline__ detail::Decoder<T> make_decoder(const float* go, const float* scale) {
+__device__ __forceinline__ legacy::Decoder<T> make_decoder(const float* go, const float* scale) {
   const float h = 0.5f * go[0] * scale[0];
   return {detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
 }
 template <typename T>
-__device__ __forceinline__ uint4 decode_group(const detail::Decoder<T>& dec, uint32_t bits) {
+__device__ __forceinline__ uint4 decode_group(const legacy::Decoder<T>& dec, uint32_t bits) {
   uint4 out;
   T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
@@ -44,9 +72,9 @@ __global__ void __launch_bounds__(kThreadsV) backward_variant(const uint8_t* sig
                                                               const float* scale, T* grad) {
   constexpr int N = 16 / sizeof(T);
   const int64_t row = blockIdx.x;
-  const uint8_t* srow = signs + row * sign_row_pitch(V);
+  const uint8_t* srow = signs + row * legacy::pitch(V);
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
   const int64_t groups = V / N;
   auto decode = [&](uint32_t bits) { return decode_group(dec, bits); };
   auto load_bits = [&](int64_t i) -> uint32_t { return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[i] : srow[i]; };
@@ -72,9 +100,9 @@ template <typename T, int kTh, int kU>
 __global__ void __launch_bounds__(kTh) backward_flat(const uint8_t* signs, int64_t rows, int64_t V, const float* go,
                                                      const float* scale, T* grad) {
   constexpr int N = 16 / sizeof(T);
-  const int64_t gpr = V / N, pitch = sign_row_pitch(V), G = rows * gpr;
+  const int64_t gpr = V / N, pitch = legacy::pitch(V), G = rows * gpr;
   const int64_t begin = G * blockIdx.x / gridDim.x, end = G * (blockIdx.x + 1) / gridDim.x;
-  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
   auto decode = [&](uint32_t bits) { return decode_group(dec, bits); };
   auto load_bits = [&](int64_t row, int64_t col) -> uint32_t {
     const uint8_t* srow = signs + row * pitch;
@@ -117,9 +145,9 @@ __global__ void __launch_bounds__(kTh) backward_wide(const uint8_t* signs, int64
                                                      const float* scale, T* grad) {
   constexpr int N = 16 / sizeof(T);
   const int64_t row = blockIdx.x;
-  const uint8_t* srow = signs + row * sign_row_pitch(V);
+  const uint8_t* srow = signs + row * legacy::pitch(V);
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
   auto decode = [&](uint32_t bits) { return decode_group(dec, bits); };
   const int64_t pairs = V / (2 * N);
   for (int64_t i = threadIdx.x; i < pairs; i += kTh) {
@@ -148,7 +176,7 @@ __global__ void __launch_bounds__(kTh) forward_tile(const T* p, const T* q, int6
   const int64_t row = blockIdx.x;
   const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
   const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
-  uint32_t* sw = reinterpret_cast<uint32_t*>(signs + row * sign_row_pitch(V));
+  uint32_t* sw = reinterpret_cast<uint32_t*>(signs + row * legacy::pitch(V));
   const int64_t tiles = (V / N) / TILE;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int W = kTh / 32;
@@ -168,8 +196,8 @@ __global__ void __launch_bounds__(kTh) forward_tile(const T* p, const T* q, int6
       uint32_t w = 0;
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        w |= detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u][k]), reinterpret_cast<const T*>(&qv[u][k]),
-                                         acc, nullptr) << (2 * N * k);
+        w |= legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv[u][k]), reinterpret_cast<const T*>(&qv[u][k]),
+                                         acc) << (2 * N * k);
       sw[(t + u * W) * 32 + lane] = w;
     }
   }
@@ -178,7 +206,7 @@ __global__ void __launch_bounds__(kTh) forward_tile(const T* p, const T* q, int6
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const uint4 pv = __ldcs(p4 + t * TILE + k * 32 + lane), qv = __ldcs(q4 + t * TILE + k * 32 + lane);
-      w |= detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr)
+      w |= legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc)
            << (2 * N * k);
     }
     sw[t * 32 + lane] = w;
@@ -192,9 +220,9 @@ __global__ void __launch_bounds__(kTh) backward_tile(const uint8_t* signs, int64
                                                      const float* scale, T* grad) {
   constexpr int N = 16 / sizeof(T), K = 16 / N, TILE = 32 * K;
   const int64_t row = blockIdx.x;
-  const uint32_t* sw = reinterpret_cast<const uint32_t*>(signs + row * sign_row_pitch(V));
+  const uint32_t* sw = reinterpret_cast<const uint32_t*>(signs + row * legacy::pitch(V));
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
   const int64_t tiles = (V / N) / TILE;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t t = warp; t < tiles; t += kTh / 32) {
@@ -213,11 +241,11 @@ __global__ void __launch_bounds__(kTh) backward_smem(const uint8_t* signs, int64
   extern __shared__ uint4 s4[];
   const int64_t row = blockIdx.x;
   const int64_t groups = V / N, sign_bytes = groups * N / 4, n16 = (sign_bytes + 15) / 16;
-  const uint4* src = reinterpret_cast<const uint4*>(signs + row * sign_row_pitch(V));
+  const uint4* src = reinterpret_cast<const uint4*>(signs + row * legacy::pitch(V));
   for (int64_t j = threadIdx.x; j < n16; j += kTh) s4[j] = __ldcs(src + j);
   __syncthreads();
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
-  const detail::Decoder<T> dec = make_decoder<T>(go, scale);
+  const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
   const uint8_t* sb = reinterpret_cast<const uint8_t*>(s4);
   for (int64_t i = threadIdx.x; i < groups; i += kTh) {
     g4[i] = decode_group(dec, N == 8 ? reinterpret_cast<const uint16_t*>(sb)[i] : sb[i]);
@@ -244,7 +272,7 @@ __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int
   const int64_t row = blockIdx.x, groups = V / N;
   const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
   const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
-  uint8_t* srow = signs + (kSink == SignSink::kAliased ? (row & 7) : row) * sign_row_pitch(V);
+  uint8_t* srow = signs + (kSink == SignSink::kAliased ? (row & 7) : row) * legacy::pitch(V);
   uint8_t* sb = kSink == SignSink::kSmem ? reinterpret_cast<uint8_t*>(s4) : srow;
   float acc = 0.f;
   uint32_t fold = 0;
@@ -269,11 +297,11 @@ __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      put(i + u * kTh, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc, nullptr));
+      put(i + u * kTh, legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc));
   }
   for (; i < groups; i += kTh) {
     const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
-    put(i, detail::tvd_elems<N, false>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc, nullptr));
+    put(i, legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc));
   }
   if constexpr (kSink == SignSink::kFold) {
     reinterpret_cast<uint32_t*>(signs)[row * kTh + threadIdx.x] = fold;  // needs rows*1 KB <= the sign buffer
@@ -285,6 +313,16 @@ __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int
   }
   acc = detail::block_sum(acc, shared);
   if (threadIdx.x == 0) partial[row] = acc;
+}
+
+// p for a tie pattern: p_i = q_i (a tie) where a hash of i falls below `tie_per_65536`, else a
+// value that differs from q.
+template <typename T>
+__global__ void tie_pattern(T* p, const T* q, int64_t n, uint32_t tie_per_65536) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = uint32_t(i) * 2654435761u;
+    p[i] = (h >> 16) < tie_per_65536 ? q[i] : detail::from_float<T>(detail::to_float(q[i]) * 1.5f + 1e-3f);
+  }
 }
 
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
@@ -321,43 +359,17 @@ float time_ms(F&& f) {
   return ms[ms.size() / 2];
 }
 
+bool g_legacy = false;  // --legacy: also the 2-bit design's variants
+
+// The 2-bit design's variants (--legacy): what docs/benchmarks.md's workshop findings quote.
 template <typename T>
-void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
-  const size_t n = size_t(BT) * V, bytes = n * sizeof(T);
-  T *p, *q, *grad;
-  uint8_t* signs;
-  float *row_loss, *loss, *scale, *go;
-  CHECK(cudaMalloc(&p, bytes));
-  CHECK(cudaMalloc(&q, bytes));
-  CHECK(cudaMalloc(&grad, bytes));
-  CHECK(cudaMalloc(&signs, BT * sign_row_pitch(V)));
-  CHECK(cudaMalloc(&row_loss, tvd_forward_scratch<T>(BT, V, sms) * sizeof(float)));
-  CHECK(cudaMalloc(&loss, 4));
-  CHECK(cudaMalloc(&scale, 4));
-  CHECK(cudaMalloc(&go, 4));
-  CHECK(cudaMemset(p, 0x3c, bytes));  // arbitrary finite values, p != q in most places
-  CHECK(cudaMemset(q, 0x3b, bytes));
-  const float one = 1.f;
-  CHECK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
-  TvdForwardArgs<T> fa{};
-  fa.p = p; fa.q = q; fa.p_row_stride = V; fa.q_row_stride = V; fa.labels = nullptr; fa.ignore_index = -100;
-  fa.rows = BT; fa.V = V; fa.num_sms = sms; fa.row_loss = row_loss; fa.signs = signs;
-  TvdForwardArgs<T> fa_nosigns = fa;
-  fa_nosigns.signs = nullptr;
-  TvdBackwardArgs<T> ba{signs, BT, V, go, scale, grad, sms};
-  const double limit = 3.0 * bytes;
-  std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V, limit / 1e6);
+void run_legacy(int64_t BT, int64_t V, int sms, const T* p, const T* q, T* grad, uint8_t* signs, float* row_loss,
+                const float* go, const float* scale, size_t bytes) {
+  const double limit = 3.0 * bytes, sign_bytes = double(BT) * V / 4;
+  std::printf("  -- the 2-bit design's variants\n");
   auto row = [&](const char* what, float ms, double moved) {
-    std::printf("  %-44s %8.4f ms  %6.0f GB/s\n", what, ms, moved / (ms * 1e-3) / 1e9);
+    std::printf("  %-52s %8.4f ms  %6.0f GB/s\n", what, ms, moved / (ms * 1e-3) / 1e9);
   };
-  const double sign_bytes = double(BT) * V / 4;
-  row("fill (write-only, 16B stores)", time_ms([&] { fill_kernel<<<sms * 8, 256>>>((uint4*)grad, bytes / 16); }), bytes);
-  row("cudaMemsetAsync (write-only)", time_ms([&] { CHECK(cudaMemsetAsync(grad, 0, bytes)); }), bytes);
-  row("fill, contiguous range per block, 512 x 4/SM", time_ms([&] { fill_flat<<<sms * 4, 512>>>((uint4*)grad, bytes / 16); }), bytes);
-  row("cudaMemcpy D2D (read+write)", time_ms([&] { CHECK(cudaMemcpyAsync(grad, p, bytes, cudaMemcpyDeviceToDevice)); }), 2.0 * bytes);
-  row("forward, no signs (+finalize)", time_ms([&] { CHECK(tvd_forward(fa_nosigns, kBatchMean, loss, scale, 0)); }), 2.0 * bytes);
-  row("forward, signs (+finalize)", time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); }), 2.0 * bytes + sign_bytes);
-  row("backward (library)", time_ms([&] { CHECK(tvd_backward(ba, kBatchMean, 0)); }), bytes + sign_bytes);
   const unsigned grid = unsigned(BT);
   row("backward plain stores, U4, 256", time_ms([&] { backward_variant<T, false, 4, 256><<<grid, 256>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
   row("backward .cs stores, U4, 256", time_ms([&] { backward_variant<T, true, 4, 256><<<grid, 256>>>(signs, V, go, scale, grad); }), bytes + sign_bytes);
@@ -396,45 +408,121 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
         forward_probe<T, SignSink::kSmem><<<grid, 256, smem>>>(p, q, V, signs, row_loss);
         backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad);
       }), limit);
-      row("full: library forward rows pass + backward smem 512", time_ms([&] {
-        TvdForwardArgs<T> f = fa;
-        f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
-        CHECK((detail::launch_forward_sel<T, true>(f, 0)));
-        backward_smem<T, 512><<<grid, 512, smem>>>(signs, V, go, scale, grad);
-      }), limit);
     }
   }
-  if (size_t(BT) * 256 * 4 <= size_t(BT) * sign_row_pitch(V))
-    row("forward, signs computed and folded, not stored", time_ms([&] { forward_probe<T, SignSink::kFold><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
+  row("forward, signs computed and folded, not stored", time_ms([&] { forward_probe<T, SignSink::kFold><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
   row("forward, real sign stores (probe kernel)", time_ms([&] { forward_probe<T, SignSink::kStore><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
   row("forward, sign stores into 8 L2-resident rows", time_ms([&] { forward_probe<T, SignSink::kAliased><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes);
   row("forward, sign stores evict-first (.cs)", time_ms([&] { forward_probe<T, SignSink::kStreaming><<<grid, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + sign_bytes);
-  row("forward rows pass only (no signs, no finalize)", time_ms([&] {
-    TvdForwardArgs<T> f = fa_nosigns;
-    f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
+}
+
+template <typename T>
+void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
+  const size_t n = size_t(BT) * V, bytes = n * sizeof(T);
+  T *p, *q, *grad;
+  uint8_t* signs;
+  float *row_loss, *loss, *scale, *go;
+  const size_t sign_buf = size_t(BT) * std::max<int64_t>({sign_row_pitch(V), legacy::pitch(V), 1024});
+  CHECK(cudaMalloc(&p, bytes));
+  CHECK(cudaMalloc(&q, bytes));
+  CHECK(cudaMalloc(&grad, bytes));
+  CHECK(cudaMalloc(&signs, sign_buf));
+  CHECK(cudaMalloc(&row_loss, tvd_forward_scratch<T>(BT, V, sms) * sizeof(float)));
+  CHECK(cudaMalloc(&loss, 4));
+  CHECK(cudaMalloc(&scale, 4));
+  CHECK(cudaMalloc(&go, 4));
+  CHECK(cudaMemset(p, 0x3c, bytes));  // arbitrary finite values, p != q everywhere
+  CHECK(cudaMemset(q, 0x3b, bytes));
+  const float one = 1.f;
+  CHECK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
+  TvdForwardArgs<T> fa{};
+  fa.p = p; fa.q = q; fa.p_row_stride = V; fa.q_row_stride = V; fa.labels = nullptr; fa.ignore_index = -100;
+  fa.rows = BT; fa.V = V; fa.num_sms = sms; fa.row_loss = row_loss; fa.signs = signs;
+  TvdForwardArgs<T> fa_nosigns = fa;
+  fa_nosigns.signs = nullptr;
+  TvdForwardArgs<T> fa_ties = fa;  // q == p: every tile all ties
+  fa_ties.q = p;
+  TvdBackwardArgs<T> ba{signs, BT, V, go, scale, grad, sms};
+  const double limit = 3.0 * bytes;
+  std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V, limit / 1e6);
+  float copy_ms = 0.f;
+  auto row_full = [&](const char* what, float ms) {  // a full pass, against the 3-stream limit
+    std::printf("  %-52s %8.4f ms  %6.0f GB/s  %5.1f%% of the limit at copy speed\n", what, ms,
+                limit / (ms * 1e-3) / 1e9, 100.0 * (1.5 * copy_ms) / ms);
+  };
+  auto row_rw = [&](const char* what, float ms, double moved) {
+    std::printf("  %-52s %8.4f ms  %6.0f GB/s\n", what, ms, moved / (ms * 1e-3) / 1e9);
+  };
+  const double sign_bytes = double(BT) * (V / 8.0 + double(sign_tiles(V)));  // tie-free data
+  row_rw("fill (write-only, 16B stores)", time_ms([&] { fill_kernel<<<sms * 8, 256>>>((uint4*)grad, bytes / 16); }), bytes);
+  row_rw("cudaMemsetAsync (write-only)", time_ms([&] { CHECK(cudaMemsetAsync(grad, 0, bytes)); }), bytes);
+  copy_ms = time_ms([&] { CHECK(cudaMemcpyAsync(grad, p, bytes, cudaMemcpyDeviceToDevice)); });
+  row_rw("cudaMemcpy D2D (read+write)", copy_ms, 2.0 * bytes);
+  row_rw("forward, no signs (+finalize)", time_ms([&] { CHECK(tvd_forward(fa_nosigns, kBatchMean, loss, scale, 0)); }), 2.0 * bytes);
+  row_rw("forward, signs (+finalize)", time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); }), 2.0 * bytes + sign_bytes);
+  auto rows_pass = [&](const TvdForwardArgs<T>& f0) {
+    TvdForwardArgs<T> f = f0;
+    f.chunks = detail::forward_chunks<T>(BT, V, sms);
     CHECK((detail::launch_forward_sel<T, true>(f, 0)));
-  }), 2.0 * bytes);
-  row("forward rows pass only (signs, no finalize)", time_ms([&] {
-    TvdForwardArgs<T> f = fa;
-    f.chunks = detail::chunks_per_row(BT, V / (16 / int64_t(sizeof(T))), sms);
-    CHECK((detail::launch_forward_sel<T, true>(f, 0)));
-  }), 2.0 * bytes + sign_bytes);
-  const float full = time_ms([&] {
+  };
+  row_rw("forward rows pass only (no signs, no finalize)", time_ms([&] { rows_pass(fa_nosigns); }), 2.0 * bytes);
+  row_rw("forward rows pass only (signs, no finalize)", time_ms([&] { rows_pass(fa); }), 2.0 * bytes + sign_bytes);
+  CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
+  row_rw("backward (library)", time_ms([&] { CHECK(tvd_backward(ba, kBatchMean, 0)); }), bytes + sign_bytes);
+  row_rw("backward 256 x 2 tiles", time_ms([&] { CHECK((tvd_backward<T, 256, 2>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_rw("backward 256 x 4 tiles", time_ms([&] { CHECK((tvd_backward<T, 256, 4>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_rw("backward 512 x 1 tile", time_ms([&] { CHECK((tvd_backward<T, 512, 1>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_rw("backward 512 x 2 tiles", time_ms([&] { CHECK((tvd_backward<T, 512, 2>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_rw("backward 512 x 4 tiles", time_ms([&] { CHECK((tvd_backward<T, 512, 4>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_rw("backward 1024 x 1 tile", time_ms([&] { CHECK((tvd_backward<T, 1024, 1>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_rw("backward 1024 x 2 tiles", time_ms([&] { CHECK((tvd_backward<T, 1024, 2>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
+  row_full("full: library forward + backward", time_ms([&] {
     CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
     CHECK(tvd_backward(ba, kBatchMean, 0));
-  });
-  row("full: forward (signs) + backward (library)", full, limit);
-  row("full: forward (signs) + backward flat 512 x U2 x 2/SM", time_ms([&] {
-    CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
-    backward_flat<T, 512, 2><<<unsigned(sms * 2), 512>>>(signs, BT, V, go, scale, grad);
-  }), limit);
+  }));
+  row_full("full: library, q == p (every tile all ties)", time_ms([&] {
+    CHECK(tvd_forward(fa_ties, kBatchMean, loss, scale, 0));
+    CHECK(tvd_backward(ba, kBatchMean, 0));
+  }));
+  // Sparse ties: 0.16% of elements (a third of the tiles have one; random bf16 softmax pairs look
+  // like this) and 4.4% (every tile has some; a student close to its teacher in bf16).
+  T* pt;
+  CHECK(cudaMalloc(&pt, bytes));
+  for (uint32_t per : {105u, 2884u}) {
+    tie_pattern<T><<<sms * 8, 256>>>(pt, q, int64_t(n), per);
+    TvdForwardArgs<T> f = fa;
+    f.p = pt;
+    char what[96];
+    std::snprintf(what, sizeof what, "full: library, %.2f%% of elements tied", 100.0 * per / 65536);
+    row_full(what, time_ms([&] {
+      CHECK(tvd_forward(f, kBatchMean, loss, scale, 0));
+      CHECK(tvd_backward(ba, kBatchMean, 0));
+    }));
+    std::snprintf(what, sizeof what, "  its backward (%.2f%% tied)", 100.0 * per / 65536);
+    row_rw(what, time_ms([&] { CHECK(tvd_backward(ba, kBatchMean, 0)); }), bytes + sign_bytes);
+  }
+  CHECK(cudaFree(pt));
+  const unsigned grid = unsigned(BT);
+  row_full("full: 2-bit design (probe forward + backward 512 x U2)", time_ms([&] {
+    forward_probe<T, SignSink::kStore><<<grid, 256>>>(p, q, V, signs, row_loss);
+    backward_variant<T, false, 2, 512><<<grid, 512>>>(signs, V, go, scale, grad);
+  }));
+  if (g_legacy) run_legacy<T>(BT, V, sms, p, q, grad, signs, row_loss, go, scale, bytes);
   CHECK(cudaGetLastError());
   for (void* ptr : {(void*)p, (void*)q, (void*)grad, (void*)signs, (void*)row_loss, (void*)loss, (void*)scale, (void*)go})
     CHECK(cudaFree(ptr));
 }
 
 int main(int argc, char** argv) {
-  g_profile = argc > 1 && std::string(argv[1]) == "--profile";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--profile") g_profile = true;
+    else if (arg == "--legacy") g_legacy = true;
+    else {
+      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy]\n");
+      return 2;
+    }
+  }
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   run_shape<__nv_bfloat16>(4096, 32000, "bf16", sms);

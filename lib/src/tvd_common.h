@@ -1,11 +1,11 @@
 // Framework-free pieces shared by the CPU and CUDA TVD kernels: the sign rule, the reduction's
-// scale, and the 2-bit sign code the CUDA forward saves for backward with its packed layout.
-// Includes nothing from Torch or CUDA.
+// scale, and the packed sign format the CUDA forward saves for backward. Includes nothing from
+// Torch or CUDA.
 //
 // Why the CUDA path saves signs and not the gradient: backward needs only sign(p - q) per
-// element. Saving it as 2 bits (4 per byte) instead of a (BT, V) gradient keeps BT*V/4 bytes alive
-// between forward and backward, and lets backward honour any grad_output (read on the device) in one write pass:
-// forward reads p and q, backward writes grad, plus 2 * BT*V/4 bytes of signs.
+// element. Saving it packed, instead of a (BT, V) gradient, lets backward honour any grad_output
+// (read on the device) in one write pass: forward reads p and q, backward writes grad, and the
+// signs are the only extra traffic, so they are packed as tightly as a fixed layout allows.
 #pragma once
 
 #include <cstdint>
@@ -21,15 +21,35 @@ namespace lossfns::kernels {
 // Reductions, in the integer form the internal ops take.
 enum Reduction : int64_t { kNone = 0, kSum = 1, kMean = 2, kBatchMean = 3 };
 
-// 2-bit codes. A tie (p == q) is code 0, so all-zero bytes mean "no gradient": ignored rows are
-// simply zero-filled. Code 3 is never written and decodes as 0.
+// Sign codes: what backward multiplies 0.5 * scale * grad_output by (0, +1, -1).
 enum SignCode : uint32_t { kZero = 0, kPos = 1, kNeg = 2 };
-constexpr int kSignsPerByte = 4;
-// Row pitch of the packed signs, in bytes: a multiple of 128 so that every row starts on a cache
-// line and a warp's sign stores cover whole 32-byte sectors (with the CUDA forward's chunks on
-// 32-group boundaries).
-LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) {
-  return ((V + kSignsPerByte - 1) / kSignsPerByte + 127) / 128 * 128;
+
+// Packed signs, one row of `sign_row_pitch(V)` bytes per row of p. A row is cut into tiles of
+// kTileElems elements (the last one may be partial). Three regions, each starting on a 128-byte
+// line:
+//   pos   [0, sign_tie_offset):   bit j % 8 of byte j / 8 is (p_j > q_j); 32 bytes per tile.
+//   ties  [sign_tie_offset, ...): bit j % 8 of byte j / 8 is "p_j == q_j (or NaN)"; written and
+//                                 read only for tiles whose flag is kSomeTies.
+//   flags [sign_flag_offset, ...): one TileFlag byte per tile.
+// So a tile costs 1 bit per element plus a byte unless it has ties: sign traffic is half what
+// 2-bit codes cost on real-valued data, and a tile that is all ties (padded vocabulary slots,
+// self-distillation's first step, ignored rows) needs no tie bits at all.
+constexpr int64_t kTileElems = 256;
+constexpr int64_t kTileBytes = kTileElems / 8;
+enum TileFlag : uint8_t { kNoTies = 0, kSomeTies = 1, kAllTies = 2 };
+
+LOSSFNS_HOST_DEVICE int64_t round_up_128(int64_t n) { return (n + 127) / 128 * 128; }
+LOSSFNS_HOST_DEVICE int64_t sign_tiles(int64_t V) { return (V + kTileElems - 1) / kTileElems; }
+LOSSFNS_HOST_DEVICE int64_t sign_tie_offset(int64_t V) { return round_up_128(sign_tiles(V) * kTileBytes); }
+LOSSFNS_HOST_DEVICE int64_t sign_flag_offset(int64_t V) { return 2 * sign_tie_offset(V); }
+LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) { return sign_flag_offset(V) + round_up_128(sign_tiles(V)); }
+
+// The code of element j from a packed row (what the element-wise paths read).
+LOSSFNS_HOST_DEVICE uint32_t sign_code_at(const uint8_t* srow, int64_t V, int64_t j) {
+  const uint8_t flag = srow[sign_flag_offset(V) + j / kTileElems];
+  const uint32_t bit = 1u << (j % 8);
+  if (flag == kAllTies || (flag == kSomeTies && (srow[sign_tie_offset(V) + j / 8] & bit))) return kZero;
+  return (srow[j / 8] & bit) ? kPos : kNeg;
 }
 
 // sign(d) as a code, defined as ATen's sign: (0 < d) - (d < 0). So a tie gives 0, and so does a

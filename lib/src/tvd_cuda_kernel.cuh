@@ -2,9 +2,10 @@
 // launcher returns the cudaError_t of its launches. Includes nothing from Torch; the adapter
 // (tvd_cuda.cu) checks inputs, maps dtypes and takes the current stream.
 //
-// Data movement (the loss is memory-bound): forward reads p and q once and writes 2-bit signs
-// (BT*V/4 bytes) and one float per row; backward reads the signs and writes grad once. Loads and
-// stores are 16 bytes wide when rows are 16-byte aligned, with several loads in flight per thread.
+// Data movement (the loss is memory-bound): forward reads p and q once and writes packed signs
+// (tvd_common.h: 1 bit per element plus a byte per 256-element tile, tie bits only for tiles
+// with ties) and one float per block; backward reads the signs and writes grad once. Loads
+// and stores are 16 bytes wide when rows are 16-byte aligned, with several in flight per thread.
 #pragma once
 
 #include <algorithm>
@@ -31,9 +32,9 @@ struct TvdForwardArgs {
   int64_t chunks;             // blocks per row (set by tvd_forward from num_sms; >= 1)
   int num_sms;                // multiprocessors of the device (sizes the grid)
   float* row_loss;            // (rows, chunks) partial sums of |p - q| (0 for ignored rows), or
-                              // nullptr ('none'); rows * max_chunks(V) floats suffice
+                              // nullptr ('none'); tvd_forward_scratch floats
   float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
-  uint8_t* signs;             // (rows, sign_row_pitch(V)) packed 2-bit codes, or nullptr
+  uint8_t* signs;             // (rows, sign_row_pitch(V)) packed signs (tvd_common.h), or nullptr
 };
 
 template <typename T>
@@ -49,18 +50,40 @@ struct TvdBackwardArgs {
 
 namespace detail {
 
-constexpr int kThreads = 256;  // per block; a block handles one chunk of one row
-constexpr int kUnroll = 4;     // independent 16-byte accesses in flight per thread and tensor
+constexpr int kThreads = 256;  // forward: threads per block
+constexpr int kWarps = kThreads / 32;
 constexpr int kBlocksPerSm = 2048 / kThreads;
 
-// Rows are split into `chunks` blocks when there are too few rows to fill the device (e.g.
-// BT = 512), but never into chunks of fewer than kThreads * kUnroll groups.
-inline int64_t chunks_per_row(int64_t rows, int64_t groups, int num_sms) {
+// How a warp covers one tile of kTileElems elements: lane l holds R vectors of N elements (16
+// bytes each), vector r covering elements [r*32*N + l*N, +N) of the tile, so every load and
+// store of a warp is 512 contiguous bytes. For 16-bit types (N = 8, R = 1) lane l's bits are
+// byte l of the tile's 32; for fp32 (N = 4, R = 2) a lane's two nibbles are paired with its
+// neighbour's by a shuffle, so every lane still stores exactly one byte.
+template <typename T>
+struct TileShape {
+  static constexpr int N = 16 / int(sizeof(T));
+  static constexpr int R = int(kTileElems) / (32 * N);
+  static constexpr int kForwardTiles = 4 / R;  // forward: tiles per warp in flight (4 loads per tensor)
+  static constexpr int kChunkTiles = kWarps * kForwardTiles;  // forward: tiles per block step
+};
+__device__ __forceinline__ int64_t lane_elem(int64_t tile, int lane, int r, int N) {
+  return tile * kTileElems + int64_t(r) * 32 * N + int64_t(lane) * N;
+}
+
+// A grid of (rows, chunks) blocks, one chunk of a row per block. Rows are split into chunks when
+// there are too few rows to fill the device (e.g. BT = 512), but never into chunks of fewer than
+// min_tiles tiles. (A persistent grid-stride order over all rows' tiles, tried on an H200, ran
+// 5-20% slower in both kernels: docs/benchmarks.md.)
+inline int64_t chunks_per_row(int64_t rows, int64_t tiles, int64_t min_tiles, int num_sms) {
   const int64_t want = 2 * int64_t{num_sms} * kBlocksPerSm;  // two waves of resident blocks
   const int64_t by_rows = (want + rows - 1) / (rows > 0 ? rows : 1);
-  const int64_t by_size = groups / (kThreads * kUnroll);
+  const int64_t by_size = tiles / min_tiles;
   const int64_t c = by_rows < by_size ? by_rows : by_size;
   return c < 1 ? 1 : (c > 65535 ? 65535 : c);
+}
+template <typename T>
+int64_t forward_chunks(int64_t rows, int64_t V, int num_sms) {
+  return chunks_per_row(rows, sign_tiles(V), TileShape<T>::kChunkTiles, num_sms);
 }
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -73,15 +96,15 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
-// Groups [begin, end) of a row that chunk `chunk` of `chunks` handles. Chunks start at multiples
-// of 32 groups, so every warp's sign stores start on a 32-byte sector boundary.
+// Tiles [begin, end) of a row that chunk `chunk` of `chunks` handles; chunks start on multiples
+// of 8 tiles, so a chunk's flag stores fill whole 8-byte words.
 struct ChunkRange {
   int64_t begin, end;
 };
-__device__ __forceinline__ ChunkRange chunk_range(int64_t groups, int64_t chunk, int64_t chunks) {
-  const int64_t per_chunk = ((groups + chunks - 1) / chunks + 31) / 32 * 32;
-  const int64_t begin = chunk * per_chunk < groups ? chunk * per_chunk : groups;
-  return {begin, begin + per_chunk < groups ? begin + per_chunk : groups};
+__device__ __forceinline__ ChunkRange chunk_range(int64_t tiles, int64_t chunk, int64_t chunks) {
+  const int64_t per_chunk = ((tiles + chunks - 1) / chunks + 7) / 8 * 8;
+  const int64_t begin = chunk * per_chunk < tiles ? chunk * per_chunk : tiles;
+  return {begin, begin + per_chunk < tiles ? begin + per_chunk : tiles};
 }
 
 template <typename Acc>
@@ -96,42 +119,75 @@ __device__ __forceinline__ Acc block_sum(Acc v, Acc* shared) {  // shared: kThre
   return v;  // valid in thread 0
 }
 
-// N consecutive elements: accumulate |p - q|, return their packed 2-bit codes.
-template <int N, bool kElemLoss, typename T>
-__device__ __forceinline__ uint32_t tvd_elems(const T* pe, const T* qe, float& acc, float* el) {
-  uint32_t bits = 0;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const float d = to_float(pe[k]) - to_float(qe[k]);
-    acc += fabsf(d);
-    bits |= sign_code(d) << (2 * k);
-    if constexpr (kElemLoss) el[k] = 0.5f * fabsf(d);
+// The byte of the tile's 32 that a lane stores, and its value from the lane's R*N bits (bit
+// r*N + k for element k of vector r). Warp-collective for R = 2.
+template <int R>
+__device__ __forceinline__ int lane_byte(int lane) {
+  return R == 1 ? lane : ((lane & 1) ? 16 + (lane >> 1) : lane >> 1);
+}
+template <int R>
+__device__ __forceinline__ uint32_t pack_lane_bits(uint32_t bits, int lane) {
+  if constexpr (R == 1) {
+    return bits;
+  } else {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, bits, 1);
+    return (lane & 1) ? ((other >> 4) | (bits & 0xF0u)) : ((bits & 0xFu) | ((other & 0xFu) << 4));
   }
-  return bits;
+}
+// The inverse: a lane's R*N bits from the byte `byte` it loaded (byte `lane` of the tile).
+template <int R>
+__device__ __forceinline__ uint32_t unpack_lane_bits(uint32_t byte, int lane) {
+  if constexpr (R == 1) {
+    return byte;
+  } else {
+    const int shift = (lane & 1) * 4;
+    const uint32_t lo = __shfl_sync(0xffffffffu, byte, lane >> 1);
+    const uint32_t hi = __shfl_sync(0xffffffffu, byte, 16 + (lane >> 1));
+    return ((lo >> shift) & 0xFu) | (((hi >> shift) & 0xFu) << 4);
+  }
 }
 
+// One tile, one lane's R*N differences d = p - q (0 for elements past V): accumulates |d|, stores
+// the tile's pos bits, its tie bits if it has some ties, and its flag. Warp-collective.
+template <int R, int N>
+__device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, uint8_t* srow, int64_t V,
+                                          int64_t tile, int lane) {
+  uint32_t pos = 0, tie = 0;
+#pragma unroll
+  for (int i = 0; i < R * N; ++i) {
+    acc += fabsf(d[i]);
+    pos |= static_cast<uint32_t>(d[i] > 0.f) << i;
+    tie |= static_cast<uint32_t>(!(d[i] > 0.f) && !(d[i] < 0.f)) << i;  // a NaN difference too
+  }
+  const bool all = __all_sync(0xffffffffu, tie == 0xFFu), any = __any_sync(0xffffffffu, tie != 0u);
+  const int64_t b = tile * kTileBytes + lane_byte<R>(lane);
+  srow[b] = static_cast<uint8_t>(pack_lane_bits<R>(pos, lane));
+  if (any && !all) srow[sign_tie_offset(V) + b] = static_cast<uint8_t>(pack_lane_bits<R>(tie, lane));
+  if (lane == 0) srow[sign_flag_offset(V) + tile] = all ? kAllTies : (any ? kSomeTies : kNoTies);
+}
+
+// Rows pass of the forward: grid (rows, chunks), kThreads per block, warp w of a block taking
+// tiles w, w + kWarps, ... of its chunk, kForwardTiles of them in flight. With kVec (rows 16-byte
+// aligned) full tiles are read with 16-byte loads; the rest, element by element.
 template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
-  constexpr int N = kVec ? 16 / sizeof(T) : kSignsPerByte;  // elements per group (one thread step)
-  __shared__ float shared[kThreads / 32];
+  constexpr int N = TileShape<T>::N, R = TileShape<T>::R, U = TileShape<T>::kForwardTiles;
+  __shared__ float shared[kWarps];
   const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
-  const int64_t groups = V / N;  // full groups; the last chunk also takes the < N tail elements
-  const ChunkRange range = chunk_range(groups, chunk, chunks);
-  const int64_t g_begin = range.begin, g_end = range.end;
-  const bool last = chunk == chunks - 1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const ChunkRange range = chunk_range(sign_tiles(V), chunk, chunks);
   uint8_t* srow = kSaveSigns ? a.signs + row * sign_row_pitch(V) : nullptr;
   float* erow = kElemLoss ? a.elem_loss + row * V : nullptr;
 
   if (a.labels != nullptr && a.labels[row] == a.ignore_index) {  // no loss, no gradient
-    if constexpr (kSaveSigns) {  // zero this chunk's sign bytes (all of them in the last chunk)
-      const int64_t b_begin = g_begin * N / kSignsPerByte;
-      const int64_t b_end = last ? sign_row_pitch(V) : g_end * N / kSignsPerByte;
-      for (int64_t b = b_begin + threadIdx.x; b < b_end; b += kThreads) srow[b] = 0;
-    }
-    if constexpr (kElemLoss) {
-      const int64_t e_end = last ? V : g_end * N;
-      for (int64_t j = g_begin * N + threadIdx.x; j < e_end; j += kThreads) erow[j] = 0.f;
+    for (int64_t t = range.begin + warp; t < range.end; t += kWarps) {
+      if constexpr (kSaveSigns) {  // pos bits 0 and flag "all ties": backward writes zeros
+        srow[t * kTileBytes + lane] = 0;
+        if (lane == 0) srow[sign_flag_offset(V) + t] = kAllTies;
+      }
+      if constexpr (kElemLoss)
+        for (int64_t j = t * kTileElems + lane; j < (t + 1) * kTileElems && j < V; j += 32) erow[j] = 0.f;
     }
     if (a.row_loss != nullptr && threadIdx.x == 0) a.row_loss[row * chunks + chunk] = 0.f;
     return;
@@ -140,56 +196,76 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   const T* prow = a.p + row * a.p_row_stride;
   const T* qrow = a.q + row * a.q_row_stride;
   float acc = 0.f;
-  float el[N];
-  auto emit = [&](int64_t i, uint32_t bits) {  // i: index of an N-element group
-    if constexpr (kSaveSigns) {
-      if constexpr (N == 8) reinterpret_cast<uint16_t*>(srow)[i] = static_cast<uint16_t>(bits);
-      else srow[i] = static_cast<uint8_t>(bits);
-    }
-    if constexpr (kElemLoss)
+  // One tile's differences d (0 past V): the element losses ('none'), the signs, |d|.
+  auto finish = [&](int64_t tile, const float (&d)[R * N]) {
+    if constexpr (kElemLoss) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) erow[i * N + k] = el[k];
-  };
-
-  if constexpr (kVec) {
-    const uint4* p4 = reinterpret_cast<const uint4*>(prow);
-    const uint4* q4 = reinterpret_cast<const uint4*>(qrow);
-    int64_t i = g_begin + threadIdx.x;
-    for (; i + (kUnroll - 1) * kThreads < g_end; i += kUnroll * kThreads) {
-      uint4 pv[kUnroll], qv[kUnroll];
+      for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        pv[u] = __ldcs(p4 + i + u * kThreads);
-        qv[u] = __ldcs(q4 + i + u * kThreads);
+        for (int k = 0; k < N; ++k) {
+          const int64_t j = lane_elem(tile, lane, r, N) + k;
+          if (j < V) erow[j] = 0.5f * fabsf(d[r * N + k]);
+        }
       }
+    }
+    if constexpr (kSaveSigns) {
+      emit_tile<R, N>(d, acc, srow, V, tile, lane);
+    } else {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        emit(i + u * kThreads, tvd_elems<N, kElemLoss>(reinterpret_cast<const T*>(&pv[u]),
-                                                       reinterpret_cast<const T*>(&qv[u]), acc, el));
+      for (int i = 0; i < R * N; ++i) acc += fabsf(d[i]);
     }
-    for (; i < g_end; i += kThreads) {
-      const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
-      emit(i, tvd_elems<N, kElemLoss>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv),
-                                      acc, el));
+  };
+  const uint4* p4 = reinterpret_cast<const uint4*>(prow);
+  const uint4* q4 = reinterpret_cast<const uint4*>(qrow);
+  auto vec_diff = [&](const uint4 (&pv)[R], const uint4 (&qv)[R], float (&d)[R * N]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < N; ++k)
+        d[r * N + k] = to_float(reinterpret_cast<const T*>(&pv[r])[k]) - to_float(reinterpret_cast<const T*>(&qv[r])[k]);
+  };
+  const int64_t full_tiles = V / kTileElems;
+  int64_t t = range.begin + warp;
+  if constexpr (kVec) {
+    const int64_t fast_end = range.end < full_tiles ? range.end : full_tiles;
+    for (; t + (U - 1) * kWarps < fast_end; t += U * kWarps) {
+      uint4 pv[U][R], qv[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int64_t v = lane_elem(t + u * kWarps, lane, r, N) / N;
+          pv[u][r] = __ldcs(p4 + v);
+          qv[u][r] = __ldcs(q4 + v);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float d[R * N];
+        vec_diff(pv[u], qv[u], d);
+        finish(t + u * kWarps, d);
+      }
     }
-  } else {
-    // Rows not 16-byte aligned: groups of 4 elements (one sign byte) per thread step.
-    for (int64_t i = g_begin + threadIdx.x; i < g_end; i += kThreads)
-      emit(i, tvd_elems<N, kElemLoss>(prow + i * N, qrow + i * N, acc, el));
   }
-  // Fewer than N trailing elements share sign bytes: one thread of the last chunk writes them all.
-  const int64_t tail_start = groups * N;
-  if (last && threadIdx.x == 0 && tail_start < V) {
-    uint32_t bits = 0;
-    for (int64_t j = tail_start; j < V; ++j) {
-      const float d = to_float(prow[j]) - to_float(qrow[j]);
-      acc += fabsf(d);
-      bits |= sign_code(d) << (2 * (j - tail_start));
-      if constexpr (kElemLoss) erow[j] = 0.5f * fabsf(d);
+  for (; t < range.end; t += kWarps) {  // the rest, one tile at a time
+    float d[R * N];
+    if (kVec && t < full_tiles) {
+      uint4 pv[R], qv[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        pv[r] = __ldcs(p4 + lane_elem(t, lane, r, N) / N);
+        qv[r] = __ldcs(q4 + lane_elem(t, lane, r, N) / N);
+      }
+      vec_diff(pv, qv, d);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          const int64_t j = lane_elem(t, lane, r, N) + k;
+          d[r * N + k] = j < V ? to_float(prow[j]) - to_float(qrow[j]) : 0.f;  // past V: a tie
+        }
     }
-    if constexpr (kSaveSigns)
-      for (int64_t b = tail_start / kSignsPerByte; b * kSignsPerByte < V; ++b)
-        srow[b] = static_cast<uint8_t>(bits >> (8 * (b - tail_start / kSignsPerByte)));
+    finish(t, d);
   }
   if (a.row_loss != nullptr) {
     acc = block_sum(acc, shared);
@@ -197,14 +273,15 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   }
 }
 
-// One block: total loss over rows (in double), the non-ignored row count, the reduction's scale.
+// One block: total loss (in double) from the forward's partial sums (one per block), the
+// non-ignored row count, the reduction's scale.
 __global__ void __launch_bounds__(kThreads)
-tvd_finalize_kernel(const float* row_loss, int64_t chunks, const int64_t* labels, int64_t ignore_index,
+tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* labels, int64_t ignore_index,
                     int64_t rows, int64_t V, int64_t reduction, float* loss, float* scale) {
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
   double sum = 0.0, cnt = 0.0;
-  for (int64_t i = threadIdx.x; i < rows * chunks; i += kThreads) sum += row_loss[i];
+  for (int64_t i = threadIdx.x; i < n_partials; i += kThreads) sum += partials[i];
   for (int64_t r = threadIdx.x; r < rows; r += kThreads)
     cnt += (labels == nullptr || labels[r] != ignore_index) ? 1.0 : 0.0;
   sum = block_sum(sum, shared_sum);
@@ -216,71 +293,97 @@ tvd_finalize_kernel(const float* row_loss, int64_t chunks, const int64_t* labels
   }
 }
 
-// The gradient value of a 2-bit code, by selects: a table indexed at run time would live in local
-// memory (a load per element).
+// The gradient values, by selects: a table indexed at run time would live in local memory.
 template <typename T>
 struct Decoder {
   T pos, neg, zero;  // 0.5*scale*g, -0.5*scale*g, 0*(0.5*scale*g) (NaN if that is not finite)
-  __device__ __forceinline__ T operator()(uint32_t bits) const {
-    const uint32_t code = bits & 3u;
-    return code == kPos ? pos : (code == kNeg ? neg : zero);
+  __device__ __forceinline__ T operator()(uint32_t pos_bit, uint32_t tie_bit) const {
+    return tie_bit ? zero : (pos_bit ? pos : neg);
   }
 };
 
-// kTh threads, kU independent stores in flight per thread: measured on an H200 with
-// bench/tvd_kernel_variants: 512 x 2 for 16-bit types (1024 x 1 is ~1% faster at V = 128256,
-// 8% slower at V = 32000), 1024 x 1 for fp32.
-template <typename T, bool kVec, int kTh, int kU>
-__global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a) {
-  constexpr int N = kVec ? 16 / sizeof(T) : 1;
-  const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
-  const int64_t V = a.V;
-  const uint8_t* srow = a.signs + row * sign_row_pitch(V);
-  T* grow = a.grad + row * V;
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
-  const Decoder<T> dec{from_float<T>(h), from_float<T>(-h), from_float<T>(0.f * h)};
-  const int64_t groups = V / N;
-  const ChunkRange range = chunk_range(groups, chunk, chunks);
-  const int64_t g_begin = range.begin, g_end = range.end;
-  auto decode = [&](uint32_t bits) {
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
+// The tie byte a lane needs for a tile with this flag: loaded only for kSomeTies.
+__device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int64_t tile, uint32_t flag, int lane) {
+  if (flag == kSomeTies) return srow[sign_tie_offset(V) + tile * kTileBytes + lane];
+  return flag == kAllTies ? 0xFFu : 0u;
+}
+
+// Writes one tile of gradient from the pos and tie bytes a lane loaded (byte `lane` of the
+// tile's). Warp-collective. With kVec (rows of grad 16-byte aligned, so V % N == 0) a vector is
+// either wholly inside the row or wholly past it.
+template <typename T, bool kVec>
+__device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uint32_t pos_byte, uint32_t tie_byte,
+                                           const Decoder<T>& dec, int lane) {
+  constexpr int N = TileShape<T>::N, R = TileShape<T>::R;
+  const uint32_t pos = unpack_lane_bits<R>(pos_byte, lane), tie = unpack_lane_bits<R>(tie_byte, lane);
 #pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = dec(bits >> (2 * k));
-    return out;
-  };
-  if constexpr (kVec) {
-    auto load_bits = [&](int64_t i) -> uint32_t {
-      return N == 8 ? reinterpret_cast<const uint16_t*>(srow)[i] : srow[i];
-    };
-    uint4* g4 = reinterpret_cast<uint4*>(grow);
-    int64_t i = g_begin + threadIdx.x;
-    for (; i + (kU - 1) * kTh < g_end; i += kU * kTh) {
-      uint32_t bits[kU];
+  for (int r = 0; r < R; ++r) {
+    const int64_t e = lane_elem(tile, lane, r, N);
+    if constexpr (kVec) {
+      if (e < V) {
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) bits[u] = load_bits(i + u * kTh);
+        for (int k = 0; k < N; ++k) o[k] = dec((pos >> (r * N + k)) & 1u, (tie >> (r * N + k)) & 1u);
+        reinterpret_cast<uint4*>(grow)[e / N] = out;
+      }
+    } else {
 #pragma unroll
-      for (int u = 0; u < kU; ++u) g4[i + u * kTh] = decode(bits[u]);
+      for (int k = 0; k < N; ++k)
+        if (e + k < V) grow[e + k] = dec((pos >> (r * N + k)) & 1u, (tie >> (r * N + k)) & 1u);
     }
-    for (; i < g_end; i += kTh) g4[i] = decode(load_bits(i));
-    if (chunk == chunks - 1)
-      for (int64_t j = groups * N + threadIdx.x; j < V; j += kTh)
-        grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
-  } else {
-    for (int64_t j = g_begin + threadIdx.x; j < g_end; j += kTh)
-      grow[j] = dec(srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte)));
   }
 }
 
+// Backward of a reduced loss: grid (rows, chunks), kTh threads, each warp taking tiles of its
+// chunk with kU of them in flight (their flag and pos bytes, then the tie bytes of tiles that
+// have some ties, all loaded before any store). The
+// launcher's kTh and kU were measured on an H200 with bench/tvd_kernel_variants.
+template <typename T, bool kVec, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a) {
+  constexpr int W = kTh / 32;
+  const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+  const int64_t V = a.V;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint8_t* srow = a.signs + row * sign_row_pitch(V);
+  const uint8_t* flags = srow + sign_flag_offset(V);
+  T* grow = a.grad + row * V;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];  // device values: no host sync
+  const Decoder<T> dec{from_float<T>(h), from_float<T>(-h), from_float<T>(0.f * h)};
+  const ChunkRange range = chunk_range(sign_tiles(V), chunk, chunks);
+  int64_t t = range.begin + warp;
+  for (; t + (kU - 1) * W < range.end; t += kU * W) {
+    uint32_t flag[kU], pos[kU], tie[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      flag[u] = flags[t + u * W];
+      pos[u] = srow[(t + u * W) * kTileBytes + lane];
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) tie[u] = tie_byte(srow, V, t + u * W, flag[u], lane);  // all before any store
+#pragma unroll
+    for (int u = 0; u < kU; ++u) write_tile<T, kVec>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
+  }
+  for (; t < range.end; t += W)
+    write_tile<T, kVec>(grow, V, t, srow[t * kTileBytes + lane], tie_byte(srow, V, t, flags[t], lane), dec, lane);
+}
+
+// Backward of 'none': grad_ij = sign_ij * 0.5 * grad_output_ij, element by element.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) tvd_backward_none_kernel(TvdBackwardArgs<T> a) {
   const int64_t row = blockIdx.x;
   const uint8_t* srow = a.signs + row * sign_row_pitch(a.V);
-  for (int64_t j = threadIdx.x; j < a.V; j += kThreads) {
-    const uint32_t code = (srow[j / kSignsPerByte] >> (2 * (j % kSignsPerByte))) & 3u;
-    a.grad[row * a.V + j] = from_float<T>(sign_value<float>(code) * (0.5f * a.grad_output[row * a.V + j]));
-  }
+  for (int64_t j = threadIdx.x; j < a.V; j += kThreads)
+    a.grad[row * a.V + j] =
+        from_float<T>(sign_value<float>(sign_code_at(srow, a.V, j)) * (0.5f * a.grad_output[row * a.V + j]));
 }
+
+// Threads per block and tiles in flight per warp of the backward, per element size.
+template <typename T>
+struct BackwardShape {
+  static constexpr int kTh = sizeof(T) == 4 ? 1024 : 512;
+  static constexpr int kU = sizeof(T) == 4 ? 1 : 2;
+};
 
 inline bool aligned16(const void* ptr, int64_t row_stride_bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride_bytes % 16 == 0;
@@ -302,12 +405,20 @@ cudaError_t launch_forward_sel(const TvdForwardArgs<T>& a, cudaStream_t stream) 
   return launch_forward<T, kVec, false, false>(a, stream);
 }
 
+template <typename T, bool kVec, int kTh, int kU>
+cudaError_t launch_backward(const TvdBackwardArgs<T>& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.rows),
+                  static_cast<unsigned>(chunks_per_row(a.rows, sign_tiles(a.V), (kTh / 32) * kU, a.num_sms)));
+  tvd_backward_kernel<T, kVec, kTh, kU><<<grid, kTh, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace detail
 
 // Scratch floats that tvd_forward needs in a.row_loss for a reduced loss: rows * chunks.
 template <typename T>
 int64_t tvd_forward_scratch(int64_t rows, int64_t V, int num_sms) {
-  return rows * detail::chunks_per_row(rows, V / (16 / int64_t(sizeof(T))), num_sms);
+  return rows * detail::forward_chunks<T>(rows, V, num_sms);
 }
 
 // Forward. Reduced losses (reduction != kNone) need a.row_loss (tvd_forward_scratch floats) and
@@ -317,37 +428,28 @@ template <typename T>
 cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, float* scale, cudaStream_t stream) {
   const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
                    detail::aligned16(a.q, a.q_row_stride * int64_t(sizeof(T)));
-  // The scratch is sized for vector groups; the scalar path's groups (4 elements) may ask for more
-  // chunks, so it is capped at the same count.
-  const int64_t vec_chunks = detail::chunks_per_row(a.rows, a.V / (16 / int64_t(sizeof(T))), a.num_sms);
-  a.chunks = vec ? vec_chunks : std::min(vec_chunks, detail::chunks_per_row(a.rows, a.V / kSignsPerByte, a.num_sms));
+  a.chunks = detail::forward_chunks<T>(a.rows, a.V, a.num_sms);
   if (a.rows > 0) {
     const cudaError_t err = vec ? detail::launch_forward_sel<T, true>(a, stream)
                                 : detail::launch_forward_sel<T, false>(a, stream);
     if (err != cudaSuccess) return err;
   }
   if (reduction == kNone) return cudaSuccess;
-  detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, stream>>>(a.row_loss, a.chunks, a.labels, a.ignore_index,
-                                                                   a.rows, a.V, reduction, loss, scale);
+  detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, stream>>>(a.row_loss, a.rows * a.chunks, a.labels,
+                                                                   a.ignore_index, a.rows, a.V, reduction, loss, scale);
   return cudaGetLastError();
 }
 
 // Backward: one launch, grad = sign * 0.5 * scale * grad_output (or * grad_output_ij for 'none').
-template <typename T>
+template <typename T, int kTh = detail::BackwardShape<T>::kTh, int kU = detail::BackwardShape<T>::kU>
 cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
-  const unsigned rows = static_cast<unsigned>(a.rows);
   if (reduction == kNone) {
-    detail::tvd_backward_none_kernel<T><<<rows, detail::kThreads, 0, stream>>>(a);
-  } else if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) {
-    constexpr int kTh = sizeof(T) == 4 ? 1024 : 512, kU = sizeof(T) == 4 ? 1 : 2;
-    const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V / (16 / sizeof(T)), a.num_sms)));
-    detail::tvd_backward_kernel<T, true, kTh, kU><<<grid, kTh, 0, stream>>>(a);
-  } else {
-    const dim3 grid(rows, static_cast<unsigned>(detail::chunks_per_row(a.rows, a.V, a.num_sms)));
-    detail::tvd_backward_kernel<T, false, detail::kThreads, 1><<<grid, detail::kThreads, 0, stream>>>(a);
+    detail::tvd_backward_none_kernel<T><<<static_cast<unsigned>(a.rows), detail::kThreads, 0, stream>>>(a);
+    return cudaGetLastError();
   }
-  return cudaGetLastError();
+  if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) return detail::launch_backward<T, true, kTh, kU>(a, stream);
+  return detail::launch_backward<T, false, kTh, kU>(a, stream);
 }
 
 }  // namespace lossfns::kernels
