@@ -325,6 +325,62 @@ __global__ void tie_pattern(T* p, const T* q, int64_t n, uint32_t tie_per_65536)
   }
 }
 
+// Probes of the backward's grid: a fill with the library backward's grid (one block per row,
+// kTh threads, kU 16-byte stores in flight), and the library backward itself with its sign loads
+// replaced by constants (kNoLoads), to split the backward's time between its grid and its loads.
+template <typename T, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) fill_rows(T* grad, int64_t V) {
+  uint4* g4 = reinterpret_cast<uint4*>(grad + blockIdx.x * V);
+  const int64_t n = V * int64_t(sizeof(T)) / 16;
+  int64_t i = threadIdx.x;
+  for (; i + (kU - 1) * kTh < n; i += kU * kTh)
+#pragma unroll
+    for (int u = 0; u < kU; ++u) g4[i + u * kTh] = make_uint4(1, 2, 3, 4);
+  for (; i < n; i += kTh) g4[i] = make_uint4(1, 2, 3, 4);
+}
+template <typename T, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) backward_no_loads(TvdBackwardArgs<T> a) {
+  constexpr int W = kTh / 32;
+  const int64_t row = blockIdx.x, V = a.V;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* grow = a.grad + row * V;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const int64_t tiles = sign_tiles(V);
+  for (int64_t t = warp; t < tiles; t += W)
+    detail::write_tile<T, true>(grow, V, t, uint32_t(0x5Au ^ lane ^ uint32_t(t)), 0u, dec, lane);
+}
+
+// The library backward reading every row's signs from one of 8 rows (which stay in L2): what the
+// backward costs when its sign loads hit L2.
+template <typename T, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a) {
+  constexpr int W = kTh / 32;
+  const int64_t row = blockIdx.x, V = a.V;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint8_t* srow = a.signs + (row & 7) * sign_row_pitch(V);
+  const uint8_t* flags = srow + sign_flag_offset(V);
+  T* grow = a.grad + row * V;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const int64_t tiles = sign_tiles(V);
+  int64_t t = warp;
+  for (; t + (kU - 1) * W < tiles; t += kU * W) {
+    uint32_t flag[kU], pos[kU], tie[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      flag[u] = flags[t + u * W];
+      pos[u] = srow[(t + u * W) * kTileBytes + lane];
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) tie[u] = detail::tie_byte(srow, V, t + u * W, flag[u], lane);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) detail::write_tile<T, true>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
+  }
+  for (; t < tiles; t += W)
+    detail::write_tile<T, true>(grow, V, t, srow[t * kTileBytes + lane], detail::tie_byte(srow, V, t, flags[t], lane), dec, lane);
+}
+
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
@@ -335,7 +391,7 @@ __global__ void fill_kernel(uint4* dst, int64_t n16) {
 bool g_profile = false;
 
 template <typename F>
-float time_ms(F&& f) {
+float time_ms(F&& f, cudaStream_t stream = 0) {  // f's work must be on `stream`
   if (g_profile) {
     f();
     CHECK(cudaDeviceSynchronize());
@@ -347,9 +403,9 @@ float time_ms(F&& f) {
   for (int i = 0; i < 3; ++i) f();
   std::vector<float> ms;
   for (int r = 0; r < 15; ++r) {
-    CHECK(cudaEventRecord(a));
+    CHECK(cudaEventRecord(a, stream));
     for (int i = 0; i < 10; ++i) f();
-    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventRecord(b, stream));
     CHECK(cudaEventSynchronize(b));
     float t;
     CHECK(cudaEventElapsedTime(&t, a, b));
@@ -440,8 +496,11 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   fa.rows = BT; fa.V = V; fa.num_sms = sms; fa.row_loss = row_loss; fa.signs = signs;
   TvdForwardArgs<T> fa_nosigns = fa;
   fa_nosigns.signs = nullptr;
-  TvdForwardArgs<T> fa_ties = fa;  // q == p: every tile all ties
-  fa_ties.q = p;
+  T* p_copy;  // q == p in value, another buffer (the same buffer twice would be read once)
+  CHECK(cudaMalloc(&p_copy, bytes));
+  CHECK(cudaMemcpy(p_copy, p, bytes, cudaMemcpyDeviceToDevice));
+  TvdForwardArgs<T> fa_ties = fa;  // every tile all ties
+  fa_ties.q = p_copy;
   TvdBackwardArgs<T> ba{signs, BT, V, go, scale, grad, sms};
   const double limit = 3.0 * bytes;
   std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V, limit / 1e6);
@@ -469,6 +528,15 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   row_rw("forward rows pass only (signs, no finalize)", time_ms([&] { rows_pass(fa); }), 2.0 * bytes + sign_bytes);
   CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
   row_rw("backward (library)", time_ms([&] { CHECK(tvd_backward(ba, kBatchMean, 0)); }), bytes + sign_bytes);
+  {
+    constexpr int kTh = detail::BackwardShape<T>::kTh, kU = detail::BackwardShape<T>::kU;
+    row_rw("  fill with the backward's grid (block per row)", time_ms([&] { fill_rows<T, kTh, kU><<<unsigned(BT), kTh>>>(grad, V); }), bytes);
+    row_rw("  backward with constant signs (no sign loads)", time_ms([&] { backward_no_loads<T, kTh, kU><<<unsigned(BT), kTh>>>(ba); }), bytes);
+  }
+  {
+    constexpr int kTh = detail::BackwardShape<T>::kTh, kU = detail::BackwardShape<T>::kU;
+    row_rw("  backward with its signs in L2 (8 rows' signs)", time_ms([&] { backward_l2_signs<T, kTh, kU><<<unsigned(BT), kTh>>>(ba); }), bytes);
+  }
   row_rw("backward 256 x 2 tiles", time_ms([&] { CHECK((tvd_backward<T, 256, 2>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
   row_rw("backward 256 x 4 tiles", time_ms([&] { CHECK((tvd_backward<T, 256, 4>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
   row_rw("backward 512 x 1 tile", time_ms([&] { CHECK((tvd_backward<T, 512, 1>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
@@ -476,11 +544,11 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   row_rw("backward 512 x 4 tiles", time_ms([&] { CHECK((tvd_backward<T, 512, 4>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
   row_rw("backward 1024 x 1 tile", time_ms([&] { CHECK((tvd_backward<T, 1024, 1>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
   row_rw("backward 1024 x 2 tiles", time_ms([&] { CHECK((tvd_backward<T, 1024, 2>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
-  row_full("full: library forward + backward", time_ms([&] {
+  row_full("full: library forward + backward (default hints)", time_ms([&] {
     CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
     CHECK(tvd_backward(ba, kBatchMean, 0));
   }));
-  row_full("full: library, q == p (every tile all ties)", time_ms([&] {
+  row_full("full: library, q equal to p (every tile all ties)", time_ms([&] {
     CHECK(tvd_forward(fa_ties, kBatchMean, loss, scale, 0));
     CHECK(tvd_backward(ba, kBatchMean, 0));
   }));
@@ -502,6 +570,25 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     row_rw(what, time_ms([&] { CHECK(tvd_backward(ba, kBatchMean, 0)); }), bytes + sign_bytes);
   }
   CHECK(cudaFree(pt));
+  CHECK(cudaFree(p_copy));
+  {  // cache knobs (CacheHint): forward flags x backward flags
+    const std::pair<int, int> combos[] = {{0, 0}, {0, kReverseRows}, {0, kStreamGradStores}, {kKeepSignsInL2, 0},
+                                          {kKeepSignsInL2, kReverseRows | kStreamSignLoads | kStreamGradStores}};
+    for (auto [fh, bh] : combos) {
+      TvdForwardArgs<T> f = fa;
+      f.cache_hints = fh;
+      TvdBackwardArgs<T> b = ba;
+      b.cache_hints = bh;
+      char what[112];
+      std::snprintf(what, sizeof what, "full: hints%s%s%s%s%s", fh + bh == 0 ? " none" : "", fh & kKeepSignsInL2 ? " keep-signs-in-L2" : "",
+                    bh & kReverseRows ? " reverse-rows" : "", bh & kStreamSignLoads ? " stream-sign-loads" : "",
+                    bh & kStreamGradStores ? " stream-grad-stores" : "");
+      row_full(what, time_ms([&] {
+        CHECK(tvd_forward(f, kBatchMean, loss, scale, 0));
+        CHECK(tvd_backward(b, kBatchMean, 0));
+      }));
+    }
+  }
   const unsigned grid = unsigned(BT);
   row_full("full: 2-bit design (probe forward + backward 512 x U2)", time_ms([&] {
     forward_probe<T, SignSink::kStore><<<grid, 256>>>(p, q, V, signs, row_loss);
