@@ -31,9 +31,12 @@ enum SignCode : uint32_t { kZero = 0, kPos = 1, kNeg = 2 };
 //   ties  [sign_tie_offset, ...): bit j % 8 of byte j / 8 is "p_j == q_j (or NaN)"; written and
 //                                 read only for tiles whose flag is kSomeTies.
 //   flags [sign_flag_offset, ...): one TileFlag byte per tile.
-// So a tile costs 1 bit per element plus a byte unless it has ties: sign traffic is half what
-// 2-bit codes cost on real-valued data, and a tile that is all ties (padded vocabulary slots,
-// self-distillation's first step, ignored rows) needs no tie bits at all.
+// So a tile without ties costs 1 bit per element and its flag byte, where 2-bit codes cost 2 bits
+// (fp32 data almost never ties); a tile with some ties costs 2 bits and the flag, and backward
+// reads its tie bits only once it has the flag (in bf16 a third of the tiles of two unrelated
+// softmax rows have a tie, and nearly all tiles of a student close to its teacher); a tile that is
+// all ties (padded vocabulary slots, self-distillation's first step, ignored rows) needs no tie
+// bits at all. docs/benchmarks.md has the measurements.
 constexpr int64_t kTileElems = 256;
 constexpr int64_t kTileBytes = kTileElems / 8;
 enum TileFlag : uint8_t { kNoTies = 0, kSomeTies = 1, kAllTies = 2 };

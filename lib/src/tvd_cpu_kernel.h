@@ -3,7 +3,7 @@
 // adapter (tvd_cpu.cpp) checks inputs, picks the dtype and runs rows in parallel.
 //
 // Why the CPU recomputes signs instead of saving them as the CUDA path does: on a CPU, packing
-// 2-bit codes costs as much compute as the whole forward, while re-reading p and q (which autograd
+// signs costs as much compute as the whole forward, while re-reading p and q (which autograd
 // keeps alive anyway) is cheap; it also keeps no extra memory between forward and backward.
 #pragma once
 

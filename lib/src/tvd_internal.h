@@ -43,7 +43,7 @@ int64_t parse_reduction(std::string_view name);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(
     const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
     int64_t ignore_index, int64_t reduction, bool save_signs);
-// signs: from a CUDA forward (packed 2-bit codes); p, q, labels: what a CPU forward (which saves no
+// signs: from a CUDA forward (packed signs, tvd_common.h); p, q, labels: what a CPU forward (which saves no
 // signs and recomputes them) needs. Each backend reads only its own.
 at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs, const at::Tensor& scale,
                            const std::optional<at::Tensor>& p, const std::optional<at::Tensor>& q,

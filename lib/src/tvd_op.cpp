@@ -41,8 +41,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// What forward keeps for backward: on CUDA the packed signs (BT*V/4 bytes) and a 1-element scale;
-// on the CPU, which saves no signs, references to p, q and labels (no copies) and the scale.
+// What forward keeps for backward: on CUDA the packed signs (tvd_common.h: sign_row_pitch(V)
+// bytes per row, about BT*V/4) and a 1-element scale; on the CPU, which saves no signs,
+// references to p, q and labels (no copies) and the scale.
 class TVDFunction : public torch::autograd::Function<TVDFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& p, const at::Tensor& q,
