@@ -127,7 +127,9 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
 
 TEST_P(TvdSweep, MatchesFloat64ReferenceEverywhere) {
   const std::vector<int64_t> rows = {1, 13};
-  const std::vector<int64_t> vocab = {1, 7, 256, 1271, 32000, 128256};
+  // Tile edges (256 elements per tile on CUDA) and a row split into chunks with a partial last
+  // tile (50257: GPT-2's vocabulary, rows not 16-byte aligned).
+  const std::vector<int64_t> vocab = {1, 7, 255, 256, 257, 1271, 32000, 50257, 128256};
   for (int64_t BT : rows)
     for (int64_t V : vocab)
       for (Ties ties : {Ties::kNone, Ties::kAll, Ties::kPaddedHalf, Ties::kPartial, Ties::kSparse})
@@ -150,16 +152,46 @@ TEST_P(TvdSweep, WeightedLossIgnoredRowsAndTeacherGradient) {
 }
 
 TEST_P(TvdSweep, EveryRowIgnoredGivesZeroLossAndZeroGradient) {
-  auto [p, q] = make_inputs(5, 300, Ties::kNone, dtype(), device());
-  p.requires_grad_(true);
-  const at::Tensor labels = at::full({5}, -1, at::TensorOptions().dtype(at::kLong).device(device()));
-  for (auto reduction : {TVDLossOptions::reduction_t(torch::kBatchMean), TVDLossOptions::reduction_t(torch::kMean),
-                         TVDLossOptions::reduction_t(torch::kSum)}) {
-    SCOPED_TRACE(reduction_name(reduction));
-    const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction).ignore_index(-1), labels);
-    const at::Tensor grad = torch::autograd::grad({loss}, {p})[0];
-    EXPECT_EQ(loss.item<double>(), 0.0);
-    EXPECT_TRUE(grad.eq(0).all().item<bool>());
+  for (int64_t V : {300, 32000}) {  // 32000: rows split into several chunks on CUDA
+    auto [p, q] = make_inputs(5, V, Ties::kNone, dtype(), device());
+    p.requires_grad_(true);
+    const at::Tensor labels = at::full({5}, -1, at::TensorOptions().dtype(at::kLong).device(device()));
+    for (auto reduction : {TVDLossOptions::reduction_t(torch::kBatchMean), TVDLossOptions::reduction_t(torch::kMean),
+                           TVDLossOptions::reduction_t(torch::kSum), TVDLossOptions::reduction_t(torch::kNone)}) {
+      SCOPED_TRACE(::testing::Message() << "V=" << V << " " << reduction_name(reduction));
+      const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction).ignore_index(-1), labels);
+      const at::Tensor grad = torch::autograd::grad({loss}, {p}, {at::ones_like(loss)})[0];
+      EXPECT_TRUE(loss.eq(0).all().item<bool>());
+      EXPECT_TRUE(grad.eq(0).all().item<bool>());
+    }
+  }
+}
+
+TEST_P(TvdSweep, ManyChunkRowsWithIgnoredRowsAndPartialTiles) {
+  // Few rows of a large vocabulary: on CUDA every row is split into chunks, ignored rows too,
+  // and the last tile of a row is partial (32264 = 126 tiles + 8 elements, 16-byte aligned rows;
+  // 50257, not aligned).
+  for (int64_t V : {32264, 50257})
+    for (Ties ties : {Ties::kSparse, Ties::kPaddedHalf, Ties::kAll})
+      for (const char* reduction : {"batchmean", "sum", "mean", "none"}) {
+        SCOPED_TRACE(::testing::Message() << "V=" << V << " " << name(ties) << " reduction=" << reduction);
+        auto [p, q] = make_inputs(7, V, ties, dtype(), device());
+        check_case(p, q, reduction, 0.5, /*with_labels=*/true, /*q_grad=*/true);
+      }
+}
+
+TEST_P(TvdSweep, NaNAndInfInsideWholeTiles) {
+  // Row 0: one NaN inside an otherwise tie-free whole tile (the only "tie" of its tile).
+  // Row 1: a whole tile of NaN. Row 2: +inf in both p and q (inf - inf is NaN: gradient 0).
+  auto [p, q] = make_inputs(3, 1024, Ties::kNone, dtype(), device());
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  p.index_put_({0, 300}, nan);
+  p.index_put_({1, at::indexing::Slice(256, 512)}, nan);
+  p.index_put_({2, 600}, inf);
+  q.index_put_({2, 600}, inf);
+  for (const char* reduction : {"sum", "none"}) {
+    SCOPED_TRACE(reduction);
+    check_case(p, q, reduction, 1.0, false, false);
   }
 }
 

@@ -158,8 +158,6 @@ __device__ __forceinline__ uint32_t unpack_lane_bits(uint32_t byte, int lane) {
   }
 }
 
-// One tile, one lane's R*N differences d = p - q (0 for elements past V): accumulates |d|, stores
-// the tile's pos bits, its tie bits if it has some ties, and its flag. Warp-collective.
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -173,6 +171,8 @@ __device__ __forceinline__ void store_byte(uint8_t* ptr, uint32_t v, bool keep, 
     *ptr = static_cast<uint8_t>(v);
 }
 
+// One tile, one lane's R*N differences d = p - q (0 for elements past V): accumulates |d|, stores
+// the tile's pos bits, its tie bits if it has some ties, and its flag. Warp-collective.
 template <int R, int N>
 __device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, uint8_t* srow, int64_t V,
                                           int64_t tile, int lane, bool keep = false, uint64_t policy = 0) {
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   const T* prow = a.p + row * a.p_row_stride;
   const T* qrow = a.q + row * a.q_row_stride;
   const bool keep = a.cache_hints & kKeepSignsInL2;
-  const uint64_t policy = l2_evict_last_policy();
+  const uint64_t policy = keep ? l2_evict_last_policy() : 0;
   float acc = 0.f;
   // One tile's differences d (0 past V): the element losses ('none'), the signs, |d|.
   auto finish = [&](int64_t tile, const float (&d)[R * N]) {
