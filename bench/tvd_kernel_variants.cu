@@ -35,6 +35,10 @@ struct Decoder {
     return code == kPos ? pos : (code == kNeg ? neg : zero);
   }
 };
+// sign(d) as a 2-bit code (kPos, kNeg, or 0 for a tie or NaN), branch-free.
+__device__ __forceinline__ uint32_t sign_code(float d) {
+  return static_cast<uint32_t>(d > 0.f) | (static_cast<uint32_t>(d < 0.f) << 1);
+}
 // N consecutive elements: accumulate |p - q|, return their packed 2-bit codes.
 template <int N, typename T>
 __device__ __forceinline__ uint32_t tvd_elems(const T* pe, const T* qe, float& acc) {

@@ -55,14 +55,6 @@ LOSSFNS_HOST_DEVICE uint32_t sign_code_at(const uint8_t* srow, int64_t V, int64_
   return (srow[j / 8] & bit) ? kPos : kNeg;
 }
 
-// sign(d) as a code, defined as ATen's sign: (0 < d) - (d < 0). So a tie gives 0, and so does a
-// NaN difference (the loss is NaN then; abs's backward in ATen gives 0 there too).
-template <typename Acc>
-LOSSFNS_HOST_DEVICE uint32_t sign_code(Acc d) {
-  // Branch-free: signs of real data are random, and a branch per element mispredicts half the time.
-  return static_cast<uint32_t>(d > Acc(0)) | (static_cast<uint32_t>(d < Acc(0)) << 1);
-}
-
 // The signed unit for a code: 0, +1 or -1. Backward multiplies it by 0.5*scale*grad_output, so a
 // tie gives exactly 0 (NaN only if grad_output itself is not finite, as in the reference).
 template <typename Acc>

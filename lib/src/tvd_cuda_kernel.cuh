@@ -8,7 +8,6 @@
 // and stores are 16 bytes wide when rows are 16-byte aligned, with several in flight per thread.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include <cuda_bf16.h>
