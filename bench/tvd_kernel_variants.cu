@@ -395,7 +395,7 @@ __global__ void fill_kernel(uint4* dst, int64_t n16) {
 bool g_profile = false;
 
 template <typename F>
-float time_ms(F&& f, cudaStream_t stream = 0) {  // f's work must be on `stream`
+float time_ms(F&& f) {
   if (g_profile) {
     f();
     CHECK(cudaDeviceSynchronize());
@@ -407,9 +407,9 @@ float time_ms(F&& f, cudaStream_t stream = 0) {  // f's work must be on `stream`
   for (int i = 0; i < 3; ++i) f();
   std::vector<float> ms;
   for (int r = 0; r < 15; ++r) {
-    CHECK(cudaEventRecord(a, stream));
+    CHECK(cudaEventRecord(a));
     for (int i = 0; i < 10; ++i) f();
-    CHECK(cudaEventRecord(b, stream));
+    CHECK(cudaEventRecord(b));
     CHECK(cudaEventSynchronize(b));
     float t;
     CHECK(cudaEventElapsedTime(&t, a, b));
