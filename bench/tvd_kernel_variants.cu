@@ -2,7 +2,7 @@
 // candidate forward and backward variants and probes against the device's own write and copy
 // speed, on raw CUDA buffers.
 // Prints a table. Build: part of bench/ when the CUDA kernels are built.
-// Usage: tvd_kernel_variants [--legacy] [--profile]
+// Usage: tvd_kernel_variants [--legacy] [--pipelines] [--profile]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -358,11 +358,11 @@ __global__ void __launch_bounds__(kTh) backward_no_loads(TvdBackwardArgs<T> a) {
 // The library backward reading every row's signs from one of 8 rows (which stay in L2): what the
 // backward costs when its sign loads hit L2.
 template <typename T, int kTh, int kU>
-__global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a) {
+__global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a, int64_t row_mask = 7) {
   constexpr int W = kTh / 32;
   const int64_t row = blockIdx.x, V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint8_t* srow = a.signs + (row & 7) * sign_row_pitch(V);
+  const uint8_t* srow = a.signs + (row & row_mask) * sign_row_pitch(V);
   const uint8_t* flags = srow + sign_flag_offset(V);
   T* grow = a.grad + row * V;
   const float h = 0.5f * a.grad_output[0] * a.scale[0];
@@ -383,6 +383,220 @@ __global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a) {
   }
   for (; t < tiles; t += W)
     detail::write_tile<T, true>(grow, V, t, srow[t * kTileBytes + lane], detail::tie_byte(srow, V, t, flags[t], lane), dec, lane);
+}
+
+// Backward with its sign loads one step ahead of its stores (software pipelining in registers):
+// a warp holds the flag and pos bytes of its next kU tiles while it writes the current ones, so
+// a load's latency overlaps the previous step's stores. kMinBlocks caps registers for occupancy.
+template <typename T, int kTh, int kU, int kMinBlocks>
+__global__ void __launch_bounds__(kTh, kMinBlocks) backward_ahead(TvdBackwardArgs<T> a) {
+  constexpr int W = kTh / 32;
+  const int64_t row = a.rows - 1 - blockIdx.x, V = a.V;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint8_t* srow = a.signs + row * sign_row_pitch(V);
+  const uint8_t* flags = srow + sign_flag_offset(V);
+  T* grow = a.grad + row * V;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const int64_t tiles = sign_tiles(V);
+  uint32_t flag[kU], pos[kU];
+  int64_t t = warp;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int64_t tt = t + u * W;
+    flag[u] = tt < tiles ? flags[tt] : 0u;
+    pos[u] = tt < tiles ? srow[tt * kTileBytes + lane] : 0u;
+  }
+  for (; t < tiles; t += kU * W) {
+    uint32_t tie[kU], nflag[kU], npos[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) tie[u] = t + u * W < tiles ? detail::tie_byte(srow, V, t + u * W, flag[u], lane) : 0u;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t tt = t + (kU + u) * W;
+      nflag[u] = tt < tiles ? flags[tt] : 0u;
+      npos[u] = tt < tiles ? srow[tt * kTileBytes + lane] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (t + u * W < tiles) detail::write_tile<T, true>(grow, V, t + u * W, pos[u], tie[u], dec, lane, true);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      flag[u] = nflag[u];
+      pos[u] = npos[u];
+    }
+  }
+}
+
+// Persistent backward with a row's pos bits and flags staged in shared memory, double-buffered:
+// block b takes rows b, b + G, ... (G blocks), and copies the next row's bits (cp.async, 16 B
+// per thread) while it writes the current row, so the sign reads are one burst per row, issued a
+// whole row ahead. Tie bytes of kSomeTies tiles are read from global memory when needed.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <typename T, int kTh>
+__global__ void __launch_bounds__(kTh) backward_staged(TvdBackwardArgs<T> a, int stage_bytes) {
+  constexpr int W = kTh / 32;
+  extern __shared__ uint4 smem4[];
+  const int64_t V = a.V, tiles = sign_tiles(V), pitch = sign_row_pitch(V);
+  const int64_t pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  uint8_t* buf[2] = {reinterpret_cast<uint8_t*>(smem4), reinterpret_cast<uint8_t*>(smem4) + stage_bytes};
+  auto stage = [&](int64_t row, uint8_t* dst) {  // pos plane then flags, 16 B per thread per copy
+    const uint8_t* srow = a.signs + row * pitch;
+    for (int64_t j = threadIdx.x * 16; j < pos_bytes + flag_bytes; j += kTh * 16)
+      cp_async16(dst + j, j < pos_bytes ? srow + j : srow + sign_flag_offset(V) + (j - pos_bytes));
+    cp_async_commit();
+  };
+  const int64_t G = gridDim.x;
+  int64_t row = blockIdx.x;
+  if (row < a.rows) stage(a.rows - 1 - row, buf[0]);
+  for (int i = 0; row < a.rows; ++i, row += G) {
+    const int64_t r = a.rows - 1 - row;
+    if (row + G < a.rows) {
+      stage(a.rows - 1 - (row + G), buf[(i + 1) & 1]);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint8_t* sp = buf[i & 1];
+    const uint8_t* sf = sp + pos_bytes;
+    const uint8_t* srow = a.signs + r * pitch;
+    T* grow = a.grad + r * V;
+    for (int64_t t = warp; t < tiles; t += W) {
+      const uint32_t flag = sf[t];
+      detail::write_tile<T, true>(grow, V, t, sp[t * kTileBytes + lane], detail::tie_byte(srow, V, t, flag, lane), dec,
+                                  lane, true);
+    }
+    __syncthreads();  // the buffer is refilled next step
+  }
+}
+
+// Phased kernels: a persistent grid (G blocks), each block taking k whole rows per phase (rows
+// base + b*k .. +k-1 of phase base). The forward keeps the phase's pos bits and flags in shared
+// memory and writes them out at the phase's end; the backward reads a phase's pos bits and flags
+// into shared memory first and then writes the phase's gradient. With every block in step, the
+// sign traffic comes in few large bursts instead of a trickle among the opposite-direction stream.
+// (When all the signs fit in the blocks' shared memory, e.g. (4096, 32000), there is one phase:
+// the forward writes its signs at its very end, the backward reads them at its very start.)
+// Workshop: V % 256 == 0, 16-byte aligned rows; tie bits go to/come from global memory directly.
+template <typename T, int kTh, int kMinB>
+__global__ void __launch_bounds__(kTh, kMinB) forward_phased(TvdForwardArgs<T> a, int k, float* partial) {
+  constexpr int N = detail::TileShape<T>::N, R = detail::TileShape<T>::R, U = detail::TileShape<T>::kForwardTiles, W = kTh / 32;
+  extern __shared__ uint4 smem4[];
+  __shared__ float red[32];
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem4);
+  const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
+  const int64_t stage = pos_bytes + flag_bytes, pitch = sign_row_pitch(V), G = gridDim.x, P = G * k;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float acc = 0.f;
+  for (int64_t base = 0; base < a.rows; base += P) {
+    const int64_t r0 = base + int64_t(blockIdx.x) * k;
+    const int64_t nr = a.rows - r0 < k ? (a.rows - r0 > 0 ? a.rows - r0 : 0) : k;
+    for (int64_t j = 0; j < nr; ++j) {
+      const uint4* p4 = reinterpret_cast<const uint4*>(a.p + (r0 + j) * a.p_row_stride);
+      const uint4* q4 = reinterpret_cast<const uint4*>(a.q + (r0 + j) * a.q_row_stride);
+      uint8_t* s = sm + j * stage;
+      uint8_t* gtie = a.signs + (r0 + j) * pitch + pos_bytes;
+      int64_t t = warp;
+      for (; t < tiles; t += U * W) {
+        uint4 pv[U][R], qv[U][R];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const int64_t tt = t + u * W < tiles ? t + u * W : t;
+            const int64_t v = detail::lane_elem(tt, lane, r, N) / N;
+            pv[u][r] = __ldcs(p4 + v);
+            qv[u][r] = __ldcs(q4 + v);
+          }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (t + u * W >= tiles) break;
+          uint32_t pos = 0, tie = 0;
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int e = 0; e < N; ++e) {
+              const float d = detail::to_float(reinterpret_cast<const T*>(&pv[u][r])[e]) -
+                              detail::to_float(reinterpret_cast<const T*>(&qv[u][r])[e]);
+              acc += fabsf(d);
+              pos |= uint32_t(d > 0.f) << (r * N + e);
+              tie |= uint32_t(!(d > 0.f) && !(d < 0.f)) << (r * N + e);
+            }
+          const int64_t tile = t + u * W, b = tile * kTileBytes + detail::lane_byte<R>(lane);
+          s[b] = uint8_t(detail::pack_lane_bits<R>(pos, lane));
+          const uint32_t tb = detail::pack_lane_bits<R>(tie, lane);
+          bool store_ties;
+          const uint32_t flag = detail::tile_flag<R>(tb, lane, store_ties);
+          if (store_ties) gtie[b] = uint8_t(tb);
+          if (lane == 0) s[pos_bytes + tile] = uint8_t(flag);
+        }
+      }
+    }
+    __syncthreads();
+    for (int64_t j = 0; j < nr; ++j) {  // the phase's signs out, 16 B per thread
+      const uint4* s4 = reinterpret_cast<const uint4*>(sm + j * stage);
+      uint8_t* srow = a.signs + (r0 + j) * pitch;
+      for (int64_t i = threadIdx.x; i < stage / 16; i += kTh) {
+        const int64_t off = i * 16;
+        *reinterpret_cast<uint4*>(off < pos_bytes ? srow + off : srow + sign_flag_offset(V) + (off - pos_bytes)) = s4[i];
+      }
+    }
+    __syncthreads();
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) red[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int w = 0; w < W; ++w) s += red[w];
+    partial[blockIdx.x] = s;
+  }
+}
+
+template <typename T, int kTh, int kMinB>
+__global__ void __launch_bounds__(kTh, kMinB) backward_phased(TvdBackwardArgs<T> a, int k) {
+  constexpr int W = kTh / 32;
+  extern __shared__ uint4 smem4[];
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem4);
+  const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
+  const int64_t stage = pos_bytes + flag_bytes, pitch = sign_row_pitch(V), G = gridDim.x, P = G * k;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];
+  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  for (int64_t base = 0; base < a.rows; base += P) {
+    const int64_t r0 = base + int64_t(blockIdx.x) * k;
+    const int64_t nr = a.rows - r0 < k ? (a.rows - r0 > 0 ? a.rows - r0 : 0) : k;
+    for (int64_t j = 0; j < nr; ++j) {
+      const uint8_t* srow = a.signs + (r0 + j) * pitch;
+      for (int64_t i = threadIdx.x; i < stage / 16; i += kTh) {
+        const int64_t off = i * 16;
+        cp_async16(sm + j * stage + off, off < pos_bytes ? srow + off : srow + sign_flag_offset(V) + (off - pos_bytes));
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int64_t j = 0; j < nr; ++j) {
+      const uint8_t* s = sm + j * stage;
+      const uint8_t* srow = a.signs + (r0 + j) * pitch;
+      T* grow = a.grad + (r0 + j) * V;
+      for (int64_t t = warp; t < tiles; t += W)
+        detail::write_tile<T, true>(grow, V, t, s[t * kTileBytes + lane], detail::tie_byte(srow, V, t, s[pos_bytes + t], lane),
+                                    dec, lane, true);
+    }
+    __syncthreads();
+  }
 }
 
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
@@ -419,7 +633,8 @@ float time_ms(F&& f) {
   return ms[ms.size() / 2];
 }
 
-bool g_legacy = false;  // --legacy: also the 2-bit design's variants
+bool g_legacy = false;     // --legacy: also the 2-bit design's variants
+bool g_pipelines = false;  // --pipelines: also the backward's latency-hiding and phased variants
 
 // The 2-bit design's variants (--legacy): what docs/benchmarks.md's workshop findings quote.
 template <typename T>
@@ -500,6 +715,9 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   fa.rows = BT; fa.V = V; fa.num_sms = sms; fa.row_loss = row_loss; fa.signs = signs;
   TvdForwardArgs<T> fa_nosigns = fa;
   fa_nosigns.signs = nullptr;
+  const size_t flush_bytes = size_t(256) << 20;  // more than the L2
+  void* p_flush;
+  CHECK(cudaMalloc(&p_flush, flush_bytes));
   T* p_copy;  // q == p in value, another buffer (the same buffer twice would be read once)
   CHECK(cudaMalloc(&p_copy, bytes));
   CHECK(cudaMemcpy(p_copy, p, bytes, cudaMemcpyDeviceToDevice));
@@ -540,6 +758,114 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   {
     constexpr int kTh = detail::BackwardShape<T>::kTh, kU = detail::BackwardShape<T>::kU;
     row_rw("  backward with its signs in L2 (8 rows' signs)", time_ms([&] { backward_l2_signs<T, kTh, kU><<<unsigned(BT), kTh>>>(ba); }), bytes);
+    for (int64_t k : {256, 1024, 2048}) {  // how big a sign set stays in L2 under the grad stream
+      if (k >= BT) continue;
+      char what[96];
+      std::snprintf(what, sizeof what, "  backward with signs of %lld rows (%.1f MB)", (long long)k, k * sign_row_pitch(V) / 1e6);
+      row_rw(what, time_ms([&] { backward_l2_signs<T, kTh, kU><<<unsigned(BT), kTh>>>(ba, k - 1); }), bytes);
+    }
+  }
+  {  // after a forward: does the backward find the signs the forward just wrote in L2?
+    auto flush = [&] { CHECK(cudaMemsetAsync(p_flush, 0, flush_bytes)); };
+    const float f_ms = time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); });
+    const float ff_ms = time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); flush(); });
+    const float fb_ms = time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); CHECK(tvd_backward(ba, kBatchMean, 0)); });
+    const float ffb_ms = time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); flush(); CHECK(tvd_backward(ba, kBatchMean, 0)); });
+    row_rw("  backward right after a forward (fwd+bwd - fwd)", fb_ms - f_ms, bytes + sign_bytes);
+    row_rw("  backward after a forward and a 256 MB memset (difference)", ffb_ms - ff_ms, bytes + sign_bytes);
+  }
+  if (g_pipelines) {
+    row_rw("backward ahead (loads one step ahead) 512 x 2, 4 blocks/SM", time_ms([&] { backward_ahead<T, 512, 2, 4><<<unsigned(BT), 512>>>(ba); }), bytes + sign_bytes);
+    row_rw("backward ahead 512 x 2, 2 blocks/SM", time_ms([&] { backward_ahead<T, 512, 2, 2><<<unsigned(BT), 512>>>(ba); }), bytes + sign_bytes);
+    row_rw("backward ahead 512 x 1, 4 blocks/SM", time_ms([&] { backward_ahead<T, 512, 1, 4><<<unsigned(BT), 512>>>(ba); }), bytes + sign_bytes);
+    row_rw("backward ahead 256 x 4, 8 blocks/SM", time_ms([&] { backward_ahead<T, 256, 4, 8><<<unsigned(BT), 256>>>(ba); }), bytes + sign_bytes);
+    const int stage = int(sign_tie_offset(V) + round_up_128(sign_tiles(V)));
+    for (int per_sm : {2, 3, 4}) {
+      for (int th : {256, 512}) {
+        if (size_t(2 * stage) * per_sm > 200 * 1024 || th * per_sm > 2048) continue;
+        const unsigned g = unsigned(std::min<int64_t>(BT, int64_t(sms) * per_sm));
+        auto launch = [&] {
+          if (th == 512) backward_staged<T, 512><<<g, 512, 2 * stage>>>(ba, stage);
+          else backward_staged<T, 256><<<g, 256, 2 * stage>>>(ba, stage);
+        };
+        char what[96];
+        std::snprintf(what, sizeof what, "backward staged (cp.async, next row ahead) %d x %d/SM", th, per_sm);
+        row_rw(what, time_ms(launch), bytes + sign_bytes);
+        std::snprintf(what, sizeof what, "full: library forward + backward staged %d x %d/SM", th, per_sm);
+        row_full(what, time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); launch(); }));
+      }
+    }
+    {  // phased: threads x blocks per SM, rows per block per phase (as many as fit, or 2)
+      const int64_t st = sign_tie_offset(V) + round_up_128(sign_tiles(V));
+      auto rows_per_block = [&](int B, int kmax) {
+        const int64_t G = int64_t(sms) * B, fit = (220 * 1024 / B) / st;
+        return int(std::min<int64_t>({fit, (BT + G - 1) / G, int64_t(kmax)}));
+      };
+      CHECK(cudaFuncSetAttribute(forward_phased<T, 1024, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+      CHECK(cudaFuncSetAttribute(forward_phased<T, 512, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 * 1024));
+      CHECK(cudaFuncSetAttribute(backward_phased<T, 1024, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 * 1024));
+      CHECK(cudaFuncSetAttribute(backward_phased<T, 512, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 55 * 1024));
+      auto fwd = [&](int th, int kmax) {
+        const int B = th == 1024 ? 1 : 2, k = rows_per_block(B, kmax);
+        const size_t smem = size_t(k) * st;
+        if (th == 1024) forward_phased<T, 1024, 1><<<unsigned(sms * B), 1024, smem>>>(fa, k, row_loss);
+        else forward_phased<T, 512, 2><<<unsigned(sms * B), 512, smem>>>(fa, k, row_loss);
+      };
+      auto bwd = [&](int th, int kmax) {
+        const int B = th == 1024 ? 2 : 4, k = rows_per_block(B, kmax);
+        const size_t smem = size_t(k) * st;
+        if (th == 1024) backward_phased<T, 1024, 2><<<unsigned(sms * B), 1024, smem>>>(ba, k);
+        else backward_phased<T, 512, 4><<<unsigned(sms * B), 512, smem>>>(ba, k);
+      };
+      auto phases = [&](int B, int kmax) {
+        const int64_t G = int64_t(sms) * B, k = rows_per_block(B, kmax);
+        return int((BT + G * k - 1) / (G * k));
+      };
+      const int big = 1 << 20;
+      char what[128];
+      for (int th : {1024, 512}) {
+        for (int kmax : {big, 2}) {
+          const int Bf = th == 1024 ? 1 : 2, Bb = th == 1024 ? 2 : 4;
+          std::snprintf(what, sizeof what, "forward phased %d x %d/SM, %d rows/block/phase, %d phases", th, Bf, rows_per_block(Bf, kmax), phases(Bf, kmax));
+          row_rw(what, time_ms([&] { fwd(th, kmax); }), 2.0 * bytes + sign_bytes);
+          std::snprintf(what, sizeof what, "backward phased %d x %d/SM, %d rows/block/phase, %d phases", th, Bb, rows_per_block(Bb, kmax), phases(Bb, kmax));
+          row_rw(what, time_ms([&] { bwd(th, kmax); }), bytes + sign_bytes);
+          std::snprintf(what, sizeof what, "full: phased fwd + phased bwd (%d threads, %s)", th, kmax == big ? "rows that fit" : "2 rows");
+          row_full(what, time_ms([&] { fwd(th, kmax); bwd(th, kmax); }));
+          if (kmax != big) continue;
+          std::snprintf(what, sizeof what, "full: library fwd + phased bwd (%d threads)", th);
+          row_full(what, time_ms([&] { CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0)); bwd(th, kmax); }));
+          std::snprintf(what, sizeof what, "full: phased fwd + library bwd (%d threads)", th);
+          row_full(what, time_ms([&] { fwd(th, kmax); CHECK(tvd_backward(ba, kBatchMean, 0)); }));
+        }
+      }
+      {  // same gradient as the library, on tie data
+        T* pt2;
+        CHECK(cudaMalloc(&pt2, bytes));
+        tie_pattern<T><<<sms * 8, 256>>>(pt2, q, int64_t(n), 2884u);
+        const TvdForwardArgs<T> fa_saved = fa;
+        fa.p = pt2;
+        CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
+        CHECK(tvd_backward(ba, kBatchMean, 0));
+        std::vector<unsigned char> want(bytes), got(bytes);
+        CHECK(cudaMemcpy(want.data(), grad, bytes, cudaMemcpyDeviceToHost));
+        for (int th : {1024, 512}) {
+          CHECK(cudaMemset(grad, 0, bytes));
+          CHECK(cudaMemset(signs, 0x77, sign_buf));
+          fwd(th, big);
+          bwd(th, big);
+          CHECK(cudaMemcpy(got.data(), grad, bytes, cudaMemcpyDeviceToHost));
+          std::printf("  check phased fwd+bwd %d (4.40%% tied): %s\n", th, want == got ? "same gradient" : "DIFFERENT GRADIENT");
+        }
+        fa = fa_saved;
+        CHECK(cudaFree(pt2));
+        CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
+      }
+    }
+    row_full("full: library forward + backward ahead 512 x 2, 4/SM", time_ms([&] {
+      CHECK(tvd_forward(fa, kBatchMean, loss, scale, 0));
+      backward_ahead<T, 512, 2, 4><<<unsigned(BT), 512>>>(ba);
+    }));
   }
   row_rw("backward 256 x 2 tiles", time_ms([&] { CHECK((tvd_backward<T, 256, 2>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
   row_rw("backward 256 x 4 tiles", time_ms([&] { CHECK((tvd_backward<T, 256, 4>(ba, kBatchMean, 0))); }), bytes + sign_bytes);
@@ -572,9 +898,36 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     }));
     std::snprintf(what, sizeof what, "  its backward (%.2f%% tied)", 100.0 * per / 65536);
     row_rw(what, time_ms([&] { CHECK(tvd_backward(ba, kBatchMean, 0)); }), bytes + sign_bytes);
+    if (!g_pipelines) continue;
+    const int stage = int(sign_tie_offset(V) + round_up_128(sign_tiles(V)));
+    const unsigned g = unsigned(std::min<int64_t>(BT, int64_t(sms) * 4));
+    {  // the variants must write what the library writes
+      CHECK(tvd_forward(f, kBatchMean, loss, scale, 0));
+      CHECK(tvd_backward(ba, kBatchMean, 0));
+      std::vector<unsigned char> want(bytes), got(bytes);
+      CHECK(cudaMemcpy(want.data(), grad, bytes, cudaMemcpyDeviceToHost));
+      auto same = [&](const char* what) {
+        CHECK(cudaMemcpy(got.data(), grad, bytes, cudaMemcpyDeviceToHost));
+        std::printf("  check %s (%.2f%% tied): %s\n", what, 100.0 * per / 65536, want == got ? "same gradient" : "DIFFERENT GRADIENT");
+        CHECK(cudaMemset(grad, 0, bytes));
+      };
+      CHECK(cudaMemset(grad, 0, bytes));
+      backward_staged<T, 512><<<g, 512, 2 * stage>>>(ba, stage);
+      same("staged");
+      backward_ahead<T, 512, 2, 4><<<unsigned(BT), 512>>>(ba);
+      same("ahead");
+    }
+    std::snprintf(what, sizeof what, "  its backward staged 512 x 4/SM (%.2f%% tied)", 100.0 * per / 65536);
+    row_rw(what, time_ms([&] { backward_staged<T, 512><<<g, 512, 2 * stage>>>(ba, stage); }), bytes + sign_bytes);
+    std::snprintf(what, sizeof what, "full: fwd + backward staged 512 x 4/SM, %.2f%% tied", 100.0 * per / 65536);
+    row_full(what, time_ms([&] {
+      CHECK(tvd_forward(f, kBatchMean, loss, scale, 0));
+      backward_staged<T, 512><<<g, 512, 2 * stage>>>(ba, stage);
+    }));
   }
   CHECK(cudaFree(pt));
   CHECK(cudaFree(p_copy));
+  CHECK(cudaFree(p_flush));
   {  // cache knobs (CacheHint): forward flags x backward flags
     const std::pair<int, int> combos[] = {{0, 0}, {0, kReverseRows}, {0, kStreamGradStores}, {kKeepSignsInL2, 0},
                                           {kKeepSignsInL2, kReverseRows | kStreamSignLoads | kStreamGradStores}};
@@ -609,8 +962,9 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--profile") g_profile = true;
     else if (arg == "--legacy") g_legacy = true;
+    else if (arg == "--pipelines") g_pipelines = true;
     else {
-      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy]\n");
+      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy] [--pipelines]\n");
       return 2;
     }
   }

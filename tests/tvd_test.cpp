@@ -1,5 +1,6 @@
 // TVD loss against the float64 reference: every element of loss and gradient, swept over devices,
 // dtypes, reductions, shapes and tie patterns. CUDA cases skip without a GPU.
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -178,6 +179,29 @@ TEST_P(TvdSweep, ManyChunkRowsWithIgnoredRowsAndPartialTiles) {
         auto [p, q] = make_inputs(7, V, ties, dtype(), device());
         check_case(p, q, reduction, 0.5, /*with_labels=*/true, /*q_grad=*/true);
       }
+}
+
+TEST_P(TvdSweep, OneTieAtEveryPlaceInATile) {
+  // On CUDA a tile (256 elements) with exactly one tie keeps the tie's index in its flag when the
+  // index is <= 252, and in tie bits past that: one tie per tile at indices across the tile's
+  // bytes and bits (first, last, the fp32 nibble boundaries, the flag's limit), a tile with two
+  // ties, and a partial last tile (V = 13 * 256 + 77).
+  const int64_t BT = 3, V = 13 * 256 + 77, tiles = (V + 255) / 256;
+  const std::vector<int64_t> where = {0, 1, 3, 4, 7, 8, 31, 32, 127, 128, 200, 252, 253, 254, 255};
+  at::Tensor mask = at::zeros({BT, V}, at::TensorOptions().dtype(at::kBool));
+  int64_t k = 0;
+  for (int64_t r = 0; r < BT; ++r)
+    for (int64_t t = 0; t < tiles; ++t, ++k) {
+      const int64_t width = std::min<int64_t>(256, V - t * 256);
+      mask.index_put_({r, t * 256 + where[k % where.size()] % width}, true);
+    }
+  mask.index_put_({2, 5 * 256 + 9}, true);  // a second tie in that tile
+  auto [p, q] = make_inputs(BT, V, Ties::kNone, dtype(), device());
+  q = at::where(mask.to(device()), p, q);
+  for (const char* reduction : {"batchmean", "sum", "none"}) {
+    SCOPED_TRACE(reduction);
+    check_case(p, q, reduction, 0.5, /*with_labels=*/false, /*q_grad=*/true);
+  }
 }
 
 TEST_P(TvdSweep, NaNAndInfInsideWholeTiles) {

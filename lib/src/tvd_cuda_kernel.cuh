@@ -170,8 +170,26 @@ __device__ __forceinline__ void store_byte(uint8_t* ptr, uint32_t v, bool keep, 
     *ptr = static_cast<uint8_t>(v);
 }
 
+// The flag of a tile from each lane's packed tie byte (byte lane_byte<R>(lane) of the tile's 32),
+// and whether the tile needs its tie bits stored. Warp-collective; every lane gets the same.
+template <int R>
+__device__ __forceinline__ uint32_t tile_flag(uint32_t tie_byte, int lane, bool& store_ties) {
+  const uint32_t lanes = __ballot_sync(0xffffffffu, tie_byte != 0u);
+  const bool all = __all_sync(0xffffffffu, tie_byte == 0xFFu);
+  // Exactly one tie: one lane with one bit. Its index in the tile is byte * 8 + bit.
+  const bool one = __popc(lanes) == 1 && __popc(__shfl_sync(0xffffffffu, tie_byte, __ffs(lanes) - 1)) == 1;
+  const uint32_t index = uint32_t(lane_byte<R>(lane)) * 8u + uint32_t(__ffs(tie_byte) - 1);
+  const uint32_t one_index = one ? __shfl_sync(0xffffffffu, index, __ffs(lanes) - 1) : 0u;
+  const bool inline_one = one && one_index <= kOneTieMaxIndex;
+  store_ties = lanes != 0u && !all && !inline_one;
+  if (lanes == 0u) return kNoTies;
+  if (all) return kAllTies;
+  return inline_one ? kOneTie + one_index : uint32_t(kSomeTies);
+}
+
 // One tile, one lane's R*N differences d = p - q (0 for elements past V): accumulates |d|, stores
-// the tile's pos bits, its tie bits if it has some ties, and its flag. Warp-collective.
+// the tile's pos bits, its tie bits if its flag does not say where its ties are, and its flag.
+// Warp-collective.
 template <int R, int N>
 __device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, uint8_t* srow, int64_t V,
                                           int64_t tile, int lane, bool keep = false, uint64_t policy = 0) {
@@ -182,11 +200,13 @@ __device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, u
     pos |= static_cast<uint32_t>(d[i] > 0.f) << i;
     tie |= static_cast<uint32_t>(!(d[i] > 0.f) && !(d[i] < 0.f)) << i;  // a NaN difference too
   }
-  const bool all = __all_sync(0xffffffffu, tie == 0xFFu), any = __any_sync(0xffffffffu, tie != 0u);
+  const uint32_t tie_byte = pack_lane_bits<R>(tie, lane);
+  bool store_ties;
+  const uint32_t flag = tile_flag<R>(tie_byte, lane, store_ties);
   const int64_t b = tile * kTileBytes + lane_byte<R>(lane);
   store_byte(srow + b, pack_lane_bits<R>(pos, lane), keep, policy);
-  if (any && !all) store_byte(srow + sign_tie_offset(V) + b, pack_lane_bits<R>(tie, lane), keep, policy);
-  if (lane == 0) store_byte(srow + sign_flag_offset(V) + tile, all ? kAllTies : (any ? kSomeTies : kNoTies), keep, policy);
+  if (store_ties) store_byte(srow + sign_tie_offset(V) + b, tie_byte, keep, policy);
+  if (lane == 0) store_byte(srow + sign_flag_offset(V) + tile, flag, keep, policy);
 }
 
 // Rows pass of the forward: grid (rows, chunks), kThreads per block, warp w of a block taking
@@ -327,11 +347,13 @@ struct Decoder {
   }
 };
 
-// The tie byte a lane needs for a tile with this flag: loaded only for kSomeTies.
+// The tie byte a lane needs (byte `lane` of the tile's 32) for a tile with this flag: loaded only
+// for kSomeTies, made from the flag for kOneTie + i.
 __device__ __forceinline__ uint32_t load_byte(const uint8_t* ptr, bool stream) { return stream ? __ldcs(ptr) : *ptr; }
 __device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int64_t tile, uint32_t flag, int lane,
                                              bool stream = false) {
   if (flag == kSomeTies) return load_byte(srow + sign_tie_offset(V) + tile * kTileBytes + lane, stream);
+  if (flag >= kOneTie) return ((flag - kOneTie) >> 3) == uint32_t(lane) ? 1u << ((flag - kOneTie) & 7u) : 0u;
   return flag == kAllTies ? 0xFFu : 0u;
 }
 
