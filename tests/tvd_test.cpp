@@ -183,21 +183,25 @@ TEST_P(TvdSweep, ManyChunkRowsWithIgnoredRowsAndPartialTiles) {
 
 TEST_P(TvdSweep, OneTieAtEveryPlaceInATile) {
   // On CUDA a tile (256 elements) with exactly one tie keeps the tie's index in its flag when the
-  // index is <= 252, and in tie bits past that: one tie per tile at indices across the tile's
-  // bytes and bits (first, last, the fp32 nibble boundaries, the flag's limit), a tile with two
-  // ties, and a partial last tile (V = 13 * 256 + 77).
-  const int64_t BT = 3, V = 13 * 256 + 77, tiles = (V + 255) / 256;
-  const std::vector<int64_t> where = {0, 1, 3, 4, 7, 8, 31, 32, 127, 128, 200, 252, 253, 254, 255};
+  // index is <= 252, and in tie bits past that. Whole tiles with one tie each at every index
+  // 0..255 (each index in at least one tile), a tile with two ties, and a partial last tile
+  // (V = 13 * 256 + 77; its padding counts as ties, so it always takes the tie bits). q is p
+  // times 0.5 or 2 (exact, never equal to p) except at the chosen ties, so no tile gets a tie by
+  // chance. The values need not sum to 1: the op and the reference do not assume it.
+  const int64_t BT = 20, V = 13 * 256 + 77, tiles = (V + 255) / 256;
   at::Tensor mask = at::zeros({BT, V}, at::TensorOptions().dtype(at::kBool));
   int64_t k = 0;
   for (int64_t r = 0; r < BT; ++r)
-    for (int64_t t = 0; t < tiles; ++t, ++k) {
+    for (int64_t t = 0; t < tiles; ++t) {
       const int64_t width = std::min<int64_t>(256, V - t * 256);
-      mask.index_put_({r, t * 256 + where[k % where.size()] % width}, true);
+      mask.index_put_({r, t * 256 + (width == 256 ? k++ % 256 : r % width)}, true);
     }
   mask.index_put_({2, 5 * 256 + 9}, true);  // a second tie in that tile
-  auto [p, q] = make_inputs(BT, V, Ties::kNone, dtype(), device());
-  q = at::where(mask.to(device()), p, q);
+  // Values in [0.05, 0.95]: normal numbers in every dtype, so halving or doubling is exact.
+  const at::Tensor p = (at::rand({BT, V}, at::TensorOptions().dtype(at::kDouble)) * 0.9 + 0.05).to(device(), dtype());
+  const at::Tensor factor = at::where(at::rand({BT, V}, p.options()) < 0.5, 0.5, 2.0).to(p.scalar_type());
+  const at::Tensor q = at::where(mask.to(device()), p, p * factor);
+  ASSERT_EQ(p.eq(q).sum().item<int64_t>(), mask.sum().item<int64_t>());
   for (const char* reduction : {"batchmean", "sum", "none"}) {
     SCOPED_TRACE(reduction);
     check_case(p, q, reduction, 0.5, /*with_labels=*/false, /*q_grad=*/true);
