@@ -329,6 +329,13 @@ __global__ void tie_pattern(T* p, const T* q, int64_t n, uint32_t tie_per_65536)
   }
 }
 
+// The library backward's gradient values, 0.5 * grad_output * scale, for the variants of it below.
+template <typename T>
+__device__ __forceinline__ detail::Decoder<T> library_decoder(const TvdBackwardArgs<T>& a) {
+  const float h = 0.5f * a.grad_output[0] * a.scale[0];
+  return {detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+}
+
 // Probes of the backward's grid: a fill with the library backward's grid (one block per row,
 // kTh threads, kU 16-byte stores in flight), and the library backward itself with its sign loads
 // replaced by constants (kNoLoads), to split the backward's time between its grid and its loads.
@@ -348,8 +355,7 @@ __global__ void __launch_bounds__(kTh) backward_no_loads(TvdBackwardArgs<T> a) {
   const int64_t row = blockIdx.x, V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   T* grow = a.grad + row * V;
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = library_decoder(a);
   const int64_t tiles = sign_tiles(V);
   for (int64_t t = warp; t < tiles; t += W)
     detail::write_tile<T, true>(grow, V, t, uint32_t(0x5Au ^ lane ^ uint32_t(t)), 0u, dec, lane);
@@ -365,8 +371,7 @@ __global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a, i
   const uint8_t* srow = a.signs + (row & row_mask) * sign_row_pitch(V);
   const uint8_t* flags = srow + sign_flag_offset(V);
   T* grow = a.grad + row * V;
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = library_decoder(a);
   const int64_t tiles = sign_tiles(V);
   int64_t t = warp;
   for (; t + (kU - 1) * W < tiles; t += kU * W) {
@@ -396,8 +401,7 @@ __global__ void __launch_bounds__(kTh, kMinBlocks) backward_ahead(TvdBackwardArg
   const uint8_t* srow = a.signs + row * sign_row_pitch(V);
   const uint8_t* flags = srow + sign_flag_offset(V);
   T* grow = a.grad + row * V;
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = library_decoder(a);
   const int64_t tiles = sign_tiles(V);
   uint32_t flag[kU], pos[kU];
   int64_t t = warp;
@@ -447,8 +451,7 @@ __global__ void __launch_bounds__(kTh) backward_staged(TvdBackwardArgs<T> a, int
   const int64_t V = a.V, tiles = sign_tiles(V), pitch = sign_row_pitch(V);
   const int64_t pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = library_decoder(a);
   uint8_t* buf[2] = {reinterpret_cast<uint8_t*>(smem4), reinterpret_cast<uint8_t*>(smem4) + stage_bytes};
   auto stage = [&](int64_t row, uint8_t* dst) {  // pos plane then flags, 16 B per thread per copy
     const uint8_t* srow = a.signs + row * pitch;
@@ -572,8 +575,7 @@ __global__ void __launch_bounds__(kTh, kMinB) backward_phased(TvdBackwardArgs<T>
   const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
   const int64_t stage = pos_bytes + flag_bytes, pitch = sign_row_pitch(V), G = gridDim.x, P = G * k;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float h = 0.5f * a.grad_output[0] * a.scale[0];
-  const detail::Decoder<T> dec{detail::from_float<T>(h), detail::from_float<T>(-h), detail::from_float<T>(0.f * h)};
+  const detail::Decoder<T> dec = library_decoder(a);
   for (int64_t base = 0; base < a.rows; base += P) {
     const int64_t r0 = base + int64_t(blockIdx.x) * k;
     const int64_t nr = a.rows - r0 < k ? (a.rows - r0 > 0 ? a.rows - r0 : 0) : k;
