@@ -2,7 +2,7 @@
 // candidate forward and backward variants and probes against the device's own write and copy
 // speed, on raw CUDA buffers.
 // Prints a table. Build: part of bench/ when the CUDA kernels are built.
-// Usage: tvd_kernel_variants [--legacy] [--pipelines] [--profile]
+// Usage: tvd_kernel_variants [--legacy] [--pipelines] [--profile] [--l2] [--pdl]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -611,7 +611,7 @@ __global__ void fill_kernel(uint4* dst, int64_t n16) {
 bool g_profile = false;
 
 template <typename F>
-float time_ms(F&& f) {
+float time_ms_on(cudaStream_t stream, F&& f) {
   if (g_profile) {
     f();
     CHECK(cudaDeviceSynchronize());
@@ -623,9 +623,9 @@ float time_ms(F&& f) {
   for (int i = 0; i < 3; ++i) f();
   std::vector<float> ms;
   for (int r = 0; r < 15; ++r) {
-    CHECK(cudaEventRecord(a));
+    CHECK(cudaEventRecord(a, stream));
     for (int i = 0; i < 10; ++i) f();
-    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventRecord(b, stream));
     CHECK(cudaEventSynchronize(b));
     float t;
     CHECK(cudaEventElapsedTime(&t, a, b));
@@ -634,9 +634,32 @@ float time_ms(F&& f) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
+template <typename F>
+float time_ms(F&& f) {
+  return time_ms_on(0, f);
+}
+
+// Launches a kernel with programmatic dependent launch allowed (it may start while the kernel
+// before it in the stream finishes; the library kernels wait for its memory first).
+template <typename... KArgs, typename... Args>
+void launch_pdl(cudaStream_t stream, void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CHECK(cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...));
+}
 
 bool g_legacy = false;     // --legacy: also the 2-bit design's variants
 bool g_pipelines = false;  // --pipelines: also the backward's latency-hiding and phased variants
+bool g_l2 = false;         // --l2: an L2 set-aside for persisting lines with the keep-signs hint
+bool g_pdl = false;        // --pdl: programmatic dependent launch of the finalize and the backward
 
 // The 2-bit design's variants (--legacy): what docs/benchmarks.md's workshop findings quote.
 template <typename T>
@@ -726,6 +749,11 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
   TvdForwardArgs<T> fa_ties = fa;  // every tile all ties
   fa_ties.q = p_copy;
   TvdBackwardArgs<T> ba{signs, BT, V, go, scale, grad, sms};
+  {  // as the library's adapter launches them: programmatic dependent launch on sm_90+
+    int major = 0;
+    CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    fa.pdl = fa_nosigns.pdl = fa_ties.pdl = ba.pdl = major >= 9;
+  }
   const double limit = 3.0 * bytes;
   std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V, limit / 1e6);
   float copy_ms = 0.f;
@@ -927,6 +955,110 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
       backward_staged<T, 512><<<g, 512, 2 * stage>>>(ba, stage);
     }));
   }
+  if (g_pdl) {  // programmatic dependent launch: forward rows pass, finalize, backward
+    constexpr int kTh = detail::BackwardShape<T>::kTh, kU = detail::BackwardShape<T>::kU;
+    TvdForwardArgs<T> f = fa;
+    f.chunks = detail::forward_chunks<T>(BT, V, sms);
+    const dim3 fgrid(unsigned(BT), unsigned(f.chunks));
+    const dim3 bgrid(unsigned(BT), unsigned(detail::chunks_per_row(BT, sign_tiles(V), (kTh / 32) * kU, sms)));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto chain = [&](cudaStream_t st, bool pdl_fin, bool pdl_bwd) {
+      detail::tvd_forward_kernel<T, true, true, false><<<fgrid, detail::kThreads, 0, st>>>(f);
+      if (pdl_fin)
+        launch_pdl(st, detail::tvd_finalize_kernel, dim3(1), dim3(detail::kThreads), (const float*)row_loss,
+                   int64_t(BT * f.chunks), (const int64_t*)nullptr, int64_t(-100), int64_t(BT), int64_t(V),
+                   int64_t(kBatchMean), loss, scale);
+      else
+        detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, st>>>(row_loss, BT * f.chunks, nullptr, -100, BT, V,
+                                                                    kBatchMean, loss, scale);
+      if (pdl_bwd) launch_pdl(st, detail::tvd_backward_kernel<T, true, kTh, kU>, bgrid, dim3(kTh), ba);
+      else detail::tvd_backward_kernel<T, true, kTh, kU><<<bgrid, kTh, 0, st>>>(ba);
+    };
+    for (cudaStream_t st : {cudaStream_t(0), s}) {
+      const char* on = st == 0 ? "stream 0" : "own stream";
+      char what[112];
+      std::snprintf(what, sizeof what, "full, %s: plain launches", on);
+      row_full(what, time_ms_on(st, [&] { chain(st, false, false); }));
+      std::snprintf(what, sizeof what, "full, %s: finalize PDL", on);
+      row_full(what, time_ms_on(st, [&] { chain(st, true, false); }));
+      std::snprintf(what, sizeof what, "full, %s: finalize and backward PDL", on);
+      row_full(what, time_ms_on(st, [&] { chain(st, true, true); }));
+      std::snprintf(what, sizeof what, "fwd+finalize, %s: plain / PDL", on);
+      const float a0 = time_ms_on(st, [&] {
+        detail::tvd_forward_kernel<T, true, true, false><<<fgrid, detail::kThreads, 0, st>>>(f);
+        detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, st>>>(row_loss, BT * f.chunks, nullptr, -100, BT, V, kBatchMean, loss, scale);
+      });
+      const float a1 = time_ms_on(st, [&] {
+        detail::tvd_forward_kernel<T, true, true, false><<<fgrid, detail::kThreads, 0, st>>>(f);
+        launch_pdl(st, detail::tvd_finalize_kernel, dim3(1), dim3(detail::kThreads), (const float*)row_loss,
+                   int64_t(BT * f.chunks), (const int64_t*)nullptr, int64_t(-100), int64_t(BT), int64_t(V),
+                   int64_t(kBatchMean), loss, scale);
+      });
+      std::printf("  %-52s %8.4f / %.4f ms\n", what, a0, a1);
+    }
+    {  // the PDL chain computes what the plain one does
+      float want_loss = 0.f, got_loss = 0.f;
+      std::vector<unsigned char> want(bytes), got(bytes);
+      chain(s, false, false);
+      CHECK(cudaStreamSynchronize(s));
+      CHECK(cudaMemcpy(&want_loss, loss, 4, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(want.data(), grad, bytes, cudaMemcpyDeviceToHost));
+      for (int rep = 0; rep < 20; ++rep) {
+        CHECK(cudaMemsetAsync(grad, 0, bytes, s));
+        CHECK(cudaMemsetAsync(loss, 0, 4, s));
+        CHECK(cudaMemsetAsync(scale, 0, 4, s));
+        chain(s, true, true);
+      }
+      CHECK(cudaStreamSynchronize(s));
+      CHECK(cudaMemcpy(&got_loss, loss, 4, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(got.data(), grad, bytes, cudaMemcpyDeviceToHost));
+      std::printf("  check PDL chain: %s (loss %.6g / %.6g)\n", want == got && want_loss == got_loss ? "same loss and gradient" : "DIFFERENT",
+                  double(want_loss), double(got_loss));
+    }
+    CHECK(cudaStreamDestroy(s));
+  }
+  if (g_l2) {  // an L2 set-aside for persisting lines: device-wide, so an application's choice, never a library's
+    int l2 = 0, max_persist = 0;
+    CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    CHECK(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, 0));
+    std::printf("  L2 %.1f MB, persisting set-aside up to %.1f MB; signs %.1f MB\n", l2 / 1e6, max_persist / 1e6, sign_bytes / 1e6);
+    auto flush = [&] { CHECK(cudaMemsetAsync(p_flush, 0, flush_bytes)); };
+    const float flush_ms = time_ms(flush);
+    for (size_t aside : {size_t(0), size_t(max_persist) / 2, size_t(max_persist)}) {
+      CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, aside));
+      size_t got_aside = 0;
+      CHECK(cudaDeviceGetLimit(&got_aside, cudaLimitPersistingL2CacheSize));
+      const std::pair<int, int> combos[] = {{0, kDefaultBackwardHints}, {kKeepSignsInL2, kDefaultBackwardHints},
+                                            {kKeepSignsInL2, kDefaultBackwardHints | kStreamSignLoads},
+                                            {kKeepSignsInL2, kStreamGradStores}};
+      for (auto [fh, bh] : combos) {
+        TvdForwardArgs<T> f = fa;
+        f.cache_hints = fh;
+        TvdBackwardArgs<T> b = ba;
+        b.cache_hints = bh;
+        char what[140];
+        std::snprintf(what, sizeof what, "set-aside %.1f MB, fwd%s, bwd%s%s", got_aside / 1e6, fh ? " keep" : " default",
+                      bh & kReverseRows ? " reverse" : " forward-order", bh & kStreamSignLoads ? " stream-sign-loads" : "");
+        std::printf("  %s\n", what);
+        row_full("  full, back to back", time_ms([&] {
+          CHECK(tvd_forward(f, kBatchMean, loss, scale, 0));
+          CHECK(tvd_backward(b, kBatchMean, 0));
+        }));
+        const float fwd_flush = time_ms([&] { CHECK(tvd_forward(f, kBatchMean, loss, scale, 0)); flush(); });
+        const float full_flush = time_ms([&] {
+          CHECK(tvd_forward(f, kBatchMean, loss, scale, 0));
+          CHECK(tvd_backward(b, kBatchMean, 0));
+          flush();
+        });
+        row_full("  full, L2 flushed after each (flush time taken off)", full_flush - flush_ms);
+        row_rw("  its backward (fwd+bwd+flush - fwd+flush)", full_flush - fwd_flush, bytes + sign_bytes);
+        row_rw("  its forward (fwd+flush - flush)", fwd_flush - flush_ms, 2.0 * bytes + sign_bytes);
+      }
+      CHECK(cudaCtxResetPersistingL2Cache());
+    }
+    CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0));
+  }
   CHECK(cudaFree(pt));
   CHECK(cudaFree(p_copy));
   CHECK(cudaFree(p_flush));
@@ -965,8 +1097,10 @@ int main(int argc, char** argv) {
     if (arg == "--profile") g_profile = true;
     else if (arg == "--legacy") g_legacy = true;
     else if (arg == "--pipelines") g_pipelines = true;
+    else if (arg == "--l2") g_l2 = true;
+    else if (arg == "--pdl") g_pdl = true;
     else {
-      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy] [--pipelines]\n");
+      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy] [--pipelines] [--l2] [--pdl]\n");
       return 2;
     }
   }

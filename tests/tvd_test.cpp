@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -123,7 +124,9 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
   // The tie rule, stated directly: where p == q the gradient is exactly 0.0.
   const at::Tensor ties = p.detach().eq(q.detach());
   EXPECT_TRUE(grads[0].masked_select(ties).eq(0).all().item<bool>()) << "a tie got a non-zero gradient";
-  if (q_grad) EXPECT_TRUE(grads[1].equal(grads[0].neg())) << "grad q must be -grad p";
+  if (q_grad) {
+    EXPECT_TRUE(grads[1].equal(grads[0].neg())) << "grad q must be -grad p";
+  }
 }
 
 TEST_P(TvdSweep, MatchesFloat64ReferenceEverywhere) {
@@ -257,6 +260,60 @@ TEST_P(TvdSweep, InferenceModeAndNoGradNeedNoSavedSigns) {
   }
   c10::AutoGradMode no_grad(false);
   EXPECT_FALSE(tvd_loss(p.requires_grad_(true), q).requires_grad());
+}
+
+// The internal ops back to back, as the benchmark's kernel path runs them: rows pass, finalize
+// and backward with no other kernel between them, round after round. On Hopper the finalize and
+// the backward are launched with programmatic dependent launch and may start before the kernel
+// before them has finished; each must wait for that kernel's memory (the partial sums; the scale
+// and grad_output). Each round has its own rows, ignored rows (so its own scale) and weight, so
+// a value read too early shows: the results must be bit-identical to the same calls with a
+// device synchronisation after every op.
+TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
+  using Opt = const std::optional<at::Tensor>&;
+  const auto fwd = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lossfns::_tvd_forward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, Opt,
+                                                                            int64_t, int64_t, bool)>();
+  const auto bwd = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("lossfns::_tvd_backward", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt,
+                                         int64_t, int64_t, at::ScalarType, int64_t)>();
+  const bool cuda = device().is_cuda();
+  const int64_t BT = cuda ? 2048 : 24, V = cuda ? 32000 : 1000, rounds = 6;
+  const int64_t kBatchMean = 3;
+  const double weights[] = {1.0, 0.5, -2.0, 4.0, 0.25, -1.0};
+  std::vector<at::Tensor> ps, qs, gos;
+  std::vector<std::optional<at::Tensor>> labels;
+  for (int64_t r = 0; r < rounds; ++r) {
+    auto [p, q] = make_inputs(BT, V, r % 2 ? Ties::kSparse : Ties::kNone, dtype(), device());
+    at::Tensor l = at::arange(BT, at::TensorOptions().dtype(at::kLong)) % 7;
+    l.index_put_({at::arange(0, BT, r + 2)}, -100);  // every (r+2)-th row ignored: a scale per round
+    ps.push_back(p);
+    qs.push_back(q);
+    labels.emplace_back(l.to(device()));
+    gos.push_back(at::full({}, weights[r], at::TensorOptions().dtype(at::kFloat).device(device())));
+  }
+  auto run = [&](int64_t r, bool sync) {
+    auto [loss, signs, scale] = fwd.call(ps[r], qs[r], labels[r], -100, kBatchMean, true);
+    if (sync && cuda) torch::cuda::synchronize();
+    const bool recompute = signs.size(0) != BT;  // the CPU saves no signs
+    const std::optional<at::Tensor> none;
+    at::Tensor grad = bwd.call(gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
+                               recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
+                               -100, V, dtype(), kBatchMean);
+    if (sync && cuda) torch::cuda::synchronize();
+    return std::make_pair(loss, grad);
+  };
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_to_back;
+  for (int64_t r = 0; r < rounds; ++r) back_to_back.push_back(run(r, false));
+  for (int64_t r = 0; r < rounds; ++r) {
+    SCOPED_TRACE(::testing::Message() << "round " << r);
+    const auto [loss, grad] = run(r, true);
+    EXPECT_TRUE(back_to_back[r].first.equal(loss)) << "loss";
+    EXPECT_TRUE(back_to_back[r].second.equal(grad)) << "gradient";
+    EXPECT_TRUE(grad.ne(0).any().item<bool>()) << "an all-zero gradient proves nothing";
+  }
 }
 
 std::string param_name(const ::testing::TestParamInfo<TvdSweep::ParamType>& info) {

@@ -44,6 +44,7 @@ struct TvdForwardArgs {
   float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
   uint8_t* signs;             // (rows, sign_row_pitch(V)) packed signs (tvd_common.h), or nullptr
   int cache_hints = kDefaultForwardHints;  // CacheHint flags
+  bool pdl = false;           // launch the finalize with programmatic dependent launch (sm_90+)
 };
 
 template <typename T>
@@ -56,6 +57,8 @@ struct TvdBackwardArgs {
   T* grad;                    // (rows, V) contiguous
   int num_sms;                // multiprocessors of the device (sizes the grid)
   int cache_hints = kDefaultBackwardHints;  // CacheHint flags
+  bool pdl = false;           // launch with programmatic dependent launch (sm_90+): the kernel may
+                              // start while the previous one in the stream finishes
 };
 
 namespace detail {
@@ -157,6 +160,21 @@ __device__ __forceinline__ uint32_t unpack_lane_bits(uint32_t byte, int lane) {
   }
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic stream
+// serialization attribute may start while the kernel before it in the stream finishes; it must
+// wait for that kernel's memory before reading it. Without the attribute (and below sm_90) both
+// are no-ops, so every kernel below is correct however it is launched.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -216,6 +234,7 @@ template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
   constexpr int N = TileShape<T>::N, R = TileShape<T>::R, U = TileShape<T>::kForwardTiles;
   __shared__ float shared[kWarps];
+  let_next_grid_launch();  // the finalize may take its place; it waits for this grid's memory
   const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -325,6 +344,8 @@ tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* la
                     int64_t rows, int64_t V, int64_t reduction, float* loss, float* scale) {
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
+  wait_for_previous_grid();
+  let_next_grid_launch();
   double sum = 0.0, cnt = 0.0;
   for (int64_t i = threadIdx.x; i < n_partials; i += kThreads) sum += partials[i];
   for (int64_t r = threadIdx.x; r < rows; r += kThreads)
@@ -392,6 +413,7 @@ __device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uin
 template <typename T, bool kVec, int kTh, int kU>
 __global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a) {
   constexpr int W = kTh / 32;
+  wait_for_previous_grid();
   const bool rev = a.cache_hints & kReverseRows, sl = a.cache_hints & kStreamSignLoads,
              sg = a.cache_hints & kStreamGradStores;
   const int64_t row = rev ? a.rows - 1 - blockIdx.x : blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
@@ -424,6 +446,7 @@ __global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a)
 // Backward of 'none': grad_ij = sign_ij * 0.5 * grad_output_ij, element by element.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) tvd_backward_none_kernel(TvdBackwardArgs<T> a) {
+  wait_for_previous_grid();
   const int64_t row = blockIdx.x;
   const uint8_t* srow = a.signs + row * sign_row_pitch(a.V);
   for (int64_t j = threadIdx.x; j < a.V; j += kThreads)
@@ -437,6 +460,23 @@ struct BackwardShape {
   static constexpr int kTh = sizeof(T) == 4 ? 1024 : 512;
   static constexpr int kU = sizeof(T) == 4 ? 1 : 2;
 };
+
+// kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch allowed if pdl
+// (only on sm_90+; the kernels wait for the previous grid's memory before they read any of it).
+template <typename... KArgs, typename... Args>
+cudaError_t launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...);
+}
 
 inline bool aligned16(const void* ptr, int64_t row_stride_bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride_bytes % 16 == 0;
@@ -462,8 +502,7 @@ template <typename T, bool kVec, int kTh, int kU>
 cudaError_t launch_backward(const TvdBackwardArgs<T>& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.rows),
                   static_cast<unsigned>(chunks_per_row(a.rows, sign_tiles(a.V), (kTh / 32) * kU, a.num_sms)));
-  tvd_backward_kernel<T, kVec, kTh, kU><<<grid, kTh, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch(a.pdl, tvd_backward_kernel<T, kVec, kTh, kU>, grid, dim3(kTh), stream, a);
 }
 
 }  // namespace detail
@@ -476,7 +515,9 @@ int64_t tvd_forward_scratch(int64_t rows, int64_t V, int num_sms) {
 
 // Forward. Reduced losses (reduction != kNone) need a.row_loss (tvd_forward_scratch floats) and
 // write the loss and the reduction's scale to *loss and *scale (device pointers). 'none' needs
-// a.elem_loss. Two launches for reduced losses (rows pass + finalize), one for 'none'.
+// a.elem_loss. Two launches for reduced losses (rows pass + finalize), one for 'none'. With a.pdl
+// the finalize is launched while the rows pass finishes and waits on the device for its memory
+// (programmatic dependent launch: the finalize's launch latency overlaps the rows pass's tail).
 template <typename T>
 cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, float* scale, cudaStream_t stream) {
   const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
@@ -488,18 +529,20 @@ cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, flo
     if (err != cudaSuccess) return err;
   }
   if (reduction == kNone) return cudaSuccess;
-  detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, stream>>>(a.row_loss, a.rows * a.chunks, a.labels,
-                                                                   a.ignore_index, a.rows, a.V, reduction, loss, scale);
-  return cudaGetLastError();
+  return detail::launch(a.pdl, detail::tvd_finalize_kernel, dim3(1), dim3(detail::kThreads), stream,
+                        static_cast<const float*>(a.row_loss), a.rows * a.chunks, a.labels, a.ignore_index, a.rows,
+                        a.V, reduction, loss, scale);
 }
 
 // Backward: one launch, grad = sign * 0.5 * scale * grad_output (or * grad_output_ij for 'none').
+// With a.pdl it may start while the kernel before it in the stream (whichever) finishes; it waits
+// for that kernel's memory before it reads grad_output, the scale or the signs.
 template <typename T, int kTh = detail::BackwardShape<T>::kTh, int kU = detail::BackwardShape<T>::kU>
 cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (reduction == kNone) {
-    detail::tvd_backward_none_kernel<T><<<static_cast<unsigned>(a.rows), detail::kThreads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return detail::launch(a.pdl, detail::tvd_backward_none_kernel<T>, dim3(static_cast<unsigned>(a.rows)),
+                          dim3(detail::kThreads), stream, a);
   }
   if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) return detail::launch_backward<T, true, kTh, kU>(a, stream);
   return detail::launch_backward<T, false, kTh, kU>(a, stream);
