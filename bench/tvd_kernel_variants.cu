@@ -2,11 +2,12 @@
 // candidate forward and backward variants and probes against the device's own write and copy
 // speed, on raw CUDA buffers.
 // Prints a table. Build: part of bench/ when the CUDA kernels are built.
-// Usage: tvd_kernel_variants [--legacy] [--pipelines] [--profile] [--l2] [--pdl]
+// Usage: tvd_kernel_variants [--legacy] [--pipelines] [--profile] [--l2] [--pdl] [--layout]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../lib/src/tvd_cuda_kernel.cuh"
@@ -317,6 +318,68 @@ __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int
   }
   acc = detail::block_sum(acc, shared);
   if (threadIdx.x == 0) partial[row] = acc;
+}
+
+// --layout: where the signs of concurrently running rows land. The 2-bit probe forward and its
+// backward (one block per row, a 16-bit (bf16) or 8-bit (fp32) code word per 16-byte group), with
+// group i of row r stored at ((i / G) * rows + r) * G + i % G: G = 0 is the row-major layout
+// (row r's words contiguous); G > 0 puts the same G-word column block of neighbouring rows side by
+// side, so rows in flight together write and read nearby addresses (fewer DRAM pages at a time).
+template <int G>
+__device__ __forceinline__ int64_t tm_index(int64_t row, int64_t i, int64_t rows, int64_t groups) {
+  if constexpr (G == 0) return row * groups + i;
+  else return ((i / G) * rows + row) * G + i % G;
+}
+template <typename T, int G>
+__global__ void __launch_bounds__(256) forward_layout(const T* p, const T* q, int64_t rows, int64_t V, uint8_t* signs,
+                                                      float* partial) {
+  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
+  using W = std::conditional_t<N == 8, uint16_t, uint8_t>;
+  __shared__ float shared[kTh / 32];
+  const int64_t row = blockIdx.x, groups = V / N;
+  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
+  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
+  W* sw = reinterpret_cast<W*>(signs);
+  float acc = 0.f;
+  int64_t i = threadIdx.x;
+  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
+    uint4 pv[kU], qv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      pv[u] = __ldcs(p4 + i + u * kTh);
+      qv[u] = __ldcs(q4 + i + u * kTh);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      sw[tm_index<G>(row, i + u * kTh, rows, groups)] = static_cast<W>(
+          legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc));
+  }
+  for (; i < groups; i += kTh) {
+    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
+    sw[tm_index<G>(row, i, rows, groups)] =
+        static_cast<W>(legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc));
+  }
+  acc = detail::block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[row] = acc;
+}
+template <typename T, int G, int kTh, int kU>
+__global__ void __launch_bounds__(kTh) backward_layout(const uint8_t* signs, int64_t rows, int64_t V, const float* go,
+                                                       const float* scale, T* grad) {
+  constexpr int N = 16 / sizeof(T);
+  using W = std::conditional_t<N == 8, uint16_t, uint8_t>;
+  const int64_t row = rows - 1 - blockIdx.x, groups = V / N;
+  const W* sw = reinterpret_cast<const W*>(signs);
+  uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
+  const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
+  int64_t i = threadIdx.x;
+  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
+    uint32_t bits[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) bits[u] = sw[tm_index<G>(row, i + u * kTh, rows, groups)];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) __stcs(g4 + i + u * kTh, decode_group(dec, bits[u]));
+  }
+  for (; i < groups; i += kTh) __stcs(g4 + i, decode_group(dec, sw[tm_index<G>(row, i, rows, groups)]));
 }
 
 // p for a tie pattern: p_i = q_i (a tie) where a hash of i falls below `tie_per_65536`, else a
@@ -660,6 +723,7 @@ bool g_legacy = false;     // --legacy: also the 2-bit design's variants
 bool g_pipelines = false;  // --pipelines: also the backward's latency-hiding and phased variants
 bool g_l2 = false;         // --l2: an L2 set-aside for persisting lines with the keep-signs hint
 bool g_pdl = false;        // --pdl: programmatic dependent launch of the finalize and the backward
+bool g_layout = false;     // --layout: row-major against column-blocked sign layouts (2-bit probes)
 
 // The 2-bit design's variants (--legacy): what docs/benchmarks.md's workshop findings quote.
 template <typename T>
@@ -955,6 +1019,42 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
       backward_staged<T, 512><<<g, 512, 2 * stage>>>(ba, stage);
     }));
   }
+  if (g_layout) {  // sign layout: row-major (G = 0) against column blocks of G code words
+    const int64_t groups = V / (16 / int64_t(sizeof(T)));
+    const int64_t word = sizeof(T) == 2 ? 2 : 1;
+    const unsigned g = unsigned(BT);
+    auto one = [&](auto Gc) {
+      constexpr int G = decltype(Gc)::value;
+      const int64_t need = G == 0 ? BT * groups * word : BT * ((groups + G - 1) / G) * G * word;
+      if (size_t(need) > sign_buf) return;
+      char what[112];
+      std::snprintf(what, sizeof what, "layout G=%d: 2-bit probe forward", G);
+      row_rw(what, time_ms([&] { forward_layout<T, G><<<g, 256>>>(p, q, BT, V, signs, row_loss); }), 2.0 * bytes + need);
+      std::snprintf(what, sizeof what, "layout G=%d: its backward 512 x 2", G);
+      row_rw(what, time_ms([&] { backward_layout<T, G, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad); }), bytes + need);
+      std::snprintf(what, sizeof what, "full: layout G=%d (probe forward + backward)", G);
+      row_full(what, time_ms([&] {
+        forward_layout<T, G><<<g, 256>>>(p, q, BT, V, signs, row_loss);
+        backward_layout<T, G, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad);
+      }));
+    };
+    one(std::integral_constant<int, 0>{});
+    one(std::integral_constant<int, 32>{});
+    one(std::integral_constant<int, 64>{});
+    one(std::integral_constant<int, 256>{});
+    one(std::integral_constant<int, 1024>{});
+    {  // the layouts decode to the same gradient (row-major against G = 64), on the 4.4%-ties data
+      std::vector<unsigned char> a(bytes), b(bytes);
+      forward_layout<T, 0><<<g, 256>>>(pt, q, BT, V, signs, row_loss);
+      backward_layout<T, 0, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad);
+      CHECK(cudaMemcpy(a.data(), grad, bytes, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemset(grad, 0, bytes));
+      forward_layout<T, 64><<<g, 256>>>(pt, q, BT, V, signs, row_loss);
+      backward_layout<T, 64, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad);
+      CHECK(cudaMemcpy(b.data(), grad, bytes, cudaMemcpyDeviceToHost));
+      std::printf("  check layouts: %s\n", a == b ? "same gradient" : "DIFFERENT GRADIENT");
+    }
+  }
   if (g_pdl) {  // programmatic dependent launch: forward rows pass, finalize, backward
     constexpr int kTh = detail::BackwardShape<T>::kTh, kU = detail::BackwardShape<T>::kU;
     TvdForwardArgs<T> f = fa;
@@ -1099,8 +1199,9 @@ int main(int argc, char** argv) {
     else if (arg == "--pipelines") g_pipelines = true;
     else if (arg == "--l2") g_l2 = true;
     else if (arg == "--pdl") g_pdl = true;
+    else if (arg == "--layout") g_layout = true;
     else {
-      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy] [--pipelines] [--l2] [--pdl]\n");
+      std::fprintf(stderr, "usage: tvd_kernel_variants [--profile] [--legacy] [--pipelines] [--l2] [--pdl] [--layout]\n");
       return 2;
     }
   }
