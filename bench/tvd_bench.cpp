@@ -179,8 +179,11 @@ int main(int argc, char** argv) {
     for (bool l : {false, true}) cases.push_back({"cpu", BT, 32000, at::kFloat, 1.0, l});
 
   std::vector<Result> results;
-  std::printf("device: %s; copy bandwidth %.0f GB/s (read+write); read-only %.0f GB/s; write-only %.0f GB/s\n\n",
-              device_name.c_str(), bw, read_bw, write_bw);
+  if (bw > 0)
+    std::printf("device: %s; copy bandwidth %.0f GB/s (read+write); read-only %.0f GB/s; write-only %.0f GB/s\n\n",
+                device_name.c_str(), bw, read_bw, write_bw);
+  else  // no CUDA case: nothing measured a bandwidth, and no row has a limit to compare with
+    std::printf("device: %s\n\n", device_name.c_str());
   std::printf("%-5s %6s %7s %4s %4s %3s | %9s %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "BT", "V", "dt",
               "g", "ign", "fwd ms", "bwd ms", "full ms", "kernels", "ref fwd", "ref bwd", "ref full", "speedup",
               "of limit");
