@@ -267,9 +267,20 @@ __global__ void __launch_bounds__(kTh) backward_smem(const uint8_t* signs, int64
 //              (computing the signs without storing them);
 //   kSmem      the row's signs collected in shared memory, written at the end with coalesced
 //              16-byte stores (one burst per block; dynamic shared memory of the row's sign bytes).
+// --layout: where the signs of concurrently running rows land. The 2-bit probe forward
+// (forward_probe; G > 0 with kStore) and its backward (backward_layout), one block per row, a
+// 16-bit (bf16) or 8-bit (fp32) code word per 16-byte group. G = 0: the row-major layout (row r's
+// words contiguous, rows legacy::pitch(V) bytes apart). G > 0: group i of row r at word
+// ((i / G) * rows + r) * G + i % G, so the same G-word column block of neighbouring rows lies side
+// by side and rows in flight together write and read nearby addresses (fewer DRAM pages at a time).
+template <int G>
+__device__ __forceinline__ int64_t tm_index(int64_t row, int64_t i, int64_t rows, int64_t /*groups*/) {
+  if constexpr (G == 0) return i;  // row-major: the caller's row pointer already includes the row
+  else return ((i / G) * rows + row) * G + i % G;
+}
 enum class SignSink { kStore, kAliased, kStreaming, kFold, kSmem };
 
-template <typename T, SignSink kSink>
+template <typename T, SignSink kSink, int G = 0>  // G > 0 (with kStore): the column-blocked layout of --layout
 __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int64_t V, uint8_t* signs, float* partial) {
   constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
   extern __shared__ uint4 s4[];
@@ -288,8 +299,9 @@ __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int
       if constexpr (N == 8) __stcs(reinterpret_cast<unsigned short*>(sb) + i, static_cast<unsigned short>(bits));
       else __stcs(reinterpret_cast<signed char*>(sb) + i, static_cast<signed char>(bits));
     } else {
-      if constexpr (N == 8) reinterpret_cast<uint16_t*>(sb)[i] = static_cast<uint16_t>(bits);
-      else sb[i] = static_cast<uint8_t>(bits);
+      const int64_t at = tm_index<G>(row, i, gridDim.x, groups);
+      if constexpr (N == 8) reinterpret_cast<uint16_t*>(G > 0 ? signs : sb)[at] = static_cast<uint16_t>(bits);
+      else (G > 0 ? signs : sb)[at] = static_cast<uint8_t>(bits);
     }
   };
   int64_t i = threadIdx.x;
@@ -320,66 +332,26 @@ __global__ void __launch_bounds__(256) forward_probe(const T* p, const T* q, int
   if (threadIdx.x == 0) partial[row] = acc;
 }
 
-// --layout: where the signs of concurrently running rows land. The 2-bit probe forward and its
-// backward (one block per row, a 16-bit (bf16) or 8-bit (fp32) code word per 16-byte group), with
-// group i of row r stored at ((i / G) * rows + r) * G + i % G: G = 0 is the row-major layout
-// (row r's words contiguous); G > 0 puts the same G-word column block of neighbouring rows side by
-// side, so rows in flight together write and read nearby addresses (fewer DRAM pages at a time).
-template <int G>
-__device__ __forceinline__ int64_t tm_index(int64_t row, int64_t i, int64_t rows, int64_t groups) {
-  if constexpr (G == 0) return row * groups + i;
-  else return ((i / G) * rows + row) * G + i % G;
-}
-template <typename T, int G>
-__global__ void __launch_bounds__(256) forward_layout(const T* p, const T* q, int64_t rows, int64_t V, uint8_t* signs,
-                                                      float* partial) {
-  constexpr int N = 16 / sizeof(T), kTh = 256, kU = 4;
-  using W = std::conditional_t<N == 8, uint16_t, uint8_t>;
-  __shared__ float shared[kTh / 32];
-  const int64_t row = blockIdx.x, groups = V / N;
-  const uint4* p4 = reinterpret_cast<const uint4*>(p + row * V);
-  const uint4* q4 = reinterpret_cast<const uint4*>(q + row * V);
-  W* sw = reinterpret_cast<W*>(signs);
-  float acc = 0.f;
-  int64_t i = threadIdx.x;
-  for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
-    uint4 pv[kU], qv[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      pv[u] = __ldcs(p4 + i + u * kTh);
-      qv[u] = __ldcs(q4 + i + u * kTh);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      sw[tm_index<G>(row, i + u * kTh, rows, groups)] = static_cast<W>(
-          legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv[u]), reinterpret_cast<const T*>(&qv[u]), acc));
-  }
-  for (; i < groups; i += kTh) {
-    const uint4 pv = __ldcs(p4 + i), qv = __ldcs(q4 + i);
-    sw[tm_index<G>(row, i, rows, groups)] =
-        static_cast<W>(legacy::tvd_elems<N>(reinterpret_cast<const T*>(&pv), reinterpret_cast<const T*>(&qv), acc));
-  }
-  acc = detail::block_sum(acc, shared);
-  if (threadIdx.x == 0) partial[row] = acc;
-}
 template <typename T, int G, int kTh, int kU>
 __global__ void __launch_bounds__(kTh) backward_layout(const uint8_t* signs, int64_t rows, int64_t V, const float* go,
                                                        const float* scale, T* grad) {
   constexpr int N = 16 / sizeof(T);
   using W = std::conditional_t<N == 8, uint16_t, uint8_t>;
   const int64_t row = rows - 1 - blockIdx.x, groups = V / N;
-  const W* sw = reinterpret_cast<const W*>(signs);
+  // G = 0: forward_probe's row-major layout (rows legacy::pitch(V) bytes apart)
+  const W* sw = reinterpret_cast<const W*>(G > 0 ? signs : signs + row * legacy::pitch(V));
+  auto at = [&](int64_t i) { return tm_index<G>(row, i, rows, groups); };
   uint4* g4 = reinterpret_cast<uint4*>(grad + row * V);
   const legacy::Decoder<T> dec = make_decoder<T>(go, scale);
   int64_t i = threadIdx.x;
   for (; i + (kU - 1) * kTh < groups; i += kU * kTh) {
     uint32_t bits[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) bits[u] = sw[tm_index<G>(row, i + u * kTh, rows, groups)];
+    for (int u = 0; u < kU; ++u) bits[u] = sw[at(i + u * kTh)];
 #pragma unroll
     for (int u = 0; u < kU; ++u) __stcs(g4 + i + u * kTh, decode_group(dec, bits[u]));
   }
-  for (; i < groups; i += kTh) __stcs(g4 + i, decode_group(dec, sw[tm_index<G>(row, i, rows, groups)]));
+  for (; i < groups; i += kTh) __stcs(g4 + i, decode_group(dec, sw[at(i)]));
 }
 
 // p for a tie pattern: p_i = q_i (a tie) where a hash of i falls below `tie_per_65536`, else a
@@ -702,21 +674,10 @@ float time_ms(F&& f) {
   return time_ms_on(0, f);
 }
 
-// Launches a kernel with programmatic dependent launch allowed (it may start while the kernel
-// before it in the stream finishes; the library kernels wait for its memory first).
-template <typename... KArgs, typename... Args>
-void launch_pdl(cudaStream_t stream, void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CHECK(cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...));
+// Launches a kernel with programmatic dependent launch allowed (the library's launcher).
+template <auto Kernel, typename... Args>
+void launch_pdl(cudaStream_t stream, dim3 grid, dim3 block, Args... args) {
+  CHECK(detail::launch<Kernel>(true, grid, block, stream, args...));
 }
 
 bool g_legacy = false;     // --legacy: also the 2-bit design's variants
@@ -818,6 +779,13 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     fa.pdl = fa_nosigns.pdl = fa_ties.pdl = ba.pdl = major >= 9;
   }
+  auto hinted = [&](int forward_hints, int backward_hints) {  // the library's kernels with other CacheHint flags
+    TvdForwardArgs<T> f = fa;
+    f.cache_hints = forward_hints;
+    TvdBackwardArgs<T> b = ba;
+    b.cache_hints = backward_hints;
+    return std::make_pair(f, b);
+  };
   const double limit = 3.0 * bytes;
   std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V, limit / 1e6);
   float copy_ms = 0.f;
@@ -1025,16 +993,16 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     const unsigned g = unsigned(BT);
     auto one = [&](auto Gc) {
       constexpr int G = decltype(Gc)::value;
-      const int64_t need = G == 0 ? BT * groups * word : BT * ((groups + G - 1) / G) * G * word;
+      const int64_t need = G == 0 ? BT * legacy::pitch(V) : BT * ((groups + G - 1) / G) * G * word;
       if (size_t(need) > sign_buf) return;
       char what[112];
       std::snprintf(what, sizeof what, "layout G=%d: 2-bit probe forward", G);
-      row_rw(what, time_ms([&] { forward_layout<T, G><<<g, 256>>>(p, q, BT, V, signs, row_loss); }), 2.0 * bytes + need);
+      row_rw(what, time_ms([&] { forward_probe<T, SignSink::kStore, G><<<g, 256>>>(p, q, V, signs, row_loss); }), 2.0 * bytes + need);
       std::snprintf(what, sizeof what, "layout G=%d: its backward 512 x 2", G);
       row_rw(what, time_ms([&] { backward_layout<T, G, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad); }), bytes + need);
       std::snprintf(what, sizeof what, "full: layout G=%d (probe forward + backward)", G);
       row_full(what, time_ms([&] {
-        forward_layout<T, G><<<g, 256>>>(p, q, BT, V, signs, row_loss);
+        forward_probe<T, SignSink::kStore, G><<<g, 256>>>(p, q, V, signs, row_loss);
         backward_layout<T, G, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad);
       }));
     };
@@ -1045,11 +1013,11 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     one(std::integral_constant<int, 1024>{});
     {  // the layouts decode to the same gradient (row-major against G = 64), on the 4.4%-ties data
       std::vector<unsigned char> a(bytes), b(bytes);
-      forward_layout<T, 0><<<g, 256>>>(pt, q, BT, V, signs, row_loss);
+      forward_probe<T, SignSink::kStore, 0><<<g, 256>>>(pt, q, V, signs, row_loss);
       backward_layout<T, 0, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad);
       CHECK(cudaMemcpy(a.data(), grad, bytes, cudaMemcpyDeviceToHost));
       CHECK(cudaMemset(grad, 0, bytes));
-      forward_layout<T, 64><<<g, 256>>>(pt, q, BT, V, signs, row_loss);
+      forward_probe<T, SignSink::kStore, 64><<<g, 256>>>(pt, q, V, signs, row_loss);
       backward_layout<T, 64, 512, 2><<<g, 512>>>(signs, BT, V, go, scale, grad);
       CHECK(cudaMemcpy(b.data(), grad, bytes, cudaMemcpyDeviceToHost));
       std::printf("  check layouts: %s\n", a == b ? "same gradient" : "DIFFERENT GRADIENT");
@@ -1066,13 +1034,13 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     auto chain = [&](cudaStream_t st, bool pdl_fin, bool pdl_bwd) {
       detail::tvd_forward_kernel<T, true, true, false><<<fgrid, detail::kThreads, 0, st>>>(f);
       if (pdl_fin)
-        launch_pdl(st, detail::tvd_finalize_kernel, dim3(1), dim3(detail::kThreads), (const float*)row_loss,
+        launch_pdl<detail::tvd_finalize_kernel>(st, dim3(1), dim3(detail::kThreads), (const float*)row_loss,
                    int64_t(BT * f.chunks), (const int64_t*)nullptr, int64_t(-100), int64_t(BT), int64_t(V),
                    int64_t(kBatchMean), loss, scale);
       else
         detail::tvd_finalize_kernel<<<1, detail::kThreads, 0, st>>>(row_loss, BT * f.chunks, nullptr, -100, BT, V,
                                                                     kBatchMean, loss, scale);
-      if (pdl_bwd) launch_pdl(st, detail::tvd_backward_kernel<T, true, kTh, kU>, bgrid, dim3(kTh), ba);
+      if (pdl_bwd) launch_pdl<detail::tvd_backward_kernel<T, true, kTh, kU>>(st, bgrid, dim3(kTh), ba);
       else detail::tvd_backward_kernel<T, true, kTh, kU><<<bgrid, kTh, 0, st>>>(ba);
     };
     for (cudaStream_t st : {cudaStream_t(0), s}) {
@@ -1091,7 +1059,7 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
       });
       const float a1 = time_ms_on(st, [&] {
         detail::tvd_forward_kernel<T, true, true, false><<<fgrid, detail::kThreads, 0, st>>>(f);
-        launch_pdl(st, detail::tvd_finalize_kernel, dim3(1), dim3(detail::kThreads), (const float*)row_loss,
+        launch_pdl<detail::tvd_finalize_kernel>(st, dim3(1), dim3(detail::kThreads), (const float*)row_loss,
                    int64_t(BT * f.chunks), (const int64_t*)nullptr, int64_t(-100), int64_t(BT), int64_t(V),
                    int64_t(kBatchMean), loss, scale);
       });
@@ -1133,10 +1101,9 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
                                             {kKeepSignsInL2, kDefaultBackwardHints | kStreamSignLoads},
                                             {kKeepSignsInL2, kStreamGradStores}};
       for (auto [fh, bh] : combos) {
-        TvdForwardArgs<T> f = fa;
-        f.cache_hints = fh;
-        TvdBackwardArgs<T> b = ba;
-        b.cache_hints = bh;
+        const auto fb = hinted(fh, bh);
+        const TvdForwardArgs<T>& f = fb.first;
+        const TvdBackwardArgs<T>& b = fb.second;
         char what[140];
         std::snprintf(what, sizeof what, "set-aside %.1f MB, fwd%s, bwd%s%s", got_aside / 1e6, fh ? " keep" : " default",
                       bh & kReverseRows ? " reverse" : " forward-order", bh & kStreamSignLoads ? " stream-sign-loads" : "");
@@ -1166,10 +1133,9 @@ void run_shape(int64_t BT, int64_t V, const char* name, int sms) {
     const std::pair<int, int> combos[] = {{0, 0}, {0, kReverseRows}, {0, kStreamGradStores}, {kKeepSignsInL2, 0},
                                           {kKeepSignsInL2, kReverseRows | kStreamSignLoads | kStreamGradStores}};
     for (auto [fh, bh] : combos) {
-      TvdForwardArgs<T> f = fa;
-      f.cache_hints = fh;
-      TvdBackwardArgs<T> b = ba;
-      b.cache_hints = bh;
+      const auto fb = hinted(fh, bh);
+        const TvdForwardArgs<T>& f = fb.first;
+        const TvdBackwardArgs<T>& b = fb.second;
       char what[112];
       std::snprintf(what, sizeof what, "full: hints%s%s%s%s%s", fh + bh == 0 ? " none" : "", fh & kKeepSignsInL2 ? " keep-signs-in-L2" : "",
                     bh & kReverseRows ? " reverse-rows" : "", bh & kStreamSignLoads ? " stream-sign-loads" : "",

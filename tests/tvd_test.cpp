@@ -265,10 +265,11 @@ TEST_P(TvdSweep, InferenceModeAndNoGradNeedNoSavedSigns) {
 // The internal ops back to back, as the benchmark's kernel path runs them: rows pass, finalize
 // and backward with no other kernel between them, round after round. On Hopper the finalize and
 // the backward are launched with programmatic dependent launch and may start before the kernel
-// before them has finished; each must wait for that kernel's memory (the partial sums; the scale
-// and grad_output). Each round has its own rows, ignored rows (so its own scale) and weight, so
-// a value read too early shows: the results must be bit-identical to the same calls with a
-// device synchronisation after every op.
+// before them has finished; each must wait for that kernel's memory (the partial sums; the scale,
+// the signs and grad_output). Each round has its own rows, ignored rows (so its own scale) and
+// weight, and every third round is reduction 'none' (no finalize; a (BT, V) grad_output), so a
+// value read too early shows: the results must be bit-identical to the same calls with a device
+// synchronisation after every op. (Run on an H200 with the waits removed, it failed every round.)
 TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
   using Opt = const std::optional<at::Tensor>&;
   const auto fwd = c10::Dispatcher::singleton()
@@ -281,8 +282,9 @@ TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
                                          int64_t, int64_t, at::ScalarType, int64_t)>();
   const bool cuda = device().is_cuda();
   const int64_t BT = cuda ? 2048 : 24, V = cuda ? 32000 : 1000, rounds = 6;
-  const int64_t kBatchMean = 3;
+  const int64_t kBatchMean = 3, kNone = 0;
   const double weights[] = {1.0, 0.5, -2.0, 4.0, 0.25, -1.0};
+  auto reduction = [&](int64_t r) { return r % 3 == 2 ? kNone : kBatchMean; };
   std::vector<at::Tensor> ps, qs, gos;
   std::vector<std::optional<at::Tensor>> labels;
   const auto opts = at::TensorOptions().device(device());
@@ -295,16 +297,17 @@ TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
     ps.push_back(p);
     qs.push_back(q);
     labels.emplace_back(l.to(device()));
-    gos.push_back(at::full({}, weights[r], at::TensorOptions().dtype(at::kFloat).device(device())));
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device());
+    gos.push_back(reduction(r) == kNone ? (at::rand({BT, V}, f32) + 0.25) * weights[r] : at::full({}, weights[r], f32));
   }
   auto run = [&](int64_t r, bool sync) {
-    auto [loss, signs, scale] = fwd.call(ps[r], qs[r], labels[r], -100, kBatchMean, true);
+    auto [loss, signs, scale] = fwd.call(ps[r], qs[r], labels[r], -100, reduction(r), true);
     if (sync && cuda) torch::cuda::synchronize();
     const bool recompute = signs.size(0) != BT;  // the CPU saves no signs
     const std::optional<at::Tensor> none;
     at::Tensor grad = bwd.call(gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
                                recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
-                               -100, V, dtype(), kBatchMean);
+                               -100, V, dtype(), reduction(r));
     if (sync && cuda) torch::cuda::synchronize();
     return std::make_pair(loss, grad);
   };

@@ -8,6 +8,7 @@
 // and stores are 16 bytes wide when rows are 16-byte aligned, with several in flight per thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -234,7 +235,6 @@ template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
   constexpr int N = TileShape<T>::N, R = TileShape<T>::R, U = TileShape<T>::kForwardTiles;
   __shared__ float shared[kWarps];
-  let_next_grid_launch();  // the finalize may take its place; it waits for this grid's memory
   const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -332,6 +332,9 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
     finish(t, d);
   }
   if (a.row_loss != nullptr) {
+    // This block has read all it reads: the finalize may be scheduled (it waits for this grid's
+    // memory before it reads the partial sums). 'none' has no finalize, and triggers nothing.
+    let_next_grid_launch();
     acc = block_sum(acc, shared);
     if (threadIdx.x == 0) a.row_loss[row * chunks + chunk] = acc;
   }
@@ -345,11 +348,11 @@ tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* la
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
   wait_for_previous_grid();
-  let_next_grid_launch();
   double sum = 0.0, cnt = 0.0;
   for (int64_t i = threadIdx.x; i < n_partials; i += kThreads) sum += partials[i];
   for (int64_t r = threadIdx.x; r < rows; r += kThreads)
     cnt += (labels == nullptr || labels[r] != ignore_index) ? 1.0 : 0.0;
+  let_next_grid_launch();  // all reads done; the next kernel waits for the loss and scale
   sum = block_sum(sum, shared_sum);
   cnt = block_sum(cnt, shared_cnt);
   if (threadIdx.x == 0) {
@@ -461,10 +464,35 @@ struct BackwardShape {
   static constexpr int kU = sizeof(T) == 4 ? 1 : 2;
 };
 
-// kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch allowed if pdl
-// (only on sm_90+; the kernels wait for the previous grid's memory before they read any of it).
-template <typename... KArgs, typename... Args>
-cudaError_t launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+// Whether Kernel, as it runs on the current device, has the griddepcontrol instructions: built
+// from sm_90+ code (PTX version >= 9.0). A build that runs on Hopper from older PTX (say
+// TORCH_CUDA_ARCH_LIST=8.0+PTX) has none, and must not be launched with programmatic dependent
+// launch. Asked once per kernel and device.
+template <auto Kernel>
+bool waits_for_previous_grid() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<signed char> known[kMaxDevices];  // 0 not asked yet, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  signed char v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    cudaFuncAttributes attr{};
+    const bool ok = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    v = ok && attr.ptxVersion >= 90 ? 1 : -1;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
+}
+
+// Kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch allowed if pdl
+// and Kernel waits for the previous grid (then it may start while the kernel before it in the
+// stream finishes; it waits for that kernel's memory before it reads any).
+template <auto Kernel, typename... Args>
+cudaError_t launch(bool pdl, dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -474,8 +502,10 @@ cudaError_t launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...);
+  cfg.numAttrs = pdl && waits_for_previous_grid<Kernel>() ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, Kernel, args...);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // reported by the return value, not left pending
+  return err;
 }
 
 inline bool aligned16(const void* ptr, int64_t row_stride_bytes) {
@@ -502,7 +532,7 @@ template <typename T, bool kVec, int kTh, int kU>
 cudaError_t launch_backward(const TvdBackwardArgs<T>& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.rows),
                   static_cast<unsigned>(chunks_per_row(a.rows, sign_tiles(a.V), (kTh / 32) * kU, a.num_sms)));
-  return launch(a.pdl, tvd_backward_kernel<T, kVec, kTh, kU>, grid, dim3(kTh), stream, a);
+  return launch<tvd_backward_kernel<T, kVec, kTh, kU>>(a.pdl, grid, dim3(kTh), stream, a);
 }
 
 }  // namespace detail
@@ -529,9 +559,9 @@ cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, flo
     if (err != cudaSuccess) return err;
   }
   if (reduction == kNone) return cudaSuccess;
-  return detail::launch(a.pdl, detail::tvd_finalize_kernel, dim3(1), dim3(detail::kThreads), stream,
-                        static_cast<const float*>(a.row_loss), a.rows * a.chunks, a.labels, a.ignore_index, a.rows,
-                        a.V, reduction, loss, scale);
+  return detail::launch<detail::tvd_finalize_kernel>(a.pdl, dim3(1), dim3(detail::kThreads), stream, a.row_loss,
+                                                    a.rows * a.chunks, a.labels, a.ignore_index, a.rows, a.V,
+                                                    reduction, loss, scale);
 }
 
 // Backward: one launch, grad = sign * 0.5 * scale * grad_output (or * grad_output_ij for 'none').
@@ -541,8 +571,8 @@ template <typename T, int kTh = detail::BackwardShape<T>::kTh, int kU = detail::
 cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (reduction == kNone) {
-    return detail::launch(a.pdl, detail::tvd_backward_none_kernel<T>, dim3(static_cast<unsigned>(a.rows)),
-                          dim3(detail::kThreads), stream, a);
+    return detail::launch<detail::tvd_backward_none_kernel<T>>(a.pdl, dim3(static_cast<unsigned>(a.rows)),
+                                                                dim3(detail::kThreads), stream, a);
   }
   if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) return detail::launch_backward<T, true, kTh, kU>(a, stream);
   return detail::launch_backward<T, false, kTh, kU>(a, stream);
