@@ -35,8 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
   at::Tensor signs = at::empty({save_signs ? in.rows : 0, sign_row_pitch(in.V)}, p.options().dtype(at::kByte));
   at::Tensor loss = none ? at::empty({in.rows, in.V}, f32) : at::empty({}, f32);
   at::Tensor scale = at::empty({none ? 0 : 1}, f32);
-  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  const int num_sms = props->multiProcessorCount;
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 
   AT_DISPATCH_V2(p.scalar_type(), "lossfns_tvd_forward_cuda", AT_WRAP([&] {
     using T = typename CudaType<scalar_t>::type;
@@ -50,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
     a.rows = in.rows;
     a.V = in.V;
     a.num_sms = num_sms;
-    a.pdl = props->major >= 9;  // programmatic dependent launch of the finalize (Hopper and newer)
+    a.pdl = true;  // the finalize: programmatic dependent launch where built for it (sm_90+)
     at::Tensor row_loss = none ? at::Tensor() : at::empty({kernels::tvd_forward_scratch<T>(in.rows, in.V, num_sms)}, f32);
     a.row_loss = none ? nullptr : row_loss.mutable_data_ptr<float>();
     a.elem_loss = none ? loss.mutable_data_ptr<float>() : nullptr;
@@ -88,9 +87,8 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
     a.grad_output = go.const_data_ptr<float>();
     a.scale = reduction == kernels::kNone ? nullptr : scale.const_data_ptr<float>();
     a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
-    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-    a.num_sms = props->multiProcessorCount;
-    a.pdl = props->major >= 9;  // may start while the kernel before it finishes (Hopper and newer)
+    a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    a.pdl = true;  // may start while the kernel before it finishes, where built for it (sm_90+)
     check_cuda(kernels::tvd_backward<T>(a, reduction, at::cuda::getCurrentCUDAStream()), "backward");
   }), at::kFloat, at::kHalf, at::kBFloat16);
   return grad;

@@ -45,7 +45,8 @@ struct TvdForwardArgs {
   float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
   uint8_t* signs;             // (rows, sign_row_pitch(V)) packed signs (tvd_common.h), or nullptr
   int cache_hints = kDefaultForwardHints;  // CacheHint flags
-  bool pdl = false;           // launch the finalize with programmatic dependent launch (sm_90+)
+  bool pdl = false;           // allow programmatic dependent launch of the finalize (used where the
+                              // kernel was built for sm_90+: see detail::launch)
 };
 
 template <typename T>
@@ -58,8 +59,8 @@ struct TvdBackwardArgs {
   T* grad;                    // (rows, V) contiguous
   int num_sms;                // multiprocessors of the device (sizes the grid)
   int cache_hints = kDefaultBackwardHints;  // CacheHint flags
-  bool pdl = false;           // launch with programmatic dependent launch (sm_90+): the kernel may
-                              // start while the previous one in the stream finishes
+  bool pdl = false;           // allow programmatic dependent launch (used where the kernel was built
+                              // for sm_90+): it may start while the previous kernel finishes
 };
 
 namespace detail {
