@@ -6,12 +6,12 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "../lib/src/tvd_internal.h"  // the internal ops' typed handles
 #include "lossfns/tvd.h"
 #include "tvd_reference.h"
 
@@ -271,15 +271,6 @@ TEST_P(TvdSweep, InferenceModeAndNoGradNeedNoSavedSigns) {
 // value read too early shows: the results must be bit-identical to the same calls with a device
 // synchronisation after every op. (Run on an H200 with the waits removed, it failed every round.)
 TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
-  using Opt = const std::optional<at::Tensor>&;
-  const auto fwd = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("lossfns::_tvd_forward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, Opt,
-                                                                            int64_t, int64_t, bool)>();
-  const auto bwd = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("lossfns::_tvd_backward", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt,
-                                         int64_t, int64_t, at::ScalarType, int64_t)>();
   const bool cuda = device().is_cuda();
   const int64_t BT = cuda ? 2048 : 24, V = cuda ? 32000 : 1000, rounds = 6;
   const int64_t kBatchMean = 3, kNone = 0;
@@ -301,13 +292,13 @@ TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
     gos.push_back(reduction(r) == kNone ? (at::rand({BT, V}, f32) + 0.25) * weights[r] : at::full({}, weights[r], f32));
   }
   auto run = [&](int64_t r, bool sync) {
-    auto [loss, signs, scale] = fwd.call(ps[r], qs[r], labels[r], -100, reduction(r), true);
+    auto [loss, signs, scale] = detail::tvd_forward_op(ps[r], qs[r], labels[r], -100, reduction(r), true);
     if (sync && cuda) torch::cuda::synchronize();
     const bool recompute = signs.size(0) != BT;  // the CPU saves no signs
     const std::optional<at::Tensor> none;
-    at::Tensor grad = bwd.call(gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
-                               recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
-                               -100, V, dtype(), reduction(r));
+    at::Tensor grad = detail::tvd_backward_op(gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
+                                              recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
+                                              -100, V, dtype(), reduction(r));
     if (sync && cuda) torch::cuda::synchronize();
     return std::make_pair(loss, grad);
   };
