@@ -14,9 +14,30 @@
 
 namespace distill {
 
+// The model families; one table of names (kModelFamilyNames) serves the schema and the code.
+enum class ModelFamily { kGpt, kLlama };
+inline constexpr std::array<const char*, 2> kModelFamilyNames = {"gpt", "llama"};
+
+// Llama-3 style frequency-dependent RoPE scaling (config.json "rope_scaling" / "rope_parameters"
+// with rope_type "llama3"). type "" means no scaling.
+struct RopeScaling {
+  std::string type;  // "" | "llama3"
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
 // A decoder-only transformer. The logits have padded_vocab_size() columns; the padded ones are
 // masked to -inf, so the model never predicts them and they never get gradient.
+//
+// family gpt: pre-LayerNorm, learned positions, GELU MLP (round(mlp_ratio * d_model) wide).
+// family llama: RMSNorm, RoPE, SwiGLU MLP (intermediate_size wide), grouped-query attention;
+// covers Llama 2/3, Qwen2/2.5/3, Mistral and SmolLM2. With hf_dir set, every architecture key
+// comes from <hf_dir>/config.json (see docs/hf.md) and the weights from its safetensors.
 struct ModelConfig {
+  ModelFamily family = ModelFamily::kGpt;
+  std::string hf_dir;  // a Hugging Face model directory: config.json + *.safetensors
   int64_t vocab_size = 64;
   int64_t pad_vocab_to_multiple_of = 64;
   int64_t context_length = 128;
@@ -26,12 +47,27 @@ struct ModelConfig {
   double mlp_ratio = 4.0;
   double dropout = 0.0;
   bool tie_embeddings = true;
+  // llama family only.
+  int64_t n_kv_head = 0;          // key/value heads (grouped-query attention); 0: n_head
+  int64_t head_dim = 0;           // 0: d_model / n_head
+  int64_t intermediate_size = 0;  // SwiGLU width; 0: round(mlp_ratio * d_model)
+  double norm_eps = 1e-5;         // RMSNorm epsilon
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool attention_bias = false;      // biases on q, k, v (Qwen2: true)
+  bool attention_out_bias = false;  // bias on the attention output projection
+  bool mlp_bias = false;
+  bool qk_norm = false;  // RMSNorm of each query/key head before RoPE (Qwen3)
+  std::string hf_model_type = "llama";  // config.json model_type written on export
 
   // vocab_size rounded up to a multiple of pad_vocab_to_multiple_of.
   int64_t padded_vocab_size() const {
     const int64_t m = pad_vocab_to_multiple_of;
     return (vocab_size + m - 1) / m * m;
   }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
+  int64_t mlp_width() const;  // intermediate_size, or round(mlp_ratio * d_model) (at least 1)
 };
 
 struct StudentConfig : ModelConfig {
@@ -58,9 +94,10 @@ struct SyntheticConfig {
 };
 
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic | text
-  std::string path;                  // text: a UTF-8 file, read as bytes
-  double val_fraction = 0.1;         // text: the last fraction of the file is validation
+  std::string source = "synthetic";  // synthetic | text | tokens
+  std::string path;      // text: a UTF-8 file, read as bytes; tokens: a glob of llm.c shards
+  std::string val_path;  // tokens: a glob of validation shards ("": val_fraction of path's)
+  double val_fraction = 0.1;  // text, tokens: the last fraction of the data is validation
   int64_t batch_size = 16;           // sequences per micro-batch
   int64_t seq_len = 64;              // tokens predicted per sequence (inputs are seq_len long)
   int64_t min_seq_len = 64;          // synthetic: shorter sequences are padded, targets ignored
@@ -74,6 +111,11 @@ struct DistillConfig {
   double kd_weight = 1.0;
   double ce_weight = 0.0;
   int64_t ignore_index = -100;
+  // The tokenizer's real vocabulary: logit columns at or past it are padding, set to -inf in
+  // both models before the losses (exact ties at probability 0, no gradient). 0: every column
+  // of the logits is real. Teacher and student logits of different widths are aligned by
+  // padding the narrower one with -inf columns.
+  int64_t vocab_size = 0;
 };
 
 struct OptimConfig {
