@@ -27,6 +27,12 @@ int main(int argc, char** argv) {
   app.add_flag("--fresh", flags.fresh,
                "delete an existing run in train.out_dir and start over (instead of resuming)");
   app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
+  std::string export_run, export_out;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "write the student of a finished (or checkpointed) run as a Hugging Face "
+                "directory (config.json + model.safetensors + the teacher's tokenizer files)");
+  export_cmd->add_option("run_dir", export_run, "the run's train.out_dir")->required();
+  export_cmd->add_option("out_dir", export_out, "a new directory to write")->required();
   app.footer("Config keys (key = default, meaning, accepted values):\n" + distill::ConfigHelp());
 
   try {
@@ -35,6 +41,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    if (*export_cmd) {
+      const std::string checkpoint = distill::ExportRun(export_run, export_out);
+      std::cout << "exported " << checkpoint << " to " << export_out << '\n';
+      return 0;
+    }
     const distill::Config config =
         config_path.empty()
             ? distill::ParseConfig(distill::QuickstartYaml(), "configs/quickstart.yaml (embedded)",

@@ -51,7 +51,7 @@ distill::Config BaseConfig(const Options& o, const std::string& run_dir) {
   return c;
 }
 
-distill::TransformerLM PretrainTeacher(const distill::Config& config, const std::string& run_dir,
+distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
                                        int64_t steps) {
   distill::Config c = config;
   static_cast<distill::ModelConfig&>(c.student) = config.teacher;
@@ -63,18 +63,18 @@ distill::TransformerLM PretrainTeacher(const distill::Config& config, const std:
   c.train.out_dir = run_dir;
   distill::Trainer trainer(c, distill::RunOptions{/*fresh=*/true, /*quiet=*/true});
   for (int64_t i = 0; i < steps; ++i) trainer.Step();
-  distill::TransformerLM teacher(config.teacher);
+  distill::Model teacher = distill::MakeModel(config.teacher);
   teacher->to(trainer.device());
-  distill::CopyWeights(trainer.student(), teacher);
+  distill::CopyWeights(trainer.student(), *teacher);
   teacher->eval();
   for (auto& p : teacher->parameters()) p.set_requires_grad(false);
   return teacher;
 }
 
-distill::TransformerLM MakeModel(const distill::ModelConfig& config, int64_t seed,
+distill::Model MakeModel(const distill::ModelConfig& config, int64_t seed,
                                  const at::Device& device) {
   torch::manual_seed(static_cast<uint64_t>(seed));
-  distill::TransformerLM model(config);
+  distill::Model model = distill::MakeModel(config);
   model->to(device);
   return model;
 }
@@ -123,15 +123,15 @@ at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
   return LegacySignTvd::apply(p, q, targets.ne(ignore_index).to(at::kFloat));
 }
 
-Loop::Loop(const distill::Config& config, distill::TransformerLM teacher,
-           distill::TransformerLM student, at::ScalarType loss_dtype, Divergence divergence)
+Loop::Loop(const distill::Config& config, distill::Model teacher,
+           distill::Model student, at::ScalarType loss_dtype, Divergence divergence)
     : config_(config), device_(distill::ResolveDevice(config.train.device)),
       loss_dtype_(loss_dtype), divergence_(std::move(divergence)),
       data_(distill::MakeDataSource(config.data, config.student.vocab_size,
                                     config.distill.ignore_index)),
       teacher_(std::move(teacher)), student_(std::move(student)) {
   student_->train();
-  optimizer_ = distill::MakeOptimizer(config_, student_);  // the Trainer's own AdamW set-up
+  optimizer_ = distill::MakeOptimizer(config_.optim, *student_);  // the Trainer's own AdamW set-up
 }
 
 StepMetrics Loop::Step() {
@@ -209,7 +209,7 @@ double TieFraction(const at::Tensor& p, const at::Tensor& q, const at::Tensor& t
   return pr.eq(qr).sum().item<double>() / static_cast<double>(pr.numel());
 }
 
-WeightDiff CompareWeights(distill::TransformerLM& a, distill::TransformerLM& b) {
+WeightDiff CompareWeights(distill::Model& a, distill::Model& b) {
   torch::NoGradGuard no_grad;
   WeightDiff d;
   auto other = b->named_parameters();

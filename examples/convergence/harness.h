@@ -40,11 +40,11 @@ distill::Config BaseConfig(const Options& options, const std::string& run_dir);
 
 // Pretrains config.teacher's architecture for `steps` steps with distill::Trainer (quietly, from
 // scratch, into `run_dir`) and returns the model (frozen: eval mode, no grad) on the device.
-distill::TransformerLM PretrainTeacher(const distill::Config& config, const std::string& run_dir,
+distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
                                        int64_t steps);
 
 // A fresh model of `config` initialised from torch's generator seeded with `seed`.
-distill::TransformerLM MakeModel(const distill::ModelConfig& config, int64_t seed,
+distill::Model MakeModel(const distill::ModelConfig& config, int64_t seed,
                                  const at::Device& device);
 
 // Sum over the non-ignored rows of a divergence: p, q (N, V) in the loss dtype, targets (N,).
@@ -71,11 +71,11 @@ struct ValMetrics {
 class Loop {
  public:
   // Takes `student` as is (it is trained in place) and `teacher` frozen.
-  Loop(const distill::Config& config, distill::TransformerLM teacher,
-       distill::TransformerLM student, at::ScalarType loss_dtype, Divergence divergence);
+  Loop(const distill::Config& config, distill::Model teacher,
+       distill::Model student, at::ScalarType loss_dtype, Divergence divergence);
   StepMetrics Step();
   ValMetrics Validate(int64_t batches);
-  distill::TransformerLM& student() { return student_; }
+  distill::Model& student() { return student_; }
   int64_t step() const { return step_; }
   double last_lr() const { return last_lr_; }
 
@@ -85,7 +85,7 @@ class Loop {
   at::ScalarType loss_dtype_;
   Divergence divergence_;
   std::unique_ptr<distill::DataSource> data_;
-  distill::TransformerLM teacher_, student_;
+  distill::Model teacher_, student_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   int64_t step_ = 0;
   double last_lr_ = 0;
@@ -100,7 +100,7 @@ double TieFraction(const at::Tensor& p, const at::Tensor& q, const at::Tensor& t
 struct WeightDiff {
   double max_abs = 0, max_weight = 0;
 };
-WeightDiff CompareWeights(distill::TransformerLM& a, distill::TransformerLM& b);
+WeightDiff CompareWeights(distill::Model& a, distill::Model& b);
 
 // A CSV file: a header, then one row of numbers per call.
 class Csv {

@@ -15,16 +15,16 @@ namespace convergence {
 
 namespace {
 
-distill::TransformerLM Clone(distill::TransformerLM& from, bool trainable) {
-  distill::TransformerLM to(from->config());
+distill::Model Clone(distill::Model& from, bool trainable) {
+  distill::Model to = distill::MakeModel(from->config());
   to->to(from->lm_head_weight().device());
-  distill::CopyWeights(from, to);
+  distill::CopyWeights(*from, *to);
   for (auto& p : to->parameters()) p.set_requires_grad(trainable);
   return to;
 }
 
 // Bitwise equality of every parameter.
-bool BitIdentical(distill::TransformerLM& a, distill::TransformerLM& b) {
+bool BitIdentical(distill::Model& a, distill::Model& b) {
   auto other = b->named_parameters();
   for (const auto& item : a->named_parameters()) {
     if (!at::equal(item.value(), other[item.key()])) return false;
@@ -53,10 +53,10 @@ int KernelVsReference(const Options& o) {
   const double weight_tol = bf16 ? 1e-2 : 1e-4;
   const int64_t steps = o.small ? 40 : 400;
   distill::Config c = BaseConfig(o, o.out + "/runs/kernel_vs_reference_teacher");
-  distill::TransformerLM teacher = PretrainTeacher(c, c.train.out_dir, o.small ? 40 : 400);
+  distill::Model teacher = PretrainTeacher(c, c.train.out_dir, o.small ? 40 : 400);
   const at::Device device = teacher->lm_head_weight().device();
 
-  distill::TransformerLM init = MakeModel(c.student, /*seed=*/7, device);
+  distill::Model init = MakeModel(c.student, /*seed=*/7, device);
   Loop op(c, teacher, Clone(init, true), o.loss_dtype(), OpDivergence);
   Loop ref(c, teacher, Clone(init, true), o.loss_dtype(), ReferenceDivergence);
 
@@ -95,7 +95,7 @@ int Ties(const Options& o) {
   Checks checks;
   distill::Config c = BaseConfig(o, o.out + "/runs/ties_teacher");
   static_cast<distill::ModelConfig&>(c.teacher) = c.student;  // self-distillation
-  distill::TransformerLM teacher = PretrainTeacher(c, c.train.out_dir, o.small ? 60 : 600);
+  distill::Model teacher = PretrainTeacher(c, c.train.out_dir, o.small ? 60 : 600);
   const at::Device device = teacher->lm_head_weight().device();
   const int64_t V = c.student.vocab_size, ignore = c.distill.ignore_index;
   std::printf("ties (%s, %s)\n", o.device.c_str(), o.dtype.c_str());
@@ -103,7 +103,7 @@ int Ties(const Options& o) {
   // (a) The op level at step 0: student == teacher, every element a tie (the real columns and
   //     the padded 0.0-vs-0.0 ones). Gradients of kd/n w.r.t. p and w.r.t. the logits.
   {
-    distill::TransformerLM student = Clone(teacher, true);
+    distill::Model student = Clone(teacher, true);
     const auto data = distill::MakeDataSource(c.data, V, ignore);
     const distill::Batch batch = data->TrainBatch(0);
     const at::Tensor inputs = batch.inputs.to(device);

@@ -20,7 +20,7 @@ namespace {
 // the vocabulary rows): the first vocab_size rows of the embedding / lm_head, everything else
 // whole. The padded rows of `to` keep their own values. Buffers (the padded mask) are not
 // copied: they differ by construction.
-void EmbedInto(distill::TransformerLM& from, distill::TransformerLM& to) {
+void EmbedInto(distill::Model& from, distill::Model& to) {
   torch::NoGradGuard no_grad;
   auto src = from->named_parameters();
   for (auto& item : to->named_parameters()) {
@@ -34,7 +34,7 @@ void EmbedInto(distill::TransformerLM& from, distill::TransformerLM& to) {
 }
 
 // max |a - b| over the parameters of the unpadded `a`, comparing the matching rows of `b`.
-double RealWeightDiff(distill::TransformerLM& a, distill::TransformerLM& b) {
+double RealWeightDiff(distill::Model& a, distill::Model& b) {
   torch::NoGradGuard no_grad;
   auto other = b->named_parameters();
   double d = 0;
@@ -86,14 +86,14 @@ int Padded(const Options& o) {
   cp.student.pad_vocab_to_multiple_of = cp.teacher.pad_vocab_to_multiple_of = 64;
   const int64_t Vp = cp.student.padded_vocab_size();
 
-  distill::TransformerLM teacher_u = PretrainTeacher(cu, cu.train.out_dir, o.small ? 30 : 300);
+  distill::Model teacher_u = PretrainTeacher(cu, cu.train.out_dir, o.small ? 30 : 300);
   const at::Device device = teacher_u->lm_head_weight().device();
-  distill::TransformerLM teacher_p = MakeModel(cp.teacher, /*seed=*/99, device);
+  distill::Model teacher_p = MakeModel(cp.teacher, /*seed=*/99, device);
   EmbedInto(teacher_u, teacher_p);
   teacher_p->eval();
   for (auto& p : teacher_p->parameters()) p.set_requires_grad(false);
-  distill::TransformerLM student_u = MakeModel(cu.student, /*seed=*/7, device);
-  distill::TransformerLM student_p = MakeModel(cp.student, /*seed=*/8, device);
+  distill::Model student_u = MakeModel(cu.student, /*seed=*/7, device);
+  distill::Model student_p = MakeModel(cp.student, /*seed=*/8, device);
   EmbedInto(student_u, student_p);
   at::Tensor expected = student_p->lm_head_weight().narrow(0, V, Vp - V).detach().clone();
   const at::Tensor initial = expected.clone();

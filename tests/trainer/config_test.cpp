@@ -26,7 +26,7 @@ const char* kValidDistill = "train:\n  mode: distill\nteacher:\n  checkpoint: t.
 TEST(ConfigTest, EmptyDocumentGivesDefaultsWhichNeedATeacher) {
   EXPECT_EQ(ErrorOf(""),
             "(default): teacher.checkpoint: expected a checkpoint file or run directory in "
-            "distill mode (or teacher.pretrain_steps > 0 to pretrain one first), got \"\"");
+            "distill mode (or teacher.hf_dir, or teacher.pretrain_steps > 0 to pretrain one first), got \"\"");
   EXPECT_EQ(ErrorOf(kValidDistill), "");
 }
 
@@ -157,9 +157,9 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "distill:\n  divergence: kl\n",
        "x.yaml:6: distill.divergence: expected one of: tvd, got \"kl\""},
       {head + "student:\n  n_layer: 1.5\n",
-       "x.yaml:6: student.n_layer: expected an integer >= 1, got \"1.5\""},
+       "x.yaml:6: student.n_layer: expected an integer in [1, 4096], got \"1.5\""},
       {head + "student:\n  n_layer: 0\n",
-       "x.yaml:6: student.n_layer: expected an integer >= 1, got \"0\""},
+       "x.yaml:6: student.n_layer: expected an integer in [1, 4096], got \"0\""},
       {head + "student:\n  dropout: 1\n",
        "x.yaml:6: student.dropout: expected a number in [0, 1), got \"1\""},
       {head + "student:\n  tie_embeddings: maybe\n",
@@ -190,7 +190,8 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "teacher:\n  vocab_size: 65\n",
        "x.yaml:5: teacher: duplicate key (first set at x.yaml:3)"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  vocab_size: 63\n",
-       "x.yaml:5: teacher.vocab_size: expected student.vocab_size (64), got 63"},
+       "x.yaml:5: teacher.vocab_size: expected student.vocab_size (64) (or set distill.vocab_size to "
+       "the tokenizer's size to align logits of different widths), got 63"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  pad_vocab_to_multiple_of: 48\n",
        "x.yaml:5: teacher.pad_vocab_to_multiple_of: expected a value that pads to the student's "
        "64 logits, got 48 (pads to 96)"},

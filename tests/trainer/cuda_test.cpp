@@ -29,7 +29,7 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   const StepResult step = trainer.Step();
   EXPECT_TRUE(std::isfinite(step.loss) && std::isfinite(step.grad_norm));
   // Parameters and optimizer state stay fp32 under autocast; the logits are bf16.
-  EXPECT_EQ(trainer.student()->lm_head_weight().scalar_type(), at::kFloat);
+  EXPECT_EQ(trainer.student().lm_head_weight().scalar_type(), at::kFloat);
   const EvalResult after = trainer.Train();
   EXPECT_LT(after.val_kd, before.val_kd) << before.val_kd << " -> " << after.val_kd;
   EXPECT_TRUE(std::isfinite(after.val_loss));
@@ -38,7 +38,7 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   longer.train.steps = 42;
   Trainer resumed(longer, RunOptions{false, true});
   EXPECT_EQ(resumed.step(), 40);
-  EXPECT_TRUE(at::equal(resumed.student()->lm_head_weight(), trainer.student()->lm_head_weight()));
+  EXPECT_TRUE(at::equal(resumed.student().lm_head_weight(), trainer.student().lm_head_weight()));
   resumed.Train();
   EXPECT_EQ(resumed.step(), 42);
 }

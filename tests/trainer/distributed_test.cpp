@@ -270,7 +270,7 @@ TEST(DistributedNoOpTest, TrainerWithTheNoOpGroupIsUnchanged) {
   c.train.out_dir += "-noop";
   Trainer with_group(c, RunOptions{true, true, &single});
   with_group.Train();
-  EXPECT_TRUE(at::equal(plain.student()->lm_head_weight(), with_group.student()->lm_head_weight()));
+  EXPECT_TRUE(at::equal(plain.student().lm_head_weight(), with_group.student().lm_head_weight()));
 }
 
 }  // namespace

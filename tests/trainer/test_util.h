@@ -84,9 +84,9 @@ inline Config TinyDistillConfig(const std::string& out_dir, int64_t teacher_step
 }
 
 // Copies of every parameter's gradient (zeros for parameters without one).
-inline std::vector<at::Tensor> Grads(TransformerLM& model) {
+inline std::vector<at::Tensor> Grads(CausalLM& model) {
   std::vector<at::Tensor> grads;
-  for (const auto& p : model->parameters()) {
+  for (const auto& p : model.parameters()) {
     grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
   }
   return grads;

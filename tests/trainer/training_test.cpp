@@ -106,8 +106,8 @@ TEST(TrainingTest, SelfDistillationStepZeroLeavesStudentBitIdentical) {
   const StepResult r = trainer.Step();
   EXPECT_EQ(r.kd_loss, 0.0);
   EXPECT_EQ(r.grad_norm, 0.0);
-  auto teacher = trainer.teacher()->get()->named_parameters();
-  for (const auto& p : trainer.student()->named_parameters()) {
+  auto teacher = trainer.teacher()->named_parameters();
+  for (const auto& p : trainer.student().named_parameters()) {
     EXPECT_TRUE(at::equal(p.value(), teacher[p.key()])) << p.key();
   }
 
@@ -116,7 +116,7 @@ TEST(TrainingTest, SelfDistillationStepZeroLeavesStudentBitIdentical) {
   c.train.out_dir += "-decay";
   Trainer decayed(c, RunOptions{true, true});
   decayed.Step();
-  EXPECT_FALSE(at::equal(decayed.student()->lm_head_weight(), teacher["token_embedding.weight"]));
+  EXPECT_FALSE(at::equal(decayed.student().lm_head_weight(), teacher["token_embedding.weight"]));
 }
 
 // vocab 24 padded to 32: the 8 padded logits are -inf in both models, both distributions are
@@ -135,21 +135,21 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
     Trainer trainer(c, RunOptions{false, true});
     const Batch batch = trainer.data().TrainBatch(0);
 
-    const at::Tensor logits = trainer.student()->forward(batch.inputs);
+    const at::Tensor logits = trainer.student().forward(batch.inputs);
     ASSERT_EQ(logits.size(-1), 32);
     EXPECT_TRUE(logits.slice(-1, 24).eq(-std::numeric_limits<float>::infinity()).all().item<bool>());
     EXPECT_TRUE(at::softmax(logits, -1).slice(-1, 24).eq(0).all().item<bool>());
 
     trainer.optimizer().zero_grad(true);
     trainer.AccumulateGradients({batch});
-    const at::Tensor grad = trainer.student()->lm_head_weight().grad();
+    const at::Tensor grad = trainer.student().lm_head_weight().grad();
     EXPECT_TRUE(grad.slice(0, 24).eq(0).all().item<bool>()) << (tied ? "tied" : "untied");
     EXPECT_GT(grad.slice(0, 0, 24).abs().sum().item<double>(), 0);  // real rows do learn
     // With weight decay off, optimizer steps leave the padded rows bit-identical.
-    const at::Tensor padded_before = trainer.student()->lm_head_weight().slice(0, 24).clone();
+    const at::Tensor padded_before = trainer.student().lm_head_weight().slice(0, 24).clone();
     trainer.Step();
     trainer.Step();
-    EXPECT_TRUE(at::equal(trainer.student()->lm_head_weight().slice(0, 24), padded_before));
+    EXPECT_TRUE(at::equal(trainer.student().lm_head_weight().slice(0, 24), padded_before));
   }
 }
 

@@ -34,11 +34,11 @@ std::vector<fs::path> CheckpointFiles(const std::string& run_dir) {
   return files;
 }
 
-void CheckArchitecture(torch::serialize::InputArchive& archive, const TransformerLM& model,
+void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& model,
                        const std::string& path) {
   c10::IValue saved;
   archive.read("architecture", saved);
-  const std::string expected = ArchitectureString(model->config());
+  const std::string expected = ArchitectureString(model.config());
   if (saved.toStringRef() != expected) {
     throw std::runtime_error(fmt::format("{}: the checkpoint's model ({}) differs from the "
                                          "configured one ({})",
@@ -63,16 +63,16 @@ void PruneCheckpoints(const std::string& run_dir, int64_t keep) {
   for (size_t i = 0; i + keep < files.size(); ++i) fs::remove(files[i]);
 }
 
-void SaveCheckpoint(const std::string& path, const TransformerLM& model,
+void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const torch::optim::Optimizer& optimizer, const TrainingPosition& position,
                     const at::Device& device) {
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
-  model->save(model_archive);
+  model.save(model_archive);
   optimizer.save(optimizer_archive);
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
-  archive.write("architecture", c10::IValue(ArchitectureString(model->config())));
+  archive.write("architecture", c10::IValue(ArchitectureString(model.config())));
   archive.write("step", c10::IValue(position.step));
   archive.write("data_position", c10::IValue(position.data_position));
   archive.write("rng_cpu", DefaultGenerator(at::Device(at::kCPU)).get_state(), /*is_buffer=*/true);
@@ -85,7 +85,7 @@ void SaveCheckpoint(const std::string& path, const TransformerLM& model,
   fs::rename(tmp, path);  // atomic on POSIX
 }
 
-TrainingPosition LoadCheckpoint(const std::string& path, TransformerLM& model,
+TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device) {
   torch::serialize::InputArchive archive;
   archive.load_from(path, device);
@@ -93,7 +93,7 @@ TrainingPosition LoadCheckpoint(const std::string& path, TransformerLM& model,
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive.read("model", model_archive);
   archive.read("optimizer", optimizer_archive);
-  model->load(model_archive);
+  model.load(model_archive);
   optimizer.load(optimizer_archive);
   TrainingPosition position;
   c10::IValue value;
@@ -110,7 +110,7 @@ TrainingPosition LoadCheckpoint(const std::string& path, TransformerLM& model,
   return position;
 }
 
-std::string LoadWeights(const std::string& path, TransformerLM& model, const at::Device& device) {
+std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device) {
   std::string file = path;
   if (fs::is_directory(path)) {
     auto latest = LatestCheckpoint(path);
@@ -128,7 +128,7 @@ std::string LoadWeights(const std::string& path, TransformerLM& model, const at:
   CheckArchitecture(archive, model, file);
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
-  model->load(model_archive);
+  model.load(model_archive);
   return file;
 }
 

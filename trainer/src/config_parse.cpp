@@ -10,6 +10,7 @@
 
 #include "config_schema.h"
 #include "distill/config.h"
+#include "distill/hf_config.h"
 
 namespace distill {
 namespace {
@@ -150,6 +151,55 @@ std::string Where(const Locations& locations, const std::string& path) {
   return it == locations.end() ? "(default)" : it->second;
 }
 
+// The keys of a model section that define its architecture (all but hf_dir and dropout), without
+// the section prefix.
+std::vector<std::string> ArchitectureKeys() {
+  std::vector<std::string> names;
+  const std::string prefix = "teacher.";  // the section without StudentConfig's own keys
+  for (const auto& k : Keys()) {
+    if (k.path.rfind(prefix, 0) != 0) continue;
+    const std::string name = k.path.substr(prefix.size());
+    if (name != "hf_dir" && name != "dropout" && name != "checkpoint" &&
+        name != "pretrain_steps") {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+// A model section with hf_dir: its architecture comes from <hf_dir>/config.json. A key that the
+// YAML or an override also sets must agree (a different value could not load the weights);
+// the keys left at their defaults take config.json's values.
+template <typename Section>
+void ResolveHfModel(const std::string& name, Section& model, Config& config, Locations& at) {
+  if (model.hf_dir.empty()) return;
+  Section from_hf = model;
+  try {
+    ReadHfConfig(model.hf_dir, from_hf);
+  } catch (const std::exception& e) {
+    Fail(Where(at, name + ".hf_dir"), name + ".hf_dir", e.what());
+  }
+  Config with_hf = config;
+  if constexpr (std::is_same_v<Section, StudentConfig>) {
+    with_hf.student = from_hf;
+  } else {
+    with_hf.teacher = from_hf;
+  }
+  for (const auto& key : ArchitectureKeys()) {
+    const std::string path = name + "." + key;
+    if (!at.count(path)) continue;
+    const internal::KeyDecl* decl = FindKey(path);
+    const std::string wanted = decl->get(with_hf), got = decl->get(config);
+    if (wanted != got) {
+      Fail(at[path], path,
+           fmt::format("expected {} (from {}/config.json: the architecture of a Hugging Face "
+                       "model comes from its config.json; remove the key), got {}",
+                       wanted, model.hf_dir, got));
+    }
+  }
+  model = from_hf;
+}
+
 // The constraints that involve more than one key. Each error is reported at the key that the
 // user most likely has to change.
 void CheckCrossKey(const Config& c, const Locations& at) {
@@ -158,7 +208,30 @@ void CheckCrossKey(const Config& c, const Locations& at) {
   };
   const bool distill = c.train.mode == "distill";
   auto check_model = [&](const std::string& name, const ModelConfig& m) {
-    if (m.d_model % m.n_head != 0) {
+    if (m.family == ModelFamily::kLlama) {
+      if (m.n_head % m.kv_heads() != 0) {
+        fail(name + ".n_kv_head", fmt::format("expected a divisor of {}.n_head ({}), got {}", name,
+                                              m.n_head, m.n_kv_head));
+      }
+      if (m.head_dim == 0 && m.d_model % m.n_head != 0) {
+        fail(name + ".d_model", fmt::format("expected a multiple of {}.n_head ({}) when head_dim "
+                                            "is 0, got {}",
+                                            name, m.n_head, m.d_model));
+      }
+      if (m.head_size() % 2 != 0) {
+        fail(name + ".head_dim",
+             fmt::format("expected an even head width (RoPE rotates pairs), got {}", m.head_size()));
+      }
+      if (m.rope_scaling.type == "llama3" &&
+          m.rope_scaling.high_freq_factor <= m.rope_scaling.low_freq_factor) {
+        fail(name + ".rope_scaling.high_freq_factor",
+             fmt::format("expected more than low_freq_factor ({}), got {}",
+                         m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor));
+      }
+    } else if (!m.hf_dir.empty()) {
+      fail(name + ".family", "expected llama (hf_dir is set: Hugging Face models are llama-family), "
+                             "got \"gpt\"");
+    } else if (m.d_model % m.n_head != 0) {
       fail(name + ".d_model",
            fmt::format("expected a multiple of {}.n_head ({}), got {}", name, m.n_head, m.d_model));
     }
@@ -188,8 +261,10 @@ void CheckCrossKey(const Config& c, const Locations& at) {
          fmt::format("expected at most data.seq_len ({}), got {}", c.data.seq_len,
                      c.data.min_seq_len));
   }
-  if (c.data.source == "text" && c.data.path.empty()) {
-    fail("data.path", "expected a file path (data.source is text), got \"\"");
+  if (c.data.source != "synthetic" && c.data.path.empty()) {
+    fail("data.path", fmt::format("expected a {} (data.source is {}), got \"\"",
+                                  c.data.source == "text" ? "file path" : "glob of token shards",
+                                  c.data.source));
   }
   if (c.train.device == "cpu" && c.train.precision == "bf16") {
     fail("train.precision",
@@ -203,10 +278,14 @@ void CheckCrossKey(const Config& c, const Locations& at) {
     }
     return;
   }
-  if (c.teacher.checkpoint.empty() && c.teacher.pretrain_steps == 0) {
+  if (c.teacher.checkpoint.empty() && c.teacher.pretrain_steps == 0 && c.teacher.hf_dir.empty()) {
     fail("teacher.checkpoint",
-         "expected a checkpoint file or run directory in distill mode (or teacher.pretrain_steps "
-         "> 0 to pretrain one first), got \"\"");
+         "expected a checkpoint file or run directory in distill mode (or teacher.hf_dir, or "
+         "teacher.pretrain_steps > 0 to pretrain one first), got \"\"");
+  }
+  if (!c.teacher.hf_dir.empty() && (!c.teacher.checkpoint.empty() || c.teacher.pretrain_steps > 0)) {
+    fail(c.teacher.checkpoint.empty() ? "teacher.pretrain_steps" : "teacher.checkpoint",
+         "expected no other teacher source when teacher.hf_dir is set (the weights come from it)");
   }
   if (!c.teacher.checkpoint.empty() && c.teacher.pretrain_steps > 0) {
     fail("teacher.pretrain_steps",
@@ -214,11 +293,22 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                      "pretrained), got {}",
                      c.teacher.pretrain_steps));
   }
-  if (c.teacher.vocab_size != c.student.vocab_size) {
-    fail("teacher.vocab_size", fmt::format("expected student.vocab_size ({}), got {}",
+  if (c.distill.vocab_size > 0) {
+    // Tokens below distill.vocab_size must be rows of both embeddings; the logits are aligned.
+    for (const auto& [name, m] : {std::pair<std::string, const ModelConfig&>{"student", c.student},
+                                  {"teacher", c.teacher}}) {
+      if (c.distill.vocab_size > m.vocab_size) {
+        fail("distill.vocab_size",
+             fmt::format("expected at most {}.vocab_size ({}), got {}", name, m.vocab_size,
+                         c.distill.vocab_size));
+      }
+    }
+  } else if (c.teacher.vocab_size != c.student.vocab_size) {
+    fail("teacher.vocab_size", fmt::format("expected student.vocab_size ({}) (or set "
+                                           "distill.vocab_size to the tokenizer's size to align "
+                                           "logits of different widths), got {}",
                                            c.student.vocab_size, c.teacher.vocab_size));
-  }
-  if (c.teacher.padded_vocab_size() != c.student.padded_vocab_size()) {
+  } else if (c.teacher.padded_vocab_size() != c.student.padded_vocab_size()) {
     fail("teacher.pad_vocab_to_multiple_of",
          fmt::format("expected a value that pads to the student's {} logits, got {} (pads to {})",
                      c.student.padded_vocab_size(), c.teacher.pad_vocab_to_multiple_of,
@@ -226,11 +316,7 @@ void CheckCrossKey(const Config& c, const Locations& at) {
   }
   if (c.student.init_from_teacher) {
     // The copy needs identical parameter shapes; dropout may differ.
-    const std::vector<std::string> shape_keys = {"vocab_size",     "pad_vocab_to_multiple_of",
-                                                 "context_length", "n_layer",
-                                                 "n_head",         "d_model",
-                                                 "mlp_ratio",      "tie_embeddings"};
-    for (const auto& name : shape_keys) {
+    for (const auto& name : ArchitectureKeys()) {
       const std::string s = FindKey("student." + name)->get(c);
       const std::string t = FindKey("teacher." + name)->get(c);
       if (s != t) {
@@ -262,6 +348,14 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
                                   source_name, root.Mark().line + 1, Describe(root)));
   }
   for (const auto& text : overrides) ApplyOverride(text, config, locations);
+  // Self-distillation from a Hugging Face teacher: the student starts from the same directory.
+  if (config.student.init_from_teacher && config.student.hf_dir.empty() &&
+      !config.teacher.hf_dir.empty()) {
+    config.student.hf_dir = config.teacher.hf_dir;
+    locations["student.hf_dir"] = Where(locations, "student.init_from_teacher");
+  }
+  ResolveHfModel("student", config.student, config, locations);
+  ResolveHfModel("teacher", config.teacher, config, locations);
   CheckCrossKey(config, locations);
   return config;
 }

@@ -90,10 +90,24 @@ std::optional<std::array<double, 2>> Convert(const YAML::Node& node) {
   return std::array<double, 2>{*a, *b};
 }
 
+template <>
+std::optional<ModelFamily> Convert(const YAML::Node& node) {
+  const std::optional<std::string> name = Convert<std::string>(node);
+  for (size_t i = 0; name && i < kModelFamilyNames.size(); ++i) {
+    if (*name == kModelFamilyNames[i]) return static_cast<ModelFamily>(i);
+  }
+  return std::nullopt;
+}
+Rule<ModelFamily> Families() {
+  return {fmt::format("one of: {}", fmt::join(kModelFamilyNames, ", ")),
+          [](const ModelFamily&) { return true; }};
+}
+
 std::string ToYaml(int64_t v) { return std::to_string(v); }
 std::string ToYaml(double v) { return fmt::format("{}", v); }
 std::string ToYaml(bool v) { return v ? "true" : "false"; }
 std::string ToYaml(const std::array<double, 2>& v) { return fmt::format("[{}, {}]", v[0], v[1]); }
+std::string ToYaml(ModelFamily v) { return kModelFamilyNames[static_cast<size_t>(v)]; }
 std::string ToYaml(const std::string& v) {
   bool plain = !v.empty();
   for (char c : v) {
@@ -132,25 +146,69 @@ void Add(std::vector<KeyDecl>& keys, std::string path, Access access, Rule<T> ru
 template <typename Model>
 void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model model) {
   auto key = [&](const char* name) { return section + "." + name; };
+  Add(keys, key("family"), [=](auto& c) -> auto& { return model(c).family; }, Families(),
+      "gpt: the quickstart's GPT-style model; llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 decoders.");
+  Add(keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
+      "A Hugging Face model directory (config.json + safetensors): architecture and weights "
+      "come from it (family llama); keys set here must agree with its config.json.");
   Add(keys, key("vocab_size"), [=](auto& c) -> auto& { return model(c).vocab_size; },
-      IntAtLeast(2), "Real vocabulary size; data tokens are in [0, vocab_size).");
+      IntIn(2, int64_t{1} << 31), "Real vocabulary size; data tokens are in [0, vocab_size).");
   Add(keys, key("pad_vocab_to_multiple_of"),
-      [=](auto& c) -> auto& { return model(c).pad_vocab_to_multiple_of; }, IntAtLeast(1),
+      [=](auto& c) -> auto& { return model(c).pad_vocab_to_multiple_of; },
+      IntIn(1, int64_t{1} << 20),
       "Round the embedding/lm_head rows up to a multiple of this; padded logits are -inf.");
   Add(keys, key("context_length"), [=](auto& c) -> auto& { return model(c).context_length; },
-      IntAtLeast(1), "Longest input sequence (learned position embeddings).");
-  Add(keys, key("n_layer"), [=](auto& c) -> auto& { return model(c).n_layer; }, IntAtLeast(1),
+      IntIn(1, int64_t{1} << 24),
+      "Longest input sequence (gpt: learned positions; llama: max_position_embeddings).");
+  Add(keys, key("n_layer"), [=](auto& c) -> auto& { return model(c).n_layer; }, IntIn(1, 4096),
       "Transformer blocks.");
-  Add(keys, key("n_head"), [=](auto& c) -> auto& { return model(c).n_head; }, IntAtLeast(1),
-      "Attention heads per block; must divide d_model.");
-  Add(keys, key("d_model"), [=](auto& c) -> auto& { return model(c).d_model; }, IntAtLeast(1),
-      "Width of the residual stream.");
+  Add(keys, key("n_head"), [=](auto& c) -> auto& { return model(c).n_head; }, IntIn(1, 4096),
+      "Attention (query) heads per block; gpt: must divide d_model.");
+  Add(keys, key("d_model"), [=](auto& c) -> auto& { return model(c).d_model; },
+      IntIn(1, int64_t{1} << 20), "Width of the residual stream (HF: hidden_size).");
   Add(keys, key("mlp_ratio"), [=](auto& c) -> auto& { return model(c).mlp_ratio; },
-      NumberAbove(0), "MLP hidden width = round(mlp_ratio * d_model).");
+      NumberStrictlyIn(0, 1024),
+      "MLP hidden width = round(mlp_ratio * d_model) (llama: unless intermediate_size is set).");
   Add(keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
       NumberIn(0, 1, true), "Dropout on attention, MLP and embeddings while training.");
   Add(keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
       Bool(), "lm_head shares the token embedding matrix.");
+  Add(keys, key("n_kv_head"), [=](auto& c) -> auto& { return model(c).n_kv_head; },
+      IntIn(0, 4096), "llama: key/value heads (grouped-query attention); 0: n_head.");
+  Add(keys, key("head_dim"), [=](auto& c) -> auto& { return model(c).head_dim; },
+      IntIn(0, 65536), "llama: width of one attention head; 0: d_model / n_head.");
+  Add(keys, key("intermediate_size"), [=](auto& c) -> auto& { return model(c).intermediate_size; },
+      IntIn(0, int64_t{1} << 22), "llama: SwiGLU hidden width; 0: round(mlp_ratio * d_model).");
+  Add(keys, key("norm_eps"), [=](auto& c) -> auto& { return model(c).norm_eps; },
+      NumberStrictlyIn(0, 1), "llama: RMSNorm epsilon (HF: rms_norm_eps).");
+  Add(keys, key("rope_theta"), [=](auto& c) -> auto& { return model(c).rope_theta; },
+      NumberStrictlyIn(1, 1e12), "llama: RoPE base.");
+  Add(keys, key("rope_scaling.type"), [=](auto& c) -> auto& { return model(c).rope_scaling.type; },
+      OneOf({"", "llama3"}), "llama: RoPE frequency scaling (\"\": none; llama3).");
+  Add(keys, key("rope_scaling.factor"),
+      [=](auto& c) -> auto& { return model(c).rope_scaling.factor; }, NumberStrictlyIn(0, 1e6),
+      "llama3 scaling: factor.");
+  Add(keys, key("rope_scaling.low_freq_factor"),
+      [=](auto& c) -> auto& { return model(c).rope_scaling.low_freq_factor; },
+      NumberStrictlyIn(0, 1e6), "llama3 scaling: low_freq_factor.");
+  Add(keys, key("rope_scaling.high_freq_factor"),
+      [=](auto& c) -> auto& { return model(c).rope_scaling.high_freq_factor; },
+      NumberStrictlyIn(0, 1e6), "llama3 scaling: high_freq_factor (> low_freq_factor).");
+  Add(keys, key("rope_scaling.original_max_position_embeddings"),
+      [=](auto& c) -> auto& { return model(c).rope_scaling.original_max_position_embeddings; },
+      IntIn(1, int64_t{1} << 24), "llama3 scaling: the pretraining context length.");
+  Add(keys, key("attention_bias"), [=](auto& c) -> auto& { return model(c).attention_bias; },
+      Bool(), "llama: biases on the q, k, v projections (Qwen2: true).");
+  Add(keys, key("attention_out_bias"),
+      [=](auto& c) -> auto& { return model(c).attention_out_bias; }, Bool(),
+      "llama: bias on the attention output projection.");
+  Add(keys, key("mlp_bias"), [=](auto& c) -> auto& { return model(c).mlp_bias; }, Bool(),
+      "llama: biases on the MLP projections.");
+  Add(keys, key("qk_norm"), [=](auto& c) -> auto& { return model(c).qk_norm; }, Bool(),
+      "llama: RMSNorm of every query and key head before RoPE (Qwen3).");
+  Add(keys, key("hf_model_type"), [=](auto& c) -> auto& { return model(c).hf_model_type; },
+      OneOf({"llama", "mistral", "qwen2", "qwen3"}),
+      "llama: the config.json model_type written when the model is exported.");
 }
 
 std::vector<KeyDecl> Declare() {
@@ -166,12 +224,16 @@ std::vector<KeyDecl> Declare() {
       "Without a checkpoint: pretrain the teacher this many steps into <out_dir>/teacher first.");
 
   Add(k, "data.source", [](auto& c) -> auto& { return c.data.source; },
-      OneOf({"synthetic", "text"}),
-      "synthetic: seeded Markov language with a known entropy floor; text: bytes of data.path.");
+      OneOf({"synthetic", "text", "tokens"}),
+      "synthetic: seeded Markov language with a known entropy floor; text: bytes of data.path; "
+      "tokens: llm.c token shards.");
   Add(k, "data.path", [](auto& c) -> auto& { return c.data.path; }, AnyString(),
-      "text: the UTF-8 file to train on (byte-level tokens, vocab_size 256).");
+      "text: the UTF-8 file to train on (byte-level tokens, vocab_size 256); tokens: a glob of "
+      "llm.c .bin shards (training).");
+  Add(k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, AnyString(),
+      "tokens: a glob of validation shards; empty: the last val_fraction of data.path's tokens.");
   Add(k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
-      NumberStrictlyIn(0, 1), "text: the last fraction of the file is the validation split.");
+      NumberStrictlyIn(0, 1), "text, tokens: the last fraction of the data is the validation split.");
   Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; }, IntAtLeast(1),
       "Sequences per micro-batch.");
   Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; }, IntAtLeast(1),
@@ -197,6 +259,10 @@ std::vector<KeyDecl> Declare() {
       NumberAtLeast(0), "Weight of the hard-label cross-entropy term.");
   Add(k, "distill.ignore_index", [](auto& c) -> auto& { return c.distill.ignore_index; }, AnyInt(),
       "Target value marking padding: no loss, no gradient, not counted (must be outside [0, V)).");
+  Add(k, "distill.vocab_size", [](auto& c) -> auto& { return c.distill.vocab_size; },
+      IntIn(0, int64_t{1} << 31),
+      "The tokenizer's real vocabulary: logit columns at or past it are -inf in both models "
+      "(and the narrower logits are padded with -inf columns); 0: every column is real.");
 
   Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; }, NumberAbove(0),
       "AdamW peak learning rate.");
@@ -245,6 +311,8 @@ std::vector<KeyDecl> Declare() {
       "distill mode: also train the student on hard labels only, into <out_dir>/baseline.");
   Add(k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
+  Add(k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
+      "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf.");
   return k;
 }
 

@@ -1,5 +1,8 @@
 #include "distill/loss.h"
 
+#include <limits>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 #include <lossfns/tvd.h>
@@ -23,17 +26,38 @@ at::Tensor DivergenceSum(const at::Tensor& p, const at::Tensor& q, const at::Ten
   TORCH_CHECK(false, "unreachable");
 }
 
+at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  at::Tensor out = logits;
+  const int64_t have = logits.size(-1);
+  if (vocab_size > 0 && vocab_size < have) {
+    // masked_fill's backward is zero at the masked columns: padding rows get no gradient.
+    out = out.masked_fill(at::arange(have, logits.options().dtype(at::kLong)).ge(vocab_size),
+                          neg_inf);
+  }
+  if (width > have) {
+    std::vector<int64_t> shape = logits.sizes().vec();
+    shape.back() = width - have;
+    out = at::cat({out, at::full(shape, neg_inf, out.options())}, -1);
+  }
+  return out;
+}
+
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
                          const at::Tensor& targets, const DistillConfig& config) {
-  const int64_t V = student_logits.size(-1);
+  const int64_t width = std::max(student_logits.size(-1),
+                                 teacher_logits.defined() ? teacher_logits.size(-1) : 0);
   // fp32 for the softmax and the reductions, also under bf16 autocast.
-  const at::Tensor s = student_logits.reshape({-1, V}).to(at::kFloat);
+  const at::Tensor s =
+      AlignLogits(student_logits, width, config.vocab_size).reshape({-1, width}).to(at::kFloat);
   const at::Tensor y = targets.reshape({-1});
   at::Tensor ce = at::cross_entropy_loss(s, y, /*weight=*/{}, at::Reduction::Sum,
                                          config.ignore_index);
   if (!teacher_logits.defined()) return {ce, at::zeros_like(ce), ce.detach()};
 
-  const at::Tensor t = teacher_logits.reshape({-1, V}).to(at::kFloat).detach();
+  const at::Tensor t = AlignLogits(teacher_logits.detach(), width, config.vocab_size)
+                           .reshape({-1, width})
+                           .to(at::kFloat);
   const at::Tensor p = at::softmax(s / config.temperature, -1);
   const at::Tensor q = at::softmax(t / config.temperature, -1);
   at::Tensor kd = DivergenceSum(p, q, y, config);

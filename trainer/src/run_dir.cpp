@@ -60,6 +60,7 @@ std::string RunIdentity(const Config& config) {
   c.train.keep_checkpoints = defaults.keep_checkpoints;
   c.train.resume = defaults.resume;
   c.train.out_dir = defaults.out_dir;
+  c.train.export_hf = defaults.export_hf;
   return ConfigToYaml(c);
 }
 

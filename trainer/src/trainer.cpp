@@ -11,7 +11,11 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
+#include <set>
+
 #include "distill/autocast.h"
+#include "distill/hf_export.h"
+#include "distill/safetensors.h"
 #include "distill/loss.h"
 #include "distill/run_dir.h"
 
@@ -62,19 +66,30 @@ double LearningRate(const Config& config, int64_t step) {
   return peak;
 }
 
-std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const Config& config, TransformerLM& model) {
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, CausalLM& model) {
+  ParameterGroups params = model.parameter_groups();
   auto options_for = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(config.optim.lr)
-                                                            .betas({config.optim.betas[0], config.optim.betas[1]})
-                                                            .eps(config.optim.eps)
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(config.lr)
+                                                            .betas({config.betas[0], config.betas[1]})
+                                                            .eps(config.eps)
                                                             .weight_decay(weight_decay));
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, options_for(config.optim.weight_decay));
-  groups.emplace_back(no_decay, options_for(0.0));
-  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(config.optim.lr));
+  groups.emplace_back(params.decay, options_for(config.weight_decay));
+  groups.emplace_back(params.no_decay, options_for(0.0));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(config.lr));
+}
+
+Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device) {
+  Model model = MakeModel(config);
+  if (!config.hf_dir.empty()) {
+    const std::vector<std::string> ignorable = model->hf_ignorable_tensors();
+    LoadModuleFromHf(config.hf_dir, *model,
+                     std::set<std::string>(ignorable.begin(), ignorable.end()));
+  }
+  model->to(device);
+  if (config.hf_dir.empty() && !checkpoint.empty()) LoadWeights(checkpoint, *model, device);
+  return model;
 }
 
 Trainer::Trainer(Config config, RunOptions options)
@@ -96,24 +111,21 @@ Trainer::Trainer(Config config, RunOptions options)
 
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   if (distill_) {
-    teacher_ = TransformerLM(config_.teacher);
-    teacher_->to(device_);
-    if (!config_.teacher.checkpoint.empty()) {
-      LoadWeights(config_.teacher.checkpoint, teacher_, device_);
-    }
+    teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_);
     teacher_->eval();
     for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
   }
-  student_ = TransformerLM(config_.student);
-  student_->to(device_);
-  if (config_.student.init_from_teacher) CopyWeights(teacher_, student_);
+  student_ = BuildModel(config_.student, /*checkpoint=*/"", device_);
+  if (config_.student.init_from_teacher && config_.student.hf_dir.empty()) {
+    CopyWeights(*teacher_, *student_);
+  }
   student_->train();
 
-  optimizer_ = MakeOptimizer(config_, student_);
+  optimizer_ = MakeOptimizer(config_.optim, *student_);
 
   if (same_run) {
     if (auto latest = LatestCheckpoint(config_.train.out_dir)) {
-      position_ = LoadCheckpoint(*latest, student_, *optimizer_, device_);
+      position_ = LoadCheckpoint(*latest, *student_, *optimizer_, device_);
       checkpointed_step_ = position_.step;
     }
   }
@@ -264,7 +276,7 @@ EvalResult Trainer::Evaluate() {
 void Trainer::SaveCheckpoint() {
   checkpointed_step_ = position_.step;
   if (!dist_->is_main()) return;  // the replicas are identical; rank 0 writes the one copy
-  distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), student_,
+  distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
                           *optimizer_, position_, device_);
   PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
 }
@@ -359,6 +371,11 @@ EvalResult Trainer::Train() {
               .Add("elapsed_s", elapsed_)
               .str() +
           "\n");
+  if (config_.train.export_hf && config_.student.family == ModelFamily::kLlama) {
+    const std::string hf_dir = (fs::path(config_.train.out_dir) / "hf").string();
+    ExportHf(*student_, hf_dir, ExportSources(config_), /*replace=*/true);
+    progress_->Log(fmt::format("exported the student to {} (Hugging Face format)", hf_dir));
+  }
   return final_eval;
 }
 

@@ -21,18 +21,18 @@ struct TrainingPosition {
 
 // Saves atomically to `path`; the RNG states saved are the default generators of the CPU and,
 // when `device` is CUDA, of that device.
-void SaveCheckpoint(const std::string& path, const TransformerLM& model,
+void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const torch::optim::Optimizer& optimizer, const TrainingPosition& position,
                     const at::Device& device);
 
 // Restores everything SaveCheckpoint wrote (also the RNG states). Throws std::runtime_error
 // when the checkpoint's architecture differs from `model`'s.
-TrainingPosition LoadCheckpoint(const std::string& path, TransformerLM& model,
+TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device);
 
 // Loads only the weights (the teacher). `path`: a checkpoint file, or a run directory whose
 // latest checkpoint is used. Returns the file loaded.
-std::string LoadWeights(const std::string& path, TransformerLM& model, const at::Device& device);
+std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device);
 
 // The newest checkpoint in <run_dir>/checkpoints, if any.
 std::optional<std::string> LatestCheckpoint(const std::string& run_dir);

@@ -147,6 +147,7 @@ struct TrainConfig {
   bool resume = true;
   bool baseline = false;  // distill mode: also train the student on hard labels, for comparison
   std::string out_dir = "runs/default";
+  bool export_hf = true;  // llama family: write <out_dir>/hf (config.json + safetensors) at the end
 };
 
 struct Config {

@@ -24,10 +24,16 @@ struct LossSums {
   at::Tensor ce;     // 0-dim fp32, detached
 };
 
-// student_logits, teacher_logits: (B, T, V) (padded columns -inf in both); targets (B, T) int64
-// with ignore_index for padding. teacher_logits undefined in pretrain mode (kd_weight ignored).
+// student_logits (B, T, V_s), teacher_logits (B, T, V_t): padded columns -inf; both are aligned
+// by AlignLogits to max(V_s, V_t) columns with config.vocab_size; targets (B, T) int64 with
+// ignore_index for padding. teacher_logits undefined in pretrain mode (kd_weight ignored).
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
                          const at::Tensor& targets, const DistillConfig& config);
+
+// logits (..., V) -> (..., width): columns at or past vocab_size (when 0 < vocab_size < V) set
+// to -inf, then -inf columns appended up to `width` (width >= V). Returns `logits` itself when
+// there is nothing to do.
+at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size);
 
 // The divergence alone, summed over non-ignored rows: (BT, V) probabilities, (BT,) targets.
 at::Tensor DivergenceSum(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,

@@ -1,65 +1,59 @@
-// A decoder-only transformer language model (GPT-style, pre-LayerNorm, learned positions).
-//
-// forward: tokens (B, T) int64 in [0, vocab_size), T <= context_length
-//       -> logits (B, T, padded_vocab_size), with the padded columns exactly -inf, so a softmax
-//          gives them probability 0.0 and no gradient reaches the padded lm_head rows.
-// Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
+// The model seam: every model family is a CausalLM (tokens in, logits out). The trainer, the
+// checkpoints, the optimizer set-up, the HF import/export and the convergence harness see only
+// this interface; a new family is one file under trainer/src/models/ and one line in the table
+// of MakeModel (models/factory.cpp).
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
-#include <torch/nn/pimpl.h>
 
 #include "distill/config.h"
 
 namespace distill {
 
-class BlockImpl : public torch::nn::Module {
- public:
-  explicit BlockImpl(const ModelConfig& config);
-  // x: (B, T, d_model) -> (B, T, d_model), causal self-attention then MLP, both residual.
-  at::Tensor forward(const at::Tensor& x);
-
- private:
-  int64_t n_head_;
-  double dropout_;
-  torch::nn::LayerNorm ln_attn_{nullptr}, ln_mlp_{nullptr};
-  torch::nn::Linear qkv_{nullptr}, attn_out_{nullptr}, mlp_in_{nullptr}, mlp_out_{nullptr};
-  torch::nn::Dropout resid_dropout_{nullptr};
+// Parameters that get weight decay and those that do not (biases, norm gains).
+struct ParameterGroups {
+  std::vector<at::Tensor> decay, no_decay;
 };
-TORCH_MODULE(Block);
 
-class TransformerLMImpl : public torch::nn::Module {
+class CausalLM : public torch::nn::Module {
  public:
-  // Parameters are initialised from torch's default generator: seed it first for determinism.
-  explicit TransformerLMImpl(const ModelConfig& config);
-  at::Tensor forward(const at::Tensor& tokens);
+  explicit CausalLM(const ModelConfig& config) : config_(config) {}
+  // tokens (B, T) int64 in [0, vocab_size), T <= context_length
+  //   -> logits (B, T, logits_width()); columns of padded_mask() are exactly -inf, so a softmax
+  //      gives them probability 0.0 and no gradient reaches their lm_head rows.
+  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  // The output projection, (logits_width(), d_model); the token embedding when tied.
+  virtual at::Tensor lm_head_weight() const = 0;
 
   const ModelConfig& config() const { return config_; }
-  // The output projection, (padded_vocab_size, d_model); the token embedding when tied.
-  at::Tensor lm_head_weight() const;
+  int64_t logits_width() const { return config_.padded_vocab_size(); }
+  // (logits_width(),) bool, true for the columns the model masks to -inf (gpt: the rows past
+  // vocab_size that pad_vocab_to_multiple_of added; llama: none).
+  at::Tensor padded_mask() const;
+  // Matrices decay; vectors (biases, LayerNorm/RMSNorm gains) do not.
+  virtual ParameterGroups parameter_groups();
   int64_t num_parameters() const;
+  // Names of tensors that a Hugging Face file of this family may hold and this module does not
+  // (the tied lm_head, rotary caches); "*suffix" matches by suffix. Empty for non-HF families.
+  virtual std::vector<std::string> hf_ignorable_tensors() const { return {}; }
 
- private:
+ protected:
   ModelConfig config_;
-  torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
-  torch::nn::Dropout embedding_dropout_{nullptr};
-  torch::nn::ModuleList blocks_{nullptr};
-  torch::nn::LayerNorm ln_final_{nullptr};
-  at::Tensor lm_head_;      // (padded_vocab_size, d_model); undefined when tied
-  at::Tensor padded_mask_;  // (padded_vocab_size,) bool buffer, true for padded columns
 };
-TORCH_MODULE(TransformerLM);
+
+using Model = std::shared_ptr<CausalLM>;
+
+// The factory: config.family -> a freshly initialised model (weights from torch's default
+// generator: seed it first for determinism), on the CPU.
+Model MakeModel(const ModelConfig& config);
 
 // Copies every parameter and buffer of `from` into `to` (same architecture), bit for bit.
-void CopyWeights(const TransformerLM& from, TransformerLM& to);
+void CopyWeights(const CausalLM& from, CausalLM& to);
 
 // The architecture keys as one line, stored in checkpoints to reject mismatched loads.
 std::string ArchitectureString(const ModelConfig& config);

@@ -51,9 +51,14 @@ at::Device ResolveDevice(const std::string& device);
 // schedule.warmup_steps, then cosine / linear / constant decay to lr * min_lr_ratio at the end.
 double LearningRate(const Config& config, int64_t step);
 
-// AdamW over `model` as every trainer here uses it: decoupled weight decay on matrices only
-// (biases and LayerNorm gains are not decayed), betas/eps/lr from config.optim.
-std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const Config& config, TransformerLM& model);
+// AdamW over `model` as every trainer here uses it: decoupled weight decay on the model's decay
+// group only (matrices; biases and norm gains are not decayed), betas/eps/lr from `config`.
+std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, CausalLM& model);
+
+// A model of `config` on `device` with its weights: from config.hf_dir (Hugging Face
+// safetensors), else from `checkpoint` (a checkpoint file or run directory) when not empty, else
+// freshly initialised from torch's default generator. Throws naming the file on any problem.
+Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device);
 
 class Trainer {
  public:
@@ -86,8 +91,8 @@ class Trainer {
   int64_t step() const { return position_.step; }
   const Config& config() const { return config_; }
   const DataSource& data() const { return *data_; }
-  TransformerLM& student() { return student_; }
-  TransformerLM* teacher() { return teacher_ ? &teacher_ : nullptr; }
+  CausalLM& student() { return *student_; }
+  CausalLM* teacher() { return teacher_.get(); }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const at::Device& device() const { return device_; }
   Distributed& distributed() { return *dist_; }
@@ -104,8 +109,8 @@ class Trainer {
   at::Device device_;
   bool distill_;
   std::unique_ptr<DataSource> data_;
-  TransformerLM student_{nullptr};
-  TransformerLM teacher_{nullptr};
+  Model student_;
+  Model teacher_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;

@@ -1,0 +1,279 @@
+// The llama family against Hugging Face transformers: the fixtures' logits (tiny random models
+// made by scripts/make_hf_fixtures.py), export round trips (C++ and transformers), the padded
+// vocabulary of different widths, and the real SmolLM2-135M when the set-up prepared it.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/utils.h>
+
+#include "distill/hf_config.h"
+#include "distill/hf_export.h"
+#include "distill/loss.h"
+#include "distill/run.h"
+#include "distill/safetensors.h"
+#include "distill/trainer.h"
+#include "test_util.h"
+
+namespace distill {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing::TempRunDir;
+
+const std::string kFixtures = DISTILL_FIXTURES_DIR;
+const std::vector<std::string> kFixtureNames = {"llama_gqa_rope3", "llama_untied_mha", "mistral",
+                                                "qwen2_teacher",   "qwen2_student",    "qwen3_qknorm"};
+
+std::string Fixture(const std::string& name) { return kFixtures + "/" + name; }
+
+ModelConfig HfModelConfig(const std::string& dir) {
+  ModelConfig c;
+  c.hf_dir = dir;
+  ReadHfConfig(dir, c);
+  return c;
+}
+
+// max |a - b| / max(1, max |b|) over the finite entries; NaN/inf must sit in the same places.
+double RelativeMaxDiff(const at::Tensor& a, const at::Tensor& b) {
+  EXPECT_TRUE(at::equal(at::isfinite(a), at::isfinite(b)));
+  const at::Tensor finite = at::isfinite(b);
+  const double diff = (a - b).masked_select(finite).abs().max().item<double>();
+  const double scale = std::max(1.0, b.masked_select(finite).abs().max().item<double>());
+  return diff / scale;
+}
+
+// Runs scripts/hf_logits.py: transformers loads `hf_dir` and checks the logits in `check_file`.
+// Returns the exit status (0: equal within 1e-4 relative to the logits' scale).
+int TransformersCheck(const std::string& hf_dir, const std::string& check_file) {
+  const std::string cmd = fmt::format("'{}' '{}/hf_logits.py' --hf-dir '{}' --check '{}'",
+                                      LOSSFNS_PYTHON, DISTILL_SCRIPTS_DIR, hf_dir, check_file);
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+bool PythonHasTransformers() {
+  if (std::string(LOSSFNS_PYTHON).empty()) return false;
+  const std::string cmd = fmt::format("'{}' -c 'import transformers, safetensors' >/dev/null 2>&1",
+                                      LOSSFNS_PYTHON);
+  return std::system(cmd.c_str()) == 0;
+}
+
+// fp32 on CPU: the same arithmetic as transformers' modeling code in the same order up to the
+// matmul kernels' summation order, so the logits agree to ~1e-6 of their scale; 1e-4 leaves room
+// for other BLAS builds and is still far below any mapping error (a wrong RoPE layout or a
+// missing bias moves logits by O(1) of their scale).
+constexpr double kLogitsTolerance = 1e-4;
+
+TEST(HfModel, ForwardMatchesTransformersLogits) {
+  for (const auto& name : kFixtureNames) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = HfModelConfig(Fixture(name));
+    Model model = BuildModel(config, "", at::Device(at::kCPU));
+    model->eval();
+    SafetensorsFile expected(Fixture(name) + "/expected.safetensors");
+    const at::Tensor ids = expected.Tensor("input_ids", at::kLong);
+    const at::Tensor ref = expected.Tensor("logits", at::kFloat);
+    torch::NoGradGuard no_grad;
+    const at::Tensor logits = model->forward(ids);
+    ASSERT_EQ(logits.sizes(), ref.sizes());
+    EXPECT_LE(RelativeMaxDiff(logits, ref), kLogitsTolerance);
+  }
+}
+
+TEST(HfModel, ConfigDecidesTheArchitecture) {
+  const ModelConfig rope3 = HfModelConfig(Fixture("llama_gqa_rope3"));
+  EXPECT_EQ(rope3.family, ModelFamily::kLlama);
+  EXPECT_EQ(rope3.rope_scaling.type, "llama3");
+  EXPECT_LT(rope3.kv_heads(), rope3.n_head);
+  EXPECT_TRUE(rope3.tie_embeddings);
+  const ModelConfig qwen2 = HfModelConfig(Fixture("qwen2_teacher"));
+  EXPECT_TRUE(qwen2.attention_bias);
+  EXPECT_FALSE(qwen2.attention_out_bias);
+  const ModelConfig qwen3 = HfModelConfig(Fixture("qwen3_qknorm"));
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_NE(qwen3.head_size() * qwen3.n_head, qwen3.d_model);
+}
+
+TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
+  const bool python = PythonHasTransformers();
+  for (const auto& name : kFixtureNames) {
+    SCOPED_TRACE(name);
+    const std::string out = TempRunDir("_" + name);
+    const ModelConfig config = HfModelConfig(Fixture(name));
+    Model model = BuildModel(config, "", at::Device(at::kCPU));
+    // Move the weights away from the fixture's, so the check is of the export, not the fixture.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(0.01 * at::randn_like(p));
+    }
+    Config run;
+    run.student = StudentConfig();
+    static_cast<ModelConfig&>(run.student) = config;
+    ExportHf(*model, out, ExportSources(run), /*replace=*/false);
+    EXPECT_TRUE(fs::exists(out + "/config.json"));
+    EXPECT_FALSE(fs::exists(out + ".tmp-" + std::to_string(::getpid())));
+
+    ModelConfig again = HfModelConfig(out);
+    EXPECT_EQ(ArchitectureString(again), ArchitectureString(config));
+    Model reloaded = BuildModel(again, "", at::Device(at::kCPU));
+    auto want = model->named_parameters();
+    for (const auto& p : reloaded->named_parameters()) {
+      EXPECT_TRUE(at::equal(p.value(), want[p.key()])) << p.key();
+    }
+    // An existing directory is never overwritten by a plain export.
+    EXPECT_THAT([&] { ExportHf(*model, out, {}, false); },
+                ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("already exists")));
+
+    if (!python) continue;
+    model->eval();
+    SafetensorsFile expected(Fixture(name) + "/expected.safetensors");
+    const at::Tensor ids = expected.Tensor("input_ids", at::kLong);
+    torch::NoGradGuard no_grad;
+    WriteSafetensors(out + "-check.safetensors", {{"input_ids", ids}, {"logits", model->forward(ids)}});
+    EXPECT_EQ(TransformersCheck(out, out + "-check.safetensors"), 0);
+  }
+  if (!python) GTEST_SKIP() << "no python with transformers (LOSSFNS_PYTHON): C++ round trip only";
+}
+
+TEST(HfModel, ExportOfAGptModelIsRefused) {
+  ModelConfig gpt;
+  Model model = MakeModel(gpt);
+  EXPECT_THAT([&] { ExportHf(*model, TempRunDir(), {}, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("only llama-family")));
+}
+
+TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
+  const std::string dir = Fixture("llama_gqa_rope3");
+  const std::string yaml = fmt::format(
+      "train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\n  n_layer: 7\ndata:\n  seq_len: 8\n"
+      "  min_seq_len: 8\n",
+      dir);
+  try {
+    ParseConfig(yaml, "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("x.yaml:5: student.n_layer: expected 2 (from " + dir));
+  }
+  // Agreeing keys, and keys left out, are fine: config.json fills them in.
+  const Config c = ParseConfig(fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\n"
+                                           "  n_layer: 2\ndata:\n  seq_len: 8\n  min_seq_len: 8\n",
+                                           dir),
+                               "x.yaml");
+  EXPECT_EQ(c.student.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.student.rope_scaling.type, "llama3");
+  // A missing directory names the key and the file.
+  try {
+    ParseConfig("train:\n  mode: pretrain\nstudent:\n  hf_dir: /nonexistent/m\n", "y.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("y.yaml:4: student.hf_dir: "));
+    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/m/config.json"));
+  }
+}
+
+TEST(HfModel, AlignLogitsMasksAndPadsWithMinusInfinity) {
+  const at::Tensor logits = at::randn({2, 3, 6});
+  const at::Tensor aligned = AlignLogits(logits, 8, 4);
+  ASSERT_EQ(aligned.size(-1), 8);
+  EXPECT_TRUE(at::equal(aligned.narrow(-1, 0, 4), logits.narrow(-1, 0, 4)));
+  EXPECT_TRUE(aligned.narrow(-1, 4, 4).isneginf().all().item<bool>());
+  EXPECT_TRUE(AlignLogits(logits, 6, 0).is_same(logits));
+}
+
+// Qwen2-style teacher and student of different logit widths (160 and 144 rows) with a
+// tokenizer of 130 tokens: the columns past 130 are exact ties at probability 0, get no
+// gradient, and training is finite.
+TEST(HfModel, PaddedVocabulariesOfDifferentWidthsDistil) {
+  const std::string out = TempRunDir();
+  Config c = testing::TinyConfig(out);
+  c.train.mode = "distill";
+  c.teacher.hf_dir = Fixture("qwen2_teacher");
+  c.student.hf_dir = Fixture("qwen2_student");
+  ReadHfConfig(c.teacher.hf_dir, c.teacher);
+  ReadHfConfig(c.student.hf_dir, c.student);
+  c.distill.vocab_size = 130;
+  c.distill.ce_weight = 0.5;
+  c.data.synthetic.branching = 4;
+  c.train.steps = 3;
+  c.train.export_hf = false;
+  Trainer trainer(c, RunOptions{false, true});
+  const StepResult first = trainer.Step();
+  EXPECT_TRUE(std::isfinite(first.loss));
+  EXPECT_GT(first.kd_loss, 0.0);
+  // One more micro-batch by hand, to look at the gradient of the padded lm_head rows.
+  trainer.optimizer().zero_grad();
+  trainer.AccumulateGradients({trainer.data().TrainBatch(100)});
+  const at::Tensor grad = trainer.student().lm_head_weight().grad();
+  ASSERT_TRUE(grad.defined());
+  EXPECT_TRUE(at::equal(grad.narrow(0, 130, 144 - 130), at::zeros({144 - 130, grad.size(1)})));
+  EXPECT_GT(grad.narrow(0, 0, 130).abs().max().item<double>(), 0.0);
+}
+
+// --- SmolLM2-135M, prepared by the set-up (scripts/prepare_smollm2.py); skipped without it. ---
+
+std::string SmolDir() { return LOSSFNS_SMOLLM2_DIR; }
+
+TEST(SmolLM2, LogitsMatchTransformersOnRealText) {
+  if (SmolDir().empty() || !PythonHasTransformers()) GTEST_SKIP() << "SmolLM2 not prepared";
+  const ModelConfig config = HfModelConfig(SmolDir() + "/hf");
+  EXPECT_EQ(config.n_layer, 30);
+  EXPECT_EQ(config.kv_heads(), 3);
+  Model model = BuildModel(config, "", at::Device(at::kCPU));
+  model->eval();
+  // 48 tokens of a held-out play, as the tokenizer wrote them.
+  Config data_config;
+  data_config.data.source = "tokens";
+  data_config.data.path = SmolDir() + "/shakespeare/val_*.bin";
+  data_config.data.batch_size = 1;
+  data_config.data.seq_len = 48;
+  const at::Tensor ids = MakeDataSource(data_config.data, config.vocab_size, -100)->ValBatch(3).inputs;
+  torch::NoGradGuard no_grad;
+  const std::string check = TempRunDir() + "-check.safetensors";
+  WriteSafetensors(check, {{"input_ids", ids}, {"logits", model->forward(ids)}});
+  EXPECT_EQ(TransformersCheck(SmolDir() + "/hf", check), 0);
+}
+
+TEST(SmolLM2, TwoStepDistillationOnShakespeareRunsAndExports) {
+  if (SmolDir().empty()) GTEST_SKIP() << "SmolLM2 not prepared";
+  const std::string out = TempRunDir();
+  const Config c = LoadConfigFile(
+      std::string(DISTILL_CONFIGS_DIR) + "/smollm2_distill.yaml",
+      {"teacher.hf_dir=" + SmolDir() + "/hf", "data.path=" + SmolDir() + "/shakespeare/train_*.bin",
+       "data.val_path=" + SmolDir() + "/shakespeare/val_*.bin", "train.out_dir=" + out,
+       "train.steps=2", "train.device=cpu", "train.precision=fp32", "train.baseline=false",
+       "data.batch_size=2", "data.seq_len=64", "train.eval_batches=1", "train.eval_interval=0",
+       "schedule.warmup_steps=1"});
+  std::ostringstream table;
+  Run(c, RunFlags{false, true, nullptr}, table);
+  EXPECT_THAT(table.str(), HasSubstr("student (distilled)"));
+  ASSERT_TRUE(fs::exists(out + "/hf/model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/hf/tokenizer.json"));  // the teacher's tokenizer came along
+  if (!PythonHasTransformers()) return;
+  // The export reloads in transformers with the trainer's logits.
+  Model student = MakeModel(c.student);
+  LoadWeights(out, *student, at::Device(at::kCPU));
+  student->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor ids = at::randint(0, 49152, {2, 24}, at::kLong);
+  WriteSafetensors(out + "-check.safetensors", {{"input_ids", ids}, {"logits", student->forward(ids)}});
+  EXPECT_EQ(TransformersCheck(out + "/hf", out + "-check.safetensors"), 0);
+  // And `distill_trainer export` writes the same model to a new directory.
+  const std::string exported = out + "-exported";
+  ExportRun(out, exported);
+  EXPECT_EQ(TransformersCheck(exported, out + "-check.safetensors"), 0);
+}
+
+}  // namespace
+}  // namespace distill

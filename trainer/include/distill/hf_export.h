@@ -1,0 +1,30 @@
+// Export to the ecosystem's format: a llama-family model written as a Hugging Face directory
+// (config.json + model.safetensors + the tokenizer files), which
+// transformers.AutoModelForCausalLM.from_pretrained loads with the trainer's own logits.
+#pragma once
+
+#include <string>
+
+#include "distill/config.h"
+#include "distill/model.h"
+
+namespace distill {
+
+// Where an export of `config`'s student takes its config.json template (bos/eos ids and other
+// non-architecture keys) and its tokenizer files: the student's hf_dir, else the teacher's.
+struct HfExportSources {
+  std::string config_template;  // a config.json path, or "" (written from scratch)
+  std::string tokenizer_dir;    // a directory with tokenizer files, or "" (none copied)
+};
+HfExportSources ExportSources(const Config& config);
+
+// Writes `model` (family llama) to `out_dir`: config.json (the template's keys, every
+// architecture key set from model.config()), model.safetensors (float32) and the tokenizer files
+// of sources.tokenizer_dir. Atomic: built in "<out_dir>.tmp-<pid>", then renamed into place. An
+// existing out_dir is replaced only when `replace` (the run's own <out_dir>/hf); otherwise it is
+// an error that names it. Throws std::runtime_error naming the file on any failure, leaving no
+// temporary behind.
+void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
+              bool replace);
+
+}  // namespace distill

@@ -1,0 +1,105 @@
+#include "distill/hf_export.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "distill/checkpoint.h"
+#include "distill/hf_config.h"
+#include "distill/run.h"
+#include "distill/run_dir.h"
+#include "distill/safetensors.h"
+
+namespace distill {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The files transformers' tokenizers and generation read beside the weights.
+constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt",      "tokenizer.model",       "added_tokens.json",       "chat_template.jinja",
+    "generation_config.json"};
+
+// Byte copy with plain streams (see RemoveTree in run_dir.h for why not std::filesystem).
+void CopyFile(const fs::path& from, const fs::path& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("export: cannot read {}", from.string()));
+  std::ofstream out(to, std::ios::binary | std::ios::trunc);
+  out << in.rdbuf();
+  out.flush();
+  if (!out) throw std::runtime_error(fmt::format("export: cannot write {}", to.string()));
+}
+
+}  // namespace
+
+HfExportSources ExportSources(const Config& config) {
+  HfExportSources sources;
+  for (const std::string& dir : {config.student.hf_dir, config.teacher.hf_dir}) {
+    if (dir.empty()) continue;
+    if (sources.config_template.empty()) sources.config_template = (fs::path(dir) / "config.json").string();
+    if (sources.tokenizer_dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json")) {
+      sources.tokenizer_dir = dir;
+    }
+  }
+  return sources;
+}
+
+void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
+              bool replace) {
+  if (model.config().family != ModelFamily::kLlama) {
+    throw std::runtime_error(fmt::format(
+        "export to {}: family \"{}\" has no Hugging Face architecture; only llama-family models "
+        "export",
+        out_dir, kModelFamilyNames[static_cast<size_t>(model.config().family)]));
+  }
+  const fs::path target = fs::path(out_dir);
+  if (fs::exists(target) && !replace) {
+    throw std::runtime_error(fmt::format(
+        "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));
+  }
+  const std::string pid = std::to_string(::getpid());
+  const fs::path tmp = target.string() + ".tmp-" + pid;
+  const fs::path old = target.string() + ".old-" + pid;
+  try {
+    RemoveTree(tmp.string());  // ours: left by a killed export of this very process id
+    fs::create_directories(tmp);
+    WriteFileAtomically((tmp / "config.json").string(),
+                        HfConfigJson(model.config(), sources.config_template) + "\n");
+    SaveModuleAsHf((tmp / "model.safetensors").string(), model, at::kFloat);
+    if (!sources.tokenizer_dir.empty()) {
+      for (const char* name : kTokenizerFiles) {
+        const fs::path from = fs::path(sources.tokenizer_dir) / name;
+        if (fs::exists(from)) CopyFile(from, tmp / name);
+      }
+    }
+    if (fs::exists(target)) fs::rename(target, old);
+    fs::rename(tmp, target);
+  } catch (...) {
+    RemoveTree(tmp.string());
+    throw;
+  }
+  RemoveTree(old.string());
+}
+
+std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
+  const fs::path config_file = fs::path(run_dir) / "config.yaml";
+  if (!fs::exists(config_file)) {
+    throw std::runtime_error(fmt::format(
+        "export: {} is not a run directory (no config.yaml); give the train.out_dir of a run",
+        run_dir));
+  }
+  const Config config = LoadConfigFile(config_file.string());
+  Model model = MakeModel(config.student);
+  const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU));
+  ExportHf(*model, out_dir, ExportSources(config), /*replace=*/false);
+  return checkpoint;
+}
+
+}  // namespace distill

@@ -1,0 +1,70 @@
+// The model factory (family name -> constructor) and what every CausalLM shares.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "distill/model.h"
+
+namespace distill {
+
+// One line per family; each is defined in its own file under trainer/src/models/.
+Model MakeGptModel(const ModelConfig& config);
+Model MakeLlamaModel(const ModelConfig& config);
+
+Model MakeModel(const ModelConfig& config) {
+  switch (config.family) {
+    case ModelFamily::kGpt: return MakeGptModel(config);
+    case ModelFamily::kLlama: return MakeLlamaModel(config);
+  }
+  TORCH_CHECK(false, "MakeModel: unknown model family ", static_cast<int>(config.family));
+}
+
+int64_t ModelConfig::mlp_width() const {
+  if (intermediate_size > 0) return intermediate_size;
+  return std::max<int64_t>(1, std::llround(mlp_ratio * d_model));
+}
+
+at::Tensor CausalLM::padded_mask() const {
+  return at::arange(logits_width()).ge(config_.vocab_size);
+}
+
+ParameterGroups CausalLM::parameter_groups() {
+  ParameterGroups groups;
+  for (auto& p : parameters()) (p.dim() >= 2 ? groups.decay : groups.no_decay).push_back(p);
+  return groups;
+}
+
+int64_t CausalLM::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+void CopyWeights(const CausalLM& from, CausalLM& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.named_parameters();
+  for (auto& item : to.named_parameters()) item.value().copy_(src[item.key()]);
+  auto src_buffers = from.named_buffers();
+  for (auto& item : to.named_buffers()) item.value().copy_(src_buffers[item.key()]);
+}
+
+std::string ArchitectureString(const ModelConfig& c) {
+  std::string s = fmt::format(
+      "vocab_size={} padded_vocab_size={} context_length={} n_layer={} n_head={} d_model={} "
+      "mlp_ratio={} tie_embeddings={}",
+      c.vocab_size, c.padded_vocab_size(), c.context_length, c.n_layer, c.n_head, c.d_model,
+      c.mlp_ratio, c.tie_embeddings);
+  if (c.family == ModelFamily::kGpt) return s;  // unchanged: checkpoints of earlier versions load
+  const RopeScaling& r = c.rope_scaling;
+  return s + fmt::format(
+                 " family=llama n_kv_head={} head_dim={} intermediate_size={} norm_eps={} "
+                 "rope_theta={} rope_scaling={}{} attention_bias={} attention_out_bias={} "
+                 "mlp_bias={} qk_norm={}",
+                 c.kv_heads(), c.head_size(), c.mlp_width(), c.norm_eps, c.rope_theta,
+                 r.type.empty() ? "none" : r.type,
+                 r.type.empty() ? "" : fmt::format("({},{},{},{})", r.factor, r.low_freq_factor,
+                                                   r.high_freq_factor,
+                                                   r.original_max_position_embeddings),
+                 c.attention_bias, c.attention_out_bias, c.mlp_bias, c.qk_norm);
+}
+
+}  // namespace distill

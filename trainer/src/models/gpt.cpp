@@ -1,0 +1,126 @@
+// Family "gpt": a decoder-only transformer (GPT-2 style: pre-LayerNorm, learned positions, GELU
+// MLP). The quickstart's model; not a Hugging Face architecture (no HF import/export).
+// Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include "distill/model.h"
+
+namespace distill {
+namespace {
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const ModelConfig& c) : n_head_(c.n_head), dropout_(c.dropout) {
+    const int64_t d = c.d_model;
+    const int64_t hidden = c.mlp_width();
+    ln_attn_ = register_module("ln_attn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    qkv_ = register_module("qkv", torch::nn::Linear(d, 3 * d));
+    attn_out_ = register_module("attn_out", torch::nn::Linear(d, d));
+    ln_mlp_ = register_module("ln_mlp", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    mlp_in_ = register_module("mlp_in", torch::nn::Linear(d, hidden));
+    mlp_out_ = register_module("mlp_out", torch::nn::Linear(hidden, d));
+    resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
+  }
+
+  // x: (B, T, d_model) -> (B, T, d_model), causal self-attention then MLP, both residual.
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
+    // (B, T, 3D) -> 3 x (B, n_head, T, D / n_head)
+    auto qkv = qkv_->forward(ln_attn_->forward(x)).view({B, T, 3, n_head_, D / n_head_});
+    qkv = qkv.permute({2, 0, 3, 1, 4});
+    at::Tensor attn = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
+                                                       is_training() ? dropout_ : 0.0,
+                                                       /*is_causal=*/true);
+    attn = attn.transpose(1, 2).reshape({B, T, D});
+    at::Tensor h = x + resid_dropout_->forward(attn_out_->forward(attn));
+    at::Tensor m = mlp_out_->forward(at::gelu(mlp_in_->forward(ln_mlp_->forward(h))));
+    return h + resid_dropout_->forward(m);
+  }
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+  torch::nn::LayerNorm ln_attn_{nullptr}, ln_mlp_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, attn_out_{nullptr}, mlp_in_{nullptr}, mlp_out_{nullptr};
+  torch::nn::Dropout resid_dropout_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptLM : public CausalLM {
+ public:
+  explicit GptLM(const ModelConfig& c) : CausalLM(c) {
+    const int64_t v = c.padded_vocab_size();
+    token_embedding_ = register_module("token_embedding", torch::nn::Embedding(v, c.d_model));
+    position_embedding_ =
+        register_module("position_embedding", torch::nn::Embedding(c.context_length, c.d_model));
+    embedding_dropout_ = register_module("embedding_dropout", torch::nn::Dropout(c.dropout));
+    blocks_ = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c));
+    ln_final_ =
+        register_module("ln_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    if (!c.tie_embeddings) lm_head_ = register_parameter("lm_head", at::empty({v, c.d_model}));
+    padded_mask_ = register_buffer("padded_mask", padded_mask());
+
+    // GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2 n_layer).
+    torch::NoGradGuard no_grad;
+    const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+    for (auto& item : named_parameters()) {
+      const std::string& name = item.key();
+      at::Tensor& p = item.value();
+      if (p.dim() == 1) continue;  // biases, LayerNorm: keep the defaults (0, 1)
+      const bool residual = name.find("attn_out") != std::string::npos ||
+                            name.find("mlp_out") != std::string::npos;
+      torch::nn::init::normal_(p, 0.0, residual ? residual_std : 0.02);
+    }
+    for (auto& item : named_parameters()) {
+      if (item.value().dim() == 1 && item.key().find("bias") != std::string::npos) {
+        item.value().zero_();
+      }
+    }
+  }
+
+  at::Tensor lm_head_weight() const override {
+    return config_.tie_embeddings ? token_embedding_->weight : lm_head_;
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) override {
+    TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
+                "gpt model: tokens must be (B, T) int64, got ", tokens.sizes(), " ",
+                tokens.scalar_type());
+    const int64_t T = tokens.size(1);
+    TORCH_CHECK(T <= config_.context_length, "gpt model: sequence length ", T,
+                " exceeds context_length ", config_.context_length);
+    at::Tensor positions = at::arange(T, tokens.options());
+    at::Tensor h = token_embedding_->forward(tokens) + position_embedding_->forward(positions);
+    h = embedding_dropout_->forward(h);
+    for (const auto& block : *blocks_) h = block->as<Block>()->forward(h);
+    at::Tensor logits = at::linear(ln_final_->forward(h), lm_head_weight());  // (B, T, V_padded)
+    if (config_.padded_vocab_size() == config_.vocab_size) return logits;
+    // masked_fill's backward is zero at the masked columns: padded rows never get gradient.
+    return logits.masked_fill(padded_mask_, -std::numeric_limits<double>::infinity());
+  }
+
+ private:
+  torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
+  torch::nn::Dropout embedding_dropout_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::LayerNorm ln_final_{nullptr};
+  at::Tensor lm_head_;      // (padded_vocab_size, d_model); undefined when tied
+  at::Tensor padded_mask_;  // (padded_vocab_size,) bool buffer, true for padded columns
+};
+
+}  // namespace
+
+Model MakeGptModel(const ModelConfig& config) { return std::make_shared<GptLM>(config); }
+
+}  // namespace distill
