@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "data_internal.h"
+
 namespace distill {
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -21,17 +23,10 @@ uint64_t SplitMix64(uint64_t& state) {
 
 namespace {
 
-uint64_t Mix(uint64_t a, uint64_t b) {
-  uint64_t s = a ^ (b * 0xD6E8FEB86659FD93ULL);
-  return SplitMix64(s);
-}
+using internal::Mix;
+using internal::StreamState;
 
 double Uniform01(uint64_t& state) { return (SplitMix64(state) >> 11) * 0x1.0p-53; }
-
-// The generator state of micro-batch `index` of `split` (0 train, 1 validation).
-uint64_t StreamState(int64_t seed, int split, int64_t index) {
-  return Mix(Mix(static_cast<uint64_t>(seed), 0x5EED0000ULL + split), static_cast<uint64_t>(index));
-}
 
 class SyntheticSource : public DataSource {
  public:
