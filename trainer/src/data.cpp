@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "data_internal.h"
+#include "distill/token_shards.h"
 
 namespace distill {
 
@@ -202,6 +203,7 @@ void SyntheticLanguage::Sample(uint64_t& state, int64_t n, int64_t* tokens) cons
 std::unique_ptr<DataSource> MakeDataSource(const DataConfig& config, int64_t vocab_size,
                                            int64_t ignore_index) {
   if (config.source == "text") return std::make_unique<TextSource>(config);
+  if (config.source == "tokens") return MakeTokenShardSource(config, vocab_size);
   return std::make_unique<SyntheticSource>(config, vocab_size, ignore_index);
 }
 
