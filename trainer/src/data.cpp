@@ -10,6 +10,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "data_internal.h"
+#include "distill/token_shards.h"
+
 namespace distill {
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -21,17 +24,10 @@ uint64_t SplitMix64(uint64_t& state) {
 
 namespace {
 
-uint64_t Mix(uint64_t a, uint64_t b) {
-  uint64_t s = a ^ (b * 0xD6E8FEB86659FD93ULL);
-  return SplitMix64(s);
-}
+using internal::Mix;
+using internal::StreamState;
 
 double Uniform01(uint64_t& state) { return (SplitMix64(state) >> 11) * 0x1.0p-53; }
-
-// The generator state of micro-batch `index` of `split` (0 train, 1 validation).
-uint64_t StreamState(int64_t seed, int split, int64_t index) {
-  return Mix(Mix(static_cast<uint64_t>(seed), 0x5EED0000ULL + split), static_cast<uint64_t>(index));
-}
 
 class SyntheticSource : public DataSource {
  public:
@@ -207,6 +203,7 @@ void SyntheticLanguage::Sample(uint64_t& state, int64_t n, int64_t* tokens) cons
 std::unique_ptr<DataSource> MakeDataSource(const DataConfig& config, int64_t vocab_size,
                                            int64_t ignore_index) {
   if (config.source == "text") return std::make_unique<TextSource>(config);
+  if (config.source == "tokens") return MakeTokenShardSource(config, vocab_size);
   return std::make_unique<SyntheticSource>(config, vocab_size, ignore_index);
 }
 

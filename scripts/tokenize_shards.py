@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Tokenize text files with a Hugging Face tokenizer (tokenizer.json) into llm.c token shards, the
+input of distill_trainer's data.source "tokens".
+
+The format is llm.c's (dev/data/data_common.py, write_datafile): a header of 256 little-endian
+int32 ([0] magic, [1] version, [2] token count, the rest 0), then the tokens: uint16 (magic
+20240520, version 1) when the vocabulary has at most 65536 entries, else uint32 (magic 20240801,
+version 7). As in llm.c's dev/data/fineweb.py, every document (here: every input file) is
+preceded by the end-of-text token, which separates documents in the concatenated stream.
+
+Usage:
+  tokenize_shards.py --tokenizer model/tokenizer.json --out-dir data/tok --prefix train a.txt dir/
+writes data/tok/train_000000.bin, train_000001.bin, ... (--shard-tokens tokens each, the last
+shorter); a directory contributes its *.txt files, sorted. Splits are made by the caller:
+run it again with other inputs and --prefix val.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HEADER_INTS = 256
+UINT16 = {"magic": 20240520, "version": 1, "dtype": np.dtype("<u2")}
+UINT32 = {"magic": 20240801, "version": 7, "dtype": np.dtype("<u4")}
+
+
+def fail(message):
+    print(f"tokenize_shards: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def input_files(inputs):
+    """Each input as given; a directory as its *.txt files, sorted."""
+    files = []
+    for name in inputs:
+        path = Path(name)
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.txt") if p.is_file())
+            if not found:
+                fail(f"{path}: no *.txt file in this directory")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            fail(f"{path}: no such file or directory")
+    return files
+
+
+def eos_id(tokenizer, tokenizer_path, explicit):
+    """--eos-id; else eos_token of the tokenizer_config.json beside tokenizer.json; else the id
+    of <|endoftext|>."""
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if explicit is not None:
+        if not 0 <= explicit < vocab:
+            fail(f"--eos-id {explicit}: outside the vocabulary [0, {vocab})")
+        return explicit
+    config_path = Path(tokenizer_path).parent / "tokenizer_config.json"
+    if config_path.is_file():
+        try:
+            eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+        except (OSError, ValueError) as e:
+            fail(f"{config_path}: cannot read: {e}")
+        if isinstance(eos, dict):  # an AddedToken: {"content": "</s>", ...}
+            eos = eos.get("content")
+        if isinstance(eos, str):
+            token_id = tokenizer.token_to_id(eos)
+            if token_id is None:
+                fail(f"{config_path}: eos_token {eos!r} is not in {tokenizer_path}")
+            return token_id
+    token_id = tokenizer.token_to_id("<|endoftext|>")
+    if token_id is None:
+        fail(f"{tokenizer_path}: no eos_token in {config_path} and no <|endoftext|> token; "
+             "pass --eos-id")
+    return token_id
+
+
+def write_shard(path, tokens, fmt):
+    """One llm.c shard, atomically: a temporary file beside `path`, then rename."""
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = fmt["magic"], fmt["version"], len(tokens)
+    limit = np.iinfo(fmt["dtype"]).max
+    if len(tokens) and (tokens.min() < 0 or tokens.max() > limit):
+        fail(f"{path}: a token id outside [0, {limit}] for {fmt['dtype'].name} tokens")
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(np.asarray(tokens, dtype=fmt["dtype"]).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        fail(f"{path}: cannot write: {e}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", help="text files, or directories of *.txt files")
+    parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json")
+    parser.add_argument("--out-dir", required=True, help="where the shards are written")
+    parser.add_argument("--prefix", default="train", help="shard names: PREFIX_000000.bin, ...")
+    parser.add_argument("--shard-tokens", type=int, default=10_000_000,
+                        help="tokens per shard (default 10M)")
+    parser.add_argument("--eos-id", type=int, default=None,
+                        help="the document separator (default: the tokenizer's eos_token)")
+    args = parser.parse_args(argv)
+    if not 0 < args.shard_tokens < 2**31:
+        fail(f"--shard-tokens {args.shard_tokens}: expected 1 .. 2^31 - 1 (llm.c's limit)")
+
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        fail("the Python package 'tokenizers' is missing (pip install tokenizers)")
+    try:
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+    except Exception as e:  # tokenizers raises a bare Exception for unreadable files
+        fail(f"{args.tokenizer}: cannot load: {e}")
+    # Special tokens written in the text are text, as llm.c's encode_ordinary treats them.
+    if hasattr(tokenizer, "encode_special_tokens"):
+        tokenizer.encode_special_tokens = True
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    fmt = UINT16 if vocab <= 2**16 else UINT32
+    eos = eos_id(tokenizer, args.tokenizer, args.eos_id)
+    files = input_files(args.inputs)
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards, pending, pending_tokens, total = [], [], 0, 0
+
+    def flush(final):
+        nonlocal pending, pending_tokens
+        while pending_tokens >= args.shard_tokens or (final and pending_tokens > 0):
+            stream = np.concatenate(pending)
+            path = out_dir / f"{args.prefix}_{len(shards):06d}.bin"
+            write_shard(path, stream[: args.shard_tokens], fmt)
+            shards.append(path)
+            rest = stream[args.shard_tokens:]
+            pending, pending_tokens = ([rest] if len(rest) else []), len(rest)
+
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"{path}: cannot read as UTF-8: {e}")
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        document = np.empty(len(ids) + 1, dtype=np.int64)
+        document[0] = eos
+        document[1:] = ids
+        pending.append(document)
+        pending_tokens += len(document)
+        total += len(document)
+        flush(final=False)
+    flush(final=True)
+
+    names = shards[0].name + (f" .. {shards[-1].name}" if len(shards) > 1 else "")
+    print(f"tokenize_shards: {len(files)} file{'s' if len(files) != 1 else ''}, {total:,} tokens "
+          f"(vocab {vocab}, eos {eos}) -> {len(shards)} shard{'s' if len(shards) != 1 else ''} "
+          f"{out_dir}/{names}, {fmt['dtype'].name} tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+// data.source "tokens": llm.c token shards, memory-mapped, as a DataSource.
+//
+// The format, verified against karpathy/llm.c dev/data/data_common.py (write_datafile and its
+// HEADERS_INFO table): a header of 256 int32 (np.int32, little-endian on every platform llm.c
+// targets) holding [0] magic, [1] version, [2] len(toks), then the tokens as np.uint16 for
+// "gpt-2" (magic 20240520, version 1) or np.uint32 for "llama-3" (magic 20240801, version 7).
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "data_internal.h"
+#include "distill/token_shards.h"
+
+namespace distill {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "llm.c shards are little-endian; TokenShard maps them as host integers");
+
+namespace {
+
+std::runtime_error FileError(const std::string& path, const std::string& what) {
+  return std::runtime_error(fmt::format("{}: {}", path, what));
+}
+
+std::string Errno() { return std::strerror(errno); }
+
+const char* TokenTypeName(int64_t token_bytes) { return token_bytes == 2 ? "uint16" : "uint32"; }
+
+int32_t ReadLe32(const unsigned char* p) {
+  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                              static_cast<uint32_t>(p[2]) << 16 |
+                              static_cast<uint32_t>(p[3]) << 24);
+}
+
+void AppendLe(std::vector<unsigned char>& out, uint32_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<unsigned char>(value >> (8 * i)));
+}
+
+// "1.2M", "120k", "999".
+std::string HumanCount(int64_t n) {
+  if (n >= 1000000000) return fmt::format("{:.1f}B", n / 1e9);
+  if (n >= 1000000) return fmt::format("{:.1f}M", n / 1e6);
+  if (n >= 1000) return fmt::format("{:.1f}k", n / 1e3);
+  return std::to_string(n);
+}
+
+// The files matching `pattern`, sorted bytewise (glob(3) sorts by the locale's collation).
+std::vector<std::string> Glob(const std::string& key, const std::string& pattern) {
+  glob_t g{};
+  const int rc = glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> paths;
+  if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty())) {
+    throw std::runtime_error(fmt::format("{}: no file matches \"{}\"", key, pattern));
+  }
+  if (rc != 0) {
+    throw std::runtime_error(fmt::format("{}: cannot expand \"{}\" (glob error {}{})", key,
+                                         pattern, rc, rc == GLOB_ABORTED ? ": read error" : ""));
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+// Tokens [begin, end) of one shard.
+struct Segment {
+  size_t shard;
+  int64_t begin, end;
+  int64_t size() const { return end - begin; }
+};
+
+// A split: segments, and the cumulative number of windows (starts) of each, for lookups.
+struct Region {
+  std::vector<Segment> segments;
+  std::vector<int64_t> cumulative;  // windows in segments[0..i]
+  int64_t tokens = 0;
+  int64_t longest = 0;  // tokens of the longest segment
+  size_t files = 0;
+
+  int64_t windows() const { return cumulative.empty() ? 0 : cumulative.back(); }
+  // The segment holding window w (0 <= w < windows()) and w's rank inside it.
+  std::pair<const Segment*, int64_t> Find(int64_t w) const {
+    const size_t i = std::upper_bound(cumulative.begin(), cumulative.end(), w) - cumulative.begin();
+    return {&segments[i], w - (i == 0 ? 0 : cumulative[i - 1])};
+  }
+};
+
+class TokenShardSource : public DataSource {
+ public:
+  TokenShardSource(const DataConfig& c, int64_t vocab_size) : config_(c), vocab_size_(vocab_size) {
+    if (vocab_size <= 0) {
+      throw std::runtime_error(
+          fmt::format("data.source tokens: vocabulary size {} <= 0", vocab_size));
+    }
+    const int64_t T = c.seq_len;
+    const std::vector<std::string> train_paths = Glob("data.path", c.path);
+    for (const std::string& p : train_paths) AddShard(p);
+    const size_t num_train = shards_.size();
+    if (!c.val_path.empty()) {
+      for (const std::string& p : Glob("data.val_path", c.val_path)) AddShard(p);
+    }
+
+    // Training: whole shards, less the held-out tail of the stream when val_path is empty.
+    int64_t stream = 0;
+    for (size_t s = 0; s < num_train; ++s) stream += shards_[s]->num_tokens();
+    const int64_t held_out =
+        c.val_path.empty() ? static_cast<int64_t>(std::llround(stream * c.val_fraction)) : 0;
+    int64_t train_left = stream - held_out;
+    for (size_t s = 0; s < num_train; ++s) {
+      const int64_t n = shards_[s]->num_tokens();
+      const int64_t cut = std::min(n, train_left);
+      train_left -= cut;
+      if (cut > 0) Add(train_, {s, 0, cut}, TrainWindows(cut, T));
+      if (cut < n && c.val_path.empty()) Add(val_, {s, cut, n}, ValWindows(n - cut, T));
+    }
+    for (size_t s = num_train; s < shards_.size(); ++s) {
+      Add(val_, {s, 0, shards_[s]->num_tokens()}, ValWindows(shards_[s]->num_tokens(), T));
+    }
+    CheckSplit(train_, "data.path", fmt::format("training shards \"{}\"", c.path));
+    if (c.val_path.empty()) {
+      CheckSplit(val_, "data.val_fraction",
+                 fmt::format("validation (the last {} of \"{}\")", c.val_fraction, c.path));
+    } else {
+      CheckSplit(val_, "data.val_path", fmt::format("validation shards \"{}\"", c.val_path));
+    }
+  }
+
+  Batch TrainBatch(int64_t index) const override {
+    uint64_t state = internal::StreamState(config_.seed, 0, index);
+    const uint64_t starts = static_cast<uint64_t>(train_.windows());
+    std::vector<std::pair<const Segment*, int64_t>> windows;
+    for (int64_t b = 0; b < config_.batch_size; ++b) {
+      auto [segment, start] = train_.Find(static_cast<int64_t>(SplitMix64(state) % starts));
+      windows.push_back({segment, segment->begin + start});
+    }
+    return Make(windows);
+  }
+
+  Batch ValBatch(int64_t index) const override {
+    const int64_t W = val_.windows(), B = config_.batch_size;
+    std::vector<std::pair<const Segment*, int64_t>> windows;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t w = ((index % W) * (B % W) + b) % W;  // (index * B + b) mod W, no overflow
+      auto [segment, rank] = val_.Find(w < 0 ? w + W : w);
+      windows.push_back({segment, segment->begin + rank * config_.seq_len});
+    }
+    return Make(windows);
+  }
+
+  std::optional<double> EntropyFloor() const override { return std::nullopt; }
+
+  std::string Describe() const override {
+    const std::string val =
+        config_.val_path.empty()
+            ? fmt::format("validation the last {:g}% of them ({} tokens)",
+                          100 * config_.val_fraction, HumanCount(val_.tokens))
+            : fmt::format("validation {} file{} ({} tokens)", val_.files,
+                          val_.files == 1 ? "" : "s", HumanCount(val_.tokens));
+    return fmt::format("llm.c token shards: {} train file{} ({} tokens), {}, {}", train_.files,
+                       train_.files == 1 ? "" : "s", HumanCount(train_.tokens), val,
+                       TokenTypeName(shards_.front()->token_bytes()));
+  }
+
+ private:
+  // Every shard has the same token width: a mix means shards from different tokenizers.
+  void AddShard(const std::string& path) {
+    shards_.push_back(std::make_unique<TokenShard>(path));
+    const TokenShard& first = *shards_.front();
+    if (shards_.back()->token_bytes() != first.token_bytes()) {
+      throw FileError(path, fmt::format("{} tokens, but {} has {} tokens (mixed tokenizers?)",
+                                        TokenTypeName(shards_.back()->token_bytes()),
+                                        first.path(), TokenTypeName(first.token_bytes())));
+    }
+  }
+
+  // Windows of T + 1 tokens in a segment of n: any start for training; for validation the
+  // windows are laid end to end with stride T (as llm.c's loader), so each token of the segment
+  // but the first is a target exactly once.
+  static int64_t TrainWindows(int64_t n, int64_t T) { return std::max<int64_t>(n - T, 0); }
+  static int64_t ValWindows(int64_t n, int64_t T) { return n > T ? (n - 1) / T : 0; }
+
+  static void Add(Region& region, Segment segment, int64_t windows) {
+    ++region.files;  // a shard gives a region at most one segment
+    region.tokens += segment.size();
+    region.longest = std::max(region.longest, segment.size());
+    if (windows == 0) return;
+    region.segments.push_back(segment);
+    region.cumulative.push_back(region.windows() + windows);
+  }
+
+  // A split needs one sequence of seq_len + 1 tokens inside one shard.
+  void CheckSplit(const Region& region, const char* key, const std::string& what) const {
+    if (region.windows() > 0) return;
+    throw std::runtime_error(fmt::format(
+        "{}: {}: {} tokens in {} file{}, the longest run in one shard {}; one sequence needs "
+        "data.seq_len + 1 = {} tokens",
+        key, what, region.tokens, region.files, region.files == 1 ? "" : "s", region.longest,
+        config_.seq_len + 1));
+  }
+
+  // inputs = window[0, T), targets = window[1, T]; every token checked against the vocabulary.
+  Batch Make(const std::vector<std::pair<const Segment*, int64_t>>& windows) const {
+    const int64_t B = config_.batch_size, T = config_.seq_len;
+    at::Tensor inputs = at::empty({B, T}, at::kLong);
+    at::Tensor targets = at::empty({B, T}, at::kLong);
+    int64_t* in = inputs.data_ptr<int64_t>();
+    int64_t* out = targets.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const TokenShard& shard = *shards_[windows[b].first->shard];
+      const int64_t start = windows[b].second;
+      for (int64_t t = 0; t <= T; ++t) {
+        const uint32_t token = shard.Token(start + t);
+        if (token >= static_cast<uint64_t>(vocab_size_)) {
+          throw FileError(shard.path(),
+                          fmt::format("token {} is {}, not below the vocabulary size {}: "
+                                      "tokenized with a different tokenizer?",
+                                      start + t, token, vocab_size_));
+        }
+        if (t < T) in[b * T + t] = token;
+        if (t > 0) out[b * T + t - 1] = token;
+      }
+    }
+    return {inputs, targets, B * T};
+  }
+
+  DataConfig config_;
+  int64_t vocab_size_;
+  std::vector<std::unique_ptr<TokenShard>> shards_;  // training shards, then validation shards
+  Region train_, val_;
+};
+
+}  // namespace
+
+TokenShard::TokenShard(const std::string& path) : path_(path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw FileError(path, "cannot open: " + Errno());
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) != 0) throw FileError(path, "cannot stat: " + Errno());
+  if (!S_ISREG(st.st_mode)) throw FileError(path, "not a regular file");
+  const int64_t file_bytes = st.st_size;
+  if (file_bytes < kShardHeaderBytes) {
+    throw FileError(path, fmt::format("{} bytes, shorter than the {}-byte header of an llm.c "
+                                      "token shard",
+                                      file_bytes, kShardHeaderBytes));
+  }
+  unsigned char header[kShardHeaderBytes];
+  int64_t got = 0;
+  while (got < kShardHeaderBytes) {
+    const ssize_t n = pread(fd, header + got, kShardHeaderBytes - got, got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw FileError(path, "cannot read the header: " + (n < 0 ? Errno() : "EOF"));
+    got += n;
+  }
+  const int32_t magic = ReadLe32(header), version = ReadLe32(header + 4);
+  const int64_t count = ReadLe32(header + 8);
+  int32_t expected_version = 0;
+  if (magic == kShardMagicU16) {
+    token_bytes_ = 2;
+    expected_version = kShardVersionU16;
+  } else if (magic == kShardMagicU32) {
+    token_bytes_ = 4;
+    expected_version = kShardVersionU32;
+  } else {
+    throw FileError(path, fmt::format("not an llm.c token shard: magic {} (expected {} for "
+                                      "uint16 or {} for uint32 tokens)",
+                                      magic, kShardMagicU16, kShardMagicU32));
+  }
+  if (version != expected_version) {
+    throw FileError(path, fmt::format("magic {} ({} tokens) goes with version {}, got version {}",
+                                      magic, TokenTypeName(token_bytes_), expected_version,
+                                      version));
+  }
+  if (count < 0) throw FileError(path, fmt::format("negative token count {} in the header", count));
+  const int64_t expected_bytes = kShardHeaderBytes + count * token_bytes_;
+  if (file_bytes != expected_bytes) {
+    throw FileError(path, fmt::format("expected {} bytes for {} {} tokens (header), got {}",
+                                      expected_bytes, count, TokenTypeName(token_bytes_),
+                                      file_bytes));
+  }
+  void* map = mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (map == MAP_FAILED) throw FileError(path, "cannot mmap: " + Errno());
+  map_ = map;
+  map_bytes_ = file_bytes;
+  num_tokens_ = count;
+  tokens_ = static_cast<const unsigned char*>(map) + kShardHeaderBytes;
+}
+
+TokenShard::~TokenShard() {
+  if (map_ != nullptr) munmap(map_, static_cast<size_t>(map_bytes_));
+}
+
+std::unique_ptr<DataSource> MakeTokenShardSource(const DataConfig& config, int64_t vocab_size) {
+  return std::make_unique<TokenShardSource>(config, vocab_size);
+}
+
+void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& tokens,
+                     bool uint32_tokens) {
+  const int bytes = uint32_tokens ? 4 : 2;
+  if (tokens.size() >= (1ULL << 31)) {
+    throw FileError(path, fmt::format("{} tokens; an llm.c shard holds fewer than 2^31",
+                                      tokens.size()));
+  }
+  std::vector<unsigned char> data;
+  data.reserve(kShardHeaderBytes + tokens.size() * bytes);
+  AppendLe(data, static_cast<uint32_t>(uint32_tokens ? kShardMagicU32 : kShardMagicU16), 4);
+  AppendLe(data, static_cast<uint32_t>(uint32_tokens ? kShardVersionU32 : kShardVersionU16), 4);
+  AppendLe(data, static_cast<uint32_t>(tokens.size()), 4);
+  data.resize(kShardHeaderBytes, 0);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!uint32_tokens && tokens[i] > 0xFFFF) {
+      throw FileError(path, fmt::format("token {} is {}, too large for a uint16 shard", i,
+                                        tokens[i]));
+    }
+    AppendLe(data, tokens[i], bytes);
+  }
+  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) throw FileError(tmp, "cannot create: " + Errno());
+  const bool written = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string error = Errno();
+    std::remove(tmp.c_str());
+    throw FileError(path, "cannot write: " + error);
+  }
+}
+
+}  // namespace distill
