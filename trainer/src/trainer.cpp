@@ -107,7 +107,10 @@ Trainer::Trainer(Config config, RunOptions options)
   // Only rank 0 touches the run directory; the others learn whether it holds this run (and
   // wait until it is prepared, so that they can read its checkpoint).
   const bool same_run = dist_->MainDecides([&] { return PrepareRunDir(config_, options_.fresh); });
-  data_ = MakeDataSource(config_.data, config_.student.vocab_size, config_.distill.ignore_index);
+  // Tokens must be real for every model: below distill.vocab_size when it is set.
+  const int64_t vocab = config_.distill.vocab_size > 0 ? config_.distill.vocab_size
+                                                       : config_.student.vocab_size;
+  data_ = MakeDataSource(config_.data, vocab, config_.distill.ignore_index);
 
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   if (distill_) {
