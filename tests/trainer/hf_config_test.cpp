@@ -1,0 +1,483 @@
+// config.json of the llama family: real configs of each model_type, the rope spellings, every
+// kind of bad input (each error names the file and the key), and export -> import round trips.
+#include "distill/hf_config.h"
+
+#include <ftw.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace distill {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// Deletes `path` recursively (nftw: libtorch's copy of std::filesystem::remove_all crashes).
+void RemoveTree(const std::string& path) {
+  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    return ::remove(entry);
+  };
+  nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+std::string TempDir(const std::string& suffix = "") {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const fs::path dir =
+      fs::temp_directory_path() /
+      (std::string("distill_hf_") + info->test_suite_name() + "_" + info->name() + suffix);
+  RemoveTree(dir.string());
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// A directory holding `config` as config.json.
+std::string ConfigDir(const Json& config, const std::string& suffix = "") {
+  const std::string dir = TempDir(suffix);
+  WriteText(dir + "/config.json", config.dump(2));
+  return dir;
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a ConfigError, got another exception: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError, got none";
+  return "";
+}
+
+void ExpectContains(const std::string& message, std::initializer_list<std::string> parts) {
+  for (const auto& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "message: " << message << "\nlacks: " << part;
+  }
+}
+
+// Llama-3.2-1B's architecture keys.
+Json Llama32() {
+  return Json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})");
+}
+
+// Qwen2.5-0.5B's.
+Json Qwen25() {
+  return Json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Qwen3-0.6B's.
+Json Qwen3() {
+  return Json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Mistral-7B-v0.3's.
+Json Mistral() {
+  return Json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+    "tie_word_embeddings": false, "vocab_size": 32768})");
+}
+
+ModelConfig Read(const Json& config) {
+  ModelConfig m;
+  ReadHfConfig(ConfigDir(config), m);
+  return m;
+}
+
+void ExpectSameModel(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.hf_dir, b.hf_dir);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.pad_vocab_to_multiple_of, b.pad_vocab_to_multiple_of);
+  EXPECT_EQ(a.context_length, b.context_length);
+  EXPECT_EQ(a.n_layer, b.n_layer);
+  EXPECT_EQ(a.n_head, b.n_head);
+  EXPECT_EQ(a.d_model, b.d_model);
+  EXPECT_EQ(a.mlp_ratio, b.mlp_ratio);
+  EXPECT_EQ(a.dropout, b.dropout);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.n_kv_head, b.n_kv_head);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.norm_eps, b.norm_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
+  EXPECT_EQ(a.rope_scaling.high_freq_factor, b.rope_scaling.high_freq_factor);
+  EXPECT_EQ(a.rope_scaling.original_max_position_embeddings,
+            b.rope_scaling.original_max_position_embeddings);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_EQ(a.attention_out_bias, b.attention_out_bias);
+  EXPECT_EQ(a.mlp_bias, b.mlp_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.hf_model_type, b.hf_model_type);
+}
+
+TEST(ReadHfConfig, Llama3WithRopeScaling) {
+  const ModelConfig m = Read(Llama32());
+  EXPECT_EQ(m.family, ModelFamily::kLlama);
+  EXPECT_EQ(m.hf_model_type, "llama");
+  EXPECT_EQ(m.vocab_size, 128256);
+  EXPECT_EQ(m.pad_vocab_to_multiple_of, 1);
+  EXPECT_EQ(m.padded_vocab_size(), 128256);
+  EXPECT_EQ(m.d_model, 2048);
+  EXPECT_EQ(m.n_layer, 16);
+  EXPECT_EQ(m.n_head, 32);
+  EXPECT_EQ(m.n_kv_head, 8);
+  EXPECT_EQ(m.head_dim, 64);
+  EXPECT_EQ(m.intermediate_size, 8192);
+  EXPECT_EQ(m.norm_eps, 1e-5);
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rope_scaling.type, "llama3");
+  EXPECT_EQ(m.rope_scaling.factor, 32.0);
+  EXPECT_EQ(m.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(m.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(m.context_length, 131072);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_FALSE(m.attention_bias);
+  EXPECT_FALSE(m.attention_out_bias);
+  EXPECT_FALSE(m.mlp_bias);
+  EXPECT_FALSE(m.qk_norm);
+  EXPECT_EQ(m.dropout, 0.0);
+}
+
+TEST(ReadHfConfig, RopeParametersSpelling) {
+  // transformers >= 5: rope_theta and the scaling inside rope_parameters.
+  Json c = Llama32();
+  c.erase("rope_scaling");
+  c.erase("rope_theta");
+  c["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                          {"factor", 8.0},           {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  ModelConfig m = Read(c);
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rope_scaling.type, "llama3");
+  EXPECT_EQ(m.rope_scaling.factor, 8.0);
+
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  m = Read(c);
+  EXPECT_EQ(m.rope_theta, 1e6);
+  EXPECT_EQ(m.rope_scaling.type, "");
+
+  // The old "type" key; no rope keys at all: theta 10000, no scaling.
+  c.erase("rope_parameters");
+  c["rope_scaling"] = {{"type", "default"}};
+  EXPECT_EQ(Read(c).rope_scaling.type, "");
+  c.erase("rope_scaling");
+  m = Read(c);
+  EXPECT_EQ(m.rope_theta, 10000.0);
+  EXPECT_EQ(m.rope_scaling.type, "");
+}
+
+TEST(ReadHfConfig, Qwen2HasQkvBiases) {
+  const ModelConfig m = Read(Qwen25());
+  EXPECT_EQ(m.hf_model_type, "qwen2");
+  EXPECT_TRUE(m.attention_bias);
+  EXPECT_FALSE(m.attention_out_bias);
+  EXPECT_FALSE(m.mlp_bias);
+  EXPECT_FALSE(m.qk_norm);
+  EXPECT_EQ(m.n_head, 14);
+  EXPECT_EQ(m.n_kv_head, 2);
+  EXPECT_EQ(m.head_dim, 0);
+  EXPECT_EQ(m.head_size(), 64);
+  EXPECT_EQ(m.norm_eps, 1e-6);
+  EXPECT_EQ(m.rope_theta, 1e6);
+  EXPECT_EQ(m.context_length, 32768);
+  EXPECT_TRUE(m.tie_embeddings);
+}
+
+TEST(ReadHfConfig, Qwen3HasQkNormAndExplicitHeadDim) {
+  ModelConfig m = Read(Qwen3());
+  EXPECT_EQ(m.hf_model_type, "qwen3");
+  EXPECT_TRUE(m.qk_norm);
+  EXPECT_EQ(m.head_dim, 128);  // != 1024 / 16
+  EXPECT_EQ(m.head_size(), 128);
+  EXPECT_FALSE(m.attention_bias);
+  EXPECT_FALSE(m.attention_out_bias);
+  EXPECT_EQ(m.rope_theta, 1e6);  // an integer in the file
+  EXPECT_EQ(m.context_length, 40960);
+  // Qwen3Config's default head_dim is 128, not hidden_size / heads.
+  Json c = Qwen3();
+  c.erase("head_dim");
+  c["hidden_size"] = 512;
+  EXPECT_EQ(Read(c).head_dim, 128);
+  c["attention_bias"] = true;
+  m = Read(c);
+  EXPECT_TRUE(m.attention_bias);
+  EXPECT_TRUE(m.attention_out_bias);
+}
+
+TEST(ReadHfConfig, MistralAndDefaults) {
+  ModelConfig m = Read(Mistral());
+  EXPECT_EQ(m.hf_model_type, "mistral");
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_FALSE(m.attention_bias);
+  EXPECT_EQ(m.context_length, 32768);
+  // Absent keys take the model class's defaults: untied, no kv grouping, eps 1e-6.
+  Json c = Llama32();
+  for (const char* key : {"tie_word_embeddings", "num_key_value_heads", "rms_norm_eps", "head_dim",
+                          "max_position_embeddings", "hidden_act", "attention_bias"}) {
+    c.erase(key);
+  }
+  m = Read(c);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.n_kv_head, 32);
+  EXPECT_EQ(m.norm_eps, 1e-6);
+  EXPECT_EQ(m.head_dim, 0);
+  EXPECT_EQ(m.context_length, 2048);
+  // A null value is an absent one.
+  c["num_key_value_heads"] = nullptr;
+  c["head_dim"] = nullptr;
+  m = Read(c);
+  EXPECT_EQ(m.n_kv_head, 32);
+  EXPECT_EQ(m.head_dim, 0);
+  // Keys ReadHfConfig does not own stay as they were.
+  ModelConfig keep;
+  keep.hf_dir = "somewhere";
+  keep.mlp_ratio = 3.0;
+  ReadHfConfig(ConfigDir(Llama32(), "_keep"), keep);
+  EXPECT_EQ(keep.hf_dir, "somewhere");
+  EXPECT_EQ(keep.mlp_ratio, 3.0);
+}
+
+TEST(ReadHfConfig, SlidingWindowIsRefusedUnlessItCoversTheContext) {
+  Json c = Mistral();
+  c["sliding_window"] = 4096;
+  std::string dir = ConfigDir(c);
+  ModelConfig m;
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json", "sliding_window", "not supported", "4096", "32768"});
+  c.erase("sliding_window");  // MistralConfig's default: 4096
+  dir = ConfigDir(c, "_absent");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"sliding_window", "4096"});
+  c["sliding_window"] = 32768;
+  EXPECT_EQ(Read(c).context_length, 32768);
+
+  c = Qwen25();
+  c["use_sliding_window"] = true;
+  c["sliding_window"] = 4096;
+  dir = ConfigDir(c, "_qwen");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {dir + "/config.json", "sliding_window"});
+  c["use_sliding_window"] = false;
+  c["layer_types"] = {"full_attention", "sliding_attention"};
+  dir = ConfigDir(c, "_types");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"sliding_window"});
+  c["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_NO_THROW(Read(c));
+}
+
+TEST(ReadHfConfig, MissingRequiredKeys) {
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "vocab_size", "model_type"}) {
+    SCOPED_TRACE(key);
+    Json c = Llama32();
+    c.erase(key);
+    const std::string dir = ConfigDir(c);
+    ModelConfig m;
+    const ModelConfig before = m;
+    ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                   {dir + "/config.json: " + key + ": expected", "no such key"});
+    ExpectSameModel(m, before);  // untouched
+  }
+}
+
+TEST(ReadHfConfig, WrongTypesNameKeyExpectedAndFound) {
+  struct Case {
+    const char* key;
+    Json value;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"hidden_size", "2048", {"expected an integer", "got \"2048\""}},
+      {"hidden_size", 2048.5, {"expected an integer", "2048.5"}},
+      {"hidden_size", 0, {"expected an integer > 0", "got 0"}},
+      {"num_key_value_heads", 5, {"divisor of num_attention_heads (32)", "got 5"}},
+      {"tie_word_embeddings", "yes", {"expected true or false", "\"yes\""}},
+      {"rms_norm_eps", "small", {"expected a", "number", "\"small\""}},
+      {"rope_theta", -1, {"> 0", "-1"}},
+      {"model_type", 3, {"expected a string", "got 3"}},
+      {"hidden_act", "gelu", {"silu", "\"gelu\""}},
+      {"rope_scaling", "llama3", {"expected an object or null", "\"llama3\""}},
+      {"intermediate_size", Json::array(), {"expected an integer", "an array"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.key);
+    Json config = Llama32();
+    config[c.key] = c.value;
+    const std::string dir = ConfigDir(config);
+    ModelConfig m;
+    const std::string message = ErrorOf([&] { ReadHfConfig(dir, m); });
+    ExpectContains(message, {dir + "/config.json: " + c.key + ": "});
+    for (const auto& part : c.expect) ExpectContains(message, {part});
+  }
+}
+
+TEST(ReadHfConfig, UnsupportedModelTypeAndRopeType) {
+  Json c = Llama32();
+  c["model_type"] = "gpt2";
+  std::string dir = ConfigDir(c);
+  ModelConfig m;
+  ExpectContains(
+      ErrorOf([&] { ReadHfConfig(dir, m); }),
+      {dir + "/config.json: model_type: expected one of llama, mistral, qwen2, qwen3", "\"gpt2\""});
+
+  c = Llama32();
+  c["rope_scaling"]["rope_type"] = "yarn";
+  dir = ConfigDir(c, "_yarn");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json: rope_scaling.rope_type: ",
+                  "rope type \"yarn\" is not supported; supported: default, llama3"});
+  c.erase("rope_scaling");
+  c["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}};
+  dir = ConfigDir(c, "_linear");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {"rope_parameters.rope_type", "\"linear\" is not supported"});
+
+  c = Llama32();
+  c["rope_scaling"].erase("low_freq_factor");
+  dir = ConfigDir(c, "_missing");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json: rope_scaling.low_freq_factor: expected a number"});
+  c = Llama32();
+  c["rope_scaling"].erase("rope_type");
+  dir = ConfigDir(c, "_notype");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"rope_scaling.type: expected a string"});
+}
+
+TEST(ReadHfConfig, InvalidJsonAndMissingFile) {
+  const std::string dir = TempDir();
+  WriteText(dir + "/config.json", "{\"hidden_size\": 12,\n \"model_type\": }");
+  ModelConfig m;
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json", "parse error at byte 36"});
+  WriteText(dir + "/config.json", "[]");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {dir + "/config.json", "JSON object"});
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir + "/nope", m); }),
+                 {dir + "/nope/config.json", "cannot read"});
+}
+
+TEST(HfConfigJson, RoundTripsEachFamily) {
+  for (const Json& source : {Llama32(), Qwen25(), Qwen3(), Mistral()}) {
+    SCOPED_TRACE(source["model_type"].get<std::string>());
+    const ModelConfig m = Read(source);
+    const std::string text = HfConfigJson(m);
+    const Json written = Json::parse(text);
+    EXPECT_EQ(written["architectures"], source["architectures"]);
+    EXPECT_EQ(written["hidden_act"], "silu");
+    EXPECT_EQ(written["torch_dtype"], "float32");
+    EXPECT_EQ(written["head_dim"], m.head_size());
+    const std::string dir = TempDir("_" + source["model_type"].get<std::string>());
+    WriteText(dir + "/config.json", text);
+    ModelConfig back;
+    ReadHfConfig(dir, back);
+    ModelConfig want = m;
+    want.head_dim = m.head_size();  // always written explicitly
+    ExpectSameModel(back, want);
+  }
+  // A llama-family model made in YAML (no intermediate_size, no head_dim) exports its widths.
+  ModelConfig y;
+  y.family = ModelFamily::kLlama;
+  y.d_model = 64;
+  y.n_head = 4;
+  y.mlp_ratio = 2.5;
+  const Json j = Json::parse(HfConfigJson(y));
+  EXPECT_EQ(j["intermediate_size"], 160);
+  EXPECT_EQ(j["head_dim"], 16);
+  EXPECT_EQ(j["num_key_value_heads"], 4);
+  EXPECT_EQ(j["rope_scaling"], nullptr);
+}
+
+TEST(HfConfigJson, KeepsTheTemplatesOtherKeys) {
+  ModelConfig student = Read(Llama32());  // (Read uses the test's directory: first)
+  const std::string dir = TempDir("_template");
+  Json teacher = Llama32();
+  teacher["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1.0}};
+  teacher["quantization_config"] = {{"quant_method", "bitsandbytes"}};
+  teacher["layer_types"] = {"full_attention"};
+  teacher["dtype"] = "bfloat16";
+  WriteText(dir + "/teacher.json", teacher.dump());
+  student.n_layer = 4;
+  student.rope_scaling = RopeScaling{};
+  const std::string text = HfConfigJson(student, dir + "/teacher.json");
+  EXPECT_EQ(text.rfind("{\n  \"", 0), 0u) << "2-space indent";
+  const Json j = Json::parse(text);
+  EXPECT_EQ(j["bos_token_id"], 128000);
+  EXPECT_EQ(j["eos_token_id"], 128001);
+  EXPECT_EQ(j["num_hidden_layers"], 4);
+  EXPECT_EQ(j["rope_scaling"], nullptr);
+  EXPECT_EQ(j["torch_dtype"], "float32");
+  EXPECT_EQ(j["dtype"], "float32");
+  EXPECT_FALSE(j.contains("rope_parameters"));
+  EXPECT_FALSE(j.contains("quantization_config"));
+  EXPECT_FALSE(j.contains("layer_types"));
+  // A template path that does not exist: start from nothing.
+  EXPECT_FALSE(Json::parse(HfConfigJson(student, dir + "/absent.json")).contains("bos_token_id"));
+  WriteText(dir + "/bad.json", "{");
+  ExpectContains(ErrorOf([&] { HfConfigJson(student, dir + "/bad.json"); }),
+                 {dir + "/bad.json", "parse error"});
+}
+
+TEST(HfConfigJson, RefusesWhatConfigJsonCannotSay) {
+  ModelConfig m = Read(Qwen25());
+  m.attention_bias = false;
+  ExpectContains(ErrorOf([&] { HfConfigJson(m); }), {"qwen2", "attention_bias"});
+  m = Read(Llama32());
+  m.attention_out_bias = true;
+  ExpectContains(ErrorOf([&] { HfConfigJson(m); }), {"attention_out_bias"});
+  m = Read(Llama32());
+  m.qk_norm = true;
+  ExpectContains(ErrorOf([&] { HfConfigJson(m); }), {"qk_norm"});
+  m = Read(Llama32());
+  m.family = ModelFamily::kGpt;
+  ExpectContains(ErrorOf([&] { HfConfigJson(m); }), {"family"});
+  m = Read(Llama32());
+  m.hf_model_type = "gemma";
+  ExpectContains(ErrorOf([&] { HfConfigJson(m); }), {"hf_model_type", "\"gemma\""});
+}
+
+}  // namespace
+}  // namespace distill

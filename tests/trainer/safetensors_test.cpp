@@ -1,0 +1,632 @@
+// safetensors: round trips, the writer's exact layout, the reader against hand-built malformed
+// files (every error names the file and the tensor), sharded directories, and module loading
+// that checks everything before it copies anything.
+#include "distill/safetensors.h"
+
+#include <ftw.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace distill {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// Deletes `path` recursively (nftw: libtorch's copy of std::filesystem::remove_all crashes).
+void RemoveTree(const std::string& path) {
+  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    return ::remove(entry);
+  };
+  nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+// A fresh, empty directory named after the running test.
+std::string TempDir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const fs::path dir = fs::temp_directory_path() /
+                       (std::string("distill_st_") + info->test_suite_name() + "_" + info->name());
+  RemoveTree(dir.string());
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string U64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A file by hand: the header text as given (no padding) and `data` bytes.
+std::string HandFile(const std::string& dir, const std::string& header, const std::string& data,
+                     const std::string& name = "hand.safetensors") {
+  const std::string path = dir + "/" + name;
+  WriteBytes(path, U64(header.size()) + header + data);
+  return path;
+}
+
+// The message of the WeightsError `f` throws ("" and a failure when it throws none).
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const WeightsError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a WeightsError, got another exception: " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a WeightsError, got none";
+  return "";
+}
+
+void ExpectContains(const std::string& message, std::initializer_list<std::string> parts) {
+  for (const auto& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "message: " << message << "\nlacks: " << part;
+  }
+}
+
+bool SameBytes(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) &&
+         a.nbytes() == b.nbytes() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+}
+
+TEST(Safetensors, RoundTripIsBitExactPerDtype) {
+  const std::string dir = TempDir();
+  at::manual_seed(0);
+  const at::Tensor base = at::randn({3, 5}) * 100;
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"f32", base},
+      {"f16", base.to(at::kHalf)},
+      {"bf16", base.to(at::kBFloat16)},
+      {"scalar", at::full({}, 2.5)},
+      {"empty", at::zeros({0, 4}, at::kHalf)},
+      {"strided", base.t()},  // non-contiguous: saved contiguous
+  };
+  const std::string path = dir + "/model.safetensors";
+  WriteSafetensors(path, tensors, {{"format", "pt"}, {"k", "v"}});
+
+  const SafetensorsFile file(path);
+  EXPECT_EQ(file.names(),
+            (std::vector<std::string>{"bf16", "empty", "f16", "f32", "scalar", "strided"}));
+  EXPECT_EQ(file.metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"k", "v"}}));
+  EXPECT_EQ(file.dtype("f32"), "F32");
+  EXPECT_EQ(file.dtype("f16"), "F16");
+  EXPECT_EQ(file.dtype("bf16"), "BF16");
+  EXPECT_EQ(file.shape("strided"), (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(file.shape("scalar"), std::vector<int64_t>{});
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor back = file.Tensor(name, t.scalar_type());
+    EXPECT_TRUE(SameBytes(back, t.contiguous())) << name;
+    EXPECT_TRUE(back.is_contiguous()) << name;
+  }
+  // Converted on the way: F16 / BF16 -> F32 is exact.
+  EXPECT_TRUE(SameBytes(file.Tensor("bf16"), base.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(SameBytes(file.Tensor("f16", at::kBFloat16), base.to(at::kHalf).to(at::kBFloat16)));
+}
+
+TEST(Safetensors, OwnedCopyOutlivesTheMapping) {
+  const std::string dir = TempDir();
+  const at::Tensor t = at::arange(10, at::kFloat);
+  WriteSafetensors(dir + "/a.safetensors", {{"t", t}});
+  at::Tensor back;
+  {
+    const SafetensorsFile file(dir + "/a.safetensors");
+    back = file.Tensor("t");
+  }
+  fs::remove(dir + "/a.safetensors");
+  EXPECT_TRUE(SameBytes(back, t));
+}
+
+TEST(Safetensors, WriterLayoutByTheBook) {
+  const std::string dir = TempDir();
+  const at::Tensor a = at::arange(6, at::kFloat).reshape({2, 3});
+  const at::Tensor b =
+      at::arange(3, at::kFloat).to(at::kHalf);  // 6 bytes: the next offset is odd-free
+  const at::Tensor c = at::arange(2, at::kInt);
+  const std::string path = dir + "/w.safetensors";
+  WriteSafetensors(path, {{"a", a}, {"b", b}, {"c", c}}, {{"format", "pt"}});
+
+  const std::string bytes = ReadBytes(path);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  EXPECT_EQ((8 + n) % 8, 0u) << "the data section starts 8-byte aligned";
+  ASSERT_EQ(bytes.size(), 8 + n + 24 + 6 + 8);
+  const std::string header = bytes.substr(8, n);
+  EXPECT_EQ(header.find_last_not_of(' ') + 1, header.find_last_of('}') + 1)
+      << "the padding is spaces after the JSON";
+  const Json json = Json::parse(header);
+  EXPECT_EQ(json["__metadata__"], (Json{{"format", "pt"}}));
+  EXPECT_EQ(json["a"], (Json{{"dtype", "F32"}, {"shape", {2, 3}}, {"data_offsets", {0, 24}}}));
+  EXPECT_EQ(json["b"], (Json{{"dtype", "F16"}, {"shape", {3}}, {"data_offsets", {24, 30}}}));
+  EXPECT_EQ(json["c"], (Json{{"dtype", "I32"}, {"shape", {2}}, {"data_offsets", {30, 38}}}));
+  EXPECT_EQ(header.find("__metadata__"), 2u) << "metadata first, then the tensors in order";
+  EXPECT_LT(header.find("\"a\""), header.find("\"b\""));
+  EXPECT_LT(header.find("\"b\""), header.find("\"c\""));
+  const char* data = bytes.data() + 8 + n;
+  EXPECT_EQ(std::memcmp(data, a.data_ptr(), 24), 0);
+  EXPECT_EQ(std::memcmp(data + 24, b.data_ptr(), 6), 0);
+  EXPECT_EQ(std::memcmp(data + 30, c.data_ptr(), 8), 0);
+}
+
+TEST(Safetensors, WriterRejectsDuplicateNames) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/d.safetensors";
+  ExpectContains(ErrorOf([&] {
+                   WriteSafetensors(path, {{"x", at::ones({1})}, {"x", at::ones({1})}});
+                 }),
+                 {path, "\"x\""});
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(Safetensors, TruncatedAtEveryByteIsAnError) {
+  const std::string dir = TempDir();
+  const std::string full_path = dir + "/full.safetensors";
+  WriteSafetensors(full_path, {{"w", at::arange(4, at::kFloat)}, {"v", at::ones({3}, at::kHalf)}});
+  const std::string full = ReadBytes(full_path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(full[i]);
+  const std::string path = dir + "/cut.safetensors";
+  for (size_t size = 0; size < full.size(); ++size) {
+    SCOPED_TRACE("cut at " + std::to_string(size));
+    WriteBytes(path, full.substr(0, size));
+    const std::string message = ErrorOf([&] { SafetensorsFile file(path); });
+    ExpectContains(message, {path});
+    if (size < 8) {
+      ExpectContains(message, {"header", "at least 8 bytes"});
+    } else if (size < 8 + n) {
+      ExpectContains(message, {"header", "truncated"});
+    } else {
+      // Inside the data: the last tensor ("v", written second) no longer fits.
+      ExpectContains(message, {"tensor \"v\"", "data_offsets", "truncated"});
+    }
+  }
+  EXPECT_NO_THROW(SafetensorsFile{full_path});
+}
+
+TEST(Safetensors, HeaderLengthPastTheFileOrAbsurd) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/len.safetensors";
+  WriteBytes(path, U64(100) + std::string("{}      "));
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }), {path, "header", "100"});
+  WriteBytes(path, U64(uint64_t{1} << 63) + std::string("{}      "));
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
+                 {path, "header", "9223372036854775808"});
+  WriteBytes(path, U64(~uint64_t{0}) + std::string("{}"));
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }), {path, "header"});
+}
+
+TEST(Safetensors, InvalidJsonAndNonObjectHeader) {
+  const std::string dir = TempDir();
+  std::string path = HandFile(dir, "{\"w\": {\"dtype\": ", "");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
+                 {path, "header", "parse error at byte"});
+  path = HandFile(dir, "[1, 2]", "");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }), {path, "header", "JSON object"});
+  path = HandFile(dir, "", "");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }), {path, "header"});
+  // An empty object is a valid file without tensors.
+  path = HandFile(dir, "{}", "");
+  EXPECT_TRUE(SafetensorsFile(path).names().empty());
+}
+
+TEST(Safetensors, EntryErrorsNameTheTensor) {
+  const std::string dir = TempDir();
+  struct Case {
+    std::string header;
+    std::string data;
+    std::vector<std::string> expect;
+  };
+  const std::string d16(16, '\0');
+  const std::vector<Case> cases = {
+      {R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 20]}})",
+       d16,
+       {"data_offsets", "end <= 16", "[0, 20]"}},
+      {R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})",
+       d16,
+       {"data_offsets", "expected 16 bytes", "12 bytes"}},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", d16, {"begin <= end"}},
+      {R"({"w": {"dtype": "F32", "shape": [-1, 2], "data_offsets": [0, 8]}})",
+       d16,
+       {"shape", "non-negative integers", "-1"}},
+      {R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
+       d16,
+       {"shape", "non-negative integers", "2.5"}},
+      {R"({"w": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})",
+       d16,
+       {"shape", "\"2\""}},
+      {R"({"w": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}})", d16, {"shape"}},
+      {R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", d16, {"shape"}},
+      {R"({"w": {"dtype": "F12", "shape": [2], "data_offsets": [0, 8]}})",
+       d16,
+       {"dtype", "\"F12\"", "BF16"}},
+      {R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", d16, {"dtype"}},
+      {R"({"w": {"dtype": "F32", "shape": [2]}})", d16, {"data_offsets"}},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", d16, {"data_offsets"}},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", d16, {"data_offsets"}},
+      {R"({"w": {"dtype": "F32", "shape": [1099511627776, 1099511627776], "data_offsets": [0, 8]}})",
+       d16,
+       {"shape", "64 bits"}},
+      {R"({"w": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 8]}})",
+       d16,
+       {"shape", "64 bits"}},
+      {R"({"w": [1, 2]})", d16, {"expected an object"}},
+      {R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+           "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+       d16,
+       {"one entry"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].header);
+    const std::string path = HandFile(dir, cases[i].header, cases[i].data);
+    const std::string message = ErrorOf([&] { SafetensorsFile file(path); });
+    ExpectContains(message, {path, "tensor \"w\""});
+    for (const auto& part : cases[i].expect) ExpectContains(message, {part});
+  }
+}
+
+TEST(Safetensors, OverlappingTensorsNameBoth) {
+  const std::string dir = TempDir();
+  const std::string path =
+      HandFile(dir,
+               R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+          "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
+               std::string(24, '\0'));
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
+                 {path, "tensor \"b\"", "overlaps tensor \"a\""});
+  // Empty tensors own no bytes; out-of-order offsets and unaligned ones are fine.
+  const std::string ok = HandFile(dir,
+                                  R"({"a": {"dtype": "F16", "shape": [2], "data_offsets": [6, 10]},
+          "b": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]},
+          "c": {"dtype": "U8", "shape": [6], "data_offsets": [0, 6]}})",
+                                  std::string(10, '\0'), "ok.safetensors");
+  const SafetensorsFile file(ok);
+  EXPECT_EQ(file.names().size(), 3u);
+  EXPECT_TRUE(SameBytes(file.Tensor("a", at::kHalf), at::zeros({2}, at::kHalf)));
+}
+
+TEST(Safetensors, MetadataMustBeStrings) {
+  const std::string dir = TempDir();
+  const std::string path = HandFile(dir, R"({"__metadata__": {"format": 1}})", "");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
+                 {path, "__metadata__", "\"format\""});
+}
+
+TEST(Safetensors, NonWeightDtypeAndMissingTensor) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/ids.safetensors";
+  WriteSafetensors(path, {{"ids", at::arange(3, at::kLong)}, {"w", at::ones({2})}});
+  const SafetensorsFile file(path);
+  EXPECT_EQ(file.dtype("ids"), "I64");
+  ExpectContains(ErrorOf([&] { file.Tensor("ids"); }), {path, "tensor \"ids\"", "I64", "F32"});
+  ExpectContains(ErrorOf([&] { file.Tensor("nope"); }), {path, "tensor \"nope\""});
+  ExpectContains(ErrorOf([&] { file.shape("nope"); }), {path, "tensor \"nope\""});
+  ExpectContains(ErrorOf([&] { SafetensorsFile missing(dir + "/absent.safetensors"); }),
+                 {dir + "/absent.safetensors", "No such file"});
+  ExpectContains(ErrorOf([&] { SafetensorsFile directory(dir); }),
+                 {dir, "expected a regular file"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing failures
+
+TEST(Safetensors, WriteIntoMissingDirectoryNamesTheFile) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/no/such/dir/model.safetensors";
+  ExpectContains(ErrorOf([&] {
+                   WriteSafetensors(path, {{"w", at::ones({2})}});
+                 }),
+                 {path, "No such file or directory"});
+  EXPECT_FALSE(fs::exists(dir + "/no"));
+}
+
+std::vector<std::string> Listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(Safetensors, FailedRenameRemovesTheTemporary) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/target";  // a non-empty directory: rename() fails
+  fs::create_directories(path);
+  WriteBytes(path + "/keep", "x");
+  ExpectContains(ErrorOf([&] {
+                   WriteSafetensors(path, {{"w", at::ones({4})}});
+                 }),
+                 {path, "rename"});
+  EXPECT_EQ(Listing(dir), std::vector<std::string>{"target"});
+}
+
+TEST(Safetensors, FailedWriteKeepsTheOldFileAndRemovesTheTemporary) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/model.safetensors";
+  WriteSafetensors(path, {{"old", at::ones({2})}});
+  const std::string before = ReadBytes(path);
+  // A file size limit makes write() fail with EFBIG part-way, as a full disk would (ENOSPC).
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string message = ErrorOf([&] {
+    WriteSafetensors(path, {{"new", at::ones({1 << 16})}});
+  });
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  ExpectContains(message, {path, "cannot write", std::strerror(EFBIG)});
+  EXPECT_EQ(Listing(dir), std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(ReadBytes(path), before);
+  // And an overwrite that succeeds replaces it.
+  WriteSafetensors(path, {{"new", at::ones({3})}});
+  EXPECT_EQ(SafetensorsFile(path).names(), std::vector<std::string>{"new"});
+  EXPECT_EQ(Listing(dir), std::vector<std::string>{"model.safetensors"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded directories
+
+std::string WriteIndex(const std::string& dir, const Json& weight_map) {
+  const std::string path = dir + "/model.safetensors.index.json";
+  WriteBytes(path, Json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
+  return path;
+}
+
+TEST(SafetensorsDir, SingleFileAndTwoShards) {
+  const std::string dir = TempDir();
+  WriteSafetensors(dir + "/model-00001-of-00002.safetensors",
+                   {{"a", at::ones({2})}, {"b", at::full({3}, 2.0)}});
+  WriteSafetensors(dir + "/model-00002-of-00002.safetensors", {{"c", at::full({1, 2}, 3.0)}});
+  const std::string index = WriteIndex(dir, {{"a", "model-00001-of-00002.safetensors"},
+                                             {"b", "model-00001-of-00002.safetensors"},
+                                             {"c", "model-00002-of-00002.safetensors"}});
+  const SafetensorsDir sharded(dir);
+  EXPECT_EQ(sharded.source(), index);
+  EXPECT_EQ(sharded.names(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(sharded.shape("c"), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(sharded.file_of("c"), dir + "/model-00002-of-00002.safetensors");
+  EXPECT_TRUE(SameBytes(sharded.Tensor("b"), at::full({3}, 2.0)));
+  ExpectContains(ErrorOf([&] { sharded.Tensor("d"); }), {index, "\"d\""});
+
+  // model.safetensors wins when both exist (transformers' order).
+  WriteSafetensors(dir + "/model.safetensors", {{"z", at::ones({1})}});
+  const SafetensorsDir single(dir);
+  EXPECT_EQ(single.source(), dir + "/model.safetensors");
+  EXPECT_EQ(single.names(), std::vector<std::string>{"z"});
+}
+
+TEST(SafetensorsDir, NeitherFileNamesDirectoryAndBothNames) {
+  const std::string dir = TempDir();
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {dir, "model.safetensors", "model.safetensors.index.json"});
+}
+
+TEST(SafetensorsDir, MissingShardFile) {
+  const std::string dir = TempDir();
+  WriteSafetensors(dir + "/s1.safetensors", {{"a", at::ones({2})}});
+  const std::string index = WriteIndex(dir, {{"a", "s1.safetensors"}, {"b", "s2.safetensors"}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "tensor \"b\"", dir + "/s2.safetensors", "no such file"});
+}
+
+TEST(SafetensorsDir, TensorListedButNotInItsShard) {
+  const std::string dir = TempDir();
+  WriteSafetensors(dir + "/s1.safetensors", {{"a", at::ones({2})}});
+  WriteSafetensors(dir + "/s2.safetensors", {{"b", at::ones({2})}});
+  WriteIndex(dir, {{"a", "s1.safetensors"}, {"b", "s1.safetensors"}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {dir + "/s1.safetensors", "tensor \"b\"", "no such tensor"});
+}
+
+TEST(SafetensorsDir, TensorInTwoShards) {
+  const std::string dir = TempDir();
+  WriteSafetensors(dir + "/s1.safetensors", {{"a", at::ones({2})}, {"b", at::ones({1})}});
+  WriteSafetensors(dir + "/s2.safetensors", {{"a", at::ones({2})}});
+  WriteIndex(dir, {{"a", "s2.safetensors"}, {"b", "s1.safetensors"}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {"s1.safetensors", "s2.safetensors", "tensor \"a\"", "one shard"});
+}
+
+TEST(SafetensorsDir, BadIndex) {
+  const std::string dir = TempDir();
+  const std::string index = dir + "/model.safetensors.index.json";
+  WriteBytes(index, "{\"weight_map\": {");
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "parse error at byte"});
+  WriteBytes(index, "{\"metadata\": {}}");
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "weight_map"});
+  WriteIndex(dir, {{"a", 3}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "tensor \"a\""});
+  WriteIndex(dir, {{"a", "../outside.safetensors"}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "tensor \"a\"", "../outside.safetensors"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+
+// Parameters named like an HF llama: model.layers.0.mlp.up_proj.weight, model.norm.weight, and a
+// buffer model.norm.scale.
+std::shared_ptr<torch::nn::Module> MakeModule() {
+  using torch::nn::Module;
+  auto root = std::make_shared<Module>();
+  auto model = root->register_module("model", std::make_shared<Module>());
+  auto layers = model->register_module("layers", std::make_shared<Module>());
+  auto layer = layers->register_module("0", std::make_shared<Module>());
+  auto mlp = layer->register_module("mlp", std::make_shared<Module>());
+  auto up = mlp->register_module("up_proj", std::make_shared<Module>());
+  up->register_parameter("weight", at::zeros({4, 3}));
+  auto norm = model->register_module("norm", std::make_shared<Module>());
+  norm->register_parameter("weight", at::zeros({3}));
+  norm->register_buffer("scale", at::zeros({2}));
+  return root;
+}
+
+const char* kUp = "model.layers.0.mlp.up_proj.weight";
+
+std::vector<std::pair<std::string, at::Tensor>> GoodWeights() {
+  return {{kUp, at::arange(12, at::kFloat).reshape({4, 3}).to(at::kBFloat16)},
+          {"model.norm.weight", at::full({3}, 1.5)},
+          {"model.norm.scale", at::full({2}, 0.25, at::kHalf)}};
+}
+
+std::map<std::string, at::Tensor> Snapshot(const torch::nn::Module& module) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : module.named_parameters()) out[p.key()] = p.value().clone();
+  for (const auto& b : module.named_buffers()) out[b.key()] = b.value().clone();
+  return out;
+}
+
+void ExpectUntouched(const torch::nn::Module& module,
+                     const std::map<std::string, at::Tensor>& before) {
+  for (const auto& [name, t] : Snapshot(module)) {
+    EXPECT_TRUE(SameBytes(t, before.at(name))) << name << " changed";
+  }
+}
+
+TEST(LoadModuleFromHf, CopiesConvertingDtypes) {
+  const std::string dir = TempDir();
+  auto weights = GoodWeights();
+  weights.emplace_back("lm_head.weight", at::ones({4, 3}));
+  weights.emplace_back("model.rotary_emb.inv_freq", at::ones({2}));
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  auto module = MakeModule();
+  LoadModuleFromHf(dir, *module, {"lm_head.weight", "*rotary_emb.inv_freq"});
+  const auto loaded = Snapshot(*module);
+  EXPECT_TRUE(SameBytes(loaded.at(kUp), at::arange(12, at::kFloat).reshape({4, 3})));
+  EXPECT_TRUE(SameBytes(loaded.at("model.norm.weight"), at::full({3}, 1.5)));
+  EXPECT_TRUE(SameBytes(loaded.at("model.norm.scale"), at::full({2}, 0.25)));
+  EXPECT_TRUE(module->named_parameters()[kUp].requires_grad());
+}
+
+TEST(LoadModuleFromHf, FromShards) {
+  const std::string dir = TempDir();
+  const auto w = GoodWeights();
+  WriteSafetensors(dir + "/s1.safetensors", {w[0]});
+  WriteSafetensors(dir + "/s2.safetensors", {w[1], w[2]});
+  WriteIndex(dir, {{kUp, "s1.safetensors"},
+                   {"model.norm.weight", "s2.safetensors"},
+                   {"model.norm.scale", "s2.safetensors"}});
+  auto module = MakeModule();
+  LoadModuleFromHf(dir, *module);
+  EXPECT_TRUE(SameBytes(Snapshot(*module).at("model.norm.weight"), at::full({3}, 1.5)));
+}
+
+TEST(LoadModuleFromHf, ShapeMismatchNamesFileTensorAndShapes) {
+  const std::string dir = TempDir();
+  auto weights = GoodWeights();
+  weights[0].second = at::ones({4, 2});
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  ExpectContains(
+      ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+      {dir + "/model.safetensors", std::string("tensor \"") + kUp + "\"", "[4, 3]", "[4, 2]"});
+  ExpectUntouched(*module, before);
+}
+
+TEST(LoadModuleFromHf, LastCheckFailingLeavesEverythingUntouched) {
+  const std::string dir = TempDir();
+  auto weights = GoodWeights();
+  weights[2].second = at::ones({3});  // the buffer, checked (and copied) last
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }), {"model.norm.scale", "[2]"});
+  ExpectUntouched(*module, before);
+
+  weights = GoodWeights();
+  weights[2].second = at::ones({2}, at::kLong);  // a dtype that is not weights
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+                 {dir + "/model.safetensors", "tensor \"model.norm.scale\"", "I64"});
+  ExpectUntouched(*module, before);
+}
+
+TEST(LoadModuleFromHf, UnexpectedTensorUnlessIgnorable) {
+  const std::string dir = TempDir();
+  auto weights = GoodWeights();
+  weights.emplace_back("model.layers.0.mlp.gate_proj.weight", at::ones({4, 3}));
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  ExpectContains(ErrorOf([&] {
+                   LoadModuleFromHf(dir, *module, {"lm_head.weight", "*up_proj.weight"});
+                 }),
+                 {dir + "/model.safetensors", "tensor \"model.layers.0.mlp.gate_proj.weight\"",
+                  "unexpected", "config.json"});
+  ExpectUntouched(*module, before);
+  LoadModuleFromHf(dir, *module, {"*gate_proj.weight"});
+  EXPECT_TRUE(SameBytes(Snapshot(*module).at("model.norm.weight"), at::full({3}, 1.5)));
+}
+
+TEST(LoadModuleFromHf, MissingTensorsListedWithCount) {
+  const std::string dir = TempDir();
+  WriteSafetensors(dir + "/model.safetensors", {GoodWeights()[0]});
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+                 {dir + "/model.safetensors", "parameter and buffer", "2 missing",
+                  "\"model.norm.weight\"", "\"model.norm.scale\""});
+  ExpectUntouched(*module, before);
+
+  // More than five: five names and the rest counted.
+  auto big = std::make_shared<torch::nn::Module>();
+  for (int i = 0; i < 8; ++i) big->register_parameter("p" + std::to_string(i), at::zeros({1}));
+  WriteSafetensors(dir + "/model.safetensors", {{"p0", at::ones({1})}});
+  const std::string message = ErrorOf([&] { LoadModuleFromHf(dir, *big); });
+  ExpectContains(message, {"7 missing", "\"p1\"", "\"p5\"", "and 2 more"});
+  EXPECT_EQ(message.find("\"p6\""), std::string::npos) << message;
+}
+
+TEST(SaveModuleAsHf, RoundTripsThroughLoad) {
+  const std::string dir = TempDir();
+  auto source = MakeModule();
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : source->parameters()) p.copy_(at::randn(p.sizes()));
+    for (auto& b : source->buffers()) b.copy_(at::randn(b.sizes()));
+  }
+  SaveModuleAsHf(dir + "/model.safetensors", *source, at::kBFloat16);
+  const SafetensorsFile file(dir + "/model.safetensors");
+  EXPECT_EQ(file.metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+  EXPECT_EQ(file.names(), (std::vector<std::string>{kUp, "model.norm.scale", "model.norm.weight"}));
+  EXPECT_EQ(file.dtype(kUp), "BF16");
+
+  auto target = MakeModule();
+  LoadModuleFromHf(dir, *target);
+  const auto want = Snapshot(*source);
+  for (const auto& [name, t] : Snapshot(*target)) {
+    EXPECT_TRUE(SameBytes(t, want.at(name).to(at::kBFloat16).to(at::kFloat))) << name;
+  }
+}
+
+}  // namespace
+}  // namespace distill

@@ -1,0 +1,26 @@
+// Hugging Face config.json <-> ModelConfig for the llama family (Llama 2/3, Mistral, Qwen2/2.5,
+// Qwen3, SmolLM2). Defaults of absent keys are those of the transformers config class of the
+// model_type, so a config.json means here what it means to transformers.
+#pragma once
+
+#include <string>
+
+#include "distill/config.h"
+
+namespace distill {
+
+// Reads <hf_dir>/config.json into the architecture fields of `model` (family kLlama,
+// pad_vocab_to_multiple_of 1; hf_dir, mlp_ratio and the fields of derived structs untouched).
+// Throws ConfigError, "<hf_dir>/config.json: <key>: expected ..., got ...", for a missing or
+// unreadable file, invalid JSON (with the byte position), a missing or mistyped key, or an
+// architecture the llama family cannot run (model_type, hidden_act, rope type, sliding window).
+void ReadHfConfig(const std::string& hf_dir, ModelConfig& model);
+
+// The config.json text (2-space indent) of the llama-family `model`: the JSON of `template_path`
+// when it is non-empty and exists (e.g. the teacher's config.json, to keep the token ids), with
+// every architecture key set from `model`, "rope_parameters", "layer_types" and quantization keys
+// removed. Throws ConfigError when `model` has no config.json spelling (not llama family, or a
+// bias / qk-norm choice its hf_model_type cannot express) or the template is not a JSON object.
+std::string HfConfigJson(const ModelConfig& model, const std::string& template_path = "");
+
+}  // namespace distill

@@ -1,0 +1,380 @@
+// config.json of the llama family, read and written by the book: the defaults of absent keys are
+// those of transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config.
+#include "distill/hf_config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+namespace distill {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+struct Family {
+  const char* model_type;
+  const char* architecture;
+  int64_t default_max_position_embeddings;
+};
+constexpr Family kFamilies[] = {
+    {"llama", "LlamaForCausalLM", 2048},
+    {"mistral", "MistralForCausalLM", 4096 * 32},
+    {"qwen2", "Qwen2ForCausalLM", 32768},
+    {"qwen3", "Qwen3ForCausalLM", 40960},
+};
+constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3";
+
+const Family* FindFamily(const std::string& model_type) {
+  for (const auto& f : kFamilies) {
+    if (model_type == f.model_type) return &f;
+  }
+  return nullptr;
+}
+
+std::string Quoted(const std::string& s) { return Json(s).dump(); }
+
+// A JSON value in words for "got ...".
+std::string Describe(const Json* v) {
+  if (v == nullptr) return "no such key";
+  if (v->is_array()) return "an array";
+  if (v->is_object()) return "an object";
+  std::string s = v->dump();
+  return s.size() <= 40 ? s : s.substr(0, 40) + "...";
+}
+
+// Typed access to the keys of one JSON object; errors are "<file>: <prefix><key>: expected ...,
+// got ...". A key whose value is null counts as absent (transformers' None).
+class Keys {
+ public:
+  Keys(std::string file, const Json& object, std::string prefix = "")
+      : file_(std::move(file)), object_(object), prefix_(std::move(prefix)) {}
+
+  const Json* Find(const std::string& key) const {
+    auto it = object_.find(key);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool Has(const std::string& key) const { return Find(key) != nullptr; }
+
+  [[noreturn]] void Fail(const std::string& key, const std::string& expected,
+                         const std::string& got) const {
+    throw ConfigError(
+        fmt::format("{}: {}{}: expected {}, got {}", file_, prefix_, key, expected, got));
+  }
+
+  int64_t Int(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
+    const Json* v = Find(key);
+    if (v == nullptr && fallback) return *fallback;
+    if (v == nullptr || !v->is_number_integer()) Fail(key, "an integer", Describe(v));
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      Fail(key, "an integer that fits in 64 bits", Describe(v));
+    }
+    return v->get<int64_t>();
+  }
+  int64_t PositiveInt(const std::string& key,
+                      std::optional<int64_t> fallback = std::nullopt) const {
+    const int64_t n = Int(key, fallback);
+    if (n <= 0) Fail(key, "an integer > 0", std::to_string(n));
+    return n;
+  }
+  double Number(const std::string& key, std::optional<double> fallback = std::nullopt) const {
+    const Json* v = Find(key);
+    if (v == nullptr && fallback) return *fallback;
+    if (v == nullptr || !v->is_number()) Fail(key, "a number", Describe(v));
+    return v->get<double>();
+  }
+  double PositiveNumber(const std::string& key,
+                        std::optional<double> fallback = std::nullopt) const {
+    const double x = Number(key, fallback);
+    if (!(x > 0) || !std::isfinite(x)) Fail(key, "a finite number > 0", Describe(Find(key)));
+    return x;
+  }
+  bool Bool(const std::string& key, bool fallback) const {
+    const Json* v = Find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) Fail(key, "true or false", Describe(v));
+    return v->get<bool>();
+  }
+  std::string String(const std::string& key,
+                     std::optional<std::string> fallback = std::nullopt) const {
+    const Json* v = Find(key);
+    if (v == nullptr && fallback) return *fallback;
+    if (v == nullptr || !v->is_string()) Fail(key, "a string", Describe(v));
+    return v->get<std::string>();
+  }
+
+ private:
+  std::string file_;
+  const Json& object_;
+  std::string prefix_;
+};
+
+// Reads `path` as a JSON object; ConfigError naming the file (and the byte of a parse error).
+template <typename J>
+J ReadJsonObject(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  J json;
+  try {
+    json = J::parse(ss.str());
+  } catch (const typename J::parse_error& e) {
+    throw ConfigError(
+        fmt::format("{}: expected JSON, got a parse error at byte {}: {}", path, e.byte, e.what()));
+  }
+  if (!json.is_object()) {
+    throw ConfigError(fmt::format("{}: expected a JSON object, got {}", path,
+                                  json.is_array() ? std::string("an array") : json.dump()));
+  }
+  return json;
+}
+
+// rope_scaling (or the newer rope_parameters spelling) into `scaling`.
+void ReadRopeScaling(const std::string& file, const Json& rope, const std::string& key,
+                     RopeScaling& scaling) {
+  if (!rope.is_object()) {
+    throw ConfigError(
+        fmt::format("{}: {}: expected an object or null, got {}", file, key, Describe(&rope)));
+  }
+  const Keys keys(file, rope, key + ".");
+  const std::string type_key = keys.Has("rope_type") ? "rope_type" : "type";
+  const std::string type = keys.String(type_key);
+  scaling = RopeScaling{};
+  if (type == "default") {
+    scaling.type = "";
+    return;
+  }
+  if (type != "llama3") {
+    throw ConfigError(
+        fmt::format("{}: {}.{}: rope type {} is not supported; supported: default, "
+                    "llama3",
+                    file, key, type_key, Quoted(type)));
+  }
+  scaling.type = "llama3";
+  scaling.factor = keys.PositiveNumber("factor");
+  scaling.low_freq_factor = keys.PositiveNumber("low_freq_factor");
+  scaling.high_freq_factor = keys.PositiveNumber("high_freq_factor");
+  scaling.original_max_position_embeddings = keys.PositiveInt("original_max_position_embeddings");
+  if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+    keys.Fail("high_freq_factor",
+              fmt::format("a number > low_freq_factor ({})", scaling.low_freq_factor),
+              Describe(keys.Find("high_freq_factor")));
+  }
+}
+
+}  // namespace
+
+void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
+  const std::string file = (fs::path(hf_dir) / "config.json").string();
+  const Json json = ReadJsonObject<Json>(file);
+  const Keys keys(file, json);
+
+  const std::string model_type = keys.String("model_type");
+  const Family* family = FindFamily(model_type);
+  if (family == nullptr) {
+    keys.Fail("model_type", fmt::format("one of {}", kSupportedTypes), Quoted(model_type));
+  }
+  const std::string act = keys.String("hidden_act", "silu");
+  if (act != "silu") keys.Fail("hidden_act", "\"silu\" (SwiGLU)", Quoted(act));
+
+  ModelConfig m = model;  // assigned back only when everything parsed
+  m.family = ModelFamily::kLlama;
+  m.hf_model_type = model_type;
+  m.vocab_size = keys.PositiveInt("vocab_size");
+  m.pad_vocab_to_multiple_of = 1;
+  m.d_model = keys.PositiveInt("hidden_size");
+  m.n_layer = keys.PositiveInt("num_hidden_layers");
+  m.n_head = keys.PositiveInt("num_attention_heads");
+  m.n_kv_head = keys.PositiveInt("num_key_value_heads", m.n_head);
+  if (m.n_head % m.n_kv_head != 0) {
+    keys.Fail("num_key_value_heads", fmt::format("a divisor of num_attention_heads ({})", m.n_head),
+              std::to_string(m.n_kv_head));
+  }
+  // Qwen3Config's head_dim defaults to 128; the others' to hidden_size / num_attention_heads.
+  m.head_dim = keys.Has("head_dim")    ? keys.PositiveInt("head_dim")
+               : model_type == "qwen3" ? 128
+                                       : 0;
+  if (m.head_dim == 0 && m.d_model % m.n_head != 0) {
+    keys.Fail(
+        "hidden_size",
+        fmt::format("a multiple of num_attention_heads ({}) when head_dim is absent", m.n_head),
+        std::to_string(m.d_model));
+  }
+  m.intermediate_size = keys.PositiveInt("intermediate_size");
+  m.norm_eps = keys.PositiveNumber("rms_norm_eps", 1e-6);
+  m.context_length =
+      keys.PositiveInt("max_position_embeddings", family->default_max_position_embeddings);
+  // transformers' model classes (not PretrainedConfig) default tie_word_embeddings to false.
+  m.tie_embeddings = keys.Bool("tie_word_embeddings", false);
+  m.dropout = keys.Number("attention_dropout", 0.0);
+  if (!(m.dropout >= 0 && m.dropout < 1)) {
+    keys.Fail("attention_dropout", "a number in [0, 1)", Describe(keys.Find("attention_dropout")));
+  }
+
+  // RoPE: rope_theta at the top level or in rope_parameters; scaling in either spelling.
+  const Json* rope_parameters = keys.Find("rope_parameters");
+  if (rope_parameters != nullptr && !rope_parameters->is_object()) {
+    keys.Fail("rope_parameters", "an object or null", Describe(rope_parameters));
+  }
+  if (keys.Has("rope_theta")) {
+    m.rope_theta = keys.PositiveNumber("rope_theta");
+  } else if (rope_parameters != nullptr) {
+    m.rope_theta =
+        Keys(file, *rope_parameters, "rope_parameters.").PositiveNumber("rope_theta", 10000.0);
+  } else {
+    m.rope_theta = 10000.0;
+  }
+  m.rope_scaling = RopeScaling{};
+  if (const Json* rope_scaling = keys.Find("rope_scaling")) {
+    ReadRopeScaling(file, *rope_scaling, "rope_scaling", m.rope_scaling);
+  } else if (rope_parameters != nullptr) {
+    ReadRopeScaling(file, *rope_parameters, "rope_parameters", m.rope_scaling);
+  }
+
+  // Biases as each model class builds its layers.
+  m.attention_bias = m.attention_out_bias = m.mlp_bias = false;
+  if (model_type == "llama") {
+    m.attention_bias = m.attention_out_bias = keys.Bool("attention_bias", false);
+    m.mlp_bias = keys.Bool("mlp_bias", false);
+  } else if (model_type == "qwen2") {
+    m.attention_bias = true;  // q, k, v; never o_proj
+  } else if (model_type == "qwen3") {
+    m.attention_bias = m.attention_out_bias = keys.Bool("attention_bias", false);
+  }
+  m.qk_norm = model_type == "qwen3";
+
+  // Sliding-window attention is not implemented: only a window that covers the context passes.
+  // Mistral slides whenever sliding_window is not null (absent: 4096); Qwen2/3 when
+  // use_sliding_window is set or layer_types names a "sliding_attention" layer.
+  bool sliding = false;
+  if (const Json* layer_types = keys.Find("layer_types")) {
+    if (!layer_types->is_array()) keys.Fail("layer_types", "an array", Describe(layer_types));
+    for (const Json& t : *layer_types) {
+      if (t != "full_attention" && t != "sliding_attention") {
+        keys.Fail("layer_types", "\"full_attention\" or \"sliding_attention\" entries",
+                  Describe(&t));
+      }
+      sliding = sliding || t == "sliding_attention";
+    }
+  }
+  if (model_type == "qwen2" || model_type == "qwen3") {
+    sliding = keys.Bool("use_sliding_window", false) || sliding;
+  } else {
+    sliding = model_type == "mistral";
+  }
+  const bool window_null = json.contains("sliding_window") && json["sliding_window"].is_null();
+  if (sliding && !window_null) {
+    const int64_t window = keys.PositiveInt("sliding_window", 4096);  // the classes' default
+    if (window < m.context_length) {
+      keys.Fail("sliding_window",
+                fmt::format("null or >= max_position_embeddings ({})", m.context_length),
+                fmt::format("{} (sliding-window attention is not supported)", window));
+    }
+  }
+  model = m;
+}
+
+std::string HfConfigJson(const ModelConfig& model, const std::string& template_path) {
+  const std::string where =
+      fmt::format("config.json for model_type {}", Quoted(model.hf_model_type));
+  const auto fail = [&](const std::string& key, const std::string& expected,
+                        const std::string& got) {
+    throw ConfigError(fmt::format("{}: {}: expected {}, got {}", where, key, expected, got));
+  };
+  if (model.family != ModelFamily::kLlama) fail("family", "llama", "gpt");
+  const Family* family = FindFamily(model.hf_model_type);
+  if (family == nullptr) {
+    fail("hf_model_type", fmt::format("one of {}", kSupportedTypes), Quoted(model.hf_model_type));
+  }
+  const std::string& type = model.hf_model_type;
+  const auto tf = [](bool b) { return std::string(b ? "true" : "false"); };
+  // What each model class can express.
+  if (type == "qwen2") {
+    if (!model.attention_bias) fail("attention_bias", "true (Qwen2 has q/k/v biases)", "false");
+  } else if (type == "mistral") {
+    if (model.attention_bias) fail("attention_bias", "false (Mistral has no biases)", "true");
+  } else if (model.attention_bias != model.attention_out_bias) {
+    fail("attention_out_bias",
+         fmt::format("{} (one attention_bias key covers q, k, v and o)", tf(model.attention_bias)),
+         tf(model.attention_out_bias));
+  }
+  if ((type == "qwen2" || type == "mistral") && model.attention_out_bias) {
+    fail("attention_out_bias", "false (o_proj has no bias)", "true");
+  }
+  if (type != "llama" && model.mlp_bias)
+    fail("mlp_bias", "false (only llama has MLP biases)", "true");
+  if (model.qk_norm != (type == "qwen3")) {
+    fail("qk_norm", fmt::format("{} (qk-norm is Qwen3's)", tf(type == "qwen3")), tf(model.qk_norm));
+  }
+  if (!model.rope_scaling.type.empty() && model.rope_scaling.type != "llama3") {
+    fail("rope_scaling.type", "\"\" or \"llama3\"", Quoted(model.rope_scaling.type));
+  }
+
+  OrderedJson json = OrderedJson::object();
+  std::error_code ec;
+  if (!template_path.empty() && fs::exists(template_path, ec)) {
+    json = ReadJsonObject<OrderedJson>(template_path);
+  }
+  for (const char* key : {"rope_parameters", "layer_types", "quantization_config", "quantization",
+                          "compression_config"}) {
+    json.erase(key);
+  }
+  // ModelConfig::mlp_width(), spelled out here: this file links against config.h alone.
+  const int64_t intermediate =
+      model.intermediate_size > 0
+          ? model.intermediate_size
+          : std::max<int64_t>(1,
+                              std::llround(model.mlp_ratio * static_cast<double>(model.d_model)));
+
+  json["model_type"] = type;
+  json["architectures"] = OrderedJson::array({family->architecture});
+  json["vocab_size"] = model.vocab_size;
+  json["hidden_size"] = model.d_model;
+  json["intermediate_size"] = intermediate;
+  json["num_hidden_layers"] = model.n_layer;
+  json["num_attention_heads"] = model.n_head;
+  json["num_key_value_heads"] = model.kv_heads();
+  json["head_dim"] = model.head_size();
+  json["max_position_embeddings"] = model.context_length;
+  json["rms_norm_eps"] = model.norm_eps;
+  json["rope_theta"] = model.rope_theta;
+  if (model.rope_scaling.type.empty()) {
+    json["rope_scaling"] = nullptr;
+  } else {
+    const RopeScaling& s = model.rope_scaling;
+    json["rope_scaling"] = {
+        {"factor", s.factor},
+        {"high_freq_factor", s.high_freq_factor},
+        {"low_freq_factor", s.low_freq_factor},
+        {"original_max_position_embeddings", s.original_max_position_embeddings},
+        {"rope_type", "llama3"}};
+  }
+  json["tie_word_embeddings"] = model.tie_embeddings;
+  if (type == "qwen2") {
+    json.erase("attention_bias");
+  } else {
+    json["attention_bias"] = model.attention_bias;
+  }
+  json["mlp_bias"] = model.mlp_bias;
+  json["attention_dropout"] = model.dropout;
+  json["hidden_act"] = "silu";
+  if (type == "mistral") json["sliding_window"] = nullptr;
+  if (type == "qwen2" || type == "qwen3") json["use_sliding_window"] = false;
+  json["torch_dtype"] = "float32";
+  if (json.contains("dtype")) json["dtype"] = "float32";  // transformers >= 4.56's spelling
+  return json.dump(2) + "\n";
+}
+
+}  // namespace distill
