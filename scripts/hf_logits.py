@@ -52,14 +52,35 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
-def load_model(hf_dir: Path, attn: str) -> tuple[Any, dict[str, list[str]]]:
-    import torch
-    from transformers import AutoModelForCausalLM
+def load_config(hf_dir: Path) -> Any:
+    """The directory's config; for transformers 4.x, with transformers 5's `rope_parameters` (which 4.x
+    ignores, falling back to rope_theta 10000) turned into `rope_theta` and `rope_scaling`."""
+    import transformers
+    from transformers import AutoConfig
     if not (hf_dir / "config.json").is_file():
         bad_input(f"{hf_dir} has no config.json")
     try:
+        raw = json.loads((hf_dir / "config.json").read_text())
+        config = AutoConfig.from_pretrained(hf_dir)
+    except (OSError, ValueError, KeyError) as e:
+        bad_input(f"cannot read {hf_dir / 'config.json'}: {e}")
+    rope = raw.get("rope_parameters")
+    if int(transformers.__version__.split(".")[0]) < 5 and isinstance(rope, dict) and "rope_theta" not in raw:
+        rope = dict(rope)
+        if "rope_theta" in rope:
+            config.rope_theta = rope.pop("rope_theta")
+        config.rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
+    return config
+
+
+def load_model(hf_dir: Path, attn: str) -> tuple[Any, dict[str, list[str]]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    config = load_config(hf_dir)
+    try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            hf_dir, output_loading_info=True, attn_implementation=attn, **dtype_kwargs(torch.float32))
+            hf_dir, config=config, output_loading_info=True, attn_implementation=attn,
+            **dtype_kwargs(torch.float32))
     except (OSError, ValueError, KeyError) as e:
         bad_input(f"transformers could not load {hf_dir}: {e}")
     return model.to("cpu").eval(), info
