@@ -261,7 +261,8 @@ def write_readme(out_root: Path, infos: list[dict[str, Any]], argv: list[str]) -
         f"Weights are drawn with initializer_range {INIT_STD}; RMSNorm weights are 1 + U(-{NORM_SPREAD}, "
         f"{NORM_SPREAD}), biases N(0, {BIAS_STD}^2).",
         "Config layout: \"legacy\" fixtures use `torch_dtype`, top-level `rope_theta` and `rope_scaling` (as most",
-        "published models and transformers 4.x); the others use transformers 5's `dtype` and `rope_parameters`.",
+        "published models and transformers 4.x); the others use transformers 5's `dtype` and `rope_parameters`",
+        "(which transformers 4.x ignores: scripts/hf_logits.py translates it there; checked with 4.57.6 too).",
         "",
         "Check a model directory against a fixture's reference logits with",
         "",
