@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "YAML config file");
   app.add_option("overrides", overrides, "key.path=value overrides, validated like the file");
   app.add_flag("--print-config", print_config, "print the resolved config and exit");
+  bool print_reference = false;
+  app.add_flag("--print-config-reference", print_reference,
+               "print every key as the Markdown tables of docs/config.md and exit");
   app.add_flag("--fresh", flags.fresh,
                "delete an existing run in train.out_dir and start over (instead of resuming)");
   app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
@@ -41,6 +44,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    if (print_reference) {
+      std::cout << distill::ConfigReference();
+      return 0;
+    }
     if (*export_cmd) {
       const std::string checkpoint = distill::ExportRun(export_run, export_out);
       std::cout << "exported " << checkpoint << " to " << export_out << '\n';

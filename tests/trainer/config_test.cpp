@@ -65,8 +65,27 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.device=cpu", "train.precision=fp32", "train.log_interval=3",
       "train.eval_interval=0", "train.eval_batches=5", "train.checkpoint_interval=0",
       "train.keep_checkpoints=9", "train.resume=false", "train.baseline=true",
-      "train.out_dir=elsewhere"};
-  ASSERT_EQ(overrides.size(), ConfigKeys().size()) << "a key was added: give it an override";
+      "train.out_dir=elsewhere", "train.export_hf=false", "data.val_path=v/*.bin",
+      "distill.vocab_size=25",
+      // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
+      "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
+      "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",
+      "student.rope_scaling.type=llama3", "student.rope_scaling.factor=4",
+      "student.rope_scaling.low_freq_factor=2", "student.rope_scaling.high_freq_factor=8",
+      "student.rope_scaling.original_max_position_embeddings=64", "student.attention_bias=true",
+      "student.attention_out_bias=true", "student.mlp_bias=true", "student.qk_norm=true",
+      "student.hf_model_type=qwen3", "teacher.family=llama", "teacher.n_kv_head=4",
+      "teacher.head_dim=64", "teacher.intermediate_size=96", "teacher.norm_eps=1e-4",
+      "teacher.rope_theta=1000", "teacher.rope_scaling.type=llama3",
+      "teacher.rope_scaling.factor=2", "teacher.rope_scaling.low_freq_factor=0.5",
+      "teacher.rope_scaling.high_freq_factor=2",
+      "teacher.rope_scaling.original_max_position_embeddings=32",
+      "teacher.attention_bias=true", "teacher.attention_out_bias=true", "teacher.mlp_bias=true",
+      "teacher.qk_norm=true", "teacher.hf_model_type=mistral"};
+  size_t hf_dir_keys = 0;
+  for (const auto& key : ConfigKeys()) hf_dir_keys += key.find("hf_dir") != std::string::npos;
+  ASSERT_EQ(overrides.size() + hf_dir_keys, ConfigKeys().size())
+      << "a key was added: give it an override";
   const Config c = ParseConfig("", "x.yaml", overrides);
   const Config defaults;
   const std::string dumped = ConfigToYaml(c);
@@ -109,9 +128,9 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   }
   // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
   // data.source, distill.divergence, train.precision, train.mode, student.init_from_teacher,
-  // teacher.pretrain_steps.
+  // teacher.pretrain_steps; and the two hf_dir keys, not set here.
   EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
-  EXPECT_EQ(differing, lines - 6) << dumped;
+  EXPECT_EQ(differing, lines - 6 - static_cast<int>(hf_dir_keys)) << dumped;
 }
 
 TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
@@ -276,6 +295,14 @@ TEST(ConfigTest, ReferenceDocumentsEveryKey) {
   text << in.rdbuf();
   for (const auto& key : ConfigKeys()) {
     EXPECT_NE(text.str().find("| `" + key + "` |"), std::string::npos) << key;
+  }
+  // Every row exactly as the key table prints it (regenerate the tables with
+  // `distill_trainer --print-config-reference`).
+  std::istringstream reference(ConfigReference());
+  for (std::string row; std::getline(reference, row);) {
+    if (row.rfind("| `", 0) == 0) {
+      EXPECT_NE(text.str().find(row + "\n"), std::string::npos) << row;
+    }
   }
 }
 

@@ -256,7 +256,7 @@ TEST(SmolLM2, TwoStepDistillationOnShakespeareRunsAndExports) {
        "data.batch_size=2", "data.seq_len=64", "train.eval_batches=1", "train.eval_interval=0",
        "schedule.warmup_steps=1"});
   std::ostringstream table;
-  Run(c, RunFlags{false, true, nullptr}, table);
+  distill::Run(c, RunFlags{false, true, nullptr}, table);
   EXPECT_THAT(table.str(), HasSubstr("student (distilled)"));
   ASSERT_TRUE(fs::exists(out + "/hf/model.safetensors"));
   EXPECT_TRUE(fs::exists(out + "/hf/tokenizer.json"));  // the teacher's tokenizer came along

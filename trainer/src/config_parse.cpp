@@ -402,6 +402,23 @@ std::string ConfigHelp() {
   return out;
 }
 
+std::string ConfigReference() {
+  const Config defaults;
+  std::string out, section;
+  for (const auto& key : Keys()) {
+    const std::string top = key.path.substr(0, key.path.find('.'));
+    if (top != section) {
+      out += fmt::format("{}## `{}`\n\n| key | default | accepts | meaning |\n|---|---|---|---|\n",
+                         section.empty() ? "" : "\n", top);
+      section = top;
+    }
+    std::string value = key.get(defaults);
+    if (value.empty() || value == "\"\"") value = "\"\"";
+    out += fmt::format("| `{}` | `{}` | {} | {} |\n", key.path, value, key.expected, key.help);
+  }
+  return out;
+}
+
 std::vector<std::string> ConfigKeys() {
   std::vector<std::string> paths;
   for (const auto& key : Keys()) paths.push_back(key.path);

@@ -287,11 +287,14 @@ std::vector<KeyDecl> Declare() {
   Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; }, IntAtLeast(1),
       "Optimizer steps.");
   Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; }, IntAtLeast(1),
-      "Micro-batches per optimizer step; the loss is normalised over all their tokens.");
+      "Micro-batches per optimizer step; the loss is normalised over all their tokens. "
+      "Data-parallel: the global batch, split evenly over the ranks (a multiple of the number "
+      "of GPUs).");
   Add(k, "train.seed", [](auto& c) -> auto& { return c.train.seed; }, AnyInt(),
       "Seed of initialisation and dropout.");
   Add(k, "train.device", [](auto& c) -> auto& { return c.train.device; },
-      OneOf({"auto", "cpu", "cuda"}), "auto: CUDA when available, else CPU.");
+      OneOf({"auto", "cpu", "cuda"}),
+      "auto: CUDA when available, else CPU. Under torchrun: `cuda:LOCAL_RANK` (cpu is refused).");
   Add(k, "train.precision", [](auto& c) -> auto& { return c.train.precision; },
       OneOf({"fp32", "bf16"}), "bf16: autocast the forward passes to bfloat16 (CUDA only).");
   Add(k, "train.log_interval", [](auto& c) -> auto& { return c.train.log_interval; },
@@ -308,7 +311,8 @@ std::vector<KeyDecl> Declare() {
   Add(k, "train.resume", [](auto& c) -> auto& { return c.train.resume; }, Bool(),
       "Continue the run in out_dir if it is the same run; false: refuse an existing run.");
   Add(k, "train.baseline", [](auto& c) -> auto& { return c.train.baseline; }, Bool(),
-      "distill mode: also train the student on hard labels only, into <out_dir>/baseline.");
+      "distill mode: also train the student on hard labels only, into <out_dir>-baseline (the "
+      "pipeline: <out_dir>/baseline).");
   Add(k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),

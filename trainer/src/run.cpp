@@ -21,7 +21,7 @@ std::string Subdir(const Config& config, const char* name) {
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
   Trainer trainer(config, RunOptions{flags.fresh, flags.quiet, flags.distributed});
   const EvalResult result = trainer.Train();
-  return {name, config.train.out_dir, trainer.student()->num_parameters(), result.val_loss,
+  return {name, config.train.out_dir, trainer.student().num_parameters(), result.val_loss,
           trainer.data().EntropyFloor().value_or(NAN)};
 }
 

@@ -178,6 +178,9 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
 std::string ConfigToYaml(const Config& config);
 // Every key with its type, default and meaning, generated from the key table.
 std::string ConfigHelp();
+// Markdown tables (one per section: key, default, accepts, meaning) from the key table: the
+// reference part of docs/config.md, printed by `distill_trainer --print-config-reference`.
+std::string ConfigReference();
 // Key paths in declaration order ("student.vocab_size", ...).
 std::vector<std::string> ConfigKeys();
 
