@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Plot the curves of one or more distill_trainer runs into one PNG (matplotlib, Agg).
+
+    python scripts/plot_run.py RUN [RUN ...] --out runs.png [--title T]
+
+Each RUN is a run directory (its metrics.jsonl is read) or a metrics.jsonl file itself; the
+label is the directory's name (or the file's stem). Two panels, shared step axis:
+  left:  training loss, kd_loss and ce_loss (each run's colour; kd dashed, ce dotted)
+  right: validation cross-entropy of the student (val_loss), and the teacher's when the run
+         logged one (grey, dashed)
+A last line cut off by a crash is skipped (it is not JSON yet). Uses the standard library and
+matplotlib only (the set-up's virtualenv has it: `build/setup.env`'s LOSSFNS_PYTHON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_metrics(path: pathlib.Path) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a partial last line
+    return records
+
+
+def series(records: list[dict], kind: str, key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        value = r.get(key)
+        if r.get("type") == kind and isinstance(value, (int, float)) and math.isfinite(value):
+            xs.append(r["step"])
+            ys.append(value)
+    return xs, ys
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=pathlib.Path, help="run directories or metrics.jsonl files")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="the PNG to write")
+    parser.add_argument("--title", default="", help="a title over both panels")
+    args = parser.parse_args()
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    teacher_drawn = False
+    for i, run in enumerate(args.runs):
+        path = run / "metrics.jsonl" if run.is_dir() else run
+        if not path.is_file():
+            print(f"plot_run: error: {path} does not exist (give a run directory or a metrics.jsonl)",
+                  file=sys.stderr)
+            return 2
+        records = read_metrics(path)
+        label = run.name if run.is_dir() else run.name.removesuffix(".metrics.jsonl").removesuffix(".jsonl")
+        colour = f"C{i}"
+        for key, style in (("loss", "-"), ("kd_loss", "--"), ("ce_loss", ":")):
+            xs, ys = series(records, "train", key)
+            if xs and not (key == "ce_loss" and series(records, "train", "kd_loss")[0] == []):
+                left.plot(xs, ys, style, color=colour, label=f"{label} {key}")
+        xs, ys = series(records, "eval", "val_loss")
+        right.plot(xs, ys, "o-", color=colour, label=f"{label} val_loss")
+        xs, ys = series(records, "eval", "teacher_val_loss")
+        if xs and not teacher_drawn:
+            right.plot(xs, ys, "--", color="grey", label="teacher val_loss")
+            teacher_drawn = True
+    left.set_title("training (per step)")
+    right.set_title("validation cross-entropy (nats/token)")
+    for ax in (left, right):
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if args.title:
+        fig.suptitle(args.title)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"plot_run: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
