@@ -147,6 +147,36 @@ TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
   if (!python) GTEST_SKIP() << "no python with transformers (LOSSFNS_PYTHON): C++ round trip only";
 }
 
+// A random-init llama whose vocabulary was padded (pad_vocab_to_multiple_of) exports its real rows
+// only: config.json's vocab_size is the real one, and the logits agree on the real columns.
+TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
+  ModelConfig c;
+  c.family = ModelFamily::kLlama;
+  c.vocab_size = 50;
+  c.pad_vocab_to_multiple_of = 16;  // 64 rows
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_kv_head = 1;
+  c.d_model = 16;
+  c.intermediate_size = 24;
+  c.context_length = 32;
+  c.tie_embeddings = false;
+  Model model = MakeModel(c);
+  model->eval();
+  const std::string out = TempRunDir();
+  ExportHf(*model, out, {}, false);
+  const ModelConfig again = HfModelConfig(out);
+  EXPECT_EQ(again.vocab_size, 50);
+  EXPECT_EQ(again.padded_vocab_size(), 50);
+  Model reloaded = BuildModel(again, "", at::Device(at::kCPU));
+  reloaded->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor ids = at::randint(0, 50, {2, 7}, at::kLong);
+  const at::Tensor a = model->forward(ids).narrow(-1, 0, 50), b = reloaded->forward(ids);
+  EXPECT_TRUE(at::allclose(a, b, 1e-6, 1e-6));
+  EXPECT_TRUE(model->forward(ids).narrow(-1, 50, 14).isneginf().all().item<bool>());
+}
+
 TEST(HfModel, ExportOfAGptModelIsRefused) {
   ModelConfig gpt;
   Model model = MakeModel(gpt);

@@ -37,6 +37,24 @@ void CopyFile(const fs::path& from, const fs::path& to) {
   if (!out) throw std::runtime_error(fmt::format("export: cannot write {}", to.string()));
 }
 
+// The model's tensors under their (transformers) names, float32 on the CPU. Rows that
+// pad_vocab_to_multiple_of added to the embedding and lm_head are dropped: config.json's
+// vocab_size is the real one, and transformers checks the shapes against it.
+std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model) {
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& item : model.named_parameters()) {
+    at::Tensor t = item.value().detach().to(at::kCPU, at::kFloat);
+    const bool vocab_rows = item.key() == "model.embed_tokens.weight" || item.key() == "lm_head.weight";
+    if (vocab_rows && t.size(0) > vocab) t = t.narrow(0, 0, vocab);
+    tensors.emplace_back(item.key(), t.contiguous());
+  }
+  for (const auto& item : model.named_buffers()) {
+    tensors.emplace_back(item.key(), item.value().detach().to(at::kCPU).contiguous());
+  }
+  return tensors;
+}
+
 }  // namespace
 
 HfExportSources ExportSources(const Config& config) {
@@ -72,7 +90,7 @@ void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportS
     fs::create_directories(tmp);
     WriteFileAtomically((tmp / "config.json").string(),
                         HfConfigJson(model.config(), sources.config_template) + "\n");
-    SaveModuleAsHf((tmp / "model.safetensors").string(), model, at::kFloat);
+    WriteSafetensors((tmp / "model.safetensors").string(), HfTensors(model), {{"format", "pt"}});
     if (!sources.tokenizer_dir.empty()) {
       for (const char* name : kTokenizerFiles) {
         const fs::path from = fs::path(sources.tokenizer_dir) / name;
