@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hf_layout import split_rope_parameters
+
 
 def bad_input(msg: str) -> NoReturn:
     print(f"hf_logits: error: {msg}", file=sys.stderr)
@@ -66,10 +68,9 @@ def load_config(hf_dir: Path) -> Any:
         bad_input(f"cannot read {hf_dir / 'config.json'}: {e}")
     rope = raw.get("rope_parameters")
     if int(transformers.__version__.split(".")[0]) < 5 and isinstance(rope, dict) and "rope_theta" not in raw:
-        rope = dict(rope)
-        if "rope_theta" in rope:
-            config.rope_theta = rope.pop("rope_theta")
-        config.rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
+        rope_theta, config.rope_scaling = split_rope_parameters(rope)
+        if rope_theta is not None:
+            config.rope_theta = rope_theta
     return config
 
 

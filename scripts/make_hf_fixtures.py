@@ -35,6 +35,8 @@ from typing import Any, Callable
 
 import torch
 
+from hf_layout import legacy_config
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BATCH, SEQ = 2, 11
 INIT_STD = 0.2  # initializer_range: large enough for sharp attention in a 32-wide model
@@ -138,19 +140,6 @@ def randomize_(model: torch.nn.Module) -> None:
                 p.copy_(1.0 + NORM_SPREAD * (2 * torch.rand_like(p) - 1))
             elif name.endswith(".bias"):
                 p.copy_(BIAS_STD * torch.randn_like(p))
-
-
-def legacy_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5's config.json -> the layout of transformers 4.x / most published models."""
-    out = dict(cfg)
-    if "dtype" in out:
-        out["torch_dtype"] = out.pop("dtype")
-    rope = out.pop("rope_parameters", None)
-    if rope is not None:
-        rope = dict(rope)
-        out["rope_theta"] = rope.pop("rope_theta")
-        out["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
-    return dict(sorted(out.items()))
 
 
 def logits_of(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hf_layout import legacy_config
+
 FORMAT = 1  # bump when the output changes, so that set-up prepares again
 MARKER = "COMPLETE"
 SCRIPTS = Path(__file__).resolve().parent
@@ -188,20 +190,6 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     import transformers
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
-
-
-def legacy_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5's config.json layout -> the one of the published SmolLM2 (torch_dtype, rope_theta),
-    which transformers 4.x reads too."""
-    out = dict(cfg)
-    if "dtype" in out:
-        out["torch_dtype"] = out.pop("dtype")
-    rope = out.pop("rope_parameters", None)
-    if rope is not None:
-        rope = dict(rope)
-        out["rope_theta"] = rope.pop("rope_theta")
-        out["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
-    return dict(sorted(out.items()))
 
 
 def greedy(model: Any, tok: Any, prompt: str, n: int) -> str:

@@ -2,7 +2,6 @@
 // kind of bad input (each error names the file and the key), and export -> import round trips.
 #include "distill/hf_config.h"
 
-#include <ftw.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,35 +12,19 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_files.h"
+
 namespace distill {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// Deletes `path` recursively (nftw: libtorch's copy of std::filesystem::remove_all crashes).
-void RemoveTree(const std::string& path) {
-  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
-    return ::remove(entry);
-  };
-  nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 std::string TempDir(const std::string& suffix = "") {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir =
-      fs::temp_directory_path() /
-      (std::string("distill_hf_") + info->test_suite_name() + "_" + info->name() + suffix);
-  RemoveTree(dir.string());
-  fs::create_directories(dir);
-  return dir.string();
+  return testing::FreshTestDir("distill_hf_", suffix);
 }
 
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  ASSERT_TRUE(out.good()) << path;
-}
+void WriteText(const std::string& path, const std::string& text) { testing::WriteBytes(path, text); }
 
 // A directory holding `config` as config.json.
 std::string ConfigDir(const Json& config, const std::string& suffix = "") {
@@ -50,25 +33,8 @@ std::string ConfigDir(const Json& config, const std::string& suffix = "") {
   return dir;
 }
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a ConfigError, got another exception: " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError, got none";
-  return "";
-}
-
-void ExpectContains(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const auto& part : parts) {
-    EXPECT_NE(message.find(part), std::string::npos)
-        << "message: " << message << "\nlacks: " << part;
-  }
-}
+std::string ErrorOf(const std::function<void()>& f) { return testing::ErrorOf<ConfigError>(f); }
+using testing::ExpectContains;
 
 // Llama-3.2-1B's architecture keys.
 Json Llama32() {

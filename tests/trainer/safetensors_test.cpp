@@ -3,7 +3,6 @@
 // that checks everything before it copies anything.
 #include "distill/safetensors.h"
 
-#include <ftw.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -18,42 +17,18 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_files.h"
+
 namespace distill {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// Deletes `path` recursively (nftw: libtorch's copy of std::filesystem::remove_all crashes).
-void RemoveTree(const std::string& path) {
-  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
-    return ::remove(entry);
-  };
-  nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 // A fresh, empty directory named after the running test.
-std::string TempDir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir = fs::temp_directory_path() /
-                       (std::string("distill_st_") + info->test_suite_name() + "_" + info->name());
-  RemoveTree(dir.string());
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string TempDir() { return testing::FreshTestDir("distill_st_"); }
+using testing::ReadBytes;
+using testing::WriteBytes;
 
 std::string U64(uint64_t v) {
   std::string s(8, '\0');
@@ -70,25 +45,8 @@ std::string HandFile(const std::string& dir, const std::string& header, const st
 }
 
 // The message of the WeightsError `f` throws ("" and a failure when it throws none).
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const WeightsError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a WeightsError, got another exception: " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a WeightsError, got none";
-  return "";
-}
-
-void ExpectContains(const std::string& message, std::initializer_list<std::string> parts) {
-  for (const auto& part : parts) {
-    EXPECT_NE(message.find(part), std::string::npos)
-        << "message: " << message << "\nlacks: " << part;
-  }
-}
+std::string ErrorOf(const std::function<void()>& f) { return testing::ErrorOf<WeightsError>(f); }
+using testing::ExpectContains;
 
 bool SameBytes(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) &&
