@@ -26,9 +26,8 @@ build: configure
 run: build
 	@./$(BUILD_DIR)/trainer/distill_trainer
 
-# -LE slow: the quickstart's documented numbers (minutes); `ctest --test-dir build -L docs_numbers`.
 test: build
-	@ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -LE slow
+	@ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 bench: build
 	@./$(BUILD_DIR)/bench/tvd_bench
