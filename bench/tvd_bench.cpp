@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -164,6 +165,15 @@ int main(int argc, char** argv) {
                    "  --cpu-only   skip the CUDA cases even when a GPU is present\n"
                    "  --quick      3 timed repetitions per case (default 15 on CUDA, 7 on CPU)\n");
       return help ? 0 : 2;
+    }
+  }
+  if (!json_path.empty()) {  // fail now, not after the benchmark: create the folder, open the file
+    const std::filesystem::path parent = std::filesystem::path(json_path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (!std::ofstream(json_path)) {
+      std::fprintf(stderr, "tvd_bench: cannot write %s\n", json_path.c_str());
+      return 2;
     }
   }
   std::vector<Case> cases;
