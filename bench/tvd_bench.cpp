@@ -1,11 +1,16 @@
 // TVD loss benchmark: our op against the LibTorch composite reference, forward / backward / full
 // pass, and the full pass as a fraction of the three-stream limit (read p and q, write grad) at the
-// device-to-device copy bandwidth measured in the same run. Prints a table, writes JSON.
+// device-to-device copy bandwidth measured in the same run. Prints a table; writes JSON only
+// when asked (--json FILE, the input of scripts/plot_bench.py).
 //
 //   tvd_bench [--json FILE] [--cpu-only] [--quick]
+//     --json FILE  also write the results as JSON to FILE (nothing is written without it)
+//     --cpu-only   skip the CUDA cases even when a GPU is present
+//     --quick      3 timed repetitions per case instead of 15 (CUDA) / 7 (CPU): a smoke run
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -145,7 +150,7 @@ std::string dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path = "tvd_bench.json";
+  std::string json_path;  // empty: no JSON file
   bool cpu_only = false, quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -153,7 +158,21 @@ int main(int argc, char** argv) {
     else if (a == "--cpu-only") cpu_only = true;
     else if (a == "--quick") quick = true;
     else {
-      std::fprintf(stderr, "usage: tvd_bench [--json FILE] [--cpu-only] [--quick]\n");
+      const bool help = a == "--help" || a == "-h";
+      std::fprintf(help ? stdout : stderr,
+                   "usage: tvd_bench [--json FILE] [--cpu-only] [--quick]\n"
+                   "  --json FILE  also write the results as JSON to FILE (default: no file)\n"
+                   "  --cpu-only   skip the CUDA cases even when a GPU is present\n"
+                   "  --quick      3 timed repetitions per case (default 15 on CUDA, 7 on CPU)\n");
+      return help ? 0 : 2;
+    }
+  }
+  if (!json_path.empty()) {  // fail now, not after the benchmark: create the folder, open the file
+    const std::filesystem::path parent = std::filesystem::path(json_path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (!std::ofstream(json_path)) {
+      std::fprintf(stderr, "tvd_bench: cannot write %s\n", json_path.c_str());
       return 2;
     }
   }
@@ -204,6 +223,7 @@ int main(int argc, char** argv) {
     if (cuda) c10::cuda::CUDACachingAllocator::emptyCache();
   }
 
+  if (json_path.empty()) return 0;
   std::ofstream js(json_path);
   js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw
      << ",\n  \"read_bandwidth_gbs\": " << read_bw << ",\n  \"write_bandwidth_gbs\": " << write_bw
@@ -218,6 +238,11 @@ int main(int argc, char** argv) {
        << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   js << "  ]\n}\n";
+  js.close();
+  if (!js) {
+    std::fprintf(stderr, "tvd_bench: could not write %s\n", json_path.c_str());
+    return 1;
+  }
   std::printf("\nwrote %s\n", json_path.c_str());
   return 0;
 }

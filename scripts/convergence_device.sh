@@ -2,8 +2,9 @@
 # The full convergence examples on a GPU machine (CUDA, bf16 and fp32), from the repo root:
 #   bash scripts/device_check.sh            # or any build into build-device/ with CUDA
 #   bash scripts/convergence_device.sh      # CSVs + logs -> ${OUT:-out}/convergence/
-# Then: python3 scripts/plot_convergence.py ${OUT:-out}/convergence docs/img --prefix convergence_cuda_
-# (the prefix keeps the CPU plots), and compare with the "Measured on CUDA" section of
+# Then: python3 scripts/plot_convergence.py ${OUT:-out}/convergence --prefix convergence_cuda_
+# (plots under ${OUT:-out}/convergence/plots; the prefix keeps them apart from the CPU plots;
+# docs/img only with --update-docs), and compare with the "Measured on CUDA" section of
 # docs/convergence.md. Exits non-zero when an experiment fails its assertion (all of them still
 # run). Output is line-buffered, so a log written up to a timeout keeps what was printed.
 set -uo pipefail

@@ -1,14 +1,28 @@
 #!/usr/bin/env python3
 """Plot tvd_bench's JSON: full-pass time of lossfns vs the LibTorch composite, and the full pass as
 a fraction of the three-stream limit (CUDA); print the same numbers as a Markdown table.
-Usage: plot_bench.py tvd_bench.json out.png"""
+Usage: plot_bench.py tvd_bench.json [out.png] [--update-docs]
+out.png defaults to the JSON's name with .png (next to it). The repository's docs/img (the
+committed plots of docs/benchmarks.md) is refused unless --update-docs is given."""
 import json
+import pathlib
 import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+DOCS_IMG = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def refuse_docs_img(out_dir, update_docs):
+    """Exits when out_dir is the repository's docs/img (committed plots) without --update-docs."""
+    out = pathlib.Path(out_dir).resolve()
+    if not update_docs and (out == DOCS_IMG or DOCS_IMG in out.parents):
+        sys.exit(f"{pathlib.Path(sys.argv[0]).name}: refusing to write into {DOCS_IMG} (the committed "
+                 "plots of the docs); write elsewhere, or pass --update-docs to replace them")
 
 
 def label(c):
@@ -61,4 +75,10 @@ def print_table(data):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    update = "--update-docs" in sys.argv[1:]
+    args = [a for a in sys.argv[1:] if a != "--update-docs"]
+    if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
+        sys.exit(__doc__)
+    dst = pathlib.Path(args[1]) if len(args) == 2 else pathlib.Path(args[0]).with_suffix(".png")
+    refuse_docs_img(dst.parent, update)
+    main(args[0], dst)

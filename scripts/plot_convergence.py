@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Turns the CSVs of the `convergence` examples into PNG plots (matplotlib, Agg).
 
-    python3 scripts/plot_convergence.py CSV_DIR OUT_DIR [--prefix P]
+    python3 scripts/plot_convergence.py CSV_DIR [OUT_DIR] [--prefix P] [--update-docs]
 
 Reads every <name>_<dtype>.csv under CSV_DIR (recursively; only .csv files, so the .log files
 next to them are ignored) for the names kernel_vs_reference, ties, padded, distill_works, and
-writes OUT_DIR/<P><name>_<dtype>.png, P being "convergence_" by default. A different prefix
+writes OUT_DIR/<P><name>_<dtype>.png, P being "convergence_" by default. OUT_DIR defaults to
+CSV_DIR/plots. The repository's docs/img (the committed plots of docs/convergence.md) is refused
+unless --update-docs is given. A different prefix
 keeps plots of another machine apart, e.g. --prefix convergence_cuda_ writes
 OUT_DIR/convergence_cuda_<name>_<dtype>.png next to the CPU ones. Uses only the standard
 library's csv module and matplotlib.
@@ -19,6 +21,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+DOCS_IMG = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def refuse_docs_img(out_dir, update_docs):
+    """Exits when out_dir is the repository's docs/img (committed plots) without --update-docs."""
+    out = pathlib.Path(out_dir).resolve()
+    if not update_docs and (out == DOCS_IMG or DOCS_IMG in out.parents):
+        sys.exit(f"{pathlib.Path(sys.argv[0]).name}: refusing to write into {DOCS_IMG} (the committed "
+                 "plots of the docs); write elsewhere, or pass --update-docs to replace them")
 
 NAMES = ("kernel_vs_reference", "ties", "padded", "distill_works")
 
@@ -84,7 +97,7 @@ PLOTS = {"kernel_vs_reference": (plot_kernel_vs_reference, 2), "ties": (plot_tie
 
 def parse(argv):
     """(CSV_DIR, OUT_DIR, prefix) from the command line; exits with the usage otherwise."""
-    prefix, positional, i = "convergence_", [], 1
+    prefix, positional, i, update_docs = "convergence_", [], 1, False
     while i < len(argv):
         arg = argv[i]
         if arg == "--prefix" and i + 1 < len(argv):
@@ -92,14 +105,19 @@ def parse(argv):
             continue
         if arg.startswith("--prefix="):
             prefix = arg[len("--prefix="):]
+        elif arg == "--update-docs":
+            update_docs = True
         elif arg.startswith("-"):
             sys.exit(__doc__)
         else:
             positional.append(arg)
         i += 1
-    if len(positional) != 2:
+    if len(positional) not in (1, 2):
         sys.exit(__doc__)
-    return pathlib.Path(positional[0]), pathlib.Path(positional[1]), prefix
+    csv_dir = pathlib.Path(positional[0])
+    out_dir = pathlib.Path(positional[1]) if len(positional) == 2 else csv_dir / "plots"
+    refuse_docs_img(out_dir, update_docs)
+    return csv_dir, out_dir, prefix
 
 
 def main(argv):

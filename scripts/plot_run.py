@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Plot the curves of one or more distill_trainer runs into one PNG (matplotlib, Agg).
 
-    python scripts/plot_run.py RUN [RUN ...] --out runs.png [--title T]
+    python scripts/plot_run.py RUN [RUN ...] --out runs.png [--title T] [--update-docs]
 
 Each RUN is a run directory (its metrics.jsonl is read) or a metrics.jsonl file itself; the
 label is the directory's name (or the file's stem). Two panels, shared step axis:
   left:  training loss, kd_loss and ce_loss (each run's colour; kd dashed, ce dotted)
   right: validation cross-entropy of the student (val_loss), and the teacher's when the run
          logged one (grey, dashed)
+The repository's docs/img (committed plots) is refused unless --update-docs is given.
 A last line cut off by a crash is skipped (it is not JSON yet). Uses the standard library and
 matplotlib only (the set-up's virtualenv has it: `build/setup.env`'s LOSSFNS_PYTHON).
 """
@@ -23,6 +24,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+DOCS_IMG = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def refuse_docs_img(out_dir, update_docs):
+    """Exits when out_dir is the repository's docs/img (committed plots) without --update-docs."""
+    out = pathlib.Path(out_dir).resolve()
+    if not update_docs and (out == DOCS_IMG or DOCS_IMG in out.parents):
+        sys.exit(f"{pathlib.Path(sys.argv[0]).name}: refusing to write into {DOCS_IMG} (the committed "
+                 "plots of the docs); write elsewhere, or pass --update-docs to replace them")
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
@@ -51,7 +63,10 @@ def main() -> int:
     parser.add_argument("runs", nargs="+", type=pathlib.Path, help="run directories or metrics.jsonl files")
     parser.add_argument("--out", required=True, type=pathlib.Path, help="the PNG to write")
     parser.add_argument("--title", default="", help="a title over both panels")
+    parser.add_argument("--update-docs", action="store_true",
+                        help="allow writing into the repository's docs/img (committed plots)")
     args = parser.parse_args()
+    refuse_docs_img(args.out.parent, args.update_docs)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     teacher_drawn = False

@@ -191,5 +191,27 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   EXPECT_EQ(first.str(), third.str());
 }
 
+// A distillation with kd_weight 0 is the cross-entropy-only control: the table says so, in the
+// pipeline and as a single run (from the pipeline's teacher), instead of "student (distilled)".
+TEST(ResumeTest, KdWeightZeroIsLabelledCeOnly) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.mode = "distill";
+  c.teacher.pretrain_steps = 4;
+  c.train.steps = 2;
+  c.distill.kd_weight = 0;
+  std::ostringstream table;
+  const auto rows = distill::Run(c, RunFlags{false, true}, table);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].name, "student (ce only)");
+  Config single = c;
+  single.teacher.checkpoint = c.train.out_dir + "/teacher";
+  single.teacher.pretrain_steps = 0;
+  single.train.out_dir = TempRunDir("-single");
+  ASSERT_FALSE(IsPipeline(single));
+  const auto single_rows = distill::Run(single, RunFlags{false, true}, table);
+  ASSERT_EQ(single_rows.size(), 1u);
+  EXPECT_EQ(single_rows[0].name, "student (ce only)");
+}
+
 }  // namespace
 }  // namespace distill

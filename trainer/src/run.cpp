@@ -18,6 +18,11 @@ std::string Subdir(const Config& config, const char* name) {
   return (fs::path(config.train.out_dir) / name).string();
 }
 
+// The row name of a distilled student: with kd_weight 0 it is the cross-entropy-only control.
+std::string StudentName(const Config& config) {
+  return config.distill.kd_weight == 0 ? "student (ce only)" : "student (distilled)";
+}
+
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
   Trainer trainer(config, RunOptions{flags.fresh, flags.quiet, flags.distributed});
   const EvalResult result = trainer.Train();
@@ -82,7 +87,7 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
   std::vector<ResultRow> rows;
   if (!IsPipeline(config)) {
     const bool distill = config.train.mode == "distill";
-    rows.push_back(TrainOne(config, distill ? "student (distilled)" : "model (pretrained)", flags));
+    rows.push_back(TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags));
     if (distill && config.train.baseline) {
       // The single-run layout keeps the baseline beside the run: <out_dir>-baseline.
       Config baseline = BaselineStageConfig(config);
@@ -94,7 +99,7 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     dist.MainDecides([&] { return PrepareRunDir(config, flags.fresh); });
     const RunFlags stage_flags{false, flags.quiet, flags.distributed};
     rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
-    rows.push_back(TrainOne(StudentStageConfig(config), "student (distilled)", stage_flags));
+    rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags));
     if (config.train.baseline) {
       rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
     }

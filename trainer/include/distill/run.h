@@ -26,7 +26,7 @@ struct RunFlags {
 };
 
 struct ResultRow {
-  std::string name;  // teacher, student (distilled), student (hard labels)
+  std::string name;  // teacher, student (distilled / ce only), student (hard labels)
   std::string run_dir;
   int64_t parameters = 0;
   double val_loss = 0;
