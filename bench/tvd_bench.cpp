@@ -3,7 +3,9 @@
 // device-to-device copy bandwidth measured in the same run. Prints a table; writes JSON only
 // when asked (--json FILE, the input of scripts/plot_bench.py).
 //
-//   tvd_bench [--json FILE] [--cpu-only] [--quick]
+//   tvd_bench [--json FILE] [--cpu-only] [--quick] [--threads 1,4,16]
+//     --threads L  run the CPU cases at each of these thread counts (default: the process's
+//                  intra-op threads, OMP_NUM_THREADS); the table's `thr` column says which
 //     --json FILE  also write the results as JSON to FILE (nothing is written without it)
 //     --cpu-only   skip the CUDA cases even when a GPU is present
 //     --quick      3 timed repetitions per case instead of 15 (CUDA) / 7 (CPU): a smoke run
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,7 @@ namespace {
 
 struct Case {
   std::string device;
+  int threads;  // CPU: intra-op threads for this case (at::set_num_threads); CUDA: unused
   int64_t BT, V;
   at::ScalarType dtype;
   double grad_output;
@@ -152,18 +156,25 @@ std::string dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : 
 int main(int argc, char** argv) {
   std::string json_path;  // empty: no JSON file
   bool cpu_only = false, quick = false;
+  std::vector<int> thread_counts = {at::get_num_threads()};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--cpu-only") cpu_only = true;
     else if (a == "--quick") quick = true;
+    else if (a == "--threads" && i + 1 < argc) {
+      thread_counts.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string t; std::getline(list, t, ',');) thread_counts.push_back(std::stoi(t));
+    }
     else {
       const bool help = a == "--help" || a == "-h";
       std::fprintf(help ? stdout : stderr,
-                   "usage: tvd_bench [--json FILE] [--cpu-only] [--quick]\n"
+                   "usage: tvd_bench [--json FILE] [--cpu-only] [--quick] [--threads 1,4,16]\n"
                    "  --json FILE  also write the results as JSON to FILE (default: no file)\n"
                    "  --cpu-only   skip the CUDA cases even when a GPU is present\n"
-                   "  --quick      3 timed repetitions per case (default 15 on CUDA, 7 on CPU)\n");
+                   "  --quick      3 timed repetitions per case (default 15 on CUDA, 7 on CPU)\n"
+                   "  --threads L  the CPU cases at each thread count of the list L\n");
       return help ? 0 : 2;
     }
   }
@@ -191,11 +202,12 @@ int main(int argc, char** argv) {
         {16384, 131072, at::kFloat}, {512, 32000, at::kBFloat16}};
     for (const auto& [BT, V, dt] : shapes)
       for (double g : {1.0, 0.5})
-        for (bool l : {false, true}) cases.push_back({"cuda", BT, V, dt, g, l});
+        for (bool l : {false, true}) cases.push_back({"cuda", 0, BT, V, dt, g, l});
   }
 #endif
-  for (int64_t BT : {256, 1024})
-    for (bool l : {false, true}) cases.push_back({"cpu", BT, 32000, at::kFloat, 1.0, l});
+  for (int threads : thread_counts)
+    for (int64_t BT : {256, 1024})
+      for (bool l : {false, true}) cases.push_back({"cpu", threads, BT, 32000, at::kFloat, 1.0, l});
 
   std::vector<Result> results;
   if (bw > 0)
@@ -203,17 +215,18 @@ int main(int argc, char** argv) {
                 device_name.c_str(), bw, read_bw, write_bw);
   else  // no CUDA case: nothing measured a bandwidth, and no row has a limit to compare with
     std::printf("device: %s\n\n", device_name.c_str());
-  std::printf("%-5s %6s %7s %4s %4s %3s | %9s %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "BT", "V", "dt",
+  std::printf("%-5s %3s %6s %7s %4s %4s %3s | %9s %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "thr", "BT", "V", "dt",
               "g", "ign", "fwd ms", "bwd ms", "full ms", "kernels", "ref fwd", "ref bwd", "ref full", "speedup",
               "of limit");
   for (const Case& c : cases) {
     const bool cuda = c.device == "cuda";
     const int reps = quick ? 3 : (cuda ? 15 : 7);
+    if (!cuda) at::set_num_threads(c.threads);
     Result r = run_case(c, cuda ? 5 : 2, reps);
     const double bytes = 3.0 * c.BT * c.V * at::elementSize(c.dtype);
     r.limit_ms = cuda && bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0;
-    std::printf("%-5s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx %7s\n",
-                c.device.c_str(), (long long)c.BT, (long long)c.V, dtype_name(c.dtype).c_str(), c.grad_output,
+    std::printf("%-5s %3s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx %7s\n",
+                c.device.c_str(), cuda ? "-" : std::to_string(c.threads).c_str(), (long long)c.BT, (long long)c.V, dtype_name(c.dtype).c_str(), c.grad_output,
                 c.labels ? "yes" : "no", r.ours_fwd, r.ours_bwd, r.ours_full, r.kernels_full, r.ref_fwd, r.ref_bwd,
                 r.ref_full,
                 r.ref_full / r.ours_full,
@@ -230,7 +243,7 @@ int main(int argc, char** argv) {
      << ",\n  \"cases\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    js << "    {\"device\": \"" << r.c.device << "\", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""
+    js << "    {\"device\": \"" << r.c.device << "\", \"threads\": " << r.c.threads << ", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""
        << dtype_name(r.c.dtype) << "\", \"grad_output\": " << r.c.grad_output << ", \"ignored_rows\": "
        << (r.c.labels ? "true" : "false") << ", \"ours_fwd_ms\": " << r.ours_fwd << ", \"ours_bwd_ms\": "
        << r.ours_bwd << ", \"ours_full_ms\": " << r.ours_full << ", \"kernels_full_ms\": " << r.kernels_full << ", \"ref_fwd_ms\": " << r.ref_fwd
