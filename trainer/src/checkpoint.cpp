@@ -11,6 +11,8 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "distill/file_io.h"
+
 namespace distill {
 namespace fs = std::filesystem;
 
@@ -79,10 +81,25 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   if (device.is_cuda()) {
     archive.write("rng_cuda", DefaultGenerator(device).get_state(), /*is_buffer=*/true);
   }
-  fs::create_directories(fs::path(path).parent_path());
-  const std::string tmp = path + ".tmp";
-  archive.save_to(tmp);
-  fs::rename(tmp, path);  // atomic on POSIX
+  // Serialized in memory, then written by us: torch's file writer aborts the process when a
+  // write fails (its destructor throws), ours reports the file and the cause.
+  std::string bytes;
+  try {
+    archive.save_to([&bytes](const void* data, size_t size) -> size_t {
+      bytes.append(static_cast<const char*>(data), size);
+      return size;
+    });
+  } catch (const c10::Error& e) {
+    throw FileError(fmt::format("cannot write {}: serializing the checkpoint failed: {}", path,
+                                e.what_without_backtrace()));
+  }
+  std::error_code error;
+  fs::create_directories(fs::path(path).parent_path(), error);
+  if (error) {
+    throw FileError(fmt::format("cannot write {}: cannot create its directory: {}", path,
+                                error.message()));
+  }
+  WriteFileAtomically(path, bytes);
 }
 
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,

@@ -105,8 +105,13 @@ Trainer::Trainer(Config config, RunOptions options)
         "train.precision: bf16 autocast needs CUDA but train.device resolved to cpu; use fp32");
   }
   // Only rank 0 touches the run directory; the others learn whether it holds this run (and
-  // wait until it is prepared, so that they can read its checkpoint).
-  const bool same_run = dist_->MainDecides([&] { return PrepareRunDir(config_, options_.fresh); });
+  // wait until it is prepared, so that they can read its checkpoint). Nothing is written
+  // before the data and models are built: a start that fails leaves the directory as it was.
+  RunDirPlan plan;
+  const bool same_run = dist_->MainDecides([&] {
+    plan = PlanRunDir(config_, options_.fresh);
+    return plan.same_run;
+  });
   // Tokens must be real for every model: below distill.vocab_size when it is set.
   const int64_t vocab = config_.distill.vocab_size > 0 ? config_.distill.vocab_size
                                                        : config_.student.vocab_size;
@@ -125,6 +130,10 @@ Trainer::Trainer(Config config, RunOptions options)
   student_->train();
 
   optimizer_ = MakeOptimizer(config_.optim, *student_);
+  dist_->MainDecides([&] {
+    CommitRunDir(config_, plan);
+    return true;
+  });
 
   if (same_run) {
     if (auto latest = LatestCheckpoint(config_.train.out_dir)) {
@@ -277,11 +286,12 @@ EvalResult Trainer::Evaluate() {
 }
 
 void Trainer::SaveCheckpoint() {
-  checkpointed_step_ = position_.step;
-  if (!dist_->is_main()) return;  // the replicas are identical; rank 0 writes the one copy
-  distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
-                          *optimizer_, position_, device_);
-  PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
+  if (dist_->is_main()) {  // the replicas are identical; rank 0 writes the one copy
+    distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
+                            *optimizer_, position_, device_);
+    PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
+  }
+  checkpointed_step_ = position_.step;  // only once written: a failed write is retried
 }
 
 void Trainer::LogStep(const StepResult& r) {
