@@ -65,7 +65,8 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.device=cpu", "train.precision=fp32", "train.log_interval=3",
       "train.eval_interval=0", "train.eval_batches=5", "train.checkpoint_interval=0",
       "train.keep_checkpoints=9", "train.resume=false", "train.baseline=true",
-      "train.out_dir=elsewhere", "train.export_hf=false", "data.val_path=v/*.bin",
+      "train.out_dir=elsewhere", "train.export_hf=false", "train.nonfinite=skip",
+      "train.max_skipped_steps=3", "data.val_path=v/*.bin",
       "distill.vocab_size=25",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
@@ -148,7 +149,7 @@ TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.6);
   EXPECT_EQ(ErrorOf("train:\n  mode: distill\nteacher:\n  checkpoint: t\ndistill:\n"
                     "  temperature: hot\n"),
-            "x.yaml:6: distill.temperature: expected a number > 0, got \"hot\"");
+            "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \"hot\"");
 }
 
 struct ErrorCase {
@@ -166,13 +167,13 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "bogus: 1\n", "x.yaml:5: bogus: unknown key"},
       {head + "distill: 3\n", "x.yaml:5: distill: expected a mapping (the distill section), got \"3\""},
       {head + "distill:\n  temperature: -1\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got \"-1\""},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \"-1\""},
       {head + "distill:\n  temperature: [1, 2]\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got a list"},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got a list"},
       {head + "distill:\n  temperature:\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got nothing"},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got nothing"},
       {head + "distill:\n  temperature: .inf\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got \".inf\""},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \".inf\""},
       {head + "distill:\n  divergence: kl\n",
        "x.yaml:6: distill.divergence: expected one of: tvd, got \"kl\""},
       {head + "student:\n  n_layer: 1.5\n",
@@ -243,7 +244,7 @@ TEST(ConfigTest, InvalidYamlNamesTheLine) {
 
 TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temperature=hot"}),
-            "override \"distill.temperature=hot\": distill.temperature: expected a number > 0, "
+            "override \"distill.temperature=hot\": distill.temperature: expected a number in [0.001, 1000], "
             "got \"hot\"");
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temprature=2"}),
             "override \"distill.temprature=2\": distill.temprature: unknown key; did you mean "
@@ -275,7 +276,7 @@ TEST(ConfigTest, HelpListsEveryKeyWithDefault) {
     EXPECT_NE(help.find("  " + key + " = "), std::string::npos) << key;
   }
   EXPECT_NE(help.find("  distill.temperature = 1\n"), std::string::npos) << help;
-  EXPECT_NE(help.find("Accepts a number > 0."), std::string::npos);
+  EXPECT_NE(help.find("Accepts a number in [0.001, 1000]."), std::string::npos);
 }
 
 TEST(ConfigTest, ShippedConfigsParse) {

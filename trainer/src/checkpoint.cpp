@@ -68,6 +68,17 @@ void PruneCheckpoints(const std::string& run_dir, int64_t keep) {
 void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const torch::optim::Optimizer& optimizer, const TrainingPosition& position,
                     const at::Device& device) {
+  // One sync for all parameters; a non-finite checkpoint would poison every resume.
+  std::vector<at::Tensor> finite;
+  for (const auto& p : model.parameters()) finite.push_back(at::isfinite(p).all());
+  if (!finite.empty() && !at::stack(finite).all().item<bool>()) {
+    for (const auto& p : model.named_parameters()) {
+      if (!at::isfinite(p.value()).all().item<bool>()) {
+        throw std::runtime_error(fmt::format(
+            "not writing {}: the model's parameter {} holds NaN or inf values", path, p.key()));
+      }
+    }
+  }
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   model.save(model_archive);

@@ -44,6 +44,10 @@ Rule<double> NumberStrictlyIn(double lo, double hi) {
   return {fmt::format("a number in ({}, {})", lo, hi),
           [=](const double& v) { return v > lo && v < hi; }};
 }
+Rule<double> NumberAboveAtMost(double lo, double hi) {
+  return {fmt::format("a number in ({}, {}]", lo, hi),
+          [=](const double& v) { return v > lo && v <= hi; }};
+}
 Rule<std::string> OneOf(std::vector<std::string> names) {
   return {fmt::format("one of: {}", fmt::join(names, ", ")), [names](const std::string& v) {
             for (const auto& n : names) {
@@ -103,11 +107,25 @@ Rule<ModelFamily> Families() {
           [](const ModelFamily&) { return true; }};
 }
 
+template <>
+std::optional<NonFinite> Convert(const YAML::Node& node) {
+  const std::optional<std::string> name = Convert<std::string>(node);
+  for (size_t i = 0; name && i < kNonFiniteNames.size(); ++i) {
+    if (*name == kNonFiniteNames[i]) return static_cast<NonFinite>(i);
+  }
+  return std::nullopt;
+}
+Rule<NonFinite> NonFiniteModes() {
+  return {fmt::format("one of: {}", fmt::join(kNonFiniteNames, ", ")),
+          [](const NonFinite&) { return true; }};
+}
+
 std::string ToYaml(int64_t v) { return std::to_string(v); }
 std::string ToYaml(double v) { return fmt::format("{}", v); }
 std::string ToYaml(bool v) { return v ? "true" : "false"; }
 std::string ToYaml(const std::array<double, 2>& v) { return fmt::format("[{}, {}]", v[0], v[1]); }
 std::string ToYaml(ModelFamily v) { return kModelFamilyNames[static_cast<size_t>(v)]; }
+std::string ToYaml(NonFinite v) { return kNonFiniteNames[static_cast<size_t>(v)]; }
 std::string ToYaml(const std::string& v) {
   bool plain = !v.empty();
   for (char c : v) {
@@ -252,11 +270,14 @@ std::vector<KeyDecl> Declare() {
   Add(k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
       OneOf({"tvd"}), "Divergence between student and teacher distributions (lossfns).");
   Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
-      NumberAbove(0), "Both models' logits are divided by this before the softmax.");
+      // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
+      // differences from the row max underflows to 0 cleanly); 1e3 flattens any such logits to
+      // uniform already, so larger values only hide a typo.
+      NumberIn(1e-3, 1e3, false), "Both models' logits are divided by this before the softmax.");
   Add(k, "distill.kd_weight", [](auto& c) -> auto& { return c.distill.kd_weight; },
-      NumberAtLeast(0), "Weight of the divergence term.");
+      NumberIn(0, 1e6, false), "Weight of the divergence term.");
   Add(k, "distill.ce_weight", [](auto& c) -> auto& { return c.distill.ce_weight; },
-      NumberAtLeast(0), "Weight of the hard-label cross-entropy term.");
+      NumberIn(0, 1e6, false), "Weight of the hard-label cross-entropy term.");
   Add(k, "distill.ignore_index", [](auto& c) -> auto& { return c.distill.ignore_index; }, AnyInt(),
       "Target value marking padding: no loss, no gradient, not counted (must be outside [0, V)).");
   Add(k, "distill.vocab_size", [](auto& c) -> auto& { return c.distill.vocab_size; },
@@ -264,11 +285,13 @@ std::vector<KeyDecl> Declare() {
       "The tokenizer's real vocabulary: logit columns at or past it are -inf in both models "
       "(and the narrower logits are padded with -inf columns); 0: every column is real.");
 
-  Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; }, NumberAbove(0),
+  Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },
+      NumberAboveAtMost(0, 10) /* AdamW moves each weight by up to ~lr per step */,
       "AdamW peak learning rate.");
   Add(k, "optim.betas", [](auto& c) -> auto& { return c.optim.betas; }, Betas(),
       "AdamW (beta1, beta2).");
-  Add(k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; }, NumberAbove(0), "AdamW eps.");
+  Add(k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; },
+      NumberIn(1e-30, 1, false), "AdamW eps (>= 1e-30: a normal fp32 number, not 0).");
   Add(k, "optim.weight_decay", [](auto& c) -> auto& { return c.optim.weight_decay; },
       NumberAtLeast(0), "Decoupled weight decay on matrices (not on biases and norms).");
   Add(k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
@@ -317,6 +340,11 @@ std::vector<KeyDecl> Declare() {
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
       "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf.");
+  Add(k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; }, NonFiniteModes(),
+      "A step whose kd/ce loss or gradient norm is NaN/inf: stop (an error before the optimizer "
+      "step; the last checkpoint stays good) or skip (no update; counted and logged).");
+  Add(k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },
+      IntIn(0, 1000000), "skip: more skipped steps than this in one process is an error.");
   return k;
 }
 

@@ -98,6 +98,8 @@ std::string RunIdentity(const Config& config) {
   c.train.resume = defaults.resume;
   c.train.out_dir = defaults.out_dir;
   c.train.export_hf = defaults.export_hf;
+  c.train.nonfinite = defaults.nonfinite;
+  c.train.max_skipped_steps = defaults.max_skipped_steps;
   return ConfigToYaml(c);
 }
 

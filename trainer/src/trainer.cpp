@@ -235,12 +235,47 @@ StepResult Trainer::Step() {
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
   r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
   r.lr = lr;
-  optimizer_->step();
+  // The loss terms are on the host already and clipping computed the norm: no extra sync.
+  r.skipped = SkipNonFinite(r);
+  if (!r.skipped) optimizer_->step();
 
   position_.step += 1;
   position_.data_position += config_.train.grad_accum;
   last_eval_.reset();
   return r;
+}
+
+bool Trainer::SkipNonFinite(const StepResult& r) {
+  const char* term = !std::isfinite(r.kd_loss)     ? "kd_loss"
+                     : !std::isfinite(r.ce_loss)   ? "ce_loss"
+                     : !std::isfinite(r.grad_norm) ? "grad_norm"
+                                                   : nullptr;
+  if (term == nullptr) return false;
+  const double value = term[0] == 'k' ? r.kd_loss : term[0] == 'c' ? r.ce_loss : r.grad_norm;
+  const int64_t step = position_.step + 1;
+  const std::string hint = fmt::format(
+      "a learning rate too high (optim.lr {}, this step {:.3g}), an extreme distill.temperature "
+      "({}), or a teacher with non-finite weights",
+      config_.optim.lr, r.lr, config_.distill.temperature);
+  if (config_.train.nonfinite == NonFinite::kStop) {
+    const auto latest = LatestCheckpoint(config_.train.out_dir);
+    throw NonFiniteError(fmt::format(
+        "step {}: {} is {} (non-finite); stopped before the optimizer step, so no non-finite "
+        "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps",
+        step, term, value,
+        latest ? "the last checkpoint, " + *latest + ", is intact" : "no checkpoint yet", hint));
+  }
+  optimizer_->zero_grad(/*set_to_none=*/true);
+  ++skipped_steps_;
+  if (skipped_steps_ > config_.train.max_skipped_steps) {
+    throw NonFiniteError(fmt::format(
+        "step {}: {} is {} (non-finite) and {} steps were skipped, more than "
+        "train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
+        step, term, value, skipped_steps_, config_.train.max_skipped_steps, hint));
+  }
+  progress_->Log(fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})",
+                             step, term, value, skipped_steps_, config_.train.max_skipped_steps));
+  return true;
 }
 
 EvalResult Trainer::Evaluate() {
