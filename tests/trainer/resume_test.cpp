@@ -331,6 +331,23 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   }
 }
 
+// The pipeline: a first stage that fails at start-up (a missing data file) leaves no pipeline
+// directory behind either.
+TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.mode = "distill";
+  c.teacher.pretrain_steps = 2;
+  c.data.source = "text";
+  c.data.path = c.train.out_dir + "-missing.txt";
+  for (ModelConfig* m : {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
+    m->vocab_size = 256;
+  }
+  ASSERT_TRUE(IsPipeline(c));
+  std::ostringstream out;
+  EXPECT_THROW(distill::Run(c, RunFlags{false, true}, out), std::runtime_error);
+  EXPECT_FALSE(fs::exists(c.train.out_dir));
+}
+
 // The quickstart's shape in miniature: teacher pretrain, distil, hard-label baseline. Running
 // it again reuses the finished stages and reports the same table.
 TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
