@@ -348,6 +348,68 @@ TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
   EXPECT_FALSE(fs::exists(c.train.out_dir));
 }
 
+// A flipped byte or a truncated latest checkpoint is detected by its checksum, named, and the
+// previous intact checkpoint is used instead; with none intact, the error names every file.
+TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.checkpoint_interval = 2;
+  Trainer(c, RunOptions{false, true}).TrainUntil(4);
+  const std::string step2 = CheckpointPath(c.train.out_dir, 2);
+  const std::string step4 = CheckpointPath(c.train.out_dir, 4);
+  const std::string step4_bytes = ReadAll(step4);
+
+  std::string flipped = step4_bytes;
+  flipped[flipped.size() / 2] ^= 0x01;  // one bit, inside the weights
+  std::ofstream(step4, std::ios::binary | std::ios::trunc) << flipped;
+  {
+    Trainer resumed(c, RunOptions{false, true});
+    EXPECT_EQ(resumed.step(), 2);
+    ASSERT_EQ(resumed.warnings().size(), 1u);
+    const std::string& warning = resumed.warnings()[0];
+    EXPECT_NE(warning.find(step4 + ": checksum mismatch"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("resuming from the previous checkpoint, " + step2), std::string::npos)
+        << warning;
+  }
+  std::ofstream(step4, std::ios::binary | std::ios::trunc) << step4_bytes.substr(0, 1000);
+  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 2);
+  std::ofstream(step2, std::ios::binary | std::ios::trunc) << "";
+  try {
+    Trainer t(c, RunOptions{false, true});
+    FAIL() << "resumed without an intact checkpoint";
+  } catch (const CorruptCheckpointError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(step4 + ": checksum mismatch"), std::string::npos) << message;
+    EXPECT_NE(message.find(step2 + ": not a distill_trainer checkpoint"), std::string::npos)
+        << message;
+  }
+}
+
+// A checkpoint carries its run's identity: one copied into another run's directory is refused
+// with the reason (a teacher checkpoint, from another run by design, is not checked).
+TEST(ResumeTest, CheckpointOfAnotherRunIsRefused) {
+  Config a = TinyConfig(TempRunDir("-a"));
+  a.train.steps = 4;
+  Trainer(a, RunOptions{false, true}).TrainUntil(4);
+  Config b = a;
+  b.train.out_dir = TempRunDir("-b");
+  b.optim.lr = 0.01;
+  Trainer(b, RunOptions{false, true}).TrainUntil(2);
+  fs::copy_file(CheckpointPath(a.train.out_dir, 4), CheckpointPath(b.train.out_dir, 4));
+  try {
+    Trainer t(b, RunOptions{false, true});
+    FAIL() << "resumed from another run's checkpoint";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(CheckpointPath(b.train.out_dir, 4) +
+                                         " is a checkpoint of another run"),
+              std::string::npos)
+        << e.what();
+  }
+  Model model = MakeModel(b.student);
+  EXPECT_EQ(LoadWeights(b.train.out_dir, *model, at::Device(at::kCPU)),
+            CheckpointPath(b.train.out_dir, 4));
+}
+
 // The quickstart's shape in miniature: teacher pretrain, distil, hard-label baseline. Running
 // it again reuses the finished stages and reports the same table.
 TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {

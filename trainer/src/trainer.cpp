@@ -135,9 +135,11 @@ Trainer::Trainer(Config config, RunOptions options)
     return true;
   });
 
+  std::vector<std::string> warnings;
   if (same_run) {
-    if (auto latest = LatestCheckpoint(config_.train.out_dir)) {
-      position_ = LoadCheckpoint(*latest, *student_, *optimizer_, device_);
+    if (auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
+                                                 device_, RunIdentityHash(config_), &warnings)) {
+      position_ = *position;
       checkpointed_step_ = position_.step;
     }
   }
@@ -150,6 +152,8 @@ Trainer::Trainer(Config config, RunOptions options)
   }
   progress_ = std::make_unique<Progress>(config_.train.steps, position_.step,
                                          options_.quiet || !dist_->is_main());
+  for (const auto& line : warnings) progress_->Log(line);
+  warnings_ = std::move(warnings);
   progress_->Log(fmt::format(
       "{} {}: {} {} parameters{}; {}; {} on {}{}; {}",
       same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
@@ -323,7 +327,7 @@ EvalResult Trainer::Evaluate() {
 void Trainer::SaveCheckpoint() {
   if (dist_->is_main()) {  // the replicas are identical; rank 0 writes the one copy
     distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
-                            *optimizer_, position_, device_);
+                            *optimizer_, position_, device_, RunIdentityHash(config_));
     PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
   }
   checkpointed_step_ = position_.step;  // only once written: a failed write is retried

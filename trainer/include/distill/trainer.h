@@ -105,6 +105,8 @@ class Trainer {
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const at::Device& device() const { return device_; }
   Distributed& distributed() { return *dist_; }
+  // Start-up warnings (a corrupt checkpoint skipped on resume), also printed unless quiet.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
   void LogStep(const StepResult& result);
@@ -134,6 +136,7 @@ class Trainer {
   double seconds_since_log_ = 0;
   double elapsed_ = 0;  // training seconds in this process
   int64_t skipped_steps_ = 0;  // steps skipped as non-finite in this process
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace distill
