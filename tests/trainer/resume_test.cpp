@@ -18,6 +18,7 @@
 #include "distill/metrics.h"
 #include "distill/run.h"
 #include "distill/run_dir.h"
+#include "distill/signals.h"
 #include "distill/trainer.h"
 #include "test_util.h"
 
@@ -408,6 +409,22 @@ TEST(ResumeTest, CheckpointOfAnotherRunIsRefused) {
   Model model = MakeModel(b.student);
   EXPECT_EQ(LoadWeights(b.train.out_dir, *model, at::Device(at::kCPU)),
             CheckpointPath(b.train.out_dir, 4));
+}
+
+// The handlers set a flag (the process keeps running) and are restored afterwards.
+TEST(ResumeTest, StopSignalsSetAFlagAndRestoreTheHandlers) {
+  struct sigaction before {};
+  sigaction(SIGTERM, nullptr, &before);
+  {
+    StopSignals signals;
+    EXPECT_EQ(StopSignals::Pending(), 0);
+    raise(SIGTERM);
+    EXPECT_EQ(StopSignals::Pending(), SIGTERM);
+  }
+  struct sigaction after {};
+  sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+  EXPECT_EQ(SignalName(SIGINT), "SIGINT");
 }
 
 // The quickstart's shape in miniature: teacher pretrain, distil, hard-label baseline. Running

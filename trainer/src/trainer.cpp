@@ -1,6 +1,7 @@
 #include "distill/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
@@ -18,6 +19,7 @@
 #include "distill/safetensors.h"
 #include "distill/loss.h"
 #include "distill/run_dir.h"
+#include "distill/signals.h"
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -226,14 +228,20 @@ StepResult Trainer::Step() {
   // the global batchmean, and their sum (the all-reduce) is the one-process gradient.
   const int64_t global_tokens = dist_->AllReduceSum(local_tokens);
   StepResult r = AccumulateGradients(micro_batches, global_tokens);
+  const int signal = StopSignals::Pending();
+  stop_signal_ = signal;
   if (dist_->active()) {
     // One all-reduce per ~25 MB bucket after the backward (see docs/trainer.md, Multi-GPU, for
-    // why it does not overlap the backward), then the step's loss terms.
+    // why it does not overlap the backward), then the step's loss terms. A SIGTERM / SIGINT
+    // rides along in that same all-reduce (free: no extra communication), so every rank sees
+    // it at the same step and all stop together.
     dist_->AllReduceGradients(student_->parameters());
-    const std::vector<double> terms = dist_->AllReduceSum({r.kd_loss, r.ce_loss});
+    const std::vector<double> terms = dist_->AllReduceSum(
+        {r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0});
     r.kd_loss = terms[0];
     r.ce_loss = terms[1];
     r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
+    stop_signal_ = terms[2] > 0 ? SIGTERM : terms[3] > 0 ? SIGINT : 0;
   }
   // max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
@@ -380,6 +388,8 @@ void Trainer::LogEval(const EvalResult& r) {
 void Trainer::TrainUntil(int64_t stop_step) {
   stop_step = std::min(stop_step, config_.train.steps);
   const TrainConfig& t = config_.train;
+  StopSignals signals;  // SIGTERM / SIGINT: finish the step, checkpoint, throw Interrupted
+  stop_signal_ = 0;
   while (position_.step < stop_step) {
     const auto start = std::chrono::steady_clock::now();
     const StepResult result = Step();
@@ -392,9 +402,19 @@ void Trainer::TrainUntil(int64_t stop_step) {
     if (position_.step % t.log_interval == 0 || position_.step == stop_step) LogStep(result);
     if (t.eval_interval > 0 && position_.step % t.eval_interval == 0) LogEval(Evaluate());
     if (t.checkpoint_interval > 0 && position_.step % t.checkpoint_interval == 0) SaveCheckpoint();
+    if (stop_signal_ != 0) break;
   }
   if (checkpointed_step_ != position_.step) SaveCheckpoint();
   progress_->Finish();
+  // A signal during the last step (or one that came after the loop on one process) still stops.
+  const int signal =
+      stop_signal_ != 0 ? stop_signal_ : (dist_->active() ? 0 : StopSignals::Pending());
+  if (signal != 0) {
+    throw Interrupted(signal, fmt::format("{}: checkpoint at step {} written to {}; resume with "
+                                          "the same command",
+                                          SignalName(signal), position_.step,
+                                          CheckpointPath(config_.train.out_dir, position_.step)));
+  }
 }
 
 EvalResult Trainer::Train() {
