@@ -307,6 +307,60 @@ TEST(ConfigTest, ReferenceDocumentsEveryKey) {
   }
 }
 
+// Strings that are not plain YAML words (a data.path with a newline, quotes, a backslash, a
+// colon, a leading space, '#', a tab, a control byte) survive config.yaml exactly.
+TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
+  Config c = ParseConfig(kValidDistill, "x.yaml");
+  for (const std::string path :
+       {std::string("a\nb"), std::string("say \"hi\""), std::string("C:\\data\\x.txt"),
+        std::string("key: value"), std::string(" leading space"), std::string("a #comment"),
+        std::string("tab\there"), std::string("bell\x07"), std::string("true"),
+        std::string("- [x]"), std::string("\\n is not a newline\n\n")}) {
+    c.data.path = path;
+    const Config again = ParseConfig(ConfigToYaml(c), "dump.yaml");
+    EXPECT_EQ(again.data.path, path) << ConfigToYaml(c);
+  }
+}
+
+TEST(ConfigTest, SecondYamlDocumentIsAnErrorNamingTheLine) {
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "---\ntrain:\n  steps: 5\n"),
+            "x.yaml:5: a second YAML document (after \"---\"); a config is one document: remove "
+            "the marker and merge its keys into the first");
+  EXPECT_EQ(ErrorOf("# comment\n---\n" + std::string(kValidDistill) + "---\n").substr(0, 9),
+            "x.yaml:7:");
+  EXPECT_EQ(ErrorOf("---\n" + std::string(kValidDistill)), "");  // one document, marked
+}
+
+TEST(ConfigTest, SizesAreRangeCheckedAgainstOverflow) {
+  EXPECT_EQ(ErrorOf(kValidDistill, {"data.batch_size=9223372036854775807"}),
+            "override \"data.batch_size=9223372036854775807\": data.batch_size: expected an "
+            "integer in [1, 1048576], got \"9223372036854775807\"");
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.steps=1099511627777"})
+                .find("train.steps: expected an integer in [1, 1099511627776]"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.grad_accum=2000000"}), "");
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.eval_batches=2000000"}), "");
+  // Each in range, the products not: tokens per micro-batch and per step.
+  EXPECT_EQ(ErrorOf(kValidDistill, {"student.context_length=4096", "teacher.context_length=4096",
+                                    "data.seq_len=4096", "data.batch_size=1048576"}),
+            "override \"data.batch_size=1048576\": data.batch_size: expected at most 524288 "
+            "(2^31 tokens per micro-batch / data.seq_len 4096), got 1048576");
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data: {batch_size: 65536}\n",
+                    {"train.grad_accum=1048576"}),
+            "override \"train.grad_accum=1048576\": train.grad_accum: expected at most 262144 "
+            "(2^40 tokens per step / 4194304 tokens per micro-batch), got 1048576");
+}
+
+TEST(ConfigTest, DirectoryAsConfigIsAnError) {
+  try {
+    LoadConfigFile(DISTILL_CONFIGS_DIR);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              std::string(DISTILL_CONFIGS_DIR) + ": is a directory; expected a YAML config file");
+  }
+}
+
 TEST(ConfigTest, MissingFileIsAConfigError) {
   try {
     LoadConfigFile("/nonexistent/x.yaml");

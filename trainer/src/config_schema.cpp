@@ -133,10 +133,23 @@ std::string ToYaml(const std::string& v) {
                       c == '/' || c == '-');
   }
   if (plain && v != "true" && v != "false" && v != "null") return v;
+  // A double-quoted YAML scalar: every character that the parser would fold or read as syntax
+  // is escaped, so the parsed string is exactly `v` (paths with newlines, quotes, '#', ...).
   std::string out = "\"";
   for (char c : v) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
   }
   return out + "\"";
 }
@@ -252,11 +265,14 @@ std::vector<KeyDecl> Declare() {
       "tokens: a glob of validation shards; empty: the last val_fraction of data.path's tokens.");
   Add(k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
       NumberStrictlyIn(0, 1), "text, tokens: the last fraction of the data is the validation split.");
-  Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; }, IntAtLeast(1),
+  Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
+      IntIn(1, int64_t{1} << 20),
       "Sequences per micro-batch.");
-  Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; }, IntAtLeast(1),
+  Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; },
+      IntIn(1, int64_t{1} << 24),
       "Tokens predicted per sequence; at most the models' context_length.");
-  Add(k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; }, IntAtLeast(1),
+  Add(k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; },
+      IntIn(1, int64_t{1} << 24),
       "synthetic: lengths are uniform in [min_seq_len, seq_len]; the rest is ignored padding.");
   Add(k, "data.seed", [](auto& c) -> auto& { return c.data.seed; }, AnyInt(),
       "Seed of the data (language, batches, split); batches depend only on seed and position.");
@@ -307,9 +323,11 @@ std::vector<KeyDecl> Declare() {
   Add(k, "train.mode", [](auto& c) -> auto& { return c.train.mode; },
       OneOf({"pretrain", "distill"}),
       "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill.");
-  Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; }, IntAtLeast(1),
+  Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; },
+      IntIn(1, int64_t{1} << 40) /* x grad_accum (<= 2^20): micro-batch counts stay < 2^60 */,
       "Optimizer steps.");
-  Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; }, IntAtLeast(1),
+  Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; },
+      IntIn(1, int64_t{1} << 20),
       "Micro-batches per optimizer step; the loss is normalised over all their tokens. "
       "Data-parallel: the global batch, split evenly over the ranks (a multiple of the number "
       "of GPUs).");
@@ -325,7 +343,7 @@ std::vector<KeyDecl> Declare() {
   Add(k, "train.eval_interval", [](auto& c) -> auto& { return c.train.eval_interval; },
       IntAtLeast(0), "Evaluate every this many steps (0: only at the end).");
   Add(k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
-      IntAtLeast(1), "Validation micro-batches per evaluation (always the same ones).");
+      IntIn(1, int64_t{1} << 20), "Validation micro-batches per evaluation (always the same ones).");
   Add(k, "train.checkpoint_interval",
       [](auto& c) -> auto& { return c.train.checkpoint_interval; }, IntAtLeast(0),
       "Checkpoint every this many steps (0: only at the end).");
