@@ -1,6 +1,8 @@
 // The TVD loss's public surface: every bad-input path and its message, the module, the version,
 // the dispatcher op.
 #include <string>
+#include <variant>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -59,6 +61,47 @@ TEST(TvdErrors, CudaDevicesAndDtypesMustAgree) {
   expect_error([&] { tvd_loss(p, p.clone(), {}, at::zeros({4}, at::kLong)); },
                {"labels must be on p's device cuda:0", "got cpu"});
   expect_error([&] { tvd_loss(p.to(at::kDouble), p.to(at::kDouble)); }, {"on CUDA p and q must be one of", "got Double"});
+}
+
+// An empty batch (0 rows, e.g. (0, V) or (B, 0, V)): the loss is 0 (kNone: an empty tensor) and
+// the backward gives zero-size gradients of p's shape, with and without labels, every reduction.
+void ExpectEmptyBatchWorks(at::Device dev) {
+  const std::vector<TVDLossOptions::reduction_t> reductions = {torch::kNone, torch::kBatchMean,
+                                                               torch::kSum, torch::kMean};
+  for (const auto& reduction : reductions) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{0, 7}, {3, 0, 7}}) {
+      for (bool with_labels : {false, true}) {
+        SCOPED_TRACE(std::string(reduction_name(reduction)) + (with_labels ? " labels " : " ") +
+                     std::to_string(shape.size()) + "d");
+        at::Tensor p = at::empty(shape, at::TensorOptions(dev)).requires_grad_(true);
+        at::Tensor q = at::empty(shape, at::TensorOptions(dev)).requires_grad_(true);
+        std::optional<at::Tensor> labels;
+        if (with_labels) {
+          labels = at::empty(std::vector<int64_t>(shape.begin(), shape.end() - 1),
+                             at::TensorOptions(dev).dtype(at::kLong));
+        }
+        const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction), labels);
+        if (std::holds_alternative<torch::enumtype::kNone>(reduction)) {
+          EXPECT_EQ(loss.sizes(), p.sizes());
+        } else {
+          EXPECT_EQ(loss.dim(), 0);
+          EXPECT_EQ(loss.item<double>(), 0.0);
+        }
+        loss.sum().backward();
+        ASSERT_TRUE(p.grad().defined());
+        ASSERT_TRUE(q.grad().defined());
+        EXPECT_EQ(p.grad().sizes(), p.sizes());
+        EXPECT_EQ(q.grad().sizes(), q.sizes());
+      }
+    }
+  }
+}
+
+TEST(TvdEmptyBatch, ZeroRowsForwardAndBackwardCpu) { ExpectEmptyBatchWorks(at::kCPU); }
+
+TEST(TvdEmptyBatch, ZeroRowsForwardAndBackwardCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ExpectEmptyBatchWorks(at::Device(at::kCUDA, 0));
 }
 
 TEST(TvdModule, MatchesTheFunctionAndPrintsItsOptions) {

@@ -11,6 +11,7 @@
 #include "distill/config.h"
 #include "distill/distributed.h"
 #include "distill/run.h"
+#include "distill/signals.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -67,6 +68,9 @@ int main(int argc, char** argv) {
     flags.distributed = distributed.get();
     distill::Run(config, flags, std::cout);
     return 0;
+  } catch (const distill::Interrupted& e) {
+    std::cerr << "distill_trainer: " << e.what() << '\n';
+    return e.exit_status();  // 143 (SIGTERM) / 130 (SIGINT), as a death by the signal would be
   } catch (const distill::ConfigError& e) {
     std::cerr << "distill_trainer: config error: " << e.what() << '\n';
     return 2;

@@ -35,6 +35,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
   at::Tensor signs = at::empty({save_signs ? in.rows : 0, sign_row_pitch(in.V)}, p.options().dtype(at::kByte));
   at::Tensor loss = none ? at::empty({in.rows, in.V}, f32) : at::empty({}, f32);
   at::Tensor scale = at::empty({none ? 0 : 1}, f32);
+  if (in.rows == 0) {  // nothing to launch (a grid of 0 blocks is invalid): as the CPU does
+    if (!none) {
+      loss.zero_();
+      scale.fill_(kernels::reduction_scale<double>(reduction, 0, in.V));
+    }
+    return {loss, signs, scale};
+  }
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 
   AT_DISPATCH_V2(p.scalar_type(), "lossfns_tvd_forward_cuda", AT_WRAP([&] {
@@ -76,6 +83,7 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
   const c10::cuda::CUDAGuard guard(signs.device());
   const int64_t rows = signs.size(0);
   at::Tensor grad = at::empty({rows, V}, signs.options().dtype(dtype));
+  if (rows == 0) return grad;  // nothing to launch
   // A float copy only if grad_output is not already float and contiguous (it is, from our forward).
   const at::Tensor go = grad_output.to(at::kFloat).contiguous();
   AT_DISPATCH_V2(dtype, "lossfns_tvd_backward_cuda", AT_WRAP([&] {

@@ -65,7 +65,8 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.device=cpu", "train.precision=fp32", "train.log_interval=3",
       "train.eval_interval=0", "train.eval_batches=5", "train.checkpoint_interval=0",
       "train.keep_checkpoints=9", "train.resume=false", "train.baseline=true",
-      "train.out_dir=elsewhere", "train.export_hf=false", "data.val_path=v/*.bin",
+      "train.out_dir=elsewhere", "train.export_hf=false", "train.nonfinite=skip",
+      "train.max_skipped_steps=3", "data.val_path=v/*.bin",
       "distill.vocab_size=25",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
@@ -148,7 +149,7 @@ TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.6);
   EXPECT_EQ(ErrorOf("train:\n  mode: distill\nteacher:\n  checkpoint: t\ndistill:\n"
                     "  temperature: hot\n"),
-            "x.yaml:6: distill.temperature: expected a number > 0, got \"hot\"");
+            "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \"hot\"");
 }
 
 struct ErrorCase {
@@ -166,13 +167,13 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "bogus: 1\n", "x.yaml:5: bogus: unknown key"},
       {head + "distill: 3\n", "x.yaml:5: distill: expected a mapping (the distill section), got \"3\""},
       {head + "distill:\n  temperature: -1\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got \"-1\""},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \"-1\""},
       {head + "distill:\n  temperature: [1, 2]\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got a list"},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got a list"},
       {head + "distill:\n  temperature:\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got nothing"},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got nothing"},
       {head + "distill:\n  temperature: .inf\n",
-       "x.yaml:6: distill.temperature: expected a number > 0, got \".inf\""},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \".inf\""},
       {head + "distill:\n  divergence: kl\n",
        "x.yaml:6: distill.divergence: expected one of: tvd, got \"kl\""},
       {head + "student:\n  n_layer: 1.5\n",
@@ -243,7 +244,7 @@ TEST(ConfigTest, InvalidYamlNamesTheLine) {
 
 TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temperature=hot"}),
-            "override \"distill.temperature=hot\": distill.temperature: expected a number > 0, "
+            "override \"distill.temperature=hot\": distill.temperature: expected a number in [0.001, 1000], "
             "got \"hot\"");
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temprature=2"}),
             "override \"distill.temprature=2\": distill.temprature: unknown key; did you mean "
@@ -275,7 +276,7 @@ TEST(ConfigTest, HelpListsEveryKeyWithDefault) {
     EXPECT_NE(help.find("  " + key + " = "), std::string::npos) << key;
   }
   EXPECT_NE(help.find("  distill.temperature = 1\n"), std::string::npos) << help;
-  EXPECT_NE(help.find("Accepts a number > 0."), std::string::npos);
+  EXPECT_NE(help.find("Accepts a number in [0.001, 1000]."), std::string::npos);
 }
 
 TEST(ConfigTest, ShippedConfigsParse) {
@@ -303,6 +304,60 @@ TEST(ConfigTest, ReferenceDocumentsEveryKey) {
     if (row.rfind("| `", 0) == 0) {
       EXPECT_NE(text.str().find(row + "\n"), std::string::npos) << row;
     }
+  }
+}
+
+// Strings that are not plain YAML words (a data.path with a newline, quotes, a backslash, a
+// colon, a leading space, '#', a tab, a control byte) survive config.yaml exactly.
+TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
+  Config c = ParseConfig(kValidDistill, "x.yaml");
+  for (const std::string path :
+       {std::string("a\nb"), std::string("say \"hi\""), std::string("C:\\data\\x.txt"),
+        std::string("key: value"), std::string(" leading space"), std::string("a #comment"),
+        std::string("tab\there"), std::string("bell\x07"), std::string("true"),
+        std::string("- [x]"), std::string("\\n is not a newline\n\n")}) {
+    c.data.path = path;
+    const Config again = ParseConfig(ConfigToYaml(c), "dump.yaml");
+    EXPECT_EQ(again.data.path, path) << ConfigToYaml(c);
+  }
+}
+
+TEST(ConfigTest, SecondYamlDocumentIsAnErrorNamingTheLine) {
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "---\ntrain:\n  steps: 5\n"),
+            "x.yaml:5: a second YAML document (after \"---\"); a config is one document: remove "
+            "the marker and merge its keys into the first");
+  EXPECT_EQ(ErrorOf("# comment\n---\n" + std::string(kValidDistill) + "---\n").substr(0, 9),
+            "x.yaml:7:");
+  EXPECT_EQ(ErrorOf("---\n" + std::string(kValidDistill)), "");  // one document, marked
+}
+
+TEST(ConfigTest, SizesAreRangeCheckedAgainstOverflow) {
+  EXPECT_EQ(ErrorOf(kValidDistill, {"data.batch_size=9223372036854775807"}),
+            "override \"data.batch_size=9223372036854775807\": data.batch_size: expected an "
+            "integer in [1, 1048576], got \"9223372036854775807\"");
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.steps=1099511627777"})
+                .find("train.steps: expected an integer in [1, 1099511627776]"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.grad_accum=2000000"}), "");
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.eval_batches=2000000"}), "");
+  // Each in range, the products not: tokens per micro-batch and per step.
+  EXPECT_EQ(ErrorOf(kValidDistill, {"student.context_length=4096", "teacher.context_length=4096",
+                                    "data.seq_len=4096", "data.batch_size=1048576"}),
+            "override \"data.batch_size=1048576\": data.batch_size: expected at most 524288 "
+            "(2^31 tokens per micro-batch / data.seq_len 4096), got 1048576");
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data: {batch_size: 65536}\n",
+                    {"train.grad_accum=1048576"}),
+            "override \"train.grad_accum=1048576\": train.grad_accum: expected at most 262144 "
+            "(2^40 tokens per step / 4194304 tokens per micro-batch), got 1048576");
+}
+
+TEST(ConfigTest, DirectoryAsConfigIsAnError) {
+  try {
+    LoadConfigFile(DISTILL_CONFIGS_DIR);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              std::string(DISTILL_CONFIGS_DIR) + ": is a directory; expected a YAML config file");
   }
 }
 

@@ -1,14 +1,24 @@
 // Checkpoints and run directories: resuming is bit-identical, different runs are refused, and
 // re-running a finished pipeline (the second `make run`) works.
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "distill/checkpoint.h"
+#include "distill/file_io.h"
+#include "distill/metrics.h"
 #include "distill/run.h"
 #include "distill/run_dir.h"
+#include "distill/signals.h"
 #include "distill/trainer.h"
 #include "test_util.h"
 
@@ -155,6 +165,266 @@ TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
   std::ofstream(foreign.train.out_dir + "/notes.txt") << "mine";
   EXPECT_THROW(Trainer(foreign, RunOptions{true, true}), RunDirError);
   EXPECT_TRUE(fs::exists(foreign.train.out_dir + "/notes.txt"));
+}
+
+// --fresh deletes only what the trainer created (the .distill_run marker): a directory that
+// merely holds a config.yaml -- someone else's, or a run from before markers -- is refused with
+// the directory named, and everything in it survives. Such a run can still be resumed.
+TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  Trainer(c, RunOptions{false, true}).Train();
+  std::ifstream marker_in(c.train.out_dir + "/" + kRunMarker);
+  std::string marker((std::istreambuf_iterator<char>(marker_in)), {});
+  EXPECT_NE(marker.find("run_id: "), std::string::npos) << marker;
+  EXPECT_NE(marker.find("config_hash: " + RunIdentityHash(c)), std::string::npos) << marker;
+
+  // Someone else's directory that happens to hold a config.yaml (here: a copy of the run).
+  Config foreign = c;
+  foreign.train.out_dir = TempRunDir("-foreign");
+  fs::create_directories(foreign.train.out_dir);
+  fs::copy_file(c.train.out_dir + "/config.yaml", foreign.train.out_dir + "/config.yaml");
+  std::ofstream(foreign.train.out_dir + "/thesis.tex") << "years of work";
+  try {
+    Trainer t(foreign, RunOptions{true, true});
+    FAIL() << "--fresh deleted a directory without the marker";
+  } catch (const RunDirError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(foreign.train.out_dir), std::string::npos) << message;
+    EXPECT_NE(message.find("no .distill_run marker"), std::string::npos) << message;
+    EXPECT_NE(message.find("delete it by hand"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(fs::exists(foreign.train.out_dir + "/thesis.tex"));
+  EXPECT_TRUE(fs::exists(foreign.train.out_dir + "/config.yaml"));
+
+  // A run from before markers: resumed as before, never deleted.
+  fs::remove(c.train.out_dir + "/" + kRunMarker);
+  Config longer = c;
+  longer.train.steps = 3;
+  EXPECT_EQ(Trainer(longer, RunOptions{false, true}).step(), 2);
+  EXPECT_FALSE(IsOwnRunDir(c.train.out_dir)) << "resuming must not adopt a directory";
+  EXPECT_THROW(Trainer(c, RunOptions{true, true}), RunDirError);
+  EXPECT_TRUE(fs::exists(c.train.out_dir + "/checkpoints"));
+}
+
+// A start that fails (a typo in teacher.checkpoint) writes nothing: the corrected command is
+// not refused as "a different run", and an existing run is left exactly as it was.
+TEST(ResumeTest, FailedStartLeavesNoRunDirectory) {
+  Config c = testing::TinyDistillConfig(TempRunDir());
+  c.train.steps = 2;
+  Config typo = c;
+  typo.teacher.checkpoint += "-typo";
+  EXPECT_THROW(Trainer(typo, RunOptions{false, true}), std::runtime_error);
+  EXPECT_FALSE(fs::exists(c.train.out_dir)) << "a failed start created the run directory";
+  Trainer(c, RunOptions{false, true}).Train();  // the corrected command
+  // --fresh with a typo: the existing run is not deleted before the start succeeded.
+  EXPECT_THROW(Trainer(typo, RunOptions{true, true}), std::runtime_error);
+  EXPECT_TRUE(LatestCheckpoint(c.train.out_dir).has_value());
+  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 2);
+}
+
+// Lowers RLIMIT_FSIZE for its scope, with SIGXFSZ ignored: a write past `bytes` then fails with
+// EFBIG, the way a full disk fails with ENOSPC (no root or special filesystem needed).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limited = saved_;
+    limited.rlim_cur = bytes;
+    EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+
+ private:
+  rlimit saved_{};
+  void (*previous_handler_)(int) = nullptr;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A checkpoint, config.yaml or summary.json write that fails (here: EFBIG from a file-size
+// limit; a full disk gives ENOSPC the same way) is an exception naming the file and the cause --
+// not torch's abort -- the temporary is gone and the previous files are intact.
+TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  Trainer trainer(c, RunOptions{false, true});
+  trainer.TrainUntil(2);
+  const std::string good = CheckpointPath(c.train.out_dir, 2);
+  const std::string good_bytes = ReadAll(good);
+  const std::string config_before = ReadAll(c.train.out_dir + "/config.yaml");
+  ASSERT_GT(good_bytes.size(), 16384u);
+  trainer.Step();
+  {
+    FileSizeLimit limit(8192);
+    try {
+      trainer.SaveCheckpoint();
+      ADD_FAILURE() << "a checkpoint larger than the file-size limit was written";
+    } catch (const FileError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("cannot write " + CheckpointPath(c.train.out_dir, 3) + ": File too "
+                             "large"),
+                std::string::npos)
+          << message;
+    }
+    EXPECT_THROW(WriteFileAtomically(c.train.out_dir + "/config.yaml", std::string(10000, 'x')),
+                 FileError);
+  }
+  EXPECT_EQ(Names(c.train.out_dir + "/checkpoints"), std::vector<std::string>{"step_0000002.pt"});
+  EXPECT_EQ(ReadAll(good), good_bytes);
+  EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml"), config_before);
+  EXPECT_EQ(Names(c.train.out_dir),
+            (std::vector<std::string>{".distill_run", "checkpoints", "config.yaml",
+                                      "metrics.jsonl"}));
+  // The space is back: the same trainer checkpoints and finishes, and a resume continues.
+  trainer.TrainUntil(4);
+  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 4);
+}
+
+// A restart keeps the records up to the checkpoint it resumes from, drops the later ones and a
+// partial last line (a write cut short), and replaces the file by rename -- never truncates it in
+// place, so a kill during the rewrite cannot leave it empty.
+TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
+  RecordKeys kept;
+  EXPECT_EQ(KeptMetrics("{\"type\":\"train\",\"step\":1}\n{\"type\":\"eval\",\"step\":2}\n"
+                        "{\"type\":\"train\",\"step\":3}\n{\"type\":\"train\",\"st",
+                        2, &kept),
+            "{\"type\":\"train\",\"step\":1}\n{\"type\":\"eval\",\"step\":2}\n");
+  EXPECT_EQ(kept, (RecordKeys{{"train", 1}, {"eval", 2}}));
+  kept.clear();
+  EXPECT_EQ(KeptMetrics("{\"type\":\"train\",\"step\":1}", 5, &kept), "") << "partial only line";
+
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 6;
+  c.train.log_interval = 1;
+  Trainer(c, RunOptions{false, true}).TrainUntil(4);
+  const std::string path = c.train.out_dir + "/metrics.jsonl";
+  const std::string up_to_4 = ReadAll(path);
+  // A crash after step 5's record and in the middle of step 6's.
+  std::ofstream(path, std::ios::app) << "{\"type\":\"train\",\"step\":5,\"loss\":1}\n"
+                                     << "{\"type\":\"train\",\"step\":6,\"lo";
+  struct stat before{}, after{};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  Trainer resumed(c, RunOptions{false, true});
+  ASSERT_EQ(resumed.step(), 4);
+  ASSERT_EQ(stat(path.c_str(), &after), 0);
+  EXPECT_NE(before.st_ino, after.st_ino) << "rewritten in place, not replaced by rename";
+  EXPECT_EQ(ReadAll(path), up_to_4);
+  resumed.TrainUntil(6);
+  EXPECT_EQ(LoggedTrainSteps(c.train.out_dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    EXPECT_TRUE(!line.empty() && line.front() == '{' && line.back() == '}') << line;
+  }
+}
+
+// The pipeline: a first stage that fails at start-up (a missing data file) leaves no pipeline
+// directory behind either.
+TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.mode = "distill";
+  c.teacher.pretrain_steps = 2;
+  c.data.source = "text";
+  c.data.path = c.train.out_dir + "-missing.txt";
+  for (ModelConfig* m : {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
+    m->vocab_size = 256;
+  }
+  ASSERT_TRUE(IsPipeline(c));
+  std::ostringstream out;
+  EXPECT_THROW(distill::Run(c, RunFlags{false, true}, out), std::runtime_error);
+  EXPECT_FALSE(fs::exists(c.train.out_dir));
+}
+
+// A flipped byte or a truncated latest checkpoint is detected by its checksum, named, and the
+// previous intact checkpoint is used instead; with none intact, the error names every file.
+TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.checkpoint_interval = 2;
+  Trainer(c, RunOptions{false, true}).TrainUntil(4);
+  const std::string step2 = CheckpointPath(c.train.out_dir, 2);
+  const std::string step4 = CheckpointPath(c.train.out_dir, 4);
+  const std::string step4_bytes = ReadAll(step4);
+
+  std::string flipped = step4_bytes;
+  flipped[flipped.size() / 2] ^= 0x01;  // one bit, inside the weights
+  std::ofstream(step4, std::ios::binary | std::ios::trunc) << flipped;
+  {
+    Trainer resumed(c, RunOptions{false, true});
+    EXPECT_EQ(resumed.step(), 2);
+    ASSERT_EQ(resumed.warnings().size(), 1u);
+    const std::string& warning = resumed.warnings()[0];
+    EXPECT_NE(warning.find(step4 + ": checksum mismatch"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("resuming from the previous checkpoint, " + step2), std::string::npos)
+        << warning;
+  }
+  std::ofstream(step4, std::ios::binary | std::ios::trunc) << step4_bytes.substr(0, 1000);
+  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 2);
+  std::ofstream(step2, std::ios::binary | std::ios::trunc) << "";
+  try {
+    Trainer t(c, RunOptions{false, true});
+    FAIL() << "resumed without an intact checkpoint";
+  } catch (const CorruptCheckpointError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(step4 + ": checksum mismatch"), std::string::npos) << message;
+    EXPECT_NE(message.find(step2 + ": not a distill_trainer checkpoint"), std::string::npos)
+        << message;
+  }
+}
+
+// A checkpoint carries its run's identity: one copied into another run's directory is refused
+// with the reason (a teacher checkpoint, from another run by design, is not checked).
+TEST(ResumeTest, CheckpointOfAnotherRunIsRefused) {
+  Config a = TinyConfig(TempRunDir("-a"));
+  a.train.steps = 4;
+  Trainer(a, RunOptions{false, true}).TrainUntil(4);
+  Config b = a;
+  b.train.out_dir = TempRunDir("-b");
+  b.optim.lr = 0.01;
+  Trainer(b, RunOptions{false, true}).TrainUntil(2);
+  fs::copy_file(CheckpointPath(a.train.out_dir, 4), CheckpointPath(b.train.out_dir, 4));
+  try {
+    Trainer t(b, RunOptions{false, true});
+    FAIL() << "resumed from another run's checkpoint";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(CheckpointPath(b.train.out_dir, 4) +
+                                         " is a checkpoint of another run"),
+              std::string::npos)
+        << e.what();
+  }
+  Model model = MakeModel(b.student);
+  EXPECT_EQ(LoadWeights(b.train.out_dir, *model, at::Device(at::kCPU)),
+            CheckpointPath(b.train.out_dir, 4));
+}
+
+// The handlers set a flag (the process keeps running) and are restored afterwards.
+TEST(ResumeTest, StopSignalsSetAFlagAndRestoreTheHandlers) {
+  struct sigaction before {};
+  sigaction(SIGTERM, nullptr, &before);
+  {
+    StopSignals signals;
+    EXPECT_EQ(StopSignals::Pending(), 0);
+    raise(SIGTERM);
+    EXPECT_EQ(StopSignals::Pending(), SIGTERM);
+  }
+  struct sigaction after {};
+  sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+  EXPECT_EQ(SignalName(SIGINT), "SIGINT");
 }
 
 // The quickstart's shape in miniature: teacher pretrain, distil, hard-label baseline. Running

@@ -153,6 +153,77 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
   }
 }
 
+// NaN in the teacher (as a broken teacher checkpoint would give): the first step stops with the
+// step and the term named, before the optimizer step -- the student's weights are untouched and
+// the last checkpoint stays the newest.
+TEST(TrainingTest, NonFiniteStopsBeforeTheOptimizerStep) {
+  Config c = TinyDistillConfig(TempRunDir());
+  c.train.steps = 6;
+  Trainer trainer(c, RunOptions{false, true});
+  trainer.TrainUntil(2);
+  {
+    torch::NoGradGuard no_grad;
+    trainer.teacher()->parameters()[0].fill_(NAN);
+  }
+  std::vector<at::Tensor> before;
+  for (const auto& p : trainer.student().parameters()) before.push_back(p.clone());
+  try {
+    trainer.TrainUntil(6);
+    FAIL() << "a NaN step was trained on";
+  } catch (const NonFiniteError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("step 3: kd_loss is nan"), std::string::npos) << message;
+    EXPECT_NE(message.find("optim.lr"), std::string::npos) << message;
+    EXPECT_NE(message.find("distill.temperature"), std::string::npos) << message;
+    EXPECT_NE(message.find("step_0000002.pt, is intact"), std::string::npos) << message;
+  }
+  const auto after = trainer.student().parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << i;
+  EXPECT_EQ(trainer.step(), 2);
+  EXPECT_EQ(*LatestCheckpoint(c.train.out_dir), CheckpointPath(c.train.out_dir, 2));
+}
+
+// skip: the update is skipped (weights unchanged, the step and data move on), counted, and an
+// error once more than max_skipped_steps were skipped.
+TEST(TrainingTest, NonFiniteSkipCountsAndContinues) {
+  Config c = TinyDistillConfig(TempRunDir());
+  c.train.nonfinite = NonFinite::kSkip;
+  c.train.max_skipped_steps = 2;
+  Trainer trainer(c, RunOptions{false, true});
+  EXPECT_FALSE(trainer.Step().skipped);
+  {
+    torch::NoGradGuard no_grad;
+    trainer.teacher()->parameters()[0].fill_(NAN);
+  }
+  const at::Tensor before = trainer.student().lm_head_weight().clone();
+  for (int i = 0; i < 2; ++i) {
+    const StepResult r = trainer.Step();
+    EXPECT_TRUE(r.skipped);
+    EXPECT_TRUE(at::equal(trainer.student().lm_head_weight(), before));
+  }
+  EXPECT_EQ(trainer.step(), 3);
+  EXPECT_THROW(trainer.Step(), NonFiniteError);
+  EXPECT_TRUE(at::isfinite(trainer.student().lm_head_weight()).all().item<bool>());
+}
+
+// A checkpoint of non-finite weights is never written.
+TEST(TrainingTest, NonFiniteWeightsAreNeverCheckpointed) {
+  Config c = TinyConfig(TempRunDir());
+  Trainer trainer(c, RunOptions{false, true});
+  trainer.Step();
+  {
+    torch::NoGradGuard no_grad;
+    trainer.student().lm_head_weight()[3][5] = INFINITY;
+  }
+  try {
+    trainer.SaveCheckpoint();
+    FAIL() << "a checkpoint with inf weights was written";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds NaN or inf values"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(LatestCheckpoint(c.train.out_dir).has_value());
+}
+
 TEST(TrainingTest, LearningRateSchedule) {
   Config c = TinyConfig("unused");
   c.train.steps = 12;

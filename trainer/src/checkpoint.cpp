@@ -1,6 +1,8 @@
 #include "distill/checkpoint.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
@@ -8,8 +10,12 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+
+#include "distill/file_io.h"
+#include "distill/run_dir.h"  // Fnv1a64
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -46,6 +52,49 @@ void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& 
   }
 }
 
+constexpr char kMagic[] = "DISTILL-CKPT-1\n";
+constexpr size_t kMagicSize = sizeof(kMagic) - 1;
+constexpr size_t kHeaderSize = kMagicSize + 17;  // + 16 hex digits + '\n'
+
+// The file's bytes, checksum verified; returns the torch archive part.
+std::string ReadVerified(const std::string& path, std::string* bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CorruptCheckpointError(fmt::format("{}: cannot be opened", path));
+  std::stringstream content;
+  content << in.rdbuf();
+  *bytes = content.str();
+  if (bytes->compare(0, 2, "PK") == 0) return "";  // written before checksums: unverified
+  if (bytes->size() < kHeaderSize || bytes->compare(0, kMagicSize, kMagic) != 0 ||
+      (*bytes)[kHeaderSize - 1] != '\n') {
+    throw CorruptCheckpointError(fmt::format(
+        "{}: not a distill_trainer checkpoint (no DISTILL-CKPT-1 header; {} bytes)", path,
+        bytes->size()));
+  }
+  const std::string stored = bytes->substr(kMagicSize, 16);
+  const std::string computed = fmt::format(
+      "{:016x}", Fnv1a64(bytes->data() + kHeaderSize, bytes->size() - kHeaderSize));
+  if (stored != computed) {
+    throw CorruptCheckpointError(fmt::format(
+        "{}: checksum mismatch (stored {}, computed {}): the file is corrupt or truncated", path,
+        stored, computed));
+  }
+  return "verified";
+}
+
+// Opens the archive of `path` after verifying its checksum.
+void OpenArchive(const std::string& path, const at::Device& device,
+                 torch::serialize::InputArchive& archive) {
+  std::string bytes;
+  const bool verified = !ReadVerified(path, &bytes).empty();
+  const size_t offset = verified ? kHeaderSize : 0;
+  try {
+    archive.load_from(bytes.data() + offset, bytes.size() - offset, device);
+  } catch (const c10::Error& e) {
+    throw CorruptCheckpointError(
+        fmt::format("{}: unreadable checkpoint ({})", path, e.what_without_backtrace()));
+  }
+}
+
 }  // namespace
 
 std::string CheckpointPath(const std::string& run_dir, int64_t step) {
@@ -65,7 +114,18 @@ void PruneCheckpoints(const std::string& run_dir, int64_t keep) {
 
 void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const torch::optim::Optimizer& optimizer, const TrainingPosition& position,
-                    const at::Device& device) {
+                    const at::Device& device, const std::string& run_identity) {
+  // One sync for all parameters; a non-finite checkpoint would poison every resume.
+  std::vector<at::Tensor> finite;
+  for (const auto& p : model.parameters()) finite.push_back(at::isfinite(p).all());
+  if (!finite.empty() && !at::stack(finite).all().item<bool>()) {
+    for (const auto& p : model.named_parameters()) {
+      if (!at::isfinite(p.value()).all().item<bool>()) {
+        throw std::runtime_error(fmt::format(
+            "not writing {}: the model's parameter {} holds NaN or inf values", path, p.key()));
+      }
+    }
+  }
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   model.save(model_archive);
@@ -73,23 +133,51 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
   archive.write("architecture", c10::IValue(ArchitectureString(model.config())));
+  archive.write("run_identity", c10::IValue(run_identity));
   archive.write("step", c10::IValue(position.step));
   archive.write("data_position", c10::IValue(position.data_position));
   archive.write("rng_cpu", DefaultGenerator(at::Device(at::kCPU)).get_state(), /*is_buffer=*/true);
   if (device.is_cuda()) {
     archive.write("rng_cuda", DefaultGenerator(device).get_state(), /*is_buffer=*/true);
   }
-  fs::create_directories(fs::path(path).parent_path());
-  const std::string tmp = path + ".tmp";
-  archive.save_to(tmp);
-  fs::rename(tmp, path);  // atomic on POSIX
+  // Serialized in memory, then written by us: torch's file writer aborts the process when a
+  // write fails (its destructor throws), ours reports the file and the cause.
+  std::string bytes(kHeaderSize, ' ');  // the header, filled in once the checksum is known
+  try {
+    archive.save_to([&bytes](const void* data, size_t size) -> size_t {
+      bytes.append(static_cast<const char*>(data), size);
+      return size;
+    });
+  } catch (const c10::Error& e) {
+    throw FileError(fmt::format("cannot write {}: serializing the checkpoint failed: {}", path,
+                                e.what_without_backtrace()));
+  }
+  const std::string header = fmt::format(
+      "{}{:016x}\n", kMagic, Fnv1a64(bytes.data() + kHeaderSize, bytes.size() - kHeaderSize));
+  bytes.replace(0, kHeaderSize, header);
+  std::error_code error;
+  fs::create_directories(fs::path(path).parent_path(), error);
+  if (error) {
+    throw FileError(fmt::format("cannot write {}: cannot create its directory: {}", path,
+                                error.message()));
+  }
+  WriteFileAtomically(path, bytes);
 }
 
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
-                                torch::optim::Optimizer& optimizer, const at::Device& device) {
+                                torch::optim::Optimizer& optimizer, const at::Device& device,
+                                const std::string& run_identity) {
   torch::serialize::InputArchive archive;
-  archive.load_from(path, device);
+  OpenArchive(path, device, archive);
   CheckArchitecture(archive, model, path);
+  c10::IValue saved_identity;
+  if (!run_identity.empty() && archive.try_read("run_identity", saved_identity) &&
+      !saved_identity.toStringRef().empty() && saved_identity.toStringRef() != run_identity) {
+    throw std::runtime_error(fmt::format(
+        "{} is a checkpoint of another run (run identity {}; this run's config.yaml gives {}): "
+        "it was copied here from elsewhere; move it away, or use that run's config",
+        path, saved_identity.toStringRef(), run_identity));
+  }
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive.read("model", model_archive);
   archive.read("optimizer", optimizer_archive);
@@ -123,13 +211,43 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
   } else if (!fs::exists(path)) {
     throw std::runtime_error(fmt::format("teacher.checkpoint: \"{}\" does not exist", path));
   }
+  // A teacher comes from another run by design: only the architecture must match.
   torch::serialize::InputArchive archive;
-  archive.load_from(file, device);
+  OpenArchive(file, device, archive);
   CheckArchitecture(archive, model, file);
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
   model.load(model_archive);
   return file;
+}
+
+std::optional<TrainingPosition> LoadLatestGoodCheckpoint(const std::string& run_dir,
+                                                         CausalLM& model,
+                                                         torch::optim::Optimizer& optimizer,
+                                                         const at::Device& device,
+                                                         const std::string& run_identity,
+                                                         std::vector<std::string>* warnings) {
+  const std::vector<fs::path> files = CheckpointFiles(run_dir);
+  std::vector<std::string> failures;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      const TrainingPosition position =
+          LoadCheckpoint(it->string(), model, optimizer, device, run_identity);
+      for (const auto& failure : failures) {
+        warnings->push_back(
+            fmt::format("warning: {}; resuming from the previous checkpoint, {}", failure,
+                        it->string()));
+      }
+      return position;
+    } catch (const CorruptCheckpointError& e) {
+      failures.push_back(e.what());
+    }
+  }
+  if (files.empty()) return std::nullopt;
+  throw CorruptCheckpointError(fmt::format(
+      "no intact checkpoint in {}: {}; move the damaged files away to resume from scratch in "
+      "this directory, or pass --fresh",
+      (fs::path(run_dir) / "checkpoints").string(), fmt::join(failures, "; ")));
 }
 
 }  // namespace distill

@@ -2,6 +2,7 @@
 // constraints between keys. Every error names where (file:line or the override), the key path,
 // what was expected and what was found.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -256,6 +257,20 @@ void CheckCrossKey(const Config& c, const Locations& at) {
   check_model("student", c.student);
   if (distill) check_model("teacher", c.teacher);
 
+  // Each factor is range-checked (batch_size <= 2^20, seq_len <= 2^24, grad_accum <= 2^20), so
+  // these products cannot overflow int64; the limits keep token counts far from it.
+  const int64_t micro_tokens = c.data.batch_size * c.data.seq_len;
+  if (micro_tokens > (int64_t{1} << 31)) {
+    fail("data.batch_size",
+         fmt::format("expected at most {} (2^31 tokens per micro-batch / data.seq_len {}), got {}",
+                     (int64_t{1} << 31) / c.data.seq_len, c.data.seq_len, c.data.batch_size));
+  }
+  if (micro_tokens * c.train.grad_accum > (int64_t{1} << 40)) {
+    fail("train.grad_accum",
+         fmt::format("expected at most {} (2^40 tokens per step / {} tokens per micro-batch), "
+                     "got {}",
+                     (int64_t{1} << 40) / micro_tokens, micro_tokens, c.train.grad_accum));
+  }
   if (c.data.min_seq_len > c.data.seq_len) {
     fail("data.min_seq_len",
          fmt::format("expected at most data.seq_len ({}), got {}", c.data.seq_len,
@@ -328,6 +343,31 @@ void CheckCrossKey(const Config& c, const Locations& at) {
   }
 }
 
+// The 1-based line where a second YAML document starts: the "---" (or the content after a
+// "...") that follows content or an earlier "---".
+int SecondDocumentLine(const std::string& text) {
+  std::istringstream in(text);
+  bool started = false;  // inside the first document (content or its "---" seen)
+  int line_number = 0, ended = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    const bool marker = line.rfind("---", 0) == 0 &&
+                        (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+    const size_t first = line.find_first_not_of(" \t\r");
+    const bool blank = first == std::string::npos || line[first] == '#';
+    if (marker) {
+      if (started) return line_number;
+      started = true;
+    } else if (line.rfind("...", 0) == 0) {
+      ended = line_number;
+    } else if (!blank) {
+      if (ended > 0) return line_number;
+      started = true;
+    }
+  }
+  return line_number;
+}
+
 }  // namespace
 
 Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
@@ -336,7 +376,14 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
   Locations locations;
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
+    if (documents.size() > 1) {
+      throw ConfigError(fmt::format(
+          "{}:{}: a second YAML document (after \"---\"); a config is one document: remove the "
+          "marker and merge its keys into the first",
+          source_name, SecondDocumentLine(yaml_text)));
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::ParserException& e) {
     throw ConfigError(fmt::format("{}:{}: invalid YAML: {}", source_name, e.mark.line + 1, e.msg));
   }
@@ -361,6 +408,10 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
 }
 
 Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw ConfigError(fmt::format("{}: is a directory; expected a YAML config file", path));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   std::stringstream text;

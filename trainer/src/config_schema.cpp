@@ -44,6 +44,10 @@ Rule<double> NumberStrictlyIn(double lo, double hi) {
   return {fmt::format("a number in ({}, {})", lo, hi),
           [=](const double& v) { return v > lo && v < hi; }};
 }
+Rule<double> NumberAboveAtMost(double lo, double hi) {
+  return {fmt::format("a number in ({}, {}]", lo, hi),
+          [=](const double& v) { return v > lo && v <= hi; }};
+}
 Rule<std::string> OneOf(std::vector<std::string> names) {
   return {fmt::format("one of: {}", fmt::join(names, ", ")), [names](const std::string& v) {
             for (const auto& n : names) {
@@ -103,11 +107,25 @@ Rule<ModelFamily> Families() {
           [](const ModelFamily&) { return true; }};
 }
 
+template <>
+std::optional<NonFinite> Convert(const YAML::Node& node) {
+  const std::optional<std::string> name = Convert<std::string>(node);
+  for (size_t i = 0; name && i < kNonFiniteNames.size(); ++i) {
+    if (*name == kNonFiniteNames[i]) return static_cast<NonFinite>(i);
+  }
+  return std::nullopt;
+}
+Rule<NonFinite> NonFiniteModes() {
+  return {fmt::format("one of: {}", fmt::join(kNonFiniteNames, ", ")),
+          [](const NonFinite&) { return true; }};
+}
+
 std::string ToYaml(int64_t v) { return std::to_string(v); }
 std::string ToYaml(double v) { return fmt::format("{}", v); }
 std::string ToYaml(bool v) { return v ? "true" : "false"; }
 std::string ToYaml(const std::array<double, 2>& v) { return fmt::format("[{}, {}]", v[0], v[1]); }
 std::string ToYaml(ModelFamily v) { return kModelFamilyNames[static_cast<size_t>(v)]; }
+std::string ToYaml(NonFinite v) { return kNonFiniteNames[static_cast<size_t>(v)]; }
 std::string ToYaml(const std::string& v) {
   bool plain = !v.empty();
   for (char c : v) {
@@ -115,10 +133,23 @@ std::string ToYaml(const std::string& v) {
                       c == '/' || c == '-');
   }
   if (plain && v != "true" && v != "false" && v != "null") return v;
+  // A double-quoted YAML scalar: every character that the parser would fold or read as syntax
+  // is escaped, so the parsed string is exactly `v` (paths with newlines, quotes, '#', ...).
   std::string out = "\"";
   for (char c : v) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
   }
   return out + "\"";
 }
@@ -234,11 +265,14 @@ std::vector<KeyDecl> Declare() {
       "tokens: a glob of validation shards; empty: the last val_fraction of data.path's tokens.");
   Add(k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
       NumberStrictlyIn(0, 1), "text, tokens: the last fraction of the data is the validation split.");
-  Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; }, IntAtLeast(1),
+  Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
+      IntIn(1, int64_t{1} << 20),
       "Sequences per micro-batch.");
-  Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; }, IntAtLeast(1),
+  Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; },
+      IntIn(1, int64_t{1} << 24),
       "Tokens predicted per sequence; at most the models' context_length.");
-  Add(k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; }, IntAtLeast(1),
+  Add(k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; },
+      IntIn(1, int64_t{1} << 24),
       "synthetic: lengths are uniform in [min_seq_len, seq_len]; the rest is ignored padding.");
   Add(k, "data.seed", [](auto& c) -> auto& { return c.data.seed; }, AnyInt(),
       "Seed of the data (language, batches, split); batches depend only on seed and position.");
@@ -252,11 +286,14 @@ std::vector<KeyDecl> Declare() {
   Add(k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
       OneOf({"tvd"}), "Divergence between student and teacher distributions (lossfns).");
   Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
-      NumberAbove(0), "Both models' logits are divided by this before the softmax.");
+      // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
+      // differences from the row max underflows to 0 cleanly); 1e3 flattens any such logits to
+      // uniform already, so larger values only hide a typo.
+      NumberIn(1e-3, 1e3, false), "Both models' logits are divided by this before the softmax.");
   Add(k, "distill.kd_weight", [](auto& c) -> auto& { return c.distill.kd_weight; },
-      NumberAtLeast(0), "Weight of the divergence term.");
+      NumberIn(0, 1e6, false), "Weight of the divergence term.");
   Add(k, "distill.ce_weight", [](auto& c) -> auto& { return c.distill.ce_weight; },
-      NumberAtLeast(0), "Weight of the hard-label cross-entropy term.");
+      NumberIn(0, 1e6, false), "Weight of the hard-label cross-entropy term.");
   Add(k, "distill.ignore_index", [](auto& c) -> auto& { return c.distill.ignore_index; }, AnyInt(),
       "Target value marking padding: no loss, no gradient, not counted (must be outside [0, V)).");
   Add(k, "distill.vocab_size", [](auto& c) -> auto& { return c.distill.vocab_size; },
@@ -264,11 +301,13 @@ std::vector<KeyDecl> Declare() {
       "The tokenizer's real vocabulary: logit columns at or past it are -inf in both models "
       "(and the narrower logits are padded with -inf columns); 0: every column is real.");
 
-  Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; }, NumberAbove(0),
+  Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },
+      NumberAboveAtMost(0, 10) /* AdamW moves each weight by up to ~lr per step */,
       "AdamW peak learning rate.");
   Add(k, "optim.betas", [](auto& c) -> auto& { return c.optim.betas; }, Betas(),
       "AdamW (beta1, beta2).");
-  Add(k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; }, NumberAbove(0), "AdamW eps.");
+  Add(k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; },
+      NumberIn(1e-30, 1, false), "AdamW eps (>= 1e-30: a normal fp32 number, not 0).");
   Add(k, "optim.weight_decay", [](auto& c) -> auto& { return c.optim.weight_decay; },
       NumberAtLeast(0), "Decoupled weight decay on matrices (not on biases and norms).");
   Add(k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
@@ -284,9 +323,11 @@ std::vector<KeyDecl> Declare() {
   Add(k, "train.mode", [](auto& c) -> auto& { return c.train.mode; },
       OneOf({"pretrain", "distill"}),
       "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill.");
-  Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; }, IntAtLeast(1),
+  Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; },
+      IntIn(1, int64_t{1} << 40) /* x grad_accum (<= 2^20): micro-batch counts stay < 2^60 */,
       "Optimizer steps.");
-  Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; }, IntAtLeast(1),
+  Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; },
+      IntIn(1, int64_t{1} << 20),
       "Micro-batches per optimizer step; the loss is normalised over all their tokens. "
       "Data-parallel: the global batch, split evenly over the ranks (a multiple of the number "
       "of GPUs).");
@@ -302,7 +343,7 @@ std::vector<KeyDecl> Declare() {
   Add(k, "train.eval_interval", [](auto& c) -> auto& { return c.train.eval_interval; },
       IntAtLeast(0), "Evaluate every this many steps (0: only at the end).");
   Add(k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
-      IntAtLeast(1), "Validation micro-batches per evaluation (always the same ones).");
+      IntIn(1, int64_t{1} << 20), "Validation micro-batches per evaluation (always the same ones).");
   Add(k, "train.checkpoint_interval",
       [](auto& c) -> auto& { return c.train.checkpoint_interval; }, IntAtLeast(0),
       "Checkpoint every this many steps (0: only at the end).");
@@ -317,6 +358,11 @@ std::vector<KeyDecl> Declare() {
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
       "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf.");
+  Add(k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; }, NonFiniteModes(),
+      "A step whose kd/ce loss or gradient norm is NaN/inf: stop (an error before the optimizer "
+      "step; the last checkpoint stays good) or skip (no update; counted and logged).");
+  Add(k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },
+      IntIn(0, 1000000), "skip: more skipped steps than this in one process is an error.");
   return k;
 }
 

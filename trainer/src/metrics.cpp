@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -52,38 +53,46 @@ JsonRecord& JsonRecord::Add(const std::string& key, const std::string& value) {
   return *this;
 }
 
+std::string KeptMetrics(const std::string& content, int64_t keep_up_to_step, RecordKeys* kept) {
+  std::string out;
+  for (size_t begin = 0; begin < content.size();) {
+    const size_t end = content.find('\n', begin);
+    if (end == std::string::npos) break;  // a partial last line: never completed, dropped
+    const std::string line = content.substr(begin, end - begin);
+    begin = end + 1;
+    const size_t at = line.find("\"step\":");
+    if (at == std::string::npos) continue;  // not a record of ours
+    const int64_t step = std::atoll(line.c_str() + at + 7);
+    if (step > keep_up_to_step) continue;
+    const size_t type_at = line.find("\"type\":\"");
+    if (type_at != std::string::npos) {
+      const size_t type_begin = type_at + 8;
+      kept->emplace(line.substr(type_begin, line.find('"', type_begin) - type_begin), step);
+    }
+    out += line + '\n';
+  }
+  return out;
+}
+
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) {
   if (std::filesystem::exists(path)) {
-    std::vector<std::string> kept;
-    {
-      std::ifstream in(path);
-      for (std::string line; std::getline(in, line);) {
-        const size_t at = line.find("\"step\":");
-        if (at == std::string::npos) continue;  // not a record of ours
-        const int64_t step = std::atoll(line.c_str() + at + 7);
-        if (step > keep_up_to_step) continue;
-        const size_t type_at = line.find("\"type\":\"");
-        if (type_at != std::string::npos) {
-          const size_t begin = type_at + 8;
-          kept_.emplace(line.substr(begin, line.find('"', begin) - begin), step);
-        }
-        kept.push_back(line);
-      }
-    }
-    std::ofstream rewrite(path, std::ios::trunc);
-    for (const auto& line : kept) rewrite << line << '\n';
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw FileError(fmt::format("cannot read {}", path));
+    std::stringstream content;
+    content << in.rdbuf();
+    const std::string kept = KeptMetrics(content.str(), keep_up_to_step, &kept_);
+    if (kept != content.str()) WriteFileAtomically(path, kept);
   }
-  out_.open(path, std::ios::app);
+  out_ = std::make_unique<LineAppender>(path);
 }
+
+MetricsLog::~MetricsLog() = default;
 
 bool MetricsLog::Has(const std::string& type, int64_t step) const {
   return kept_.count({type, step}) > 0;
 }
 
-void MetricsLog::Write(const JsonRecord& record) {
-  out_ << record.str() << '\n';
-  out_.flush();
-}
+void MetricsLog::Write(const JsonRecord& record) { out_->Append(record.str()); }
 
 Progress::Progress(int64_t total_steps, int64_t first_step, bool quiet)
     : total_(total_steps), first_(first_step), quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0),

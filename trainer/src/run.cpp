@@ -98,10 +98,18 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     // The pipeline's own directory holds its config; --fresh clears all stages at once.
     dist.MainDecides([&] { return PrepareRunDir(config, flags.fresh); });
     const RunFlags stage_flags{false, flags.quiet, flags.distributed};
-    rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
-    rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags));
-    if (config.train.baseline) {
-      rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
+    try {
+      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
+      rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags));
+      if (config.train.baseline) {
+        rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
+      }
+    } catch (...) {
+      // A first stage that failed at start-up created no stage directory: remove the pipeline
+      // directory too when it holds only our marker and config.yaml, so the corrected command
+      // is not refused as a different run.
+      if (dist.is_main()) RemoveIfOnlyMarker(config.train.out_dir);
+      throw;
     }
   }
   if (!dist.is_main()) return rows;

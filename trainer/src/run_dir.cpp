@@ -3,8 +3,11 @@
 #include <ftw.h>
 #include <stdio.h>
 
+#include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -27,17 +30,51 @@ std::string FirstDifference(const std::string& a, const std::string& b) {
   }
 }
 
+// "<32 hex digits>": 128 random bits.
+std::string RandomRunId() {
+  std::random_device device;
+  std::string id;
+  for (int i = 0; i < 4; ++i) id += fmt::format("{:08x}", device());
+  return id;
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
 }  // namespace
 
-void WriteFileAtomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << content;
-    out.flush();
-    if (!out) throw RunDirError(fmt::format("cannot write {}", tmp));
+uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 0x100000001b3ULL;
   }
-  fs::rename(tmp, path);
+  return hash;
+}
+
+std::string RunIdentityHash(const Config& config) {
+  const std::string identity = RunIdentity(config);
+  return fmt::format("{:016x}", Fnv1a64(identity.data(), identity.size()));
+}
+
+bool IsOwnRunDir(const std::string& dir) {
+  return fs::is_regular_file(fs::path(dir) / kRunMarker);
+}
+
+bool RemoveIfOnlyMarker(const std::string& dir) {
+  if (!IsOwnRunDir(dir)) return false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name != kRunMarker && name != "config.yaml") return false;
+  }
+  RemoveTree(dir);
+  return true;
 }
 
 void RemoveTree(const std::string& path) {
@@ -61,55 +98,86 @@ std::string RunIdentity(const Config& config) {
   c.train.resume = defaults.resume;
   c.train.out_dir = defaults.out_dir;
   c.train.export_hf = defaults.export_hf;
+  c.train.nonfinite = defaults.nonfinite;
+  c.train.max_skipped_steps = defaults.max_skipped_steps;
   return ConfigToYaml(c);
 }
 
-bool PrepareRunDir(const Config& config, bool fresh) {
+RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   const fs::path dir = config.train.out_dir;
   const fs::path config_file = dir / "config.yaml";
   const bool exists = fs::exists(dir);
-  const bool empty = !exists || (fs::is_directory(dir) && fs::is_empty(dir));
-  bool same_run = false;
   if (exists && !fs::is_directory(dir)) {
     throw RunDirError(fmt::format("train.out_dir \"{}\" is a file; choose a directory",
                                   dir.string()));
   }
-  if (!empty && !fs::exists(config_file)) {
+  RunDirPlan plan;
+  if (!exists || fs::is_empty(dir)) return plan;
+  if (fresh && IsOwnRunDir(dir.string())) {
+    plan.delete_first = true;
+    return plan;
+  }
+  if (!fs::exists(config_file)) {
     throw RunDirError(fmt::format(
         "train.out_dir \"{}\" is not empty and holds no config.yaml (not a distill_trainer run); "
         "choose another train.out_dir",
         dir.string()));
   }
-  if (!empty && fresh) {
-    RemoveTree(dir.string());
-  } else if (!empty) {
-    std::string stored_identity;
-    try {
-      stored_identity = RunIdentity(LoadConfigFile(config_file.string()));
-    } catch (const ConfigError& e) {
-      throw RunDirError(fmt::format(
-          "{} holds a run whose config no longer parses ({}); pass --fresh to delete it, or "
-          "choose another train.out_dir",
-          dir.string(), e.what()));
-    }
-    const std::string wanted = RunIdentity(config);
-    if (stored_identity != wanted) {
-      throw RunDirError(fmt::format(
-          "{} holds a different run ({}); to continue that run use --config {}, to start this "
-          "one pass --fresh (deletes it) or set train.out_dir to another directory",
-          dir.string(), FirstDifference(stored_identity, wanted), config_file.string()));
-    }
-    if (!config.train.resume) {
-      throw RunDirError(fmt::format(
-          "{} already holds this run and train.resume is false; set train.resume=true to "
-          "continue it, or pass --fresh to start over",
-          dir.string()));
-    }
-    same_run = true;
+  if (fresh) {
+    throw RunDirError(fmt::format(
+        "--fresh: {} holds a config.yaml but no {} marker, so distill_trainer did not create it "
+        "(or it is a run from before run markers, or a copy) and will not delete it; delete it "
+        "by hand (rm -r {}) if it is yours to discard, or choose another train.out_dir",
+        dir.string(), kRunMarker, dir.string()));
   }
+  std::string stored_identity;
+  try {
+    stored_identity = RunIdentity(LoadConfigFile(config_file.string()));
+  } catch (const ConfigError& e) {
+    throw RunDirError(fmt::format(
+        "{} holds a run whose config no longer parses ({}); pass --fresh to delete it, or "
+        "choose another train.out_dir",
+        dir.string(), e.what()));
+  }
+  const std::string wanted = RunIdentity(config);
+  if (stored_identity != wanted) {
+    throw RunDirError(fmt::format(
+        "{} holds a different run ({}); to continue that run use --config {}, to start this "
+        "one pass --fresh (deletes it) or set train.out_dir to another directory",
+        dir.string(), FirstDifference(stored_identity, wanted), config_file.string()));
+  }
+  if (!config.train.resume) {
+    throw RunDirError(fmt::format(
+        "{} already holds this run and train.resume is false; set train.resume=true to "
+        "continue it, or pass --fresh to start over",
+        dir.string()));
+  }
+  plan.same_run = true;
+  return plan;
+}
+
+void CommitRunDir(const Config& config, const RunDirPlan& plan) {
+  const fs::path dir = config.train.out_dir;
+  if (plan.delete_first) {
+    if (!IsOwnRunDir(dir.string())) {  // PlanRunDir checked; never delete what is not ours
+      throw RunDirError(fmt::format("{}: no {} marker; not deleting it", dir.string(), kRunMarker));
+    }
+    RemoveTree(dir.string());
+  }
+  const bool created = !fs::exists(dir) || fs::is_empty(dir);
   fs::create_directories(dir);
-  WriteFileAtomically(config_file.string(), ConfigToYaml(config));
-  return same_run;
+  if (created) {
+    WriteFileAtomically((dir / kRunMarker).string(),
+                        fmt::format("run_id: {}\ncreated: {}\nconfig_hash: {}\n", RandomRunId(),
+                                    UtcNow(), RunIdentityHash(config)));
+  }
+  WriteFileAtomically((dir / "config.yaml").string(), ConfigToYaml(config));
+}
+
+bool PrepareRunDir(const Config& config, bool fresh) {
+  const RunDirPlan plan = PlanRunDir(config, fresh);
+  CommitRunDir(config, plan);
+  return plan.same_run;
 }
 
 }  // namespace distill

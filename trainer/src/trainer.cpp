@@ -1,6 +1,7 @@
 #include "distill/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
@@ -18,6 +19,7 @@
 #include "distill/safetensors.h"
 #include "distill/loss.h"
 #include "distill/run_dir.h"
+#include "distill/signals.h"
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -105,8 +107,13 @@ Trainer::Trainer(Config config, RunOptions options)
         "train.precision: bf16 autocast needs CUDA but train.device resolved to cpu; use fp32");
   }
   // Only rank 0 touches the run directory; the others learn whether it holds this run (and
-  // wait until it is prepared, so that they can read its checkpoint).
-  const bool same_run = dist_->MainDecides([&] { return PrepareRunDir(config_, options_.fresh); });
+  // wait until it is prepared, so that they can read its checkpoint). Nothing is written
+  // before the data and models are built: a start that fails leaves the directory as it was.
+  RunDirPlan plan;
+  const bool same_run = dist_->MainDecides([&] {
+    plan = PlanRunDir(config_, options_.fresh);
+    return plan.same_run;
+  });
   // Tokens must be real for every model: below distill.vocab_size when it is set.
   const int64_t vocab = config_.distill.vocab_size > 0 ? config_.distill.vocab_size
                                                        : config_.student.vocab_size;
@@ -125,10 +132,16 @@ Trainer::Trainer(Config config, RunOptions options)
   student_->train();
 
   optimizer_ = MakeOptimizer(config_.optim, *student_);
+  dist_->MainDecides([&] {
+    CommitRunDir(config_, plan);
+    return true;
+  });
 
+  std::vector<std::string> warnings;
   if (same_run) {
-    if (auto latest = LatestCheckpoint(config_.train.out_dir)) {
-      position_ = LoadCheckpoint(*latest, *student_, *optimizer_, device_);
+    if (auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
+                                                 device_, RunIdentityHash(config_), &warnings)) {
+      position_ = *position;
       checkpointed_step_ = position_.step;
     }
   }
@@ -141,6 +154,8 @@ Trainer::Trainer(Config config, RunOptions options)
   }
   progress_ = std::make_unique<Progress>(config_.train.steps, position_.step,
                                          options_.quiet || !dist_->is_main());
+  for (const auto& line : warnings) progress_->Log(line);
+  warnings_ = std::move(warnings);
   progress_->Log(fmt::format(
       "{} {}: {} {} parameters{}; {}; {} on {}{}; {}",
       same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
@@ -213,25 +228,66 @@ StepResult Trainer::Step() {
   // the global batchmean, and their sum (the all-reduce) is the one-process gradient.
   const int64_t global_tokens = dist_->AllReduceSum(local_tokens);
   StepResult r = AccumulateGradients(micro_batches, global_tokens);
+  const int signal = StopSignals::Pending();
+  stop_signal_ = signal;
   if (dist_->active()) {
     // One all-reduce per ~25 MB bucket after the backward (see docs/trainer.md, Multi-GPU, for
-    // why it does not overlap the backward), then the step's loss terms.
+    // why it does not overlap the backward), then the step's loss terms. A SIGTERM / SIGINT
+    // rides along in that same all-reduce (free: no extra communication), so every rank sees
+    // it at the same step and all stop together.
     dist_->AllReduceGradients(student_->parameters());
-    const std::vector<double> terms = dist_->AllReduceSum({r.kd_loss, r.ce_loss});
+    const std::vector<double> terms = dist_->AllReduceSum(
+        {r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0});
     r.kd_loss = terms[0];
     r.ce_loss = terms[1];
     r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
+    stop_signal_ = terms[2] > 0 ? SIGTERM : terms[3] > 0 ? SIGINT : 0;
   }
   // max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
   r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
   r.lr = lr;
-  optimizer_->step();
+  // The loss terms are on the host already and clipping computed the norm: no extra sync.
+  r.skipped = SkipNonFinite(r);
+  if (!r.skipped) optimizer_->step();
 
   position_.step += 1;
   position_.data_position += config_.train.grad_accum;
   last_eval_.reset();
   return r;
+}
+
+bool Trainer::SkipNonFinite(const StepResult& r) {
+  const char* term = !std::isfinite(r.kd_loss)     ? "kd_loss"
+                     : !std::isfinite(r.ce_loss)   ? "ce_loss"
+                     : !std::isfinite(r.grad_norm) ? "grad_norm"
+                                                   : nullptr;
+  if (term == nullptr) return false;
+  const double value = term[0] == 'k' ? r.kd_loss : term[0] == 'c' ? r.ce_loss : r.grad_norm;
+  const int64_t step = position_.step + 1;
+  const std::string hint = fmt::format(
+      "a learning rate too high (optim.lr {}, this step {:.3g}), an extreme distill.temperature "
+      "({}), or a teacher with non-finite weights",
+      config_.optim.lr, r.lr, config_.distill.temperature);
+  if (config_.train.nonfinite == NonFinite::kStop) {
+    const auto latest = LatestCheckpoint(config_.train.out_dir);
+    throw NonFiniteError(fmt::format(
+        "step {}: {} is {} (non-finite); stopped before the optimizer step, so no non-finite "
+        "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps",
+        step, term, value,
+        latest ? "the last checkpoint, " + *latest + ", is intact" : "no checkpoint yet", hint));
+  }
+  optimizer_->zero_grad(/*set_to_none=*/true);
+  ++skipped_steps_;
+  if (skipped_steps_ > config_.train.max_skipped_steps) {
+    throw NonFiniteError(fmt::format(
+        "step {}: {} is {} (non-finite) and {} steps were skipped, more than "
+        "train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
+        step, term, value, skipped_steps_, config_.train.max_skipped_steps, hint));
+  }
+  progress_->Log(fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})",
+                             step, term, value, skipped_steps_, config_.train.max_skipped_steps));
+  return true;
 }
 
 EvalResult Trainer::Evaluate() {
@@ -277,11 +333,12 @@ EvalResult Trainer::Evaluate() {
 }
 
 void Trainer::SaveCheckpoint() {
-  checkpointed_step_ = position_.step;
-  if (!dist_->is_main()) return;  // the replicas are identical; rank 0 writes the one copy
-  distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
-                          *optimizer_, position_, device_);
-  PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
+  if (dist_->is_main()) {  // the replicas are identical; rank 0 writes the one copy
+    distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
+                            *optimizer_, position_, device_, RunIdentityHash(config_));
+    PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
+  }
+  checkpointed_step_ = position_.step;  // only once written: a failed write is retried
 }
 
 void Trainer::LogStep(const StepResult& r) {
@@ -331,6 +388,8 @@ void Trainer::LogEval(const EvalResult& r) {
 void Trainer::TrainUntil(int64_t stop_step) {
   stop_step = std::min(stop_step, config_.train.steps);
   const TrainConfig& t = config_.train;
+  StopSignals signals;  // SIGTERM / SIGINT: finish the step, checkpoint, throw Interrupted
+  stop_signal_ = 0;
   while (position_.step < stop_step) {
     const auto start = std::chrono::steady_clock::now();
     const StepResult result = Step();
@@ -343,9 +402,19 @@ void Trainer::TrainUntil(int64_t stop_step) {
     if (position_.step % t.log_interval == 0 || position_.step == stop_step) LogStep(result);
     if (t.eval_interval > 0 && position_.step % t.eval_interval == 0) LogEval(Evaluate());
     if (t.checkpoint_interval > 0 && position_.step % t.checkpoint_interval == 0) SaveCheckpoint();
+    if (stop_signal_ != 0) break;
   }
   if (checkpointed_step_ != position_.step) SaveCheckpoint();
   progress_->Finish();
+  // A signal during the last step (or one that came after the loop on one process) still stops.
+  const int signal =
+      stop_signal_ != 0 ? stop_signal_ : (dist_->active() ? 0 : StopSignals::Pending());
+  if (signal != 0) {
+    throw Interrupted(signal, fmt::format("{}: checkpoint at step {} written to {}; resume with "
+                                          "the same command",
+                                          SignalName(signal), position_.step,
+                                          CheckpointPath(config_.train.out_dir, position_.step)));
+  }
 }
 
 EvalResult Trainer::Train() {

@@ -1,12 +1,20 @@
 // Checkpoints: one file per save, <run>/checkpoints/step_NNNNNNN.pt, holding the model, the
 // optimizer (AdamW moments and step counts), the step, the data position (micro-batches
-// consumed), the RNG states and the model's architecture. Written to a temporary file and then
-// renamed, so a crash never leaves a truncated checkpoint under the final name.
+// consumed), the RNG states, the model's architecture and the run's identity hash. Written to a
+// temporary file and then renamed, so a crash never leaves a truncated checkpoint under the
+// final name.
+//
+// File format: "DISTILL-CKPT-1\n", 16 hex digits of the 64-bit FNV-1a of the rest, "\n", then
+// torch's archive (a zip). The checksum is verified before anything is loaded: a flipped byte or
+// a truncated file is a CorruptCheckpointError naming the file. Checkpoints written before the
+// header (a bare zip) still load, unverified.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <torch/optim/optimizer.h>
 
@@ -14,21 +22,40 @@
 
 namespace distill {
 
+// The checkpoint file is damaged or unreadable (checksum mismatch, truncated, not a checkpoint).
+class CorruptCheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct TrainingPosition {
   int64_t step = 0;           // optimizer steps done
   int64_t data_position = 0;  // training micro-batches consumed
 };
 
-// Saves atomically to `path`; the RNG states saved are the default generators of the CPU and,
-// when `device` is CUDA, of that device.
+// Saves atomically to `path` (throws FileError); the RNG states saved are the default
+// generators of the CPU and, when `device` is CUDA, of that device. `run_identity`:
+// RunIdentityHash of the run's config (run_dir.h), checked on resume.
 void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const torch::optim::Optimizer& optimizer, const TrainingPosition& position,
-                    const at::Device& device);
+                    const at::Device& device, const std::string& run_identity = "");
 
-// Restores everything SaveCheckpoint wrote (also the RNG states). Throws std::runtime_error
-// when the checkpoint's architecture differs from `model`'s.
+// Restores everything SaveCheckpoint wrote (also the RNG states). Throws CorruptCheckpointError
+// for a damaged file (before changing anything), std::runtime_error when the checkpoint's
+// architecture differs from `model`'s or, `run_identity` given, it belongs to another run.
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
-                                torch::optim::Optimizer& optimizer, const at::Device& device);
+                                torch::optim::Optimizer& optimizer, const at::Device& device,
+                                const std::string& run_identity = "");
+
+// Restores the newest checkpoint of `run_dir` that is intact, newest first: a corrupt one is
+// skipped with a line in `warnings` naming it and the one used instead. nullopt: no
+// checkpoints. Throws CorruptCheckpointError naming every file when none is intact.
+std::optional<TrainingPosition> LoadLatestGoodCheckpoint(const std::string& run_dir,
+                                                         CausalLM& model,
+                                                         torch::optim::Optimizer& optimizer,
+                                                         const at::Device& device,
+                                                         const std::string& run_identity,
+                                                         std::vector<std::string>* warnings);
 
 // Loads only the weights (the teacher). `path`: a checkpoint file, or a run directory whose
 // latest checkpoint is used. Returns the file loaded.

@@ -132,6 +132,10 @@ struct ScheduleConfig {
   double min_lr_ratio = 0.1;  // the decay ends at lr * min_lr_ratio
 };
 
+// What a step with a non-finite loss term or gradient norm does (train.nonfinite).
+enum class NonFinite { kStop, kSkip };
+inline constexpr std::array<const char*, 2> kNonFiniteNames = {"stop", "skip"};
+
 struct TrainConfig {
   std::string mode = "distill";  // pretrain (cross-entropy only) | distill
   int64_t steps = 300;
@@ -148,6 +152,10 @@ struct TrainConfig {
   bool baseline = false;  // distill mode: also train the student on hard labels, for comparison
   std::string out_dir = "runs/default";
   bool export_hf = true;  // llama family: write <out_dir>/hf (config.json + safetensors) at the end
+  // stop: a non-finite kd/ce loss or gradient norm is an error before the optimizer step;
+  // skip: the step's update is skipped (at most max_skipped_steps times in one process).
+  NonFinite nonfinite = NonFinite::kStop;
+  int64_t max_skipped_steps = 10;
 };
 
 struct Config {

@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
+
+#include "distill/file_io.h"
 
 namespace distill {
 
@@ -26,19 +28,29 @@ class JsonRecord {
 
 std::string JsonQuote(const std::string& text);
 
+using RecordKeys = std::set<std::pair<std::string, int64_t>>;  // (type, step) of records
+
+// What a metrics file keeps when a run resumes at step `keep_up_to_step`: its complete lines
+// (a partial last line -- no '\n', a write cut short -- is dropped) that are records with
+// "step" <= keep_up_to_step, in order. Adds their (type, step) to `kept`.
+std::string KeptMetrics(const std::string& content, int64_t keep_up_to_step, RecordKeys* kept);
+
 class MetricsLog {
  public:
   // Opens `path` for appending, first dropping records with "step" > keep_up_to_step (written
-  // after the checkpoint a run resumes from; they are recomputed identically).
+  // after the checkpoint a run resumes from; they are recomputed identically) and a partial
+  // last line. The kept records are rewritten atomically (file_io.h): a kill at any moment
+  // leaves either the old file or the new one, never an empty or truncated one.
   MetricsLog(const std::string& path, int64_t keep_up_to_step);
-  void Write(const JsonRecord& record);  // one line, flushed
+  ~MetricsLog();
+  void Write(const JsonRecord& record);  // one whole line, one write(); throws FileError
   // Whether a kept record has "type":"<type>" and this step (e.g. the final evaluation of a
   // finished run that is opened again).
   bool Has(const std::string& type, int64_t step) const;
 
  private:
-  std::ofstream out_;
-  std::set<std::pair<std::string, int64_t>> kept_;  // (type, step) of the records kept
+  std::unique_ptr<LineAppender> out_;
+  RecordKeys kept_;
 };
 
 class Progress {

@@ -6,13 +6,23 @@
 // checkpoint when train.resume is true. Keys that may change between attempts of the same run:
 // train.steps (extends the run; the schedule's horizon moves with it), train.log_interval,
 // train.eval_interval, train.checkpoint_interval, train.keep_checkpoints, train.resume,
-// train.out_dir, train.export_hf.
+// train.out_dir, train.export_hf, train.nonfinite, train.max_skipped_steps.
+//
+// Ownership: a directory the trainer creates gets a marker file, .distill_run (a random run
+// id, the creation time and a hash of the run identity). Deletion (--fresh) only ever touches a
+// directory with that marker; a directory with config.yaml but no marker (a run from before
+// markers, or a copy) can still be resumed, but --fresh refuses it. Nothing is created before
+// the models and data of a run were built (PlanRunDir checks, CommitRunDir writes), so a run
+// that fails at start-up leaves no config.yaml behind to refuse the corrected command.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "distill/config.h"
+#include "distill/file_io.h"  // WriteFileAtomically
 
 namespace distill {
 
@@ -21,13 +31,33 @@ class RunDirError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Creates, resumes or refuses config.train.out_dir, then writes its config.yaml. `fresh`
-// deletes an existing run directory first (never a directory without config.yaml). Returns
-// true when the directory already held this run (resume from its checkpoints, if any).
-bool PrepareRunDir(const Config& config, bool fresh);
+// The marker file of a directory created by the trainer.
+inline constexpr const char* kRunMarker = ".distill_run";
 
-// Writes `content` to `<path>.tmp`, then renames it to `path`.
-void WriteFileAtomically(const std::string& path, const std::string& content);
+// What CommitRunDir will do with config.train.out_dir.
+struct RunDirPlan {
+  bool same_run = false;      // it holds this run: resume from its checkpoints, if any
+  bool delete_first = false;  // --fresh on a run directory of ours
+};
+
+// Checks config.train.out_dir without changing anything: resume, start, or refuse (throws
+// RunDirError saying why and what to do). `fresh` plans the deletion of an existing run
+// directory, which must carry kRunMarker.
+RunDirPlan PlanRunDir(const Config& config, bool fresh);
+// Carries out `plan`: deletes (delete_first), creates the directory with its marker when new,
+// and writes config.yaml. Call it once the run's models and data were built.
+void CommitRunDir(const Config& config, const RunDirPlan& plan);
+// PlanRunDir + CommitRunDir. Returns RunDirPlan::same_run.
+bool PrepareRunDir(const Config& config, bool fresh);
+// Whether `dir` carries kRunMarker (was created by the trainer).
+bool IsOwnRunDir(const std::string& dir);
+// Deletes `dir` if it holds nothing but a marker and config.yaml (what a start that failed
+// before training left); returns whether it did.
+bool RemoveIfOnlyMarker(const std::string& dir);
+// 64-bit FNV-1a of `data` (stable across platforms and runs, unlike std::hash).
+uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);
+// Fnv1a64 of RunIdentity(config), as 16 hex digits.
+std::string RunIdentityHash(const Config& config);
 
 // Deletes `path` and everything under it (no-op when absent). POSIX nftw, not
 // std::filesystem::remove_all: the torch wheel's libtorch.so exports a broken copy of the

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <torch/optim/adamw.h>
@@ -24,6 +25,13 @@
 
 namespace distill {
 
+// A step whose loss terms or gradient norm are not finite (train.nonfinite: stop, or skip past
+// train.max_skipped_steps). Thrown before the optimizer step: the weights are still finite.
+class NonFiniteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct RunOptions {
   bool fresh = false;  // delete an existing run directory first (see run_dir.h)
   bool quiet = false;  // no console output (tests)
@@ -35,6 +43,7 @@ struct StepResult {
   double loss = 0, kd_loss = 0, ce_loss = 0;  // batchmeans over the step's non-ignored tokens
   double lr = 0, grad_norm = 0;               // grad_norm: before clipping
   int64_t tokens = 0;                         // non-ignored target tokens in the step
+  bool skipped = false;  // non-finite and train.nonfinite is skip: no optimizer update
 };
 
 struct EvalResult {
@@ -96,11 +105,16 @@ class Trainer {
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const at::Device& device() const { return device_; }
   Distributed& distributed() { return *dist_; }
+  // Start-up warnings (a corrupt checkpoint skipped on resume), also printed unless quiet.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
   void LogStep(const StepResult& result);
   void LogEval(const EvalResult& result);
   double CombinedLoss(double kd_loss, double ce_loss) const;
+  // After the backward of step `r`: throws NonFiniteError, or (skip) zeroes the gradients and
+  // returns true when a loss term or the gradient norm is not finite.
+  bool SkipNonFinite(const StepResult& r);
 
   Config config_;
   RunOptions options_;
@@ -121,6 +135,9 @@ class Trainer {
   int64_t tokens_since_log_ = 0;
   double seconds_since_log_ = 0;
   double elapsed_ = 0;  // training seconds in this process
+  int64_t skipped_steps_ = 0;  // steps skipped as non-finite in this process
+  int stop_signal_ = 0;        // SIGTERM / SIGINT seen (on any rank) at the last step, or 0
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace distill

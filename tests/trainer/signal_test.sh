@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SIGTERM / SIGINT during training: the step finishes, a checkpoint is written, one line says
+# where, the exit status is 128 + signal; the same command (with more steps) resumes from it.
+# Usage: signal_test.sh DISTILL_TRAINER WORK_DIR
+set -u
+bin=$1
+work=$2
+fail() { echo "FAIL: $*"; [ -f "$work/err" ] && sed 's/^/  stderr: /' "$work/err"; exit 1; }
+
+for sig in TERM INT; do
+  dir="$work/run_$sig"
+  rm -rf "$work" && mkdir -p "$work"
+  args=(train.mode=pretrain train.baseline=false train.device=cpu train.log_interval=1
+        train.eval_interval=0 train.checkpoint_interval=0 student.n_layer=1 student.d_model=32
+        student.n_head=2 student.context_length=16 data.seq_len=16 data.min_seq_len=4
+        data.batch_size=4 schedule.warmup_steps=2 "train.out_dir=$dir")
+  "$bin" "${args[@]}" train.steps=1000000 2>"$work/err" >/dev/null &
+  pid=$!
+  for _ in $(seq 600); do  # until 3 steps were logged (at most 60 s)
+    [ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+    sleep 0.1
+  done
+  kill -"$sig" "$pid"
+  wait "$pid"
+  rc=$?
+  want=$([ "$sig" = TERM ] && echo 143 || echo 130)
+  [ "$rc" = "$want" ] || fail "SIG$sig: exit status $rc, expected $want"
+  line=$(grep "^distill_trainer: SIG$sig: " "$work/err") || fail "SIG$sig: no message"
+  [[ "$line" =~ ^distill_trainer:\ SIG$sig:\ checkpoint\ at\ step\ ([0-9]+)\ written\ to\ (.*)\;\ resume\ with\ the\ same\ command$ ]] ||
+    fail "SIG$sig: message \"$line\""
+  step=${BASH_REMATCH[1]}
+  [ "${BASH_REMATCH[2]}" = "$dir/checkpoints/$(printf 'step_%07d.pt' "$step")" ] ||
+    fail "SIG$sig: checkpoint path ${BASH_REMATCH[2]}"
+  [ -f "${BASH_REMATCH[2]}" ] || fail "SIG$sig: ${BASH_REMATCH[2]} was not written"
+  grep -q "terminate\|Aborted\|Traceback" "$work/err" && fail "SIG$sig: crash output"
+  "$bin" "${args[@]}" train.steps=$((step + 2)) 2>"$work/err" >/dev/null ||
+    fail "SIG$sig: the resume failed"
+  grep -q "resuming at step $step " "$work/err" || fail "SIG$sig: did not resume at step $step"
+  echo "SIG$sig: stopped at step $step with status $rc, resumed"
+done
+echo PASS

@@ -1,0 +1,42 @@
+// Durable writes of run files (checkpoints, config.yaml, summary.json, metrics.jsonl, ...): a
+// file is replaced whole or not at all, and a failed write (a full disk, a read-only or broken
+// filesystem, a file-size limit) is an error naming the file and the cause, never an abort.
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+namespace distill {
+
+class FileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Writes `size` bytes to `<path>.tmp` in the same directory, fsyncs it, renames it to `path`
+// and fsyncs the directory. On any failure the temporary is removed, `path` is untouched (its
+// previous content, or absent) and FileError says "cannot write <path>: <cause>".
+void WriteFileAtomically(const std::string& path, const char* data, size_t size);
+void WriteFileAtomically(const std::string& path, const std::string& content);
+
+// A file opened for appending whole lines: each Append is one write() of `line` + '\n'
+// (O_APPEND), so a reader never sees half a record that a later write completes.
+class LineAppender {
+ public:
+  explicit LineAppender(const std::string& path);  // throws FileError
+  ~LineAppender();
+  LineAppender(const LineAppender&) = delete;
+  LineAppender& operator=(const LineAppender&) = delete;
+  void Append(const std::string& line);  // throws FileError (nothing is written then)
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// "No space left on device (the disk is full: free space, then resume with the same command)"
+// for errno `error`: strerror plus what to do for the common causes.
+std::string DescribeWriteError(int error);
+
+}  // namespace distill

@@ -1,0 +1,40 @@
+// Graceful stop on SIGTERM / SIGINT: while a StopSignals is alive, the first signal only sets a
+// flag -- the trainer finishes the current step, writes a checkpoint and throws Interrupted --
+// and a second one exits at once (_exit(128 + signal)). No torch headers: main.cpp includes it.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace distill {
+
+class StopSignals {
+ public:
+  StopSignals();   // installs the handlers (and clears the flag); the previous ones are saved
+  ~StopSignals();  // restores the previous handlers
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // The signal received since installation (SIGTERM or SIGINT), or 0.
+  static int Pending();
+
+ private:
+  struct Saved;
+  Saved* saved_;
+};
+
+// "SIGTERM", "SIGINT", or "signal N".
+std::string SignalName(int signal);
+
+// Training stopped by a signal after writing a checkpoint. what(): the one line to print.
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted(int signal, const std::string& message)
+      : std::runtime_error(message), signal_(signal) {}
+  int signal() const { return signal_; }
+  int exit_status() const { return 128 + signal_; }  // 143 for SIGTERM, 130 for SIGINT
+
+ private:
+  int signal_;
+};
+
+}  // namespace distill

@@ -1,0 +1,111 @@
+// Durable writes: temporary + fsync + rename + directory fsync; errors name the file.
+#include "distill/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace distill {
+namespace {
+
+// write() until done; returns 0 or the errno of the failure (a short write of 0 bytes: ENOSPC).
+int WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return ENOSPC;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string DescribeWriteError(int error) {
+  std::string text = std::strerror(error);
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT: return text + " (the disk is full: free space, then resume with the same command)";
+    case EFBIG: return text + " (a file-size limit, ulimit -f, was reached)";
+    case EROFS: return text + " (the filesystem is read-only)";
+    case EACCES:
+    case EPERM: return text + " (no permission to write there)";
+    default: return text;
+  }
+}
+
+void WriteFileAtomically(const std::string& path, const char* data, size_t size) {
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](int error, const char* what) {
+    ::unlink(tmp.c_str());
+    throw FileError(fmt::format("cannot write {}: {}{}; the previous file, if any, is unchanged",
+                                path, what, DescribeWriteError(error)));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
+    throw FileError(fmt::format("cannot write {}: cannot create {}: {}", path, tmp,
+                                DescribeWriteError(error)));
+  }
+  int error = WriteAll(fd, data, size);
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error != 0) fail(error, "");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, "rename: ");
+  // The rename is durable once the directory is synced. Some filesystems cannot fsync a
+  // directory (EINVAL); the data itself is then as durable as that filesystem allows.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    const int synced = ::fsync(dir_fd);
+    const int sync_error = errno;
+    ::close(dir_fd);
+    if (synced != 0 && sync_error != EINVAL) {
+      throw FileError(fmt::format("cannot write {}: syncing its directory: {}", path,
+                                  DescribeWriteError(sync_error)));
+    }
+  }
+}
+
+void WriteFileAtomically(const std::string& path, const std::string& content) {
+  WriteFileAtomically(path, content.data(), content.size());
+}
+
+LineAppender::LineAppender(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int error = errno;
+    throw FileError(fmt::format("cannot open {} for appending: {}", path,
+                                DescribeWriteError(error)));
+  }
+}
+
+LineAppender::~LineAppender() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void LineAppender::Append(const std::string& line) {
+  const std::string record = line + '\n';
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  const int error = WriteAll(fd_, record.data(), record.size());
+  if (error != 0) {
+    // A partial record would be a broken last line: cut it off again.
+    if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+      // Nothing more to do: the reader drops a partial last line (MetricsLog).
+    }
+    throw FileError(fmt::format("cannot append to {}: {}", path_, DescribeWriteError(error)));
+  }
+}
+
+}  // namespace distill
