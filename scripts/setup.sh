@@ -12,9 +12,11 @@ BUILD_DIR="${1:-build}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Python packages beside torch: numpy silences torch's import warning, matplotlib draws the plots;
 # transformers & co. read and check Hugging Face models (scripts/hf_logits.py, make_hf_fixtures.py),
-# gguf + accelerate let transformers read the GGUF file that scripts/prepare_smollm2.py converts.
+# gguf + accelerate let transformers read the GGUF file that scripts/prepare_smollm2.py converts;
+# scikit-build-core builds the Python package (pyproject.toml, `pip install --no-build-isolation .`)
+# and pytest runs its tests (tests/python).
 PY_EXTRAS=(numpy matplotlib transformers==5.24.0 safetensors==0.8.0 tokenizers==0.23.3 gguf==0.19.0
-           accelerate==1.15.0)
+           accelerate==1.15.0 scikit-build-core==1.1.2 pytest==9.2.0)
 # The real-model tests' data (SmolLM2-135M + Shakespeare shards), prepared here once, when the python
 # is our own virtualenv: LOSSFNS_SMOLLM2_DIR (default $CACHE_ROOT/smollm2) chooses where;
 # LOSSFNS_PREPARE_SMOLLM2=0 prepares nothing (a complete directory is still used); offline,

@@ -1,0 +1,24 @@
+"""lossfns: distillation losses for PyTorch, from liblossfns (C++ and CUDA).
+
+    import torch, lossfns
+    loss = lossfns.tvd_loss(student_probs, teacher_probs, labels)   # or lossfns.TVDLoss()(...)
+
+Importing the package loads the liblossfns.so shipped beside this file (or the one named by
+$LOSSFNS_LIBRARY), which registers torch.ops.lossfns.*, and registers the ops' fake
+implementations so that torch.compile(fullgraph=True) traces them. Import torch first, or let
+this package do it: the library finds libtorch in the process.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _library
+
+__library__: str = _library.load()
+__version__: str = _library.library_version(__library__)
+
+from . import _fake  # noqa: E402  (needs the ops registered by the library)
+from ._ops import Reduction, tvd_loss  # noqa: E402
+from .modules import TVDLoss  # noqa: E402
+
+__all__ = ["Reduction", "TVDLoss", "tvd_loss", "__version__"]

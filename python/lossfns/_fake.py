@@ -1,0 +1,74 @@
+"""Fake (meta) implementations of the lossfns ops, for FakeTensor tracing (torch.compile,
+torch.export, opcheck): output shapes, dtypes and devices without computing anything.
+
+Registered from Python, not for C++'s Meta key, because a fake kernel sees the fake tensors'
+real device and the backends differ: the CUDA forward returns packed signs of (rows, pitch)
+bytes when asked to save them, the CPU forward returns (0, pitch) and its backward recomputes the
+signs from p and q. The contract of each output is lib/src/tvd_cpu.cpp's and tvd_cuda.cu's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+# Reduction codes of the internal ops (lib/src/tvd_common.h, kernels::Reduction).
+_NONE = 0
+
+
+def sign_row_pitch(V):
+    """Bytes per row of the CUDA forward's packed signs: lib/src/tvd_common.h's sign_row_pitch
+    (256-element tiles; pos bits, tie bits and one flag byte per tile, each region rounded up to
+    128 bytes). tests/python/test_package.py checks it against the library for a sweep of V."""
+    tiles = (V + 255) // 256
+    tie_offset = (tiles * 32 + 127) // 128 * 128
+    return 2 * tie_offset + (tiles + 127) // 128 * 128
+
+
+def _acc_dtype(p: torch.Tensor) -> torch.dtype:
+    # The loss and scale accumulate in fp32, fp64 for fp64 inputs (the CPU's only: CUDA rejects it).
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+
+def _check_inputs(p: torch.Tensor, q: torch.Tensor) -> None:
+    torch._check(p.dim() in (2, 3), lambda: f"lossfns.tvd_loss: p must be (BT, V) or (B, T, V); got {tuple(p.shape)}")
+    torch._check(q.shape == p.shape, lambda: f"lossfns.tvd_loss: q must have p's shape {tuple(p.shape)}; got {tuple(q.shape)}")
+    torch._check(q.dtype == p.dtype, lambda: f"lossfns.tvd_loss: q must have p's dtype {p.dtype}; got {q.dtype}")
+    torch._check(q.device == p.device, lambda: f"lossfns.tvd_loss: q must be on p's device {p.device}; got {q.device}")
+    torch._check(p.shape[-1] > 0, lambda: "lossfns.tvd_loss: the vocabulary dimension V must be > 0")
+
+
+@torch.library.register_fake("lossfns::tvd_loss")
+def _tvd_loss_fake(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                   ignore_index: int = -100, reduction: str = "batchmean") -> torch.Tensor:
+    _check_inputs(p, q)
+    # 'none': the per-element loss, p's shape, contiguous; else a 0-dim loss.
+    return p.new_empty(p.shape if reduction == "none" else (), dtype=_acc_dtype(p))
+
+
+@torch.library.register_fake("lossfns::_tvd_forward")
+def _tvd_forward_fake(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor], ignore_index: int,
+                      reduction: int, save_signs: bool):
+    _check_inputs(p, q)
+    V = p.shape[-1]
+    rows = p.numel() // V
+    acc = _acc_dtype(p)
+    none = reduction == _NONE
+    loss = p.new_empty((rows, V) if none else (), dtype=acc)
+    signs_rows = rows if (p.device.type == "cuda" and save_signs) else 0
+    signs = p.new_empty((signs_rows, sign_row_pitch(V)), dtype=torch.uint8)
+    scale = p.new_empty((0 if none else 1,), dtype=acc)
+    return loss, signs, scale
+
+
+@torch.library.register_fake("lossfns::_tvd_backward")
+def _tvd_backward_fake(grad_output: torch.Tensor, signs: torch.Tensor, scale: torch.Tensor,
+                       p: Optional[torch.Tensor], q: Optional[torch.Tensor], labels: Optional[torch.Tensor],
+                       ignore_index: int, V: int, dtype: torch.dtype, reduction: int) -> torch.Tensor:
+    # The gradient w.r.t. p as (rows, V) in p's dtype, contiguous: CUDA counts rows from the signs,
+    # the CPU from p (which it requires).
+    if signs.device.type == "cuda":
+        return signs.new_empty((signs.shape[0], V), dtype=dtype)
+    torch._check(p is not None and q is not None,
+                 lambda: "lossfns._tvd_backward: on CPU, p and q (the forward's inputs) are required")
+    return p.new_empty((p.numel() // V, V), dtype=dtype)

@@ -1,0 +1,46 @@
+"""Finds and loads liblossfns.so, whose static initialisers register torch.ops.lossfns.*.
+
+The library is the one shipped in this package (beside this file), or the one named by the
+environment variable LOSSFNS_LIBRARY (a build tree's lib/liblossfns.so: how the tests and a
+developer use the package straight from python/ without installing it).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+LIBRARY_ENV = "LOSSFNS_LIBRARY"
+
+
+def library_path() -> str:
+    """The path of the liblossfns.so this package loads (not necessarily loaded yet)."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        return os.path.abspath(override)
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "liblossfns.so")
+
+
+def load() -> str:
+    """Loads the library into the process once (torch.ops.load_library keeps it loaded) and
+    returns its path. libtorch and libc10 are already in the process (`import torch`), which is
+    how the library finds them wherever torch is installed."""
+    path = library_path()
+    if not os.path.isfile(path):
+        where = f"${LIBRARY_ENV}={path}" if os.environ.get(LIBRARY_ENV) else path
+        raise ImportError(
+            f"lossfns: no library at {where}. Install the package with "
+            "`pip install --no-build-isolation .` from the lossfns source tree, or point "
+            f"{LIBRARY_ENV} at a built liblossfns.so")
+    torch.ops.load_library(path)
+    return path
+
+
+def library_version(path: str) -> str:
+    """lossfns::version() of the loaded library (the CMake project version). The C++ function's
+    Itanium-mangled name: it has no C alias, and the dispatcher has no op for it."""
+    fn = ctypes.CDLL(path)._ZN7lossfns7versionEv  # the handle torch.ops.load_library opened
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    return fn().decode()

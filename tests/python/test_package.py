@@ -1,0 +1,236 @@
+"""The Python package `lossfns`: opcheck of every op, torch.compile of a training step against
+eager, the fake kernels' sign layout against the library's, and `pip install` into a fresh
+virtualenv. CUDA cases skip without a GPU.
+
+Run by ctest (tests/CMakeLists.txt) with PYTHONPATH=python and LOSSFNS_LIBRARY=<build>/lib/liblossfns.so.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import site
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import lossfns
+from lossfns import _fake
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REDUCTIONS = ["none", "sum", "mean", "batchmean"]
+CODES = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}  # lib/src/tvd_common.h, kernels::Reduction
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+# tvd_loss's C++ autograd Function (lib/src/tvd_op.cpp) reads p.numel(), p.sizes() and passes V as
+# an int: fine for static shapes, not for symbolic ones. Checked apart, as an expected failure.
+STATIC_ONLY = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def inputs(shape, dtype, device, labels="some"):
+    """p, q with every kind of tie: q equals p in about half the elements, and a tail of 13
+    vocabulary slots is 0.0 in both (padding). V = 300: not a multiple of a tile or vector width.
+    labels: None, "some" (a third of the rows ignored) or "all" (every row ignored)."""
+    g = torch.Generator().manual_seed(0)
+    *lead, V = shape
+    p = torch.softmax(torch.randn(*lead, V, generator=g, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(*lead, V, generator=g, dtype=torch.float64) * 2, -1)
+    q = torch.where(torch.rand(*lead, V, generator=g) < 0.5, p, q)
+    p[..., -13:] = 0.0
+    q[..., -13:] = 0.0
+    lab = None
+    if labels is not None:
+        lab = torch.randint(0, V, tuple(lead), generator=g)
+        lab.view(-1)[:: 3 if labels == "some" else 1] = -100
+        lab = lab.to(device)
+    return p.to(device, dtype), q.to(device, dtype), lab
+
+
+CASES = [(shape, dtype, red, "some") for shape in [(7, 300), (2, 3, 300)]
+         for dtype in [torch.float32, torch.bfloat16] for red in REDUCTIONS]
+CASES += [((7, 300), torch.float32, red, None) for red in REDUCTIONS]
+CASES += [((7, 300), torch.float32, red, "all") for red in ("batchmean", "mean")]
+CASE_IDS = [f"{'x'.join(map(str, s))}-{str(d)[6:]}-{r}-labels_{l}" for s, d, r, l in CASES]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,dtype,reduction,labels", CASES, ids=CASE_IDS)
+def test_opcheck_every_op(device, shape, dtype, reduction, labels):
+    p, q, lab = inputs(shape, dtype, device, labels)
+    pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
+    torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (pg, qg, lab, -100, reduction), test_utils=STATIC_ONLY)
+    torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (p, q, lab, -100, reduction))  # no grad: all checks
+    code = CODES[reduction]
+    for save_signs in (False, True):
+        torch.library.opcheck(torch.ops.lossfns._tvd_forward.default, (p, q, lab, -100, code, save_signs))
+    loss, signs, scale = torch.ops.lossfns._tvd_forward(p, q, lab, -100, code, True)
+    grad_out = torch.rand_like(loss) if reduction == "none" else torch.tensor(0.75, device=device)
+    torch.library.opcheck(torch.ops.lossfns._tvd_backward.default,
+                          (grad_out, signs, scale, p, q, lab, -100, shape[-1], dtype, code))
+
+
+def test_opcheck_tvd_loss_dynamic_shapes_known_failure():
+    """A known gap, asserted so that its fix shows: AOT tracing with symbolic shapes stops in
+    tvd_op.cpp's autograd Function (p.numel() on a symbolic tensor). Once that is SymInt-safe this
+    test fails: then drop it and STATIC_ONLY, and opcheck runs every check on tvd_loss."""
+    p, q, lab = inputs((2, 3, 300), torch.float32, "cpu")
+    with pytest.raises(Exception, match="symbolic sizes"):
+        torch.library.opcheck(torch.ops.lossfns.tvd_loss.default,
+                              (p.requires_grad_(), q.requires_grad_(), lab, -100, "batchmean"),
+                              test_utils=("test_aot_dispatch_dynamic",))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_aot_static_shapes_match_eager(reduction):
+    """What opcheck's dynamic AOT check would cover, with static shapes: forward and backward
+    traced through the fake kernels (aot_eager: no code generation) give eager's numbers."""
+    p, q, lab = inputs((2, 3, 300), torch.float32, "cpu")
+    fn = lambda p, q, lab: lossfns.tvd_loss(p, q, lab, -100, reduction)  # noqa: E731
+    out = {}
+    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False))]:
+        pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
+        loss = f(pg, qg, lab)
+        loss.backward(torch.ones_like(loss) * 0.5)
+        out[name] = (loss.detach(), pg.grad, qg.grad)
+    for a, b in zip(out["eager"], out["aot"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same inputs
+    ties = p == q
+    assert bool((out["aot"][1][ties] == 0).all()), "a tie got a non-zero gradient"
+
+
+def test_fake_sign_pitch_matches_library():
+    # The CPU forward returns (0, sign_row_pitch(V)) signs: the library's own pitch for any V.
+    for V in [1, 7, 128, 255, 256, 257, 300, 4096, 32000, 32768, 50257, 128256, 151936]:
+        p = torch.full((1, V), 1.0 / V)
+        _, signs, _ = torch.ops.lossfns._tvd_forward(p, p, None, -100, 3, True)
+        assert signs.shape == (0, _fake.sign_row_pitch(V)), V
+
+
+def _train_setup():
+    torch.manual_seed(0)
+    B, T, H, V = 2, 5, 16, 300
+    model = torch.nn.Linear(H, V)
+    x = torch.randn(B, T, H)
+    q = torch.softmax(torch.randn(B, T, V), -1)
+    labels = torch.randint(0, V, (B, T))
+    labels[0, 1] = -100
+    return model, x, q, labels
+
+
+# Compiled vs eager: the loss is the same kernel on the same p up to inductor's fused softmax
+# (a few fp32 ulp), and one SGD step of lr 0.5 moves weights of size <= 0.25 by at most ~0.5*|grad|:
+# 1e-6 absolute is ~10 ulp of the weights and far below any real difference.
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def test_compile_fullgraph_forward_and_loss_then_backward_and_sgd():
+    """The usual pattern: the model and the loss compiled as one graph (fullgraph=True), its AOT
+    backward graph run by loss.backward(), then torch.optim.SGD."""
+    model, x, q, labels = _train_setup()
+    loss_fn = lossfns.TVDLoss()
+
+    def forward(m, x, q, labels):
+        return loss_fn(torch.softmax(m(x), -1), q, labels)
+
+    results = {}
+    for name, fwd in [("eager", forward), ("compiled", torch.compile(forward, fullgraph=True))]:
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        losses = []
+        for _ in range(2):
+            loss = fwd(m, x, q, labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        results[name] = (torch.stack(losses), m.weight.detach(), m.bias.detach())
+    for a, b in zip(results["eager"], results["compiled"]):
+        torch.testing.assert_close(b, a, **TOL)
+
+
+def test_compile_fullgraph_whole_training_step():
+    """The whole step in one graph: forward, loss, torch.autograd.grad and an SGD update
+    (torch.optim's step breaks the graph on purpose; Dynamo traces autograd.grad with
+    trace_autograd_ops)."""
+    model, x, q, labels = _train_setup()
+    loss_fn = lossfns.TVDLoss(reduction="sum")
+
+    def make_step(m):
+        def step(x, q, labels):
+            loss = loss_fn(torch.softmax(m(x), -1), q, labels)
+            gw, gb = torch.autograd.grad(loss, [m.weight, m.bias])
+            with torch.no_grad():
+                m.weight.sub_(0.05 * gw)
+                m.bias.sub_(0.05 * gb)
+            return loss.detach()
+        return step
+
+    m_eager, m_comp = copy.deepcopy(model), copy.deepcopy(model)
+    eager = make_step(m_eager)(x, q, labels)
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        compiled = torch.compile(make_step(m_comp), fullgraph=True)(x, q, labels)
+    torch.testing.assert_close(compiled, eager, **TOL)
+    torch.testing.assert_close(m_comp.weight, m_eager.weight, **TOL)
+    torch.testing.assert_close(m_comp.bias, m_eager.bias, **TOL)
+    assert not torch.equal(m_comp.weight, model.weight), "the step did not move the weights"
+
+
+def test_module_and_function_agree_and_validate():
+    p, q, lab = inputs((7, 300), torch.float32, "cpu")
+    for red in REDUCTIONS:
+        torch.testing.assert_close(lossfns.TVDLoss(reduction=red, ignore_index=-100)(p, q, lab),
+                                   lossfns.tvd_loss(p, q, lab, reduction=red), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        lossfns.TVDLoss(reduction="avg")
+    with pytest.raises(TypeError):
+        lossfns.TVDLoss("sum")  # keyword-only: Liger's positional order differs
+    with pytest.raises(RuntimeError, match="q must have p's shape"):
+        lossfns.tvd_loss(p, q[:, :-1])
+    assert lossfns.__version__.count(".") == 2
+
+
+def test_pip_install_into_fresh_virtualenv(tmp_path):
+    """pip install --no-build-isolation --no-deps <tree> into a new virtualenv, offline: torch and
+    scikit-build-core come from this Python's site-packages through a .pth file (a venv made with
+    --system-site-packages from a venv's python sees the base interpreter's packages, not the
+    venv's). The library is built again, CPU-only, in a temporary build directory."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    vpy = str(venv / "bin" / "python")
+    vsite = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(vsite, "lossfns_test_parent.pth"), "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOSSFNS_LIBRARY", "PYTHONHOME")}
+    env.update(CMAKE_ARGS="-DLOSSFNS_CUDA=OFF", SKBUILD_BUILD_DIR=str(tmp_path / "build"),
+               CMAKE_BUILD_PARALLEL_LEVEL="2", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    t0 = time.monotonic()
+    build = subprocess.run([vpy, "-m", "pip", "install", "--no-build-isolation", "--no-deps", ROOT],
+                           env=env, cwd=tmp_path, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    assert build.returncode == 0, f"pip install failed:\n{build.stdout[-6000:]}\n{build.stderr[-6000:]}"
+    print(f"pip install --no-build-isolation --no-deps: {seconds:.0f} s")
+
+    check = textwrap.dedent(f"""
+        import os, torch, lossfns
+        site = {vsite!r}
+        assert lossfns.__file__.startswith(site), lossfns.__file__
+        assert lossfns.__library__ == os.path.join(site, "lossfns", "liblossfns.so"), lossfns.__library__
+        libs = [f for f in os.listdir(os.path.dirname(lossfns.__library__)) if ".so" in f]
+        assert libs == ["liblossfns.so"], libs  # one file: no soname copies in the wheel
+        maps = open("/proc/self/maps").read()
+        assert lossfns.__library__ in maps, "the installed library is not mapped"
+        assert {ROOT!r} + "/build" not in maps, "a library from the build tree is mapped"
+        p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], requires_grad=True)
+        q = torch.tensor([[0.25, 0.75, 0.0], [0.2, 0.3, 0.5]])
+        loss = lossfns.tvd_loss(p, q)
+        loss.backward()
+        assert abs(loss.item() - 0.125) < 1e-7, loss  # (0.5*0.5 + 0) / 2 rows
+        assert p.grad[1].eq(0).all() and p.grad[0, 2] == 0, p.grad  # ties: exactly 0
+        print("ok", lossfns.__version__, lossfns.__library__)
+    """)
+    run = subprocess.run([vpy, "-c", check], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, f"import in the fresh venv failed:\n{run.stdout}\n{run.stderr[-6000:]}"
+    assert run.stdout.startswith("ok "), run.stdout
