@@ -41,7 +41,7 @@ distill::Config BaseConfig(const Options& o, const std::string& run_dir) {
   c.data.synthetic.order = o.small ? 1 : 2;
   c.distill.ce_weight = 0.1;
   c.schedule.warmup_steps = o.small ? 5 : 20;
-  c.train.mode = "distill";
+  c.train.mode = distill::Mode::kDistill;
   c.train.device = o.device;
   c.train.log_interval = 1000000;  // the experiments print their own tables
   c.train.eval_interval = 0;
@@ -54,10 +54,10 @@ distill::Config BaseConfig(const Options& o, const std::string& run_dir) {
 distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
                                        int64_t steps) {
   distill::Config c = config;
-  static_cast<distill::ModelConfig&>(c.student) = config.teacher;
+  distill::SetArchitecture(c.student, config.teacher);
   c.student.init_from_teacher = false;
-  c.train.mode = "pretrain";
-  c.train.precision = "fp32";
+  c.train.mode = distill::Mode::kPretrain;
+  c.train.precision = distill::Precision::kFp32;
   c.train.baseline = false;
   c.train.steps = steps;
   c.train.out_dir = run_dir;

@@ -94,7 +94,7 @@ int KernelVsReference(const Options& o) {
 int Ties(const Options& o) {
   Checks checks;
   distill::Config c = BaseConfig(o, o.out + "/runs/ties_teacher");
-  static_cast<distill::ModelConfig&>(c.teacher) = c.student;  // self-distillation
+  distill::SetArchitecture(c.teacher, c.student);  // self-distillation
   distill::Model teacher = PretrainTeacher(c, c.train.out_dir, o.small ? 60 : 600);
   const at::Device device = teacher->lm_head_weight().device();
   const int64_t V = c.student.vocab_size, ignore = c.distill.ignore_index;

@@ -162,7 +162,7 @@ int DistillWorks(const Options& o) {
   distill::Config c = BaseConfig(o, o.out + "/runs/distill_works");
   if (o.dtype == "bf16") {
     if (o.device != "cuda") throw std::runtime_error("distill_works: bf16 needs --device cuda");
-    c.train.precision = "bf16";
+    c.train.precision = distill::Precision::kBf16;
   }
   const int64_t steps = o.small ? 100 : 600, eval_every = o.small ? 10 : 50;
   c.train.steps = steps;

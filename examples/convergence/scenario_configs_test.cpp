@@ -29,8 +29,8 @@ std::string TempDir(const std::string& name) {
 TEST(ScenarioConfigs, SelfDistillStartsFromItsTeacherOnShiftedData) {
   const Config teacher = LoadConfigFile(ConfigPath("self_distill_teacher.yaml"));
   const Config student = LoadConfigFile(ConfigPath("self_distill.yaml"));
-  EXPECT_EQ(teacher.train.mode, "pretrain");
-  EXPECT_EQ(student.train.mode, "distill");
+  EXPECT_EQ(teacher.train.mode, distill::Mode::kPretrain);
+  EXPECT_EQ(student.train.mode, distill::Mode::kDistill);
   EXPECT_TRUE(student.student.init_from_teacher);
   EXPECT_EQ(student.teacher.checkpoint, teacher.train.out_dir);
   // The teacher the distill config describes is the model the teacher config trains.

@@ -111,7 +111,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_DOUBLE_EQ(c.optim.betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.99);
   EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);
-  EXPECT_EQ(c.schedule.kind, "linear");
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::kLinear);
   EXPECT_DOUBLE_EQ(c.schedule.min_lr_ratio, 1.0);
   EXPECT_EQ(c.train.grad_accum, 4);
   EXPECT_FALSE(c.train.resume);

@@ -16,10 +16,10 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Config c = testing::TinyConfig(testing::TempRunDir());
   c.train.device = "cuda";
-  c.train.precision = "bf16";
+  c.train.precision = Precision::kBf16;
   // As in TrainingTest.DistillStepsReduceValidationKd: a 60-step teacher, 40 distillation steps.
   c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher", 60);
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.distill.ce_weight = 0.5;
   c.train.steps = 40;
 

@@ -146,7 +146,7 @@ TEST(DistributedShardTest, ShippedDdpConfigSplitsOverOneAndTwoGpus) {
   for (int world : {1, 2, 4}) {
     EXPECT_NO_THROW(RankMicroBatches(0, c.train.grad_accum, world - 1, world)) << world;
   }
-  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.precision, Precision::kBf16);
 }
 
 TEST(DistributedShardTest, EvalBatchesArePartitioned) {

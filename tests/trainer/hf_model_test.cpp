@@ -120,7 +120,7 @@ TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
     }
     Config run;
     run.student = StudentConfig();
-    static_cast<ModelConfig&>(run.student) = config;
+    SetArchitecture(run.student, config);
     ExportHf(*model, out, ExportSources(run), /*replace=*/false);
     EXPECT_TRUE(fs::exists(out + "/config.json"));
     EXPECT_FALSE(fs::exists(out + ".tmp-" + std::to_string(::getpid())));
@@ -228,7 +228,7 @@ TEST(HfModel, AlignLogitsMasksAndPadsWithMinusInfinity) {
 TEST(HfModel, PaddedVocabulariesOfDifferentWidthsDistil) {
   const std::string out = TempRunDir();
   Config c = testing::TinyConfig(out);
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.teacher.hf_dir = Fixture("qwen2_teacher");
   c.student.hf_dir = Fixture("qwen2_student");
   ReadHfConfig(c.teacher.hf_dir, c.teacher);

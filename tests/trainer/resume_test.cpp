@@ -336,7 +336,7 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
 // directory behind either.
 TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
   Config c = TinyConfig(TempRunDir());
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.teacher.pretrain_steps = 2;
   c.data.source = "text";
   c.data.path = c.train.out_dir + "-missing.txt";
@@ -431,7 +431,7 @@ TEST(ResumeTest, StopSignalsSetAFlagAndRestoreTheHandlers) {
 // it again reuses the finished stages and reports the same table.
 TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   Config c = TinyConfig(TempRunDir());
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.teacher.pretrain_steps = 6;
   c.train.steps = 4;
   c.train.baseline = true;
@@ -465,7 +465,7 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
 // pipeline and as a single run (from the pipeline's teacher), instead of "student (distilled)".
 TEST(ResumeTest, KdWeightZeroIsLabelledCeOnly) {
   Config c = TinyConfig(TempRunDir());
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.teacher.pretrain_steps = 4;
   c.train.steps = 2;
   c.distill.kd_weight = 0;

@@ -42,7 +42,7 @@ inline Config TinyConfig(const std::string& out_dir) {
   c.data.seq_len = 16;
   c.data.min_seq_len = 4;
   c.data.synthetic.order = 1;
-  c.train.mode = "pretrain";
+  c.train.mode = Mode::kPretrain;
   c.train.steps = 20;
   c.train.device = "cpu";
   c.train.log_interval = 5;
@@ -64,9 +64,9 @@ namespace distill::testing {
 // (a run directory usable as teacher.checkpoint).
 inline std::string MakeTeacher(const Config& config, const std::string& dir, int64_t steps = 5) {
   Config c = config;
-  static_cast<ModelConfig&>(c.student) = config.teacher;
+  SetArchitecture(c.student, config.teacher);
   c.student.init_from_teacher = false;
-  c.train.mode = "pretrain";
+  c.train.mode = Mode::kPretrain;
   c.train.baseline = false;
   c.train.steps = steps;
   c.train.out_dir = dir;
@@ -77,7 +77,7 @@ inline std::string MakeTeacher(const Config& config, const std::string& dir, int
 // A tiny distill config whose teacher was pretrained a few steps (in `<out_dir>-teacher`).
 inline Config TinyDistillConfig(const std::string& out_dir, int64_t teacher_steps = 5) {
   Config c = TinyConfig(out_dir);
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.distill.ce_weight = 0.5;
   c.teacher.checkpoint = MakeTeacher(c, out_dir + "-teacher", teacher_steps);
   return c;

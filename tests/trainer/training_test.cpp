@@ -94,9 +94,9 @@ TEST(TrainingTest, GradientAccumulationMatchesOneBatch) {
 // ties, so with ce_weight 0 and weight_decay 0 AdamW's update is exactly 0 as well.
 TEST(TrainingTest, SelfDistillationStepZeroLeavesStudentBitIdentical) {
   Config c = TinyConfig(TempRunDir());
-  static_cast<ModelConfig&>(c.student) = c.teacher;
+  SetArchitecture(c.student, c.teacher);
   c.student.init_from_teacher = true;
-  c.train.mode = "distill";
+  c.train.mode = Mode::kDistill;
   c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher");
   c.distill.ce_weight = 0.0;
   c.distill.temperature = 2.0;
@@ -127,7 +127,7 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
     Config c = TinyConfig(TempRunDir(tied ? "-tied" : "-untied"));
     c.student.tie_embeddings = tied;
     c.teacher.tie_embeddings = tied;
-    c.train.mode = "distill";
+    c.train.mode = Mode::kDistill;
     c.distill.ce_weight = 0.5;
     c.distill.temperature = 2.0;
     c.optim.weight_decay = 0.0;
@@ -235,10 +235,10 @@ TEST(TrainingTest, LearningRateSchedule) {
   EXPECT_DOUBLE_EQ(LearningRate(c, 2), 1.0);    // decay starts at the peak
   EXPECT_DOUBLE_EQ(LearningRate(c, 11), 0.1);   // and ends at min_lr on the last step
   EXPECT_NEAR(LearningRate(c, 6), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 4 / 9)), 1e-15);
-  c.schedule.kind = "linear";
+  c.schedule.kind = ScheduleKind::kLinear;
   EXPECT_DOUBLE_EQ(LearningRate(c, 11), 0.1);
   EXPECT_NEAR(LearningRate(c, 5), 1.0 - 0.9 * 3 / 9, 1e-15);
-  c.schedule.kind = "constant";
+  c.schedule.kind = ScheduleKind::kConstant;
   EXPECT_DOUBLE_EQ(LearningRate(c, 11), 1.0);
 }
 

@@ -207,7 +207,7 @@ void CheckCrossKey(const Config& c, const Locations& at) {
   auto fail = [&](const std::string& path, const std::string& what) {
     Fail(Where(at, path), path, what);
   };
-  const bool distill = c.train.mode == "distill";
+  const bool distill = c.train.mode == Mode::kDistill;
   auto check_model = [&](const std::string& name, const ModelConfig& m) {
     if (m.family == ModelFamily::kLlama) {
       if (m.n_head % m.kv_heads() != 0) {
@@ -281,7 +281,7 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                                   c.data.source == "text" ? "file path" : "glob of token shards",
                                   c.data.source));
   }
-  if (c.train.device == "cpu" && c.train.precision == "bf16") {
+  if (c.train.device == "cpu" && c.train.precision == Precision::kBf16) {
     fail("train.precision",
          "expected fp32 with train.device cpu (bf16 autocast is CUDA-only), got \"bf16\"");
   }

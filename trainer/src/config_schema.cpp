@@ -75,6 +75,13 @@ std::optional<T> Convert(const YAML::Node& node) {
     if (node.IsNull()) return std::string();  // `key:` or `key=`: the empty string
   }
   if (!node.IsScalar()) return std::nullopt;
+  if constexpr (std::is_enum_v<T>) {  // one of EnumNames<T>'s names (config.h)
+    const auto& names = EnumNames<T>::kNames;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (node.Scalar() == names[i]) return static_cast<T>(i);
+    }
+    return std::nullopt;
+  } else {
   try {
     T value = node.as<T>();
     if constexpr (std::is_floating_point_v<T>) {
@@ -83,6 +90,7 @@ std::optional<T> Convert(const YAML::Node& node) {
     return value;
   } catch (const YAML::Exception&) {
     return std::nullopt;
+  }
   }
 }
 template <>
@@ -94,38 +102,21 @@ std::optional<std::array<double, 2>> Convert(const YAML::Node& node) {
   return std::array<double, 2>{*a, *b};
 }
 
-template <>
-std::optional<ModelFamily> Convert(const YAML::Node& node) {
-  const std::optional<std::string> name = Convert<std::string>(node);
-  for (size_t i = 0; name && i < kModelFamilyNames.size(); ++i) {
-    if (*name == kModelFamilyNames[i]) return static_cast<ModelFamily>(i);
-  }
-  return std::nullopt;
-}
-Rule<ModelFamily> Families() {
-  return {fmt::format("one of: {}", fmt::join(kModelFamilyNames, ", ")),
-          [](const ModelFamily&) { return true; }};
-}
-
-template <>
-std::optional<NonFinite> Convert(const YAML::Node& node) {
-  const std::optional<std::string> name = Convert<std::string>(node);
-  for (size_t i = 0; name && i < kNonFiniteNames.size(); ++i) {
-    if (*name == kNonFiniteNames[i]) return static_cast<NonFinite>(i);
-  }
-  return std::nullopt;
-}
-Rule<NonFinite> NonFiniteModes() {
-  return {fmt::format("one of: {}", fmt::join(kNonFiniteNames, ", ")),
-          [](const NonFinite&) { return true; }};
+// Any enum with EnumNames (config.h): one of its names.
+template <typename E>
+Rule<E> OneOfEnum() {
+  return {fmt::format("one of: {}", fmt::join(EnumNames<E>::kNames, ", ")),
+          [](const E&) { return true; }};
 }
 
 std::string ToYaml(int64_t v) { return std::to_string(v); }
 std::string ToYaml(double v) { return fmt::format("{}", v); }
 std::string ToYaml(bool v) { return v ? "true" : "false"; }
 std::string ToYaml(const std::array<double, 2>& v) { return fmt::format("[{}, {}]", v[0], v[1]); }
-std::string ToYaml(ModelFamily v) { return kModelFamilyNames[static_cast<size_t>(v)]; }
-std::string ToYaml(NonFinite v) { return kNonFiniteNames[static_cast<size_t>(v)]; }
+template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+std::string ToYaml(E v) {
+  return EnumName(v);
+}
 std::string ToYaml(const std::string& v) {
   bool plain = !v.empty();
   for (char c : v) {
@@ -177,7 +168,7 @@ void Add(std::vector<KeyDecl>& keys, std::string path, Access access, Rule<T> ru
 template <typename Model>
 void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model model) {
   auto key = [&](const char* name) { return section + "." + name; };
-  Add(keys, key("family"), [=](auto& c) -> auto& { return model(c).family; }, Families(),
+  Add(keys, key("family"), [=](auto& c) -> auto& { return model(c).family; }, OneOfEnum<ModelFamily>(),
       "gpt: the quickstart's GPT-style model; llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 decoders.");
   Add(keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
       "A Hugging Face model directory (config.json + safetensors): architecture and weights "
@@ -284,7 +275,7 @@ std::vector<KeyDecl> Declare() {
       NumberAtLeast(0), "Successor r has probability proportional to r^-zipf (0: uniform).");
 
   Add(k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
-      OneOf({"tvd"}), "Divergence between student and teacher distributions (lossfns).");
+      OneOfEnum<Divergence>(), "Divergence between student and teacher distributions (lossfns).");
   Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
       // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
       // differences from the row max underflows to 0 cleanly); 1e3 flattens any such logits to
@@ -314,14 +305,14 @@ std::vector<KeyDecl> Declare() {
       "Clip the global gradient norm to this; 0 disables clipping.");
 
   Add(k, "schedule.kind", [](auto& c) -> auto& { return c.schedule.kind; },
-      OneOf({"cosine", "linear", "constant"}), "Learning-rate decay after the warmup.");
+      OneOfEnum<ScheduleKind>(), "Learning-rate decay after the warmup.");
   Add(k, "schedule.warmup_steps", [](auto& c) -> auto& { return c.schedule.warmup_steps; },
       IntAtLeast(0), "Linear warmup from lr/warmup_steps to lr.");
   Add(k, "schedule.min_lr_ratio", [](auto& c) -> auto& { return c.schedule.min_lr_ratio; },
       NumberIn(0, 1, false), "The decay ends at lr * min_lr_ratio on the last step.");
 
   Add(k, "train.mode", [](auto& c) -> auto& { return c.train.mode; },
-      OneOf({"pretrain", "distill"}),
+      OneOfEnum<Mode>(),
       "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill.");
   Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; },
       IntIn(1, int64_t{1} << 40) /* x grad_accum (<= 2^20): micro-batch counts stay < 2^60 */,
@@ -337,7 +328,7 @@ std::vector<KeyDecl> Declare() {
       OneOf({"auto", "cpu", "cuda"}),
       "auto: CUDA when available, else CPU. Under torchrun: `cuda:LOCAL_RANK` (cpu is refused).");
   Add(k, "train.precision", [](auto& c) -> auto& { return c.train.precision; },
-      OneOf({"fp32", "bf16"}), "bf16: autocast the forward passes to bfloat16 (CUDA only).");
+      OneOfEnum<Precision>(), "bf16: autocast the forward passes to bfloat16 (CUDA only).");
   Add(k, "train.log_interval", [](auto& c) -> auto& { return c.train.log_interval; },
       IntAtLeast(1), "Write a metrics record every this many steps.");
   Add(k, "train.eval_interval", [](auto& c) -> auto& { return c.train.eval_interval; },
@@ -358,7 +349,7 @@ std::vector<KeyDecl> Declare() {
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
       "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf.");
-  Add(k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; }, NonFiniteModes(),
+  Add(k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; }, OneOfEnum<NonFinite>(),
       "A step whose kd/ce loss or gradient norm is NaN/inf: stop (an error before the optimizer "
       "step; the last checkpoint stays good) or skip (no update; counted and logged).");
   Add(k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },

@@ -9,14 +9,9 @@
 
 namespace distill {
 
-Divergence ParseDivergence(const std::string& name) {
-  TORCH_CHECK(name == "tvd", "distill.divergence: expected one of: tvd, got \"", name, "\"");
-  return Divergence::kTvd;
-}
-
 at::Tensor DivergenceSum(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
                          const DistillConfig& config) {
-  switch (ParseDivergence(config.divergence)) {
+  switch (config.divergence) {
     case Divergence::kTvd:
       return lossfns::tvd_loss(
           p, q,

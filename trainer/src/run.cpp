@@ -33,16 +33,16 @@ ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags
 }  // namespace
 
 bool IsPipeline(const Config& config) {
-  return config.train.mode == "distill" && config.teacher.checkpoint.empty() &&
+  return config.train.mode == Mode::kDistill && config.teacher.checkpoint.empty() &&
          config.teacher.pretrain_steps > 0;
 }
 
 Config TeacherStageConfig(const Config& config) {
   Config c = config;
-  static_cast<ModelConfig&>(c.student) = config.teacher;
+  SetArchitecture(c.student, config.teacher);
   c.student.init_from_teacher = false;
   c.teacher = TeacherConfig();
-  c.train.mode = "pretrain";
+  c.train.mode = Mode::kPretrain;
   c.train.steps = config.teacher.pretrain_steps;
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "teacher");
@@ -62,7 +62,7 @@ Config BaselineStageConfig(const Config& config) {
   Config c = config;
   c.student.init_from_teacher = false;
   c.teacher = TeacherConfig();
-  c.train.mode = "pretrain";
+  c.train.mode = Mode::kPretrain;
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "baseline");
   return c;
@@ -86,7 +86,7 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
   Distributed& dist = flags.distributed ? *flags.distributed : single;
   std::vector<ResultRow> rows;
   if (!IsPipeline(config)) {
-    const bool distill = config.train.mode == "distill";
+    const bool distill = config.train.mode == Mode::kDistill;
     rows.push_back(TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags));
     if (distill && config.train.baseline) {
       // The single-run layout keeps the baseline beside the run: <out_dir>-baseline.

@@ -63,8 +63,11 @@ double LearningRate(const Config& config, int64_t step) {
   const int64_t decay_steps = std::max<int64_t>(1, config.train.steps - s.warmup_steps - 1);
   const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / decay_steps);
   const double floor = peak * s.min_lr_ratio;
-  if (s.kind == "cosine") return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
-  if (s.kind == "linear") return peak - (peak - floor) * progress;
+  switch (s.kind) {
+    case ScheduleKind::kCosine: return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    case ScheduleKind::kLinear: return peak - (peak - floor) * progress;
+    case ScheduleKind::kConstant: return peak;
+  }
   return peak;
 }
 
@@ -99,10 +102,10 @@ Trainer::Trainer(Config config, RunOptions options)
       single_(options.distributed ? nullptr : std::make_unique<Distributed>()),
       dist_(options.distributed ? options.distributed : single_.get()),
       device_(TrainingDevice(config_, *dist_)),
-      distill_(config_.train.mode == "distill") {
+      distill_(config_.train.mode == Mode::kDistill) {
   // Fails early (on every rank) when the global batch cannot be split evenly.
   RankMicroBatches(0, config_.train.grad_accum, dist_->rank(), dist_->world_size());
-  if (config_.train.precision == "bf16" && !device_.is_cuda()) {
+  if (config_.train.precision == Precision::kBf16 && !device_.is_cuda()) {
     throw std::runtime_error(
         "train.precision: bf16 autocast needs CUDA but train.device resolved to cpu; use fp32");
   }
@@ -162,11 +165,11 @@ Trainer::Trainer(Config config, RunOptions options)
                                      : "starting",
       config_.train.out_dir, distill_ ? "student" : "model", student_->num_parameters(),
       distill_ ? fmt::format(", teacher {}", teacher_->num_parameters()) : "",
-      data_->Describe(), config_.train.mode, device_.str(),
+      data_->Describe(), EnumName(config_.train.mode), device_.str(),
       dist_->active() ? fmt::format(" (+{} more ranks, global batch split {} ways)",
                                     dist_->world_size() - 1, dist_->world_size())
                       : "",
-      config_.train.precision));
+      EnumName(config_.train.precision)));
 }
 
 Trainer::~Trainer() = default;
@@ -192,7 +195,7 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
     {
       // Autocast covers the forward passes only; the losses are computed in fp32 and the
       // backward pass runs outside it (autograd replays the forward's dtypes).
-      AutocastGuard autocast(config_.train.precision == "bf16");
+      AutocastGuard autocast(config_.train.precision == Precision::kBf16);
       if (distill_) {
         torch::NoGradGuard no_grad;
         teacher_logits = teacher_->forward(inputs);
@@ -292,7 +295,7 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
 
 EvalResult Trainer::Evaluate() {
   torch::NoGradGuard no_grad;
-  AutocastGuard autocast(config_.train.precision == "bf16");
+  AutocastGuard autocast(config_.train.precision == Precision::kBf16);
   student_->eval();
   at::Tensor ce = at::zeros({}, at::TensorOptions(device_).dtype(at::kDouble));
   at::Tensor teacher_ce = ce.clone(), kd = ce.clone();
@@ -432,7 +435,7 @@ EvalResult Trainer::Train() {
   WriteFileAtomically(
       (fs::path(config_.train.out_dir) / "summary.json").string(),
       JsonRecord()
-              .Add("mode", config_.train.mode)
+              .Add("mode", std::string(EnumName(config_.train.mode)))
               .Add("steps", position_.step)
               .Add("parameters", student_->num_parameters())
               .Add("val_loss", final_eval.val_loss)

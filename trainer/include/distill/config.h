@@ -14,9 +14,53 @@
 
 namespace distill {
 
-// The model families; one table of names (kModelFamilyNames) serves the schema and the code.
+// The string-valued keys are parsed once, when the config is loaded, into these enums; each
+// enum's table of names (EnumNames<E>::kNames, in the enum's order) serves the schema, the
+// parser, --help, --print-config and messages (EnumName). Adding a value is one enumerator and
+// one name.
+template <typename E>
+struct EnumNames;
+
+template <typename E>
+const char* EnumName(E value) {
+  return EnumNames<E>::kNames[static_cast<size_t>(value)];
+}
+
+// The model families (trainer/src/models/, one file each; MakeModel in models/factory.cpp).
 enum class ModelFamily { kGpt, kLlama };
-inline constexpr std::array<const char*, 2> kModelFamilyNames = {"gpt", "llama"};
+template <>
+struct EnumNames<ModelFamily> {
+  static constexpr std::array<const char*, 2> kNames = {"gpt", "llama"};
+};
+inline constexpr const auto& kModelFamilyNames = EnumNames<ModelFamily>::kNames;
+
+// train.mode: pretrain (cross-entropy only) | distill.
+enum class Mode { kPretrain, kDistill };
+template <>
+struct EnumNames<Mode> {
+  static constexpr std::array<const char*, 2> kNames = {"pretrain", "distill"};
+};
+
+// train.precision: fp32 | bf16 (autocast of the forward passes, CUDA only).
+enum class Precision { kFp32, kBf16 };
+template <>
+struct EnumNames<Precision> {
+  static constexpr std::array<const char*, 2> kNames = {"fp32", "bf16"};
+};
+
+// schedule.kind: the learning-rate decay after the warmup.
+enum class ScheduleKind { kCosine, kLinear, kConstant };
+template <>
+struct EnumNames<ScheduleKind> {
+  static constexpr std::array<const char*, 3> kNames = {"cosine", "linear", "constant"};
+};
+
+// distill.divergence (lossfns; forward_kl, reverse_kl, jsd: a later issue).
+enum class Divergence { kTvd };
+template <>
+struct EnumNames<Divergence> {
+  static constexpr std::array<const char*, 1> kNames = {"tvd"};
+};
 
 // Llama-3 style frequency-dependent RoPE scaling (config.json "rope_scaling" / "rope_parameters"
 // with rope_type "llama3"). type "" means no scaling.
@@ -106,7 +150,7 @@ struct DataConfig {
 };
 
 struct DistillConfig {
-  std::string divergence = "tvd";  // tvd (forward_kl, reverse_kl, jsd: a later issue)
+  Divergence divergence = Divergence::kTvd;
   double temperature = 1.0;
   double kd_weight = 1.0;
   double ce_weight = 0.0;
@@ -127,22 +171,25 @@ struct OptimConfig {
 };
 
 struct ScheduleConfig {
-  std::string kind = "cosine";  // cosine | linear | constant (after warmup)
+  ScheduleKind kind = ScheduleKind::kCosine;
   int64_t warmup_steps = 20;
   double min_lr_ratio = 0.1;  // the decay ends at lr * min_lr_ratio
 };
 
 // What a step with a non-finite loss term or gradient norm does (train.nonfinite).
 enum class NonFinite { kStop, kSkip };
-inline constexpr std::array<const char*, 2> kNonFiniteNames = {"stop", "skip"};
+template <>
+struct EnumNames<NonFinite> {
+  static constexpr std::array<const char*, 2> kNames = {"stop", "skip"};
+};
 
 struct TrainConfig {
-  std::string mode = "distill";  // pretrain (cross-entropy only) | distill
+  Mode mode = Mode::kDistill;
   int64_t steps = 300;
   int64_t grad_accum = 1;
   int64_t seed = 0;
   std::string device = "auto";     // auto | cpu | cuda
-  std::string precision = "fp32";  // fp32 | bf16 (autocast, CUDA only)
+  Precision precision = Precision::kFp32;
   int64_t log_interval = 10;
   int64_t eval_interval = 100;  // 0: evaluate only at the end
   int64_t eval_batches = 8;
@@ -157,6 +204,14 @@ struct TrainConfig {
   NonFinite nonfinite = NonFinite::kStop;
   int64_t max_skipped_steps = 10;
 };
+
+// Gives `to` (a student or teacher section) the architecture of `from`, keeping its own
+// section-specific keys (init_from_teacher; checkpoint, pretrain_steps): how the pipeline
+// pretrains a teacher in the student's place, and how self-distillation copies an architecture.
+template <typename Section>
+void SetArchitecture(Section& to, const ModelConfig& from) {
+  static_cast<ModelConfig&>(to) = from;
+}
 
 struct Config {
   StudentConfig student;

@@ -15,8 +15,6 @@
 
 namespace distill {
 
-enum class Divergence { kTvd };  // forward_kl, reverse_kl, jsd: a later issue
-Divergence ParseDivergence(const std::string& name);
 
 struct LossSums {
   at::Tensor total;  // 0-dim fp32, differentiable w.r.t. the student's logits
