@@ -51,10 +51,10 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
                             int64_t reduction, bool save_signs) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [loss, signs, scale] = tvd_forward_op(p, q, labels, ignore_index, reduction, save_signs);
-    // The backend saved no signs (the CPU): backward recomputes from p and q. With 0 rows both
-    // backends return 0 rows of signs, so p and q (empty, free) are kept then too.
-    const int64_t rows = p.numel() / p.size(-1);
-    const bool recompute = save_signs && (rows == 0 || signs.size(0) != rows);
+    // The backend saved no signs (the CPU returns 0 rows of them): backward recomputes from p
+    // and q. With 0 rows both backends return 0 rows of signs, so p and q (empty, free) are kept
+    // then too. (No p.numel() here: under torch.compile's symbolic shapes it cannot be called.)
+    const bool recompute = save_signs && signs.size(0) == 0;
     const at::Tensor none;
     ctx->save_for_backward({signs, scale, recompute ? p : none, recompute ? q : none,
                             recompute && labels ? *labels : none});

@@ -24,9 +24,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 REDUCTIONS = ["none", "sum", "mean", "batchmean"]
 CODES = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}  # lib/src/tvd_common.h, kernels::Reduction
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
-# tvd_loss's C++ autograd Function (lib/src/tvd_op.cpp) reads p.numel(), p.sizes() and passes V as
-# an int: fine for static shapes, not for symbolic ones. Checked apart, as an expected failure.
-STATIC_ONLY = ("test_schema", "test_autograd_registration", "test_faketensor")
 
 
 def inputs(shape, dtype, device, labels="some"):
@@ -60,7 +57,7 @@ CASE_IDS = [f"{'x'.join(map(str, s))}-{str(d)[6:]}-{r}-labels_{l}" for s, d, r, 
 def test_opcheck_every_op(device, shape, dtype, reduction, labels):
     p, q, lab = inputs(shape, dtype, device, labels)
     pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
-    torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (pg, qg, lab, -100, reduction), test_utils=STATIC_ONLY)
+    torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (pg, qg, lab, -100, reduction))  # autograd
     torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (p, q, lab, -100, reduction))  # no grad: all checks
     code = CODES[reduction]
     for save_signs in (False, True):
@@ -71,25 +68,15 @@ def test_opcheck_every_op(device, shape, dtype, reduction, labels):
                           (grad_out, signs, scale, p, q, lab, -100, shape[-1], dtype, code))
 
 
-def test_opcheck_tvd_loss_dynamic_shapes_known_failure():
-    """A known gap, asserted so that its fix shows: AOT tracing with symbolic shapes stops in
-    tvd_op.cpp's autograd Function (p.numel() on a symbolic tensor). Once that is SymInt-safe this
-    test fails: then drop it and STATIC_ONLY, and opcheck runs every check on tvd_loss."""
-    p, q, lab = inputs((2, 3, 300), torch.float32, "cpu")
-    with pytest.raises(Exception, match="symbolic sizes"):
-        torch.library.opcheck(torch.ops.lossfns.tvd_loss.default,
-                              (p.requires_grad_(), q.requires_grad_(), lab, -100, "batchmean"),
-                              test_utils=("test_aot_dispatch_dynamic",))
-
-
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_aot_static_shapes_match_eager(reduction):
-    """What opcheck's dynamic AOT check would cover, with static shapes: forward and backward
-    traced through the fake kernels (aot_eager: no code generation) give eager's numbers."""
+def test_aot_shapes_match_eager(reduction, dynamic):
+    """Forward and backward traced through the fake kernels (aot_eager: no code generation), with
+    static and with symbolic shapes, give eager's numbers."""
     p, q, lab = inputs((2, 3, 300), torch.float32, "cpu")
     fn = lambda p, q, lab: lossfns.tvd_loss(p, q, lab, -100, reduction)  # noqa: E731
     out = {}
-    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False))]:
+    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
         pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
         loss = f(pg, qg, lab)
         loss.backward(torch.ones_like(loss) * 0.5)
