@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fails (exit 1) when a tracked C++/CUDA file differs from what clang-format makes of it, and
 # prints the files; `--fix` rewrites them instead. The version is pinned: formatting differs
-# between clang-format releases, so CI and every developer use Debian 12's clang-format-14
-# (scripts/setup.sh installs it).
+# between clang-format releases, so every developer (and CI, once the tree is formatted) uses
+# Debian 12's clang-format-14 (apt-get install clang-format-14).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLANG_FORMAT="${CLANG_FORMAT:-clang-format-14}"
