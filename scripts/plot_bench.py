@@ -8,21 +8,9 @@ import json
 import pathlib
 import sys
 
-import matplotlib
+from plot_common import refuse_docs_img  # first: selects the Agg backend
 
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-DOCS_IMG = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img"
-
-
-def refuse_docs_img(out_dir, update_docs):
-    """Exits when out_dir is the repository's docs/img (committed plots) without --update-docs."""
-    out = pathlib.Path(out_dir).resolve()
-    if not update_docs and (out == DOCS_IMG or DOCS_IMG in out.parents):
-        sys.exit(f"{pathlib.Path(sys.argv[0]).name}: refusing to write into {DOCS_IMG} (the committed "
-                 "plots of the docs); write elsewhere, or pass --update-docs to replace them")
 
 
 def label(c):
