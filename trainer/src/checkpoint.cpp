@@ -209,7 +209,8 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
     }
     file = *latest;
   } else if (!fs::exists(path)) {
-    throw std::runtime_error(fmt::format("teacher.checkpoint: \"{}\" does not exist", path));
+    throw std::runtime_error(
+        fmt::format("teacher.checkpoint: \"{}\" does not exist{}", path, RelativeTo(path)));
   }
   // A teacher comes from another run by design: only the architecture must match.
   torch::serialize::InputArchive archive;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "data_internal.h"
+#include "distill/file_io.h"
 #include "distill/token_shards.h"
 
 namespace distill {
@@ -90,7 +91,10 @@ class TextSource : public DataSource {
  public:
   TextSource(const DataConfig& c) : config_(c) {
     std::ifstream in(c.path, std::ios::binary);
-    if (!in) throw std::runtime_error(fmt::format("data.path: cannot read \"{}\"", c.path));
+    if (!in) {
+      throw std::runtime_error(
+          fmt::format("data.path: cannot read \"{}\"{}", c.path, RelativeTo(c.path)));
+    }
     std::stringstream text;
     text << in.rdbuf();
     bytes_ = text.str();

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "data_internal.h"
+#include "distill/file_io.h"
 #include "distill/token_shards.h"
 
 namespace distill {
@@ -32,7 +33,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 namespace {
 
-std::runtime_error FileError(const std::string& path, const std::string& what) {
+std::runtime_error ShardError(const std::string& path, const std::string& what) {
   return std::runtime_error(fmt::format("{}: {}", path, what));
 }
 
@@ -66,7 +67,8 @@ std::vector<std::string> Glob(const std::string& key, const std::string& pattern
   if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
   globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty())) {
-    throw std::runtime_error(fmt::format("{}: no file matches \"{}\"", key, pattern));
+    throw std::runtime_error(
+        fmt::format("{}: no file matches \"{}\"{}", key, pattern, RelativeTo(pattern)));
   }
   if (rc != 0) {
     throw std::runtime_error(fmt::format("{}: cannot expand \"{}\" (glob error {}{})", key,
@@ -181,7 +183,7 @@ class TokenShardSource : public DataSource {
     shards_.push_back(std::make_unique<TokenShard>(path));
     const TokenShard& first = *shards_.front();
     if (shards_.back()->token_bytes() != first.token_bytes()) {
-      throw FileError(path, fmt::format("{} tokens, but {} has {} tokens (mixed tokenizers?)",
+      throw ShardError(path, fmt::format("{} tokens, but {} has {} tokens (mixed tokenizers?)",
                                         TokenTypeName(shards_.back()->token_bytes()),
                                         first.path(), TokenTypeName(first.token_bytes())));
     }
@@ -225,7 +227,7 @@ class TokenShardSource : public DataSource {
       for (int64_t t = 0; t <= T; ++t) {
         const uint32_t token = shard.Token(start + t);
         if (token >= static_cast<uint64_t>(vocab_size_)) {
-          throw FileError(shard.path(),
+          throw ShardError(shard.path(),
                           fmt::format("token {} is {}, not below the vocabulary size {}: "
                                       "tokenized with a different tokenizer?",
                                       start + t, token, vocab_size_));
@@ -247,17 +249,17 @@ class TokenShardSource : public DataSource {
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw FileError(path, "cannot open: " + Errno());
+  if (fd < 0) throw ShardError(path, "cannot open: " + Errno());
   struct FdCloser {
     int fd;
     ~FdCloser() { close(fd); }
   } closer{fd};
   struct stat st {};
-  if (fstat(fd, &st) != 0) throw FileError(path, "cannot stat: " + Errno());
-  if (!S_ISREG(st.st_mode)) throw FileError(path, "not a regular file");
+  if (fstat(fd, &st) != 0) throw ShardError(path, "cannot stat: " + Errno());
+  if (!S_ISREG(st.st_mode)) throw ShardError(path, "not a regular file");
   const int64_t file_bytes = st.st_size;
   if (file_bytes < kShardHeaderBytes) {
-    throw FileError(path, fmt::format("{} bytes, shorter than the {}-byte header of an llm.c "
+    throw ShardError(path, fmt::format("{} bytes, shorter than the {}-byte header of an llm.c "
                                       "token shard",
                                       file_bytes, kShardHeaderBytes));
   }
@@ -266,7 +268,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   while (got < kShardHeaderBytes) {
     const ssize_t n = pread(fd, header + got, kShardHeaderBytes - got, got);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw FileError(path, "cannot read the header: " + (n < 0 ? Errno() : "EOF"));
+    if (n <= 0) throw ShardError(path, "cannot read the header: " + (n < 0 ? Errno() : "EOF"));
     got += n;
   }
   const int32_t magic = ReadLe32(header), version = ReadLe32(header + 4);
@@ -279,24 +281,24 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     token_bytes_ = 4;
     expected_version = kShardVersionU32;
   } else {
-    throw FileError(path, fmt::format("not an llm.c token shard: magic {} (expected {} for "
+    throw ShardError(path, fmt::format("not an llm.c token shard: magic {} (expected {} for "
                                       "uint16 or {} for uint32 tokens)",
                                       magic, kShardMagicU16, kShardMagicU32));
   }
   if (version != expected_version) {
-    throw FileError(path, fmt::format("magic {} ({} tokens) goes with version {}, got version {}",
+    throw ShardError(path, fmt::format("magic {} ({} tokens) goes with version {}, got version {}",
                                       magic, TokenTypeName(token_bytes_), expected_version,
                                       version));
   }
-  if (count < 0) throw FileError(path, fmt::format("negative token count {} in the header", count));
+  if (count < 0) throw ShardError(path, fmt::format("negative token count {} in the header", count));
   const int64_t expected_bytes = kShardHeaderBytes + count * token_bytes_;
   if (file_bytes != expected_bytes) {
-    throw FileError(path, fmt::format("expected {} bytes for {} {} tokens (header), got {}",
+    throw ShardError(path, fmt::format("expected {} bytes for {} {} tokens (header), got {}",
                                       expected_bytes, count, TokenTypeName(token_bytes_),
                                       file_bytes));
   }
   void* map = mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
-  if (map == MAP_FAILED) throw FileError(path, "cannot mmap: " + Errno());
+  if (map == MAP_FAILED) throw ShardError(path, "cannot mmap: " + Errno());
   map_ = map;
   map_bytes_ = file_bytes;
   num_tokens_ = count;
@@ -315,7 +317,7 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
                      bool uint32_tokens) {
   const int bytes = uint32_tokens ? 4 : 2;
   if (tokens.size() >= (1ULL << 31)) {
-    throw FileError(path, fmt::format("{} tokens; an llm.c shard holds fewer than 2^31",
+    throw ShardError(path, fmt::format("{} tokens; an llm.c shard holds fewer than 2^31",
                                       tokens.size()));
   }
   std::vector<unsigned char> data;
@@ -326,20 +328,20 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
   data.resize(kShardHeaderBytes, 0);
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (!uint32_tokens && tokens[i] > 0xFFFF) {
-      throw FileError(path, fmt::format("token {} is {}, too large for a uint16 shard", i,
+      throw ShardError(path, fmt::format("token {} is {}, too large for a uint16 shard", i,
                                         tokens[i]));
     }
     AppendLe(data, tokens[i], bytes);
   }
   const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) throw FileError(tmp, "cannot create: " + Errno());
+  if (f == nullptr) throw ShardError(tmp, "cannot create: " + Errno());
   const bool written = std::fwrite(data.data(), 1, data.size(), f) == data.size();
   const bool closed = std::fclose(f) == 0;
   if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string error = Errno();
     std::remove(tmp.c_str());
-    throw FileError(path, "cannot write: " + error);
+    throw ShardError(path, "cannot write: " + error);
   }
 }
 

@@ -108,4 +108,12 @@ void LineAppender::Append(const std::string& line) {
   }
 }
 
+std::string RelativeTo(const std::string& path) {
+  if (path.empty() || path[0] == '/') return "";
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  return fmt::format(" (relative paths are resolved against the working directory, {})",
+                     ec ? "unknown" : cwd);
+}
+
 }  // namespace distill

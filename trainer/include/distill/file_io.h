@@ -35,6 +35,12 @@ class LineAppender {
   int fd_ = -1;
 };
 
+// For messages about a path a user gave: "" when `path` is absolute, else
+// " (relative paths are resolved against the working directory, <cwd>)". Paths in configs
+// (train.out_dir, teacher.checkpoint, *.hf_dir, data.path) are relative to the working
+// directory, not to the config file: a config run from elsewhere says so where it fails.
+std::string RelativeTo(const std::string& path);
+
 // "No space left on device (the disk is full: free space, then resume with the same command)"
 // for errno `error`: strerror plus what to do for the common causes.
 std::string DescribeWriteError(int error);

@@ -15,6 +15,8 @@
 #include <optional>
 #include <sstream>
 
+#include "distill/file_io.h"
+
 namespace distill {
 namespace {
 
@@ -124,7 +126,10 @@ class Keys {
 template <typename J>
 J ReadJsonObject(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
+  if (!in) {
+    throw ConfigError(
+        fmt::format("{}: cannot read: {}{}", path, std::strerror(errno), RelativeTo(path)));
+  }
   std::ostringstream ss;
   ss << in.rdbuf();
   J json;
