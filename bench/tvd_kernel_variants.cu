@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../lib/src/tvd_cuda_kernel.cuh"
+#include "tvd_cuda_kernel.cuh"
 
 using namespace lossfns::kernels;
 

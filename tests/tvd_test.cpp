@@ -11,7 +11,8 @@
 #include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "../lib/src/tvd_internal.h"  // the internal ops' typed handles
+#include "tvd_common.h"    // kernels::Reduction
+#include "tvd_internal.h"  // the internal ops' typed handles
 #include "lossfns/tvd.h"
 #include "tvd_reference.h"
 
@@ -273,7 +274,8 @@ TEST_P(TvdSweep, InferenceModeAndNoGradNeedNoSavedSigns) {
 TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
   const bool cuda = device().is_cuda();
   const int64_t BT = cuda ? 2048 : 24, V = cuda ? 32000 : 1000, rounds = 6;
-  const int64_t kBatchMean = 3, kNone = 0;
+  using kernels::kBatchMean;
+  using kernels::kNone;
   const double weights[] = {1.0, 0.5, -2.0, 4.0, 0.25, -1.0};
   auto reduction = [&](int64_t r) { return r % 3 == 2 ? kNone : kBatchMean; };
   std::vector<at::Tensor> ps, qs, gos;
