@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "lossfns/defaults.h"
 #include "tvd_common.h"
 #include "tvd_internal.h"
 
@@ -99,8 +100,10 @@ at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q, const std:
 }  // namespace
 
 TORCH_LIBRARY(lossfns, m) {
-  m.def("tvd_loss(Tensor p, Tensor q, Tensor? labels=None, int ignore_index=-100, "
-        "str reduction='batchmean') -> Tensor");
+  static const std::string tvd_loss_schema =
+      "tvd_loss(Tensor p, Tensor q, Tensor? labels=None, int ignore_index=" +
+      std::to_string(kDefaultIgnoreIndex) + ", str reduction='batchmean') -> Tensor";
+  m.def(tvd_loss_schema.c_str());
   m.def("_tvd_forward(Tensor p, Tensor q, Tensor? labels, int ignore_index, int reduction, "
         "bool save_signs) -> (Tensor, Tensor, Tensor)");
   m.def("_tvd_backward(Tensor grad_output, Tensor signs, Tensor scale, Tensor? p, Tensor? q, "

@@ -7,9 +7,13 @@ import torch
 
 Reduction = Literal["none", "sum", "mean", "batchmean"]
 
+# The library's one default (lossfns/defaults.h), read from the registered op's schema.
+DEFAULT_IGNORE_INDEX: int = next(a.default_value for a in torch.ops.lossfns.tvd_loss.default._schema.arguments
+                                 if a.name == "ignore_index")
+
 
 def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None,
-             ignore_index: int = -100, reduction: Reduction = "batchmean") -> torch.Tensor:
+             ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean") -> torch.Tensor:
     """Total variation distance between a student's and a teacher's distributions.
 
     ``loss = 0.5 * sum_j |p_j - q_j|`` per row of V probabilities, reduced over rows.

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ._ops import Reduction, tvd_loss
+from ._ops import DEFAULT_IGNORE_INDEX, Reduction, tvd_loss
 
 
 class TVDLoss(torch.nn.Module):
@@ -17,7 +17,7 @@ class TVDLoss(torch.nn.Module):
     in the other order, so a positional call fails loudly instead of swapping them.
     """
 
-    def __init__(self, *, ignore_index: int = -100, reduction: Reduction = "batchmean") -> None:
+    def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean") -> None:
         super().__init__()
         if reduction not in ("none", "sum", "mean", "batchmean"):
             raise ValueError(f"lossfns.TVDLoss: reduction must be one of 'none', 'sum', 'mean', "

@@ -15,6 +15,8 @@
 #include <torch/arg.h>
 #include <torch/enum.h>
 
+#include "lossfns/defaults.h"
+
 namespace lossfns {
 
 // Options of tvd_loss() and TVDLoss, in LibTorch's style:
@@ -28,7 +30,7 @@ struct TVDLossOptions {
   // fp64 inputs), ignored rows 0.
   TORCH_ARG(reduction_t, reduction) = torch::kBatchMean;
   // Rows whose label equals ignore_index contribute no loss and get no gradient.
-  TORCH_ARG(int64_t, ignore_index) = -100;
+  TORCH_ARG(int64_t, ignore_index) = kDefaultIgnoreIndex;
 };
 
 // p: (BT, V) or (B, T, V) student probabilities; q: teacher probabilities, same shape, dtype and

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "lossfns/defaults.h"
+
 namespace distill {
 
 // The string-valued keys are parsed once, when the config is loaded, into these enums; each
@@ -154,7 +156,7 @@ struct DistillConfig {
   double temperature = 1.0;
   double kd_weight = 1.0;
   double ce_weight = 0.0;
-  int64_t ignore_index = -100;
+  int64_t ignore_index = lossfns::kDefaultIgnoreIndex;
   // The tokenizer's real vocabulary: logit columns at or past it are padding, set to -inf in
   // both models before the losses (exact ties at probability 0, no gradient). 0: every column
   // of the logits is real. Teacher and student logits of different widths are aligned by
