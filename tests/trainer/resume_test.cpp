@@ -83,6 +83,31 @@ TEST(ResumeTest, HalfResumeHalfIsBitIdentical) {
                          straight.student().lm_head_weight()));
 }
 
+// elapsed_s counts the run's training time over every attempt: a resumed run goes on from the
+// checkpoint's time instead of starting again at 0.
+TEST(ResumeTest, ElapsedTimeCarriesOverAResume) {
+  Config c = testing::TinyConfig(TempRunDir());
+  c.train.steps = 6;
+  c.train.log_interval = 1;
+  { Trainer(c, RunOptions{false, true}).TrainUntil(3); }
+  Model model = MakeModel(c.student);
+  auto optimizer = MakeOptimizer(c.optim, *model);
+  const TrainingPosition at3 =
+      LoadCheckpoint(*LatestCheckpoint(c.train.out_dir), *model, *optimizer, at::Device(at::kCPU));
+  ASSERT_EQ(at3.step, 3);
+  EXPECT_GT(at3.elapsed_s, 0.0);
+  Trainer resumed(c, RunOptions{false, true});
+  ASSERT_EQ(resumed.step(), 3);
+  resumed.Train();
+  std::ifstream in(c.train.out_dir + "/summary.json");
+  std::stringstream summary;
+  summary << in.rdbuf();
+  const std::string text = summary.str();
+  const size_t at = text.find("\"elapsed_s\":");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stod(text.substr(at + 12)), at3.elapsed_s) << text;
+}
+
 TEST(ResumeTest, CheckpointsAreWrittenAndPruned) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 6;

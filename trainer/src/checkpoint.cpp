@@ -136,6 +136,7 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   archive.write("run_identity", c10::IValue(run_identity));
   archive.write("step", c10::IValue(position.step));
   archive.write("data_position", c10::IValue(position.data_position));
+  archive.write("elapsed_s", c10::IValue(position.elapsed_s));
   archive.write("rng_cpu", DefaultGenerator(at::Device(at::kCPU)).get_state(), /*is_buffer=*/true);
   if (device.is_cuda()) {
     archive.write("rng_cuda", DefaultGenerator(device).get_state(), /*is_buffer=*/true);
@@ -189,6 +190,8 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   position.step = value.toInt();
   archive.read("data_position", value);
   position.data_position = value.toInt();
+  // Checkpoints written before elapsed_s was saved resume at 0 s.
+  if (archive.try_read("elapsed_s", value)) position.elapsed_s = value.toDouble();
   at::Tensor state;
   archive.read("rng_cpu", state, /*is_buffer=*/true);
   DefaultGenerator(at::Device(at::kCPU)).set_state(state.cpu());

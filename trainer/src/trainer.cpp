@@ -145,6 +145,7 @@ Trainer::Trainer(Config config, RunOptions options)
     if (auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
                                                  device_, RunIdentityHash(config_), &warnings)) {
       position_ = *position;
+      elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
     }
   }
@@ -337,6 +338,7 @@ EvalResult Trainer::Evaluate() {
 
 void Trainer::SaveCheckpoint() {
   if (dist_->is_main()) {  // the replicas are identical; rank 0 writes the one copy
+    position_.elapsed_s = elapsed_;
     distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
                             *optimizer_, position_, device_, RunIdentityHash(config_));
     PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);

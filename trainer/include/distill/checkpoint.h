@@ -31,6 +31,7 @@ class CorruptCheckpointError : public std::runtime_error {
 struct TrainingPosition {
   int64_t step = 0;           // optimizer steps done
   int64_t data_position = 0;  // training micro-batches consumed
+  double elapsed_s = 0;       // training seconds up to this step, over every attempt of the run
 };
 
 // Saves atomically to `path` (throws FileError); the RNG states saved are the default

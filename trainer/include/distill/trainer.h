@@ -134,7 +134,7 @@ class Trainer {
   // Throughput since the last log record.
   int64_t tokens_since_log_ = 0;
   double seconds_since_log_ = 0;
-  double elapsed_ = 0;  // training seconds in this process
+  double elapsed_ = 0;  // training seconds of the run, carried over a resume by the checkpoint
   int64_t skipped_steps_ = 0;  // steps skipped as non-finite in this process
   int stop_signal_ = 0;        // SIGTERM / SIGINT seen (on any rank) at the last step, or 0
   std::vector<std::string> warnings_;
