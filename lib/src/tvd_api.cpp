@@ -3,21 +3,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "lossfns/tvd.h"
-#include "lossfns/version.h"
 
 namespace lossfns {
-
-const char* version() { return LOSSFNS_VERSION; }
-
-const char* reduction_name(const TVDLossOptions::reduction_t& reduction) {
-  struct Name {
-    const char* operator()(torch::enumtype::kNone) const { return "none"; }
-    const char* operator()(torch::enumtype::kBatchMean) const { return "batchmean"; }
-    const char* operator()(torch::enumtype::kSum) const { return "sum"; }
-    const char* operator()(torch::enumtype::kMean) const { return "mean"; }
-  };
-  return std::visit(Name{}, reduction);
-}
 
 at::Tensor tvd_loss(const at::Tensor& p, const at::Tensor& q, const TVDLossOptions& options,
                     const std::optional<at::Tensor>& labels) {

@@ -8,29 +8,6 @@
 
 namespace lossfns::detail {
 
-namespace {
-std::string dtype_list(std::initializer_list<at::ScalarType> types) {
-  std::string out;
-  for (auto t : types) out += (out.empty() ? "" : ", ") + std::string(c10::toString(t));
-  return out;
-}
-}  // namespace
-
-std::string dims(c10::IntArrayRef sizes) {
-  std::string out = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
-  return out + "]";
-}
-
-int64_t parse_reduction(std::string_view name) {
-  if (name == "none") return kernels::kNone;
-  if (name == "sum") return kernels::kSum;
-  if (name == "mean") return kernels::kMean;
-  if (name == "batchmean") return kernels::kBatchMean;
-  TORCH_CHECK(false, "lossfns.tvd_loss: reduction must be one of 'none', 'sum', 'mean', 'batchmean'; got '",
-              name, "'");
-}
-
 FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
                              const std::optional<at::Tensor>& labels, int64_t reduction,
                              std::initializer_list<at::ScalarType> supported, const char* backend) {
@@ -55,25 +32,10 @@ FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
   TORCH_CHECK(in.V > 0, "lossfns.tvd_loss: the vocabulary dimension V (last of p's shape ", dims(p.sizes()),
               ") must be > 0");
   in.rows = p.numel() / in.V;
-  auto flat = [&](const at::Tensor& t) {
-    at::Tensor r = t.reshape({in.rows, in.V});  // a view whenever the layout allows one
-    return r.stride(1) == 1 ? r : r.contiguous();
-  };
-  in.p = flat(p);
-  in.q = flat(q);
+  in.p = rows_view(p, in.rows);
+  in.q = rows_view(q, in.rows);
 
-  if (labels.has_value() && labels->defined()) {
-    const at::Tensor& l = *labels;
-    TORCH_CHECK(l.scalar_type() == at::kLong, "lossfns.tvd_loss: labels must be int64 (Long); got ",
-                l.scalar_type(), " (convert with .to(torch::kLong))");
-    TORCH_CHECK(l.device() == p.device(), "lossfns.tvd_loss: labels must be on p's device ", p.device(),
-                "; got ", l.device());
-    const auto lead = p.sizes().slice(0, p.dim() - 1);
-    TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == in.rows),
-                "lossfns.tvd_loss: labels must have shape ", dims(lead), " (p's shape without V) or (",
-                num(in.rows), ",); got ", dims(l.sizes()));
-    in.labels = l.reshape({in.rows}).contiguous();
-  }
+  in.labels = check_labels(labels, p.sizes().slice(0, p.dim() - 1), in.rows, p.device(), "lossfns.tvd_loss", "p");
   return in;
 }
 

@@ -1,6 +1,5 @@
-// Framework-free pieces shared by the CPU and CUDA TVD kernels: the sign rule, the reduction's
-// scale, and the packed sign format the CUDA forward saves for backward. Includes nothing from
-// Torch or CUDA.
+// Framework-free pieces shared by the CPU and CUDA TVD kernels: the sign rule and the packed sign
+// format the CUDA forward saves for backward. Includes nothing from Torch or CUDA.
 //
 // Why the CUDA path saves signs and not the gradient: backward needs only sign(p - q) per
 // element. Saving it packed, instead of a (BT, V) gradient, lets backward honour any grad_output
@@ -10,16 +9,9 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LOSSFNS_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LOSSFNS_HOST_DEVICE inline
-#endif
+#include "kernels_common.h"
 
 namespace lossfns::kernels {
-
-// Reductions, in the integer form the internal ops take.
-enum Reduction : int64_t { kNone = 0, kSum = 1, kMean = 2, kBatchMean = 3 };
 
 // Sign codes: what backward multiplies 0.5 * scale * grad_output by (0, +1, -1).
 enum SignCode : uint32_t { kZero = 0, kPos = 1, kNeg = 2 };
@@ -65,16 +57,6 @@ LOSSFNS_HOST_DEVICE uint32_t sign_code_at(const uint8_t* srow, int64_t V, int64_
 template <typename Acc>
 LOSSFNS_HOST_DEVICE Acc sign_value(uint32_t code) {
   return code == kPos ? Acc(1) : (code == kNeg ? Acc(-1) : Acc(0));
-}
-
-// Scale that turns the summed loss into the reduced one; 0 when no row counts, so an all-ignored
-// batch gives loss 0 and gradient 0, not NaN.
-template <typename Acc>
-LOSSFNS_HOST_DEVICE Acc reduction_scale(int64_t reduction, int64_t n_valid_rows, int64_t V) {
-  if (reduction == kSum) return Acc(1);
-  if (n_valid_rows == 0) return Acc(0);
-  const Acc denom = reduction == kMean ? Acc(n_valid_rows) * Acc(V) : Acc(n_valid_rows);
-  return Acc(1) / denom;
 }
 
 }  // namespace lossfns::kernels

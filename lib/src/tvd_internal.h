@@ -9,13 +9,9 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace lossfns::detail {
+#include "common.h"
 
-// Shapes and integers for error messages, formatted without std::ostream's integer insertion: in
-// some Python processes (seen with the GPU machine's torch image) a library's call of
-// ostream::operator<<(long) crashes, while strings stream fine.
-std::string dims(c10::IntArrayRef sizes);
-inline std::string num(int64_t v) { return std::to_string(v); }
+namespace lossfns::detail {
 
 // Inputs as every kernel wants them: (rows, V) views with unit stride inside a row, and labels
 // (rows,) contiguous int64 (undefined when absent).
@@ -35,9 +31,6 @@ FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
 // calls the internal op directly); rows: the forward's row count.
 void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows, int64_t V,
                            int64_t reduction);
-
-// Parses "none" | "sum" | "mean" | "batchmean" into kernels::Reduction.
-int64_t parse_reduction(std::string_view name);
 
 // The internal ops, through the dispatcher (so CPU/CUDA kernels are picked by device).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(

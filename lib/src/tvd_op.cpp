@@ -86,13 +86,13 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
 at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
                              int64_t ignore_index, c10::string_view reduction) {
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
-  return TVDFunction::apply(p, q, labels, ignore_index, parse_reduction(reduction), needs_grad);
+  return TVDFunction::apply(p, q, labels, ignore_index, parse_reduction(reduction, "lossfns.tvd_loss"), needs_grad);
 }
 
 // Below autograd (inference mode, or tensors without autograd): forward only, no signs saved.
 at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
                             int64_t ignore_index, c10::string_view reduction) {
-  const int64_t r = parse_reduction(reduction);
+  const int64_t r = parse_reduction(reduction, "lossfns.tvd_loss");
   at::Tensor loss = std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));
   return r == kernels::kNone ? loss.view(p.sizes()) : loss;
 }

@@ -2,6 +2,9 @@
 #pragma once
 
 #include "lossfns/defaults.h"
+#include "lossfns/distill.h"
+#include "lossfns/distill_module.h"
+#include "lossfns/reduction.h"
 #include "lossfns/tvd.h"
 #include "lossfns/tvd_module.h"
 #include "lossfns/version.h"

@@ -9,21 +9,19 @@
 
 #include <cstdint>
 #include <optional>
-#include <variant>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
-#include <torch/enum.h>
 
 #include "lossfns/defaults.h"
+#include "lossfns/reduction.h"
 
 namespace lossfns {
 
 // Options of tvd_loss() and TVDLoss, in LibTorch's style:
 //   lossfns::TVDLossOptions().reduction(torch::kSum).ignore_index(-1)
 struct TVDLossOptions {
-  using reduction_t = std::variant<torch::enumtype::kNone, torch::enumtype::kBatchMean,
-                                   torch::enumtype::kSum, torch::enumtype::kMean>;
+  using reduction_t = Reduction;
 
   // kBatchMean (default): sum / (rows not ignored). kMean: sum / (rows not ignored * V).
   // kSum: the plain sum. kNone: the per-element loss 0.5*|p - q|, shape of p, fp32 (fp64 for
@@ -39,8 +37,5 @@ struct TVDLossOptions {
 // and q (q gets the negated gradient). Throws c10::Error naming the problem on bad input.
 at::Tensor tvd_loss(const at::Tensor& p, const at::Tensor& q, const TVDLossOptions& options = {},
                     const std::optional<at::Tensor>& labels = std::nullopt);
-
-// The reduction's name as the registered op takes it: "none", "batchmean", "sum", "mean".
-const char* reduction_name(const TVDLossOptions::reduction_t& reduction);
 
 }  // namespace lossfns

@@ -1,0 +1,33 @@
+// Glue every op of liblossfns shares: error-message formatting, reduction names, and the checks
+// of labels and (rows, V) views that the CPU and CUDA adapters of each op run. Not installed.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+
+namespace lossfns::detail {
+
+// Shapes and integers for error messages, formatted without std::ostream's integer insertion: in
+// some Python processes (seen with the GPU machine's torch image) a library's call of
+// ostream::operator<<(long) crashes, while strings stream fine.
+std::string dims(c10::IntArrayRef sizes);
+inline std::string num(int64_t v) { return std::to_string(v); }
+std::string dtype_list(std::initializer_list<at::ScalarType> types);
+
+// Parses "none" | "sum" | "mean" | "batchmean" into kernels::Reduction; `op` names the caller
+// in the error ("lossfns.tvd_loss").
+int64_t parse_reduction(std::string_view name, const char* op);
+
+// A (rows, V) view of x with unit stride inside a row (a copy only when no view has one).
+at::Tensor rows_view(const at::Tensor& x, int64_t rows);
+
+// labels: int64 on `device`, shape `lead` (the logits' shape without V) or (rows,); returns them as
+// a contiguous (rows,) tensor, or an undefined tensor when absent.
+at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead, int64_t rows,
+                        const at::Device& device, const char* op, const char* what);
+
+}  // namespace lossfns::detail

@@ -1,0 +1,63 @@
+// Input validation of lossfns::distill_loss, shared by its CPU and CUDA adapters.
+#include <cmath>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "distill_common.h"
+#include "distill_internal.h"
+
+namespace lossfns::detail {
+
+std::vector<int64_t> row_shape(const at::Tensor& logits) {
+  const auto sizes = logits.sizes();
+  return std::vector<int64_t>(sizes.begin(), sizes.end() - 1);
+}
+
+DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
+                                   int64_t divergence, double beta, double temperature, int64_t reduction,
+                                   int64_t V, std::initializer_list<at::ScalarType> supported, const char* backend) {
+  constexpr const char* op = "lossfns.distill_loss";
+  TORCH_CHECK(s.defined() && t.defined(), op, ": student_logits and teacher_logits must be defined tensors");
+  TORCH_CHECK(s.dim() == 2 || s.dim() == 3, op, ": student_logits must be (BT, V) or (B, T, V); got shape ",
+              dims(s.sizes()));
+  const auto lead = s.sizes().slice(0, s.dim() - 1);
+  TORCH_CHECK(t.dim() == s.dim() && t.sizes().slice(0, t.dim() - 1) == lead, op,
+              ": teacher_logits must have the student's leading shape ", dims(lead),
+              " (the vocabulary sizes may differ); got ", dims(t.sizes()));
+  TORCH_CHECK(t.scalar_type() == s.scalar_type(), op, ": teacher_logits must have the student's dtype ",
+              s.scalar_type(), "; got ", t.scalar_type(), " (convert one with .to(dtype))");
+  TORCH_CHECK(t.device() == s.device(), op, ": teacher_logits must be on the student's device ", s.device(),
+              "; got ", t.device());
+  bool dtype_ok = false;
+  for (auto d : supported) dtype_ok = dtype_ok || d == s.scalar_type();
+  TORCH_CHECK(dtype_ok, op, ": on ", backend, " the logits must be one of ", dtype_list(supported), "; got ",
+              s.scalar_type());
+  TORCH_CHECK(s.size(-1) > 0 && t.size(-1) > 0, op, ": the vocabulary dimension (last) must be > 0; got ",
+              dims(s.sizes()), " and ", dims(t.sizes()));
+  TORCH_CHECK(divergence >= kernels::kTvd && divergence <= kernels::kJsd, op,
+              ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ", num(divergence));
+  TORCH_CHECK(divergence != kernels::kJsd || (beta > 0.0 && beta < 1.0), op,
+              ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", beta);
+  const float t32 = static_cast<float>(temperature);
+  TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0 && std::isfinite(t32) && t32 > 0.0f &&
+                  std::isfinite(1.0f / t32),
+              op, ": temperature must be > 0 and representable with its inverse in float32 (about 3e-38 to "
+              "3e38); got ", temperature);
+  TORCH_CHECK(reduction >= kernels::kNone && reduction <= kernels::kBatchMean, op,
+              ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(reduction));
+
+  DistillInputs in;
+  in.ws = s.size(-1);
+  in.wt = t.size(-1);
+  TORCH_CHECK(V >= 1 && V <= std::max(in.ws, in.wt), op, ": the vocabulary's column count must be in [1, ",
+              num(std::max(in.ws, in.wt)), "]; got ", num(V));
+  in.V = V;
+  in.rows = c10::multiply_integers(lead);
+  in.s = rows_view(s, in.rows);
+  in.t = rows_view(t, in.rows);
+  in.labels = check_labels(labels, lead, in.rows, s.device(), op, "student_logits");
+  return in;
+}
+
+}  // namespace lossfns::detail

@@ -1,0 +1,102 @@
+// Framework-free math of the logits-level divergences (lossfns::distill_loss), shared by the CPU
+// and CUDA kernels: one place that says what each divergence adds per element and what its
+// gradient is. Includes nothing from Torch or CUDA.
+//
+// Notation (docs/distill.md has the derivations). Per row, with temperature T:
+//   a = s / T, b = t / T                      the scaled student and teacher logits
+//   lp = a - logsumexp(a), lq = b - logsumexp(b)  log-probabilities (-inf on padding columns)
+//   p = exp(lp), q = exp(lq)
+//   loss_row = sum_j term_j
+//   d loss_row / d a_j = p_j * (g_j - sum_k p_k g_k)  where g_j = d loss_row / d p_j (up to a
+//                                                     constant, which the softmax removes)
+//   forward KL is the exception: d loss_row / d a_j = p_j - q_j (no row constant needed).
+// and d loss / d s_j = (d loss_row / d a_j) / T.
+//
+// Exactness: every formula below gives exactly 0 for the term and for g when the student's and
+// the teacher's element are bit-identical (same p, same lp), so identical rows give loss 0 and
+// gradient 0; probabilities that are 0 (padding, underflow) contribute exactly 0 and never NaN.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels_common.h"
+
+namespace lossfns::kernels {
+
+// The divergence, in the integer form the internal ops take. The public names are in
+// lossfns/distill.h (kDivergenceNames), in this order.
+enum Divergence : int64_t { kTvd = 0, kForwardKl = 1, kReverseKl = 2, kJsd = 3 };
+
+// Whether the gradient needs the row constant sum_k p_k g_k (saved by the forward).
+LOSSFNS_HOST_DEVICE bool needs_row_constant(int64_t divergence) { return divergence != kForwardKl; }
+
+// Per-row state between forward and backward: kStatsPerRow floats per row.
+//   [0] logsumexp of a (the kernel's own units: natural log on the CPU, log2 on CUDA)
+//   [1] logsumexp of b (same units)
+//   [2] the row constant sum_k p_k g_k (0 where not needed)
+//   [3] the row's loss (0 for ignored rows)
+constexpr int64_t kStatsPerRow = 4;
+
+// JSD's constants, computed once per call (beta in (0, 1); 0 and 1 are the KLs, dispatched
+// before any kernel runs).
+template <typename Acc>
+struct JsdConstants {
+  Acc beta, one_minus_beta;
+  Acc max_p_over_m;  // 1 / (1 - beta): p/m never exceeds it (m >= (1 - beta) p)
+  Acc max_q_over_m;  // 1 / beta
+  LOSSFNS_HOST_DEVICE explicit JsdConstants(double b = 0.5)
+      : beta(Acc(b)), one_minus_beta(Acc(1.0 - b)), max_p_over_m(Acc(1.0 / (1.0 - b))),
+        max_q_over_m(Acc(1.0 / b)) {}
+};
+
+// One element's contribution to the row loss (term) and g (d loss_row / d p_j, up to a row
+// constant). Math supplies log(); p, q >= 0; lp, lq may be -inf where p, q are 0.
+//   tvd:        term = 0.5 |p - q|,            g = 0.5 sign(p - q), sign(0) = 0
+//   forward_kl: term = q (lq - lp)  (0 if q = 0), g unused
+//   reverse_kl: term = p (lp - lq)  (0 if p = 0), g = lp - lq (0 if p = 0)
+//   jsd:        m = p + beta (q - p)  (exactly p when q == p),
+//               term = beta q log(q/m) + (1 - beta) p log(p/m)  (each 0 where its weight is 0),
+//               g = (1 - beta) log(p/m)
+// The ratios are clamped to their mathematical bounds (p/m <= 1/(1 - beta), q/m <= 1/beta), so
+// that rounding in m never turns a tiny probability into an infinite log.
+template <typename Acc, typename Math>
+LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstants<Acc>& jsd, Acc p, Acc q,
+                                            Acc lp, Acc lq, Acc& term, Acc& g) {
+  if (divergence == kTvd) {
+    const Acc d = p - q;
+    term = Acc(0.5) * (d < Acc(0) ? -d : d);
+    g = Acc(0.5) * (static_cast<Acc>(d > Acc(0)) - static_cast<Acc>(d < Acc(0)));
+  } else if (divergence == kForwardKl) {
+    term = q > Acc(0) ? q * (lq - lp) : Acc(0);
+    g = Acc(0);
+  } else if (divergence == kReverseKl) {
+    const Acc r = p > Acc(0) ? lp - lq : Acc(0);
+    term = p * r;
+    g = r;
+  } else {
+    const Acc m = p + jsd.beta * (q - p);
+    const Acc rp = m > Acc(0) ? Math::min(p / m, jsd.max_p_over_m) : Acc(1);
+    const Acc rq = m > Acc(0) ? Math::min(q / m, jsd.max_q_over_m) : Acc(1);
+    const Acc lpm = p > Acc(0) ? Math::log(rp) : Acc(0);
+    const Acc lqm = q > Acc(0) ? Math::log(rq) : Acc(0);
+    term = jsd.beta * q * lqm + jsd.one_minus_beta * p * lpm;
+    g = jsd.one_minus_beta * lpm;
+  }
+}
+
+// d loss_row / d a_j for one element, from p, q, g and the row constant c = sum_k p_k g_k.
+template <typename Acc>
+LOSSFNS_HOST_DEVICE Acc divergence_grad(int64_t divergence, Acc p, Acc q, Acc g, Acc c) {
+  return divergence == kForwardKl ? p - q : p * (g - c);
+}
+
+// Scale that turns the summed row losses into the reduced loss; 0 when no row counts (an
+// all-ignored batch gives loss 0 and gradient 0). 'mean' divides by rows * V as torch's kl_div
+// does (V: the vocabulary's columns, padding excluded); 'none' keeps per-row losses (scale 1).
+template <typename Acc>
+LOSSFNS_HOST_DEVICE Acc distill_reduction_scale(int64_t reduction, int64_t n_valid_rows, int64_t V) {
+  if (reduction == kNone) return Acc(1);
+  return reduction_scale<Acc>(reduction, n_valid_rows, V);
+}
+
+}  // namespace lossfns::kernels

@@ -1,0 +1,190 @@
+// Framework-free CPU kernels of lossfns::distill_loss: one row of student and teacher logits in,
+// the row's statistics out (forward), or the row's gradient out (backward). Raw pointers only;
+// the Torch adapter (distill_cpu.cpp) checks inputs, picks dtype and divergence, and runs rows in
+// parallel.
+//
+// Forward reads a row twice (logsumexp of both, then the divergence with its row constant); the
+// backward reads it once more and writes the gradient: no (rows, V) intermediate. Inner loops are
+// `omp simd` loops over inlined, branch-free float math (exp and log below are polynomial, so the
+// compiler vectorises them; libm's are calls it cannot), accumulating in Acc (float; double for
+// double inputs, where libm is used and the kernels double as a float64 check).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "distill_common.h"
+
+namespace lossfns::kernels {
+
+// exp and log for float, vectorisable (Cephes' polynomials, max relative error ~2e-7 over the
+// range the kernels use). exp: 0 below -87.3 (no subnormal results), +inf above 88.72, NaN in,
+// NaN out. log: for x > 0 (subnormals included); log(1) is exactly 0.
+struct CpuMathF {
+  static inline float exp(float x) {
+    const float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    const float fn = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest
+    const float r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
+    float two_n;
+    std::memcpy(&two_n, &bits, sizeof(float));
+    const float out = y * two_n;
+    return x < -87.33654f ? 0.0f : (x > 88.72283f ? std::numeric_limits<float>::infinity() : out);
+  }
+  static inline float log(float x) {
+    const bool sub = x < 1.17549435e-38f;
+    const float xs = sub ? x * 8388608.0f : x;  // 2^23: subnormals to normals
+    int32_t bits;
+    std::memcpy(&bits, &xs, sizeof(float));
+    float e = static_cast<float>(((bits >> 23) & 0xff) - 127) - (sub ? 23.0f : 0.0f);
+    const int32_t mbits = (bits & 0x007fffff) | 0x3f800000;
+    float m;
+    std::memcpy(&m, &mbits, sizeof(float));  // [1, 2)
+    const bool big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1.0f : e;
+    const float f = m - 1.0f;
+    const float z = f * f;
+    float y = 7.0376836292e-2f;
+    y = y * f - 1.1514610310e-1f;
+    y = y * f + 1.1676998740e-1f;
+    y = y * f - 1.2420140846e-1f;
+    y = y * f + 1.4249322787e-1f;
+    y = y * f - 1.6668057665e-1f;
+    y = y * f + 2.0000714765e-1f;
+    y = y * f - 2.4999993993e-1f;
+    y = y * f + 3.3333331174e-1f;
+    y = y * f * z;
+    y += e * -2.12194440e-4f;
+    y += -0.5f * z;
+    return (f + y) + e * 0.693359375f;
+  }
+  static inline float min(float a, float b) { return a < b ? a : b; }
+};
+struct CpuMathD {
+  static inline double exp(double x) { return std::exp(x); }
+  static inline double log(double x) { return std::log(x); }
+  static inline double min(double a, double b) { return a < b ? a : b; }
+};
+template <typename Acc>
+using CpuMath = std::conditional_t<std::is_same_v<Acc, double>, CpuMathD, CpuMathF>;
+
+// One row: the student's ws logits and the teacher's wt logits (unit stride); columns at or past
+// their width, and all columns at or past V (the vocabulary: padding), are -inf in that
+// distribution. inv_t = 1 / temperature.
+template <typename T>
+struct CpuRow {
+  const T* s;
+  const T* t;
+  int64_t ws, wt, V;
+};
+
+namespace cpu_detail {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// logsumexp over the first n (of V) values x_j * inv_t; columns n..V are -inf.
+template <typename T, typename Acc>
+Acc row_logsumexp(const T* x, int64_t n, Acc inv_t) {
+  using M = CpuMath<Acc>;
+  Acc mx = -std::numeric_limits<Acc>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; ++j) {
+    const Acc a = static_cast<Acc>(x[j]) * inv_t;
+    mx = a > mx ? a : mx;
+  }
+  if (!(mx > -std::numeric_limits<Acc>::infinity())) {
+    // All -inf (no mass), or NaN somewhere (NaN compares false): NaN logits give a NaN loss.
+    bool nan = false;
+    for (int64_t j = 0; j < n; ++j) nan = nan || std::isnan(static_cast<Acc>(x[j]));
+    return nan ? std::numeric_limits<Acc>::quiet_NaN() : mx;
+  }
+  Acc sum = Acc(0);
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += M::exp(static_cast<Acc>(x[j]) * inv_t - mx);
+  return mx + M::log(sum);  // NaN if any x is NaN (exp(NaN) is NaN), +inf only from +inf logits
+}
+
+// lp and p of one scaled logit a given the row's logsumexp; p = 0, lp = -inf where a = -inf.
+template <typename Acc>
+inline void log_prob(Acc a, Acc lse, Acc& lp, Acc& p) {
+  using M = CpuMath<Acc>;
+  const bool none = a == -std::numeric_limits<Acc>::infinity();
+  lp = none ? a : a - lse;
+  p = none ? Acc(0) : M::exp(lp);
+}
+}  // namespace cpu_detail
+
+// Forward of one row: stats[0..3] as distill_common.h lays them out (natural-log units).
+template <int64_t kDiv, typename T, typename Acc>
+void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd, Acc* stats) {
+  using M = CpuMath<Acc>;
+  const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
+  const Acc lse_s = cpu_detail::row_logsumexp<T, Acc>(row.s, ns, inv_t);
+  const Acc lse_t = cpu_detail::row_logsumexp<T, Acc>(row.t, nt, inv_t);
+  const int64_t n = ns < nt ? ns : nt;  // columns where both are read
+  Acc loss = Acc(0), c = Acc(0);
+#pragma omp simd reduction(+ : loss, c)
+  for (int64_t j = 0; j < n; ++j) {
+    Acc lp, p, lq, q, term, g;
+    cpu_detail::log_prob(static_cast<Acc>(row.s[j]) * inv_t, lse_s, lp, p);
+    cpu_detail::log_prob(static_cast<Acc>(row.t[j]) * inv_t, lse_t, lq, q);
+    divergence_element<Acc, M>(kDiv, jsd, p, q, lp, lq, term, g);
+    loss += term;
+    c += p * g;
+  }
+  // Columns only one distribution has (student and teacher of different widths): the other's
+  // probability there is 0.
+  const Acc ninf = -std::numeric_limits<Acc>::infinity();
+  for (int64_t j = n; j < (ns > nt ? ns : nt); ++j) {
+    Acc lp, p, lq, q, term, g;
+    cpu_detail::log_prob(j < ns ? static_cast<Acc>(row.s[j]) * inv_t : ninf, lse_s, lp, p);
+    cpu_detail::log_prob(j < nt ? static_cast<Acc>(row.t[j]) * inv_t : ninf, lse_t, lq, q);
+    divergence_element<Acc, M>(kDiv, jsd, p, q, lp, lq, term, g);
+    loss += term;
+    c += p * g;
+  }
+  stats[0] = lse_s;
+  stats[1] = lse_t;
+  stats[2] = needs_row_constant(kDiv) ? c : Acc(0);
+  stats[3] = loss;
+}
+
+// Backward of one row: grad[j] = scale * d loss_row / d s_j for the student's ws columns, where
+// scale = grad_output * reduction scale (the caller's) / T. Columns at or past V get 0.
+template <int64_t kDiv, typename T, typename Acc>
+void distill_row_backward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd, const Acc* stats,
+                              Acc scale, T* grad) {
+  using M = CpuMath<Acc>;
+  const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
+  const int64_t n = ns < nt ? ns : nt;
+  const Acc lse_s = stats[0], lse_t = stats[1], c = stats[2];
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    Acc lp, p, lq, q, term, g;
+    cpu_detail::log_prob(static_cast<Acc>(row.s[j]) * inv_t, lse_s, lp, p);
+    cpu_detail::log_prob(static_cast<Acc>(row.t[j]) * inv_t, lse_t, lq, q);
+    divergence_element<Acc, M>(kDiv, jsd, p, q, lp, lq, term, g);
+    grad[j] = static_cast<T>(scale * divergence_grad(kDiv, p, q, g, c));
+  }
+  const Acc ninf = -std::numeric_limits<Acc>::infinity();
+  for (int64_t j = n; j < ns; ++j) {  // the student's columns the teacher does not have
+    Acc lp, p, lq, q, term, g;
+    cpu_detail::log_prob(static_cast<Acc>(row.s[j]) * inv_t, lse_s, lp, p);
+    cpu_detail::log_prob(ninf, lse_t, lq, q);
+    divergence_element<Acc, M>(kDiv, jsd, p, q, lp, lq, term, g);
+    grad[j] = static_cast<T>(scale * divergence_grad(kDiv, p, q, g, c));
+  }
+  for (int64_t j = ns; j < row.ws; ++j) grad[j] = static_cast<T>(0);  // padding: past V
+}
+
+}  // namespace lossfns::kernels

@@ -1,0 +1,149 @@
+// CUDA adapter of lossfns::distill_loss: checks inputs, maps ATen dtypes to CUDA's, plans and
+// launches the framework-free kernels (distill_cuda_kernel.cuh) on the current stream, checks
+// every launch, and registers them for the CUDA dispatch key. No host-device synchronisation.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch_v2.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "distill_cuda_kernel.cuh"
+#include "distill_internal.h"
+
+namespace lossfns::detail {
+namespace {
+
+template <typename T> struct CudaType { using type = T; };
+template <> struct CudaType<at::Half> { using type = __half; };
+template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
+
+constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf, at::kBFloat16};
+
+void check_cuda(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "lossfns.distill_loss: CUDA ", what, " failed: ", cudaGetErrorString(err));
+}
+
+template <typename T, typename scalar_t>
+kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, double beta, double temperature,
+                                int64_t ignore_index, int64_t reduction) {
+  kernels::DistillArgs<T> a{};
+  a.s = reinterpret_cast<const T*>(in.s.const_data_ptr<scalar_t>());
+  a.t = reinterpret_cast<const T*>(in.t.const_data_ptr<scalar_t>());
+  a.s_stride = in.s.stride(0);
+  a.t_stride = in.t.stride(0);
+  a.ws = in.ws;
+  a.wt = in.wt;
+  a.V = in.V;
+  a.rows = in.rows;
+  a.labels = in.labels.defined() ? in.labels.const_data_ptr<int64_t>() : nullptr;
+  a.ignore_index = ignore_index;
+  a.divergence = divergence;
+  a.beta = static_cast<float>(beta);
+  a.inv_t = static_cast<float>(1.0 / temperature);
+  a.reduction = reduction;
+  a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return a;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
+    const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels, int64_t divergence,
+    double beta, double temperature, int64_t ignore_index, int64_t reduction, int64_t V,
+    const std::optional<at::Tensor>& grad_scale, bool save) {
+  const DistillInputs in =
+      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCudaDtypes, "CUDA");
+  TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX}, "lossfns.distill_loss: at most 2^27 rows on CUDA; got ",
+              num(in.rows));
+  const c10::cuda::CUDAGuard guard(s.device());
+  const auto f32 = s.options().dtype(at::kFloat);
+  const bool none = reduction == kernels::kNone;
+  // The gradient in forward: asked for (grad_scale), for a reduced loss, when backward will run.
+  const bool grad_now = save && grad_scale.has_value() && grad_scale->defined() && !none && in.rows > 0;
+  at::Tensor gs;
+  if (grad_now) {
+    TORCH_CHECK(grad_scale->numel() == 1 && grad_scale->device() == s.device(),
+                "lossfns.distill_loss: grad_scale must be a 1-element tensor on the logits' device ", s.device(),
+                "; got ", dims(grad_scale->sizes()), " on ", grad_scale->device());
+    gs = grad_scale->to(at::kFloat).contiguous();
+  }
+  at::Tensor stats = at::empty({in.rows, kernels::kStatsPerRow}, f32);
+  at::Tensor scale = at::empty({1}, f32);
+  at::Tensor loss = none ? at::empty({in.rows}, f32) : at::empty({}, f32);
+  at::Tensor grad = at::empty({grad_now ? in.rows : 0, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
+  if (in.rows == 0) {  // nothing to launch: as the CPU does
+    scale.fill_(kernels::distill_reduction_scale<double>(reduction, 0, in.V));
+    if (!none) loss.zero_();
+    return {loss, stats, scale, grad};
+  }
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_forward_cuda", AT_WRAP([&] {
+    using T = typename CudaType<scalar_t>::type;
+    auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
+    a.stats = stats.mutable_data_ptr<float>();
+    a.scale = scale.mutable_data_ptr<float>();
+    a.loss = loss.mutable_data_ptr<float>();
+    a.grad = grad_now ? reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()) : nullptr;
+    a.grad_scale = grad_now ? gs.const_data_ptr<float>() : nullptr;
+    const int64_t n_any = std::max(std::min(in.ws, in.V), std::min(in.wt, in.V));
+    const kernels::DistillPlan plan =
+        kernels::distill_plan<T>(n_any, props->major >= 9, props->sharedMemPerBlockOptin - 1024);
+    check_cuda(kernels::distill_forward<T>(a, plan, at::cuda::getCurrentCUDAStream()), "forward");
+  }), at::kFloat, at::kHalf, at::kBFloat16);
+  return {loss, stats, scale, grad};
+}
+
+at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t,
+                                 const std::optional<at::Tensor>& labels, const at::Tensor& stats,
+                                 const at::Tensor& scale, int64_t divergence, double beta, double temperature,
+                                 int64_t ignore_index, int64_t reduction, int64_t V) {
+  const DistillInputs in =
+      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCudaDtypes, "CUDA");
+  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows && stats.size(1) == kernels::kStatsPerRow &&
+                  stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.device() == s.device(),
+              "lossfns._distill_backward: stats must be the contiguous (", num(in.rows), ", ",
+              num(kernels::kStatsPerRow), ") float tensor from _distill_forward; got ", stats.scalar_type(), " ",
+              dims(stats.sizes()));
+  const bool none = reduction == kernels::kNone;
+  TORCH_CHECK(grad_output.numel() == (none ? in.rows : 1), "lossfns._distill_backward: grad_output must have ",
+              num(none ? in.rows : 1), " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
+  const c10::cuda::CUDAGuard guard(s.device());
+  at::Tensor grad = at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
+  if (in.rows == 0) return grad;
+  const at::Tensor go = grad_output.reshape({-1}).to(at::kFloat).contiguous();
+  const at::Tensor sc = scale.to(at::kFloat).contiguous();
+  AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_backward_cuda", AT_WRAP([&] {
+    using T = typename CudaType<scalar_t>::type;
+    auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
+    a.stats = const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
+    a.scale = const_cast<float*>(sc.const_data_ptr<float>());
+    a.grad_output = go.const_data_ptr<float>();
+    a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
+    check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), "backward");
+  }), at::kFloat, at::kHalf, at::kBFloat16);
+  return grad;
+}
+
+void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output, const at::Tensor& grad_scale) {
+  TORCH_CHECK(grad.is_contiguous() && grad_output.numel() == 1 && grad_scale.numel() == 1,
+              "lossfns._distill_rescale_grad_: a contiguous gradient and 1-element grad_output and grad_scale");
+  if (grad.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(grad.device());
+  const at::Tensor go = grad_output.to(at::kFloat).contiguous(), gs = grad_scale.to(at::kFloat).contiguous();
+  AT_DISPATCH_V2(grad.scalar_type(), "lossfns_distill_rescale_cuda", AT_WRAP([&] {
+    using T = typename CudaType<scalar_t>::type;
+    check_cuda(kernels::distill_rescale<T>(reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()), grad.numel(),
+                                           go.const_data_ptr<float>(), gs.const_data_ptr<float>(),
+                                           at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+                                           at::cuda::getCurrentCUDAStream()),
+               "rescale");
+  }), at::kFloat, at::kHalf, at::kBFloat16);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lossfns, CUDA, m) {
+  m.impl("_distill_forward", &distill_forward_cuda);
+  m.impl("_distill_backward", &distill_backward_cuda);
+  m.impl("_distill_rescale_grad_", &distill_rescale_grad_cuda);
+}
+
+}  // namespace lossfns::detail

@@ -1,0 +1,190 @@
+// Registration of lossfns::distill_loss with the dispatcher, and its autograd.
+//
+//   lossfns::distill_loss            public op (Python: torch.ops.lossfns.distill_loss)
+//   lossfns::_distill_forward        internal: loss, per-row stats, reduction scale, and the
+//                                    gradient when the CUDA forward computes it (grad_scale given)
+//   lossfns::_distill_backward       internal: the gradient recomputed from the logits and stats
+//   lossfns::_distill_rescale_grad_  internal: a forward-computed gradient, made right for the
+//                                    grad_output backward actually brings (on the device, no sync)
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "distill_common.h"
+#include "distill_internal.h"
+#include "lossfns/defaults.h"
+#include "lossfns/distill.h"
+
+namespace lossfns::detail {
+
+using Opt = const std::optional<at::Tensor>&;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_op(
+    const at::Tensor& s, const at::Tensor& t, Opt labels, int64_t divergence, double beta, double temperature,
+    int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale, bool save) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_distill_forward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, Opt, int64_t, double, double, int64_t, int64_t, int64_t, Opt,
+              bool)>();
+  return op.call(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale, save);
+}
+
+at::Tensor distill_backward_op(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t, Opt labels,
+                               const at::Tensor& stats, const at::Tensor& scale, int64_t divergence, double beta,
+                               double temperature, int64_t ignore_index, int64_t reduction, int64_t V) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lossfns::_distill_backward", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt,
+                                               const at::Tensor&, const at::Tensor&, int64_t, double, double,
+                                               int64_t, int64_t, int64_t)>();
+  return op.call(grad_output, s, t, labels, stats, scale, divergence, beta, temperature, ignore_index, reduction, V);
+}
+
+void distill_rescale_grad_op(at::Tensor& grad, const at::Tensor& grad_output, const at::Tensor& grad_scale) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lossfns::_distill_rescale_grad_", "")
+                             .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  op.call(grad, grad_output, grad_scale);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr const char* kOp = "lossfns.distill_loss";
+
+// The public arguments in kernel form: the divergence code (JSD at beta 0 / 1 is forward /
+// reverse KL, as TRL and Liger define it) and V, the columns that count.
+struct Resolved {
+  int64_t divergence, reduction, V;
+};
+Resolved resolve(const at::Tensor& s, const at::Tensor& t, c10::string_view divergence, double beta,
+                 c10::string_view reduction, std::optional<int64_t> vocab_size) {
+  const auto d = divergence_from_name(std::string_view(divergence.data(), divergence.size()));
+  TORCH_CHECK(d.has_value(), kOp, ": divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '",
+              std::string(divergence), "'");
+  int64_t code = static_cast<int64_t>(*d);
+  if (code == kernels::kJsd) {
+    TORCH_CHECK(beta >= 0.0 && beta <= 1.0, kOp, ": beta must be in [0, 1] for 'jsd'; got ", beta);
+    if (beta == 0.0) code = kernels::kForwardKl;
+    if (beta == 1.0) code = kernels::kReverseKl;
+  }
+  TORCH_CHECK(s.dim() >= 1 && t.dim() >= 1, kOp, ": the logits must be (BT, V) or (B, T, V); got ",
+              dims(s.sizes()), " and ", dims(t.sizes()));
+  const int64_t width = std::max(s.size(-1), t.size(-1));
+  TORCH_CHECK(!vocab_size || *vocab_size >= 1, kOp, ": vocab_size must be >= 1 (or None); got ", num(*vocab_size));
+  return {code, parse_reduction(std::string_view(reduction.data(), reduction.size()), kOp),
+          vocab_size ? std::min(*vocab_size, width) : width};
+}
+
+at::Tensor view_loss(const at::Tensor& loss, const at::Tensor& s, int64_t reduction) {
+  return reduction == kernels::kNone ? loss.view(row_shape(s)) : loss;
+}
+
+// What forward keeps for backward: the logits (references, no copies) and O(rows) statistics;
+// or, when the CUDA forward computed the gradient (grad_scale given), that gradient and the
+// scale it was computed for.
+class DistillFunction : public torch::autograd::Function<DistillFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s, const at::Tensor& t, Opt labels,
+                            int64_t divergence, double beta, double temperature, int64_t ignore_index,
+                            int64_t reduction, int64_t V, Opt grad_scale) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, stats, scale, grad] =
+        distill_forward_op(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale,
+                           /*save=*/true);
+    const at::Tensor none;
+    // A forward-computed gradient has the rows' count of rows; otherwise it has 0 rows (also when
+    // there are 0 rows, where recomputing is free).
+    const bool saved_grad = grad.size(0) > 0;
+    ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none, stats, scale,
+                            grad, grad_scale ? *grad_scale : none});
+    ctx->saved_data["saved_grad"] = saved_grad;
+    ctx->saved_data["divergence"] = divergence;
+    ctx->saved_data["beta"] = beta;
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["reduction"] = reduction;
+    ctx->saved_data["V"] = V;
+    ctx->saved_data["shape"] = s.sizes().vec();
+    return view_loss(loss, s, reduction);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    at::Tensor grad;
+    if (ctx->saved_data["saved_grad"].toBool()) {
+      grad = saved[5];
+      distill_rescale_grad_op(grad, grad_outputs[0], saved[6]);
+    } else {
+      auto opt = [](const at::Tensor& x) { return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt; };
+      grad = distill_backward_op(grad_outputs[0], saved[0], saved[1], opt(saved[2]), saved[3], saved[4],
+                                 ctx->saved_data["divergence"].toInt(), ctx->saved_data["beta"].toDouble(),
+                                 ctx->saved_data["temperature"].toDouble(), ctx->saved_data["ignore_index"].toInt(),
+                                 ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
+    }
+    return {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_teacher_constant(const at::Tensor& t) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && t.requires_grad()), kOp,
+              ": teacher_logits must not require grad (the teacher is a constant and gets no gradient); "
+              "pass teacher_logits.detach()");
+}
+
+at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt labels, c10::string_view divergence,
+                                 double beta, double temperature, int64_t ignore_index, c10::string_view reduction,
+                                 std::optional<int64_t> vocab_size, Opt grad_scale) {
+  check_teacher_constant(t);
+  const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
+  if (!(at::GradMode::is_enabled() && s.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index, r.reduction, r.V,
+                                  std::nullopt, false);
+    return view_loss(std::get<0>(out), s, r.reduction);
+  }
+  return DistillFunction::apply(s, t, labels, r.divergence, beta, temperature, ignore_index, r.reduction, r.V,
+                                grad_scale);
+}
+
+// Below autograd (inference mode, tensors without autograd): forward only.
+at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt labels, c10::string_view divergence,
+                                double beta, double temperature, int64_t ignore_index, c10::string_view reduction,
+                                std::optional<int64_t> vocab_size, Opt /*grad_scale*/) {
+  const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
+  auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index, r.reduction, r.V,
+                                std::nullopt, false);
+  return view_loss(std::get<0>(out), s, r.reduction);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(lossfns, m) {
+  static const std::string schema =
+      "distill_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, str divergence='tvd', "
+      "float beta=0.5, float temperature=1.0, int ignore_index=" +
+      std::to_string(kDefaultIgnoreIndex) +
+      ", str reduction='batchmean', int? vocab_size=None, Tensor? grad_scale=None) -> Tensor";
+  m.def(schema.c_str());
+  m.def("_distill_forward(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int divergence, "
+        "float beta, float temperature, int ignore_index, int reduction, int V, Tensor? grad_scale, bool save) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("_distill_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, "
+        "Tensor stats, Tensor scale, int divergence, float beta, float temperature, int ignore_index, "
+        "int reduction, int V) -> Tensor");
+  m.def("_distill_rescale_grad_(Tensor(a!) grad, Tensor grad_output, Tensor grad_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(lossfns, Autograd, m) { m.impl("distill_loss", &distill_loss_autograd); }
+TORCH_LIBRARY_IMPL(lossfns, CompositeExplicitAutograd, m) { m.impl("distill_loss", &distill_loss_no_grad); }
+
+}  // namespace lossfns::detail
