@@ -37,8 +37,8 @@ inline at::Tensor reference_tvd(const at::Tensor& p, const at::Tensor& q, const 
   return total / n.clamp_min(1);
 }
 
-// Every element: |actual - expected| <= atol + rtol*|expected|, and NaN exactly where expected
-// has NaN. Reports the first offending index.
+// Every element: equal, or |actual - expected| <= atol + rtol*|expected|, and NaN exactly where
+// expected has NaN. Reports the first offending index.
 inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double rtol,
                                             double atol) {
   const at::Tensor a = actual.detach().to(at::kCPU, at::kDouble).reshape(-1).contiguous();
@@ -48,6 +48,7 @@ inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::
   const double* ap = a.const_data_ptr<double>();
   const double* ep = e.const_data_ptr<double>();
   for (int64_t i = 0; i < a.numel(); ++i) {
+    if (ap[i] == ep[i]) continue;  // equal, infinities included
     const bool an = std::isnan(ap[i]), en = std::isnan(ep[i]);
     if (an != en || (!en && !(std::abs(ap[i] - ep[i]) <= atol + rtol * std::abs(ep[i]))))
       return ::testing::AssertionFailure() << "element " << i << " of " << a.numel() << ": got " << ap[i]

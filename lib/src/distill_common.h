@@ -31,11 +31,16 @@ enum Divergence : int64_t { kTvd = 0, kForwardKl = 1, kReverseKl = 2, kJsd = 3 }
 LOSSFNS_HOST_DEVICE bool needs_row_constant(int64_t divergence) { return divergence != kForwardKl; }
 
 // Per-row state between forward and backward: kStatsPerRow floats per row.
-//   [0] logsumexp of a (the kernel's own units: natural log on the CPU, log2 on CUDA)
-//   [1] logsumexp of b (same units)
-//   [2] the row constant sum_k p_k g_k (0 where not needed)
-//   [3] the row's loss (0 for ignored rows)
-constexpr int64_t kStatsPerRow = 4;
+//   [0] max_j a_j, [1] log sum_j exp(a_j - max): logsumexp(a) kept in two parts, so that
+//       lp = (a - max) - log_sum is exact near the max whatever the logits' magnitude (one
+//       rounded max + log_sum would shift every lp by its rounding error, |logit| * eps: at
+//       logits of +-300 that costs the KL gradients ~50x the composite's error)
+//   [2] max_j b_j, [3] log sum_j exp(b_j - max)
+//   (natural log on the CPU; on CUDA, of log2(e)-scaled logits, in log2)
+//   [4] the row constant sum_k p_k g_k (0 where not needed)
+//   [5] the row's loss (0 for ignored rows)
+constexpr int64_t kStatsPerRow = 6;
+constexpr int64_t kStatLoss = 5;
 
 // JSD's constants, computed once per call (beta in (0, 1); 0 and 1 are the KLs, dispatched
 // before any kernel runs).

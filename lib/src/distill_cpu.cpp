@@ -74,12 +74,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cpu(
     double sum = 0.0;  // rows summed in double: many rows must not lose the small ones
     int64_t valid = 0;
     for (int64_t r = 0; r < in.rows; ++r) {
-      sum += static_cast<double>(st[r * kernels::kStatsPerRow + 3]);
+      sum += static_cast<double>(st[r * kernels::kStatsPerRow + kernels::kStatLoss]);
       valid += ignored(l, r, ignore_index) ? 0 : 1;
     }
     const double sc = kernels::distill_reduction_scale<double>(reduction, valid, in.V);
     scale.fill_(sc);
-    loss = reduction == kernels::kNone ? stats.select(1, 3).clone() : at::scalar_tensor(sum * sc, acc_opts);
+    loss = reduction == kernels::kNone ? stats.select(1, kernels::kStatLoss).clone() : at::scalar_tensor(sum * sc, acc_opts);
   });
   return {loss, stats, scale, at::empty({0, in.ws}, s.options())};
 }

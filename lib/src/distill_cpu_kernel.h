@@ -92,9 +92,14 @@ struct CpuRow {
 namespace cpu_detail {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// logsumexp over the first n (of V) values x_j * inv_t; columns n..V are -inf.
+// The max and the log of the sum of exp(x_j * inv_t - max) over the first n values of a row
+// (columns n..V are -inf). A row without mass: max -inf, log_sum 0.
+template <typename Acc>
+struct LogSumExp {
+  Acc max, log_sum;
+};
 template <typename T, typename Acc>
-Acc row_logsumexp(const T* x, int64_t n, Acc inv_t) {
+LogSumExp<Acc> row_logsumexp(const T* x, int64_t n, Acc inv_t) {
   using M = CpuMath<Acc>;
   Acc mx = -std::numeric_limits<Acc>::infinity();
 #pragma omp simd reduction(max : mx)
@@ -106,31 +111,31 @@ Acc row_logsumexp(const T* x, int64_t n, Acc inv_t) {
     // All -inf (no mass), or NaN somewhere (NaN compares false): NaN logits give a NaN loss.
     bool nan = false;
     for (int64_t j = 0; j < n; ++j) nan = nan || std::isnan(static_cast<Acc>(x[j]));
-    return nan ? std::numeric_limits<Acc>::quiet_NaN() : mx;
+    return {mx, nan ? std::numeric_limits<Acc>::quiet_NaN() : Acc(0)};
   }
   Acc sum = Acc(0);
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) sum += M::exp(static_cast<Acc>(x[j]) * inv_t - mx);
-  return mx + M::log(sum);  // NaN if any x is NaN (exp(NaN) is NaN), +inf only from +inf logits
+  return {mx, M::log(sum)};  // NaN if any x is NaN (exp(NaN) is NaN); +inf logits give NaN too
 }
 
-// lp and p of one scaled logit a given the row's logsumexp; p = 0, lp = -inf where a = -inf.
+// lp and p of one scaled logit a from its row's LogSumExp; p = 0, lp = -inf where a = -inf.
 template <typename Acc>
-inline void log_prob(Acc a, Acc lse, Acc& lp, Acc& p) {
+inline void log_prob(Acc a, const LogSumExp<Acc>& lse, Acc& lp, Acc& p) {
   using M = CpuMath<Acc>;
   const bool none = a == -std::numeric_limits<Acc>::infinity();
-  lp = none ? a : a - lse;
+  lp = none ? a : (a - lse.max) - lse.log_sum;
   p = none ? Acc(0) : M::exp(lp);
 }
 }  // namespace cpu_detail
 
-// Forward of one row: stats[0..3] as distill_common.h lays them out (natural-log units).
+// Forward of one row: stats[0..kStatsPerRow) as distill_common.h lays them out (natural logs).
 template <int64_t kDiv, typename T, typename Acc>
 void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd, Acc* stats) {
   using M = CpuMath<Acc>;
   const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
-  const Acc lse_s = cpu_detail::row_logsumexp<T, Acc>(row.s, ns, inv_t);
-  const Acc lse_t = cpu_detail::row_logsumexp<T, Acc>(row.t, nt, inv_t);
+  const auto lse_s = cpu_detail::row_logsumexp<T, Acc>(row.s, ns, inv_t);
+  const auto lse_t = cpu_detail::row_logsumexp<T, Acc>(row.t, nt, inv_t);
   const int64_t n = ns < nt ? ns : nt;  // columns where both are read
   Acc loss = Acc(0), c = Acc(0);
 #pragma omp simd reduction(+ : loss, c)
@@ -153,10 +158,12 @@ void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants
     loss += term;
     c += p * g;
   }
-  stats[0] = lse_s;
-  stats[1] = lse_t;
-  stats[2] = needs_row_constant(kDiv) ? c : Acc(0);
-  stats[3] = loss;
+  stats[0] = lse_s.max;
+  stats[1] = lse_s.log_sum;
+  stats[2] = lse_t.max;
+  stats[3] = lse_t.log_sum;
+  stats[4] = needs_row_constant(kDiv) ? c : Acc(0);
+  stats[kStatLoss] = loss;
 }
 
 // Backward of one row: grad[j] = scale * d loss_row / d s_j for the student's ws columns, where
@@ -167,7 +174,8 @@ void distill_row_backward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstant
   using M = CpuMath<Acc>;
   const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
   const int64_t n = ns < nt ? ns : nt;
-  const Acc lse_s = stats[0], lse_t = stats[1], c = stats[2];
+  const cpu_detail::LogSumExp<Acc> lse_s{stats[0], stats[1]}, lse_t{stats[2], stats[3]};
+  const Acc c = stats[4];
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) {
     Acc lp, p, lq, q, term, g;

@@ -41,8 +41,7 @@ struct DistillArgs {
   float beta;
   float inv_t;                 // 1 / temperature
   int64_t reduction;           // Reduction code
-  float* stats;                // (rows, kStatsPerRow): log2-sum-exp2 of s*inv_t*log2(e) and of t, the
-                               // row constant, the row's loss
+  float* stats;                // (rows, kStatsPerRow), distill_common.h's layout (log2 units)
   float* scale;                // 1 value: the reduction's scale (written by the finalize, or by the
                                // count before a forward that computes the gradient)
   float* loss;                 // 1 value (reduced) or (rows,) ('none'): written by the finalize
@@ -155,13 +154,11 @@ __device__ __forceinline__ float2 cluster_reduce2(float2 v, float2* slot) {
   }
 }
 
-// log2-sum-exp2 of a row from its max and its sum of exp2(x - max); -inf for a row without mass.
-__device__ __forceinline__ float lse2(float mx, float sum) { return mx == -INFINITY ? -INFINITY : mx + log2f(sum); }
-
-// p and its natural log from a log2-scaled logit x2 and the row's lse2 (0 and -inf for x2 = -inf).
-__device__ __forceinline__ void prob(float x2, float lse, float& p, float& lp) {
+// p and its natural log from a log2-scaled logit x2 and its row's max and log2 of the sum of
+// exp2(x2 - max) (0 and -inf for x2 = -inf).
+__device__ __forceinline__ void prob(float x2, float mx, float ls, float& p, float& lp) {
   const bool none = x2 == -INFINITY;
-  const float l2 = x2 - lse;
+  const float l2 = (x2 - mx) - ls;
   p = none ? 0.f : exp2f(l2);
   lp = none ? -INFINITY : l2 * kLn2;
 }
@@ -246,7 +243,9 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
     }
   });
   sum = cluster_reduce2<kCluster, false>(block_reduce2<false>(sum, red), &slots[1]);
-  const float lse_s = lse2(mx.x, sum.x), lse_t = lse2(mx.y, sum.y);
+  const float mx_s = mx.x, mx_t = mx.y;
+  // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0).
+  const float ls_s = mx.x == -INFINITY ? 0.f : log2f(sum.x), ls_t = mx.y == -INFINITY ? 0.f : log2f(sum.y);
 
   // Pass 2: the row's loss and its row constant sum_j p_j g_j.
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
@@ -256,8 +255,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float p, lp, q, lq, term, g;
-      prob(to_float(x.v[k]) * k2, lse_s, p, lp);
-      prob(to_float(y.v[k]) * k2, lse_t, q, lq);
+      prob(to_float(x.v[k]) * k2, mx_s, ls_s, p, lp);
+      prob(to_float(y.v[k]) * k2, mx_t, ls_t, q, lq);
       divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
       lc.x += term;
       lc.y += p * g;
@@ -267,10 +266,12 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
   const float c = needs_row_constant(div) ? lc.y : 0.f;
   if (rank == 0 && threadIdx.x == 0) {
     float* st = a.stats + row * kStatsPerRow;
-    st[0] = lse_s;
-    st[1] = lse_t;
-    st[2] = c;
-    st[3] = lc.x;
+    st[0] = mx_s;
+    st[1] = ls_s;
+    st[2] = mx_t;
+    st[3] = ls_t;
+    st[4] = c;
+    st[kStatLoss] = lc.x;
   }
 
   // Pass 3 (a forward that computes the gradient): grad = grad_scale * scale / T * dL/da.
@@ -282,8 +283,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(to_float(x.v[k]) * k2, lse_s, p, lp);
-        prob(to_float(y.v[k]) * k2, lse_t, q, lq);
+        prob(to_float(x.v[k]) * k2, mx_s, ls_s, p, lp);
+        prob(to_float(y.v[k]) * k2, mx_t, ls_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));  // 0 past ns: p = 0, q = 0
       }
@@ -323,7 +324,7 @@ __global__ void distill_finalize_kernel(DistillArgs<float> a) {
   double sum = 0.0;
   long long valid = 0;
   for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
-    const float l = a.stats[r * kStatsPerRow + 3];
+    const float l = a.stats[r * kStatsPerRow + kStatLoss];
     if (a.reduction == kNone) a.loss[r] = l;
     sum += l;
     valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(256) distill_backward_kernel(DistillArgs<T> a,
   const T* t = a.t + row * a.t_stride;
   const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0, vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
   const float* st = a.stats + row * kStatsPerRow;
-  const float lse_s = st[0], lse_t = st[1], c = st[2];
+  const float mx_s = st[0], ls_s = st[1], mx_t = st[2], ls_t = st[3], c = st[4];
   const float go = a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale;
   const float row_scale = go * a.inv_t, k2 = a.inv_t * kLog2e;
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
@@ -380,8 +381,8 @@ __global__ void __launch_bounds__(256) distill_backward_kernel(DistillArgs<T> a,
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float p, lp, q, lq, term, g;
-      prob(to_float(x.v[k]) * k2, lse_s, p, lp);
-      prob(to_float(y.v[k]) * k2, lse_t, q, lq);
+      prob(to_float(x.v[k]) * k2, mx_s, ls_s, p, lp);
+      prob(to_float(y.v[k]) * k2, mx_t, ls_t, q, lq);
       divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
       out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));
     }

@@ -1,0 +1,394 @@
+// lossfns::distill_loss against the float64 reference (distill_reference.h): loss and gradient,
+// swept over devices, dtypes, divergences, reductions, shapes, strides, widths, padding, ties,
+// -inf columns and extreme temperatures; the exactness rules; the errors. CUDA cases skip without
+// a GPU.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+
+#include "distill_reference.h"
+#include "lossfns/distill.h"
+#include "lossfns/distill_module.h"
+#include "tvd_reference.h"  // all_close
+
+namespace lossfns::testing {
+namespace {
+
+constexpr std::array<Divergence, 4> kAll = {Divergence::kTvd, Divergence::kForwardKl, Divergence::kReverseKl,
+                                            Divergence::kJsd};
+const double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<at::Device> devices() {
+  std::vector<at::Device> d = {at::kCPU};
+  if (torch::cuda::is_available()) d.emplace_back(at::kCUDA);
+  return d;
+}
+std::vector<at::ScalarType> dtypes(const at::Device& d) {
+  if (d.is_cuda()) return {at::kFloat, at::kBFloat16, at::kHalf};
+  return {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf};
+}
+
+// A requires-grad leaf holding x's values.
+at::Tensor leaf(const at::Tensor& x) { return x.detach().clone().set_requires_grad(true); }
+
+// One case of the sweep.
+struct Case {
+  int64_t rows, ws, wt;
+  std::optional<int64_t> vocab_size;
+  std::string pattern;  // "random" | "tied" | "partial" | "neginf" | "large"
+  double temperature = 1.0;
+  bool strided = false, labels = false;
+};
+std::string describe(const Case& c) {
+  std::ostringstream o;
+  o << c.rows << "x(" << c.ws << "," << c.wt << ") vocab " << (c.vocab_size ? std::to_string(*c.vocab_size) : "-")
+    << " " << c.pattern << " T=" << c.temperature << (c.strided ? " strided" : "") << (c.labels ? " labels" : "");
+  return o.str();
+}
+
+// Student and teacher logits of the case, in double on the CPU (the dtype cast comes later).
+std::pair<at::Tensor, at::Tensor> make_logits(const Case& c) {
+  const auto dbl = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor s = at::randn({c.rows, c.ws}, dbl) * 2, t = at::randn({c.rows, c.wt}, dbl) * 2;
+  const int64_t n = std::min(c.ws, c.wt);
+  if (c.pattern == "tied") {
+    t.narrow(1, 0, n).copy_(s.narrow(1, 0, n));
+  } else if (c.pattern == "partial") {
+    // Ties at the probability level on non-zero probabilities, beside elements that differ: the
+    // teacher is the student except every 4th column of the first half, where the student's
+    // logit is its row's max - 46 and the teacher's max - 47 (probabilities ~1e-20 and ~4e-21,
+    // non-zero in float too). Such terms vanish in the normalisers' sums (every other term is
+    // >= 1e-4 of the sum), so both normalisers are bit-identical in any summation order, and the
+    // other columns' p and q are too: exact ties, in the kernels and in the reference alike.
+    t.narrow(1, 0, n).copy_(s.narrow(1, 0, n));
+    const at::Tensor mx = std::get<0>(s.max(1));
+    for (int64_t j = 0; j < n / 2; j += 4) {
+      s.select(1, j).copy_(mx - 46);
+      t.select(1, j).copy_(mx - 47);
+    }
+  } else if (c.pattern == "probtie") {
+    // Ties at the probability level with different logits: every 3rd column is -2000 in the
+    // student and -3000 in the teacher (p = q = 0 exactly), the rest identical.
+    t.narrow(1, 0, n).copy_(s.narrow(1, 0, n));
+    for (int64_t j = 0; j < n; j += 3) {
+      s.select(1, j).fill_(-2000);
+      t.select(1, j).fill_(-3000);
+    }
+  } else if (c.pattern == "neginf") {
+    // Every 3rd column -inf in both, every 5th in the teacher only (documented per divergence;
+    // the sweep uses it only where the result is finite: tvd, forward_kl, jsd).
+    for (int64_t j = 0; j < n; j += 3) {
+      s.select(1, j).fill_(-kInf);
+      t.select(1, j).fill_(-kInf);
+    }
+    for (int64_t j = 1; j < c.wt; j += 5) t.select(1, j).fill_(-kInf);
+  } else if (c.pattern == "large") {
+    s = s * 40;
+    t = t * 40;
+  }
+  return {s, t};
+}
+
+// Rows and a (B, T) shape over them; strided: a view into a wider buffer (row stride > width).
+at::Tensor place(const at::Tensor& x, at::ScalarType dtype, const at::Device& dev, bool strided) {
+  at::Tensor y = x.to(dev, dtype);
+  if (!strided) return y;
+  at::Tensor wide = at::full({x.size(0), x.size(1) + 9}, 7.0, y.options());
+  wide.narrow(1, 3, x.size(1)).copy_(y);
+  return wide.narrow(1, 3, x.size(1));
+}
+
+struct Tol {
+  double loss_rtol, loss_atol, grad_rtol, grad_atol_rel;
+};
+Tol tolerance(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return {1e-10, 1e-12, 1e-9, 1e-13};
+    case at::kFloat: return {2e-4, 2e-6, 2e-4, 2e-5};
+    case at::kHalf: return {2e-4, 2e-6, 2e-3, 2e-4};
+    default: return {2e-4, 2e-6, 1.6e-2, 1e-3};  // bfloat16: one rounding of the gradient
+  }
+}
+
+void run_case(const Case& c, Divergence div, const at::Device& dev, at::ScalarType dtype, const std::string& red) {
+  SCOPED_TRACE(describe(c) + " " + divergence_name(div) + " " + c10::toString(dtype) + " " + dev.str() + " " + red);
+  auto [s64, t64] = make_logits(c);
+  at::Tensor s = place(s64, dtype, dev, c.strided), t = place(t64, dtype, dev, c.strided);
+  at::Tensor labels, valid = at::ones({c.rows}, at::kBool);
+  if (c.labels) {
+    labels = at::randint(0, 10, {c.rows}, at::kLong);
+    labels.index_put_({at::arange(c.rows) % 3 == 1}, kDefaultIgnoreIndex);
+    valid = labels.ne(kDefaultIgnoreIndex);
+    labels = labels.to(dev);
+  }
+  const int64_t V = std::min(c.vocab_size.value_or(std::max(c.ws, c.wt)), std::max(c.ws, c.wt));
+  const int64_t n_valid = valid.sum().item<int64_t>();
+  const double beta = 0.3;
+  DistillLossOptions o;
+  o.divergence(div).beta(beta).temperature(c.temperature).vocab_size(c.vocab_size);
+  at::Tensor go = red == "none" ? at::rand({c.rows}, at::kDouble) + 0.5 : at::full({}, 0.75, at::kDouble);
+  double scale = 1.0;
+  if (red == "sum") o.reduction(torch::kSum);
+  if (red == "mean") o.reduction(torch::kMean), scale = n_valid ? 1.0 / (double(n_valid) * double(V)) : 0.0;
+  if (red == "batchmean") o.reduction(torch::kBatchMean), scale = n_valid ? 1.0 / double(n_valid) : 0.0;
+  if (red == "none") o.reduction(torch::kNone);
+
+  // The reference on the values the op sees (after rounding to dtype).
+  const at::Tensor weight = red == "none" ? go : go.expand({c.rows}) * scale;
+  const RefResult ref = reference_distill(s.cpu(), t.cpu(), div, beta, c.temperature, V, valid, weight);
+
+  at::Tensor sl = leaf(s);
+  at::Tensor loss = distill_loss(sl, t, o, c.labels ? std::optional<at::Tensor>(labels) : std::nullopt);
+  const Tol tol = tolerance(dtype);
+  const at::Tensor ref_loss = red == "none" ? ref.row_loss : ref.row_loss.sum() * scale;
+  EXPECT_EQ(loss.scalar_type(), dtype == at::kDouble ? at::kDouble : at::kFloat);
+  EXPECT_EQ(loss.dim(), red == "none" ? 1 : 0);
+  EXPECT_TRUE(all_close(loss, ref_loss, tol.loss_rtol, tol.loss_atol * std::max<double>(1.0, c.rows)));
+  loss.backward(go.to(loss.options()));
+  // The gradient's natural scale: the row weight / T, times kappa, the logits' magnitude after
+  // the temperature (lp = a - logsumexp(a) loses |a| * eps absolutely: T = 1e-3 or logits of
+  // +-300 cost that many digits in any float implementation, the composite included).
+  const double kappa = std::max(1.0, s64.abs().nan_to_num(0, 0, 0).max().item<double>() / c.temperature / 10);
+  const double gscale = weight.abs().max().item<double>() / c.temperature * kappa;
+  EXPECT_EQ(sl.grad().scalar_type(), dtype);
+  // fp16 gradients below 2^-14 are subnormal, spaced 2^-24: rounding there is absolute.
+  const double subnormal = dtype == at::kHalf ? 0x1p-24 : 0.0;
+  EXPECT_TRUE(all_close(sl.grad(), ref.grad, tol.grad_rtol * kappa, tol.grad_atol_rel * gscale + subnormal));
+  if (c.pattern == "tied" || c.pattern == "probtie") {  // exactly 0, not merely small
+    EXPECT_EQ(loss.abs().max().item<double>(), 0.0);
+    EXPECT_EQ(sl.grad().abs().max().item<double>(), 0.0);
+  }
+}
+
+TEST(DistillReference, GradientIsTheLossDerivative) {
+  // Central differences of the reference loss in double, away from ties (random logits), with a
+  // padded column and temperature 1.7: the closed-form gradient the sweep trusts is the loss's.
+  at::manual_seed(1);
+  const at::Tensor s = at::randn({3, 9}, at::kDouble), t = at::randn({3, 9}, at::kDouble);
+  const at::Tensor valid = at::ones({3}, at::kBool), w = at::ones({3}, at::kDouble);
+  for (Divergence div : kAll) {
+    SCOPED_TRACE(divergence_name(div));
+    const RefResult r = reference_distill(s, t, div, 0.3, 1.7, 8, valid, w);
+    const double h = 1e-6;
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t j = 0; j < 9; ++j) {
+        at::Tensor sp = s.clone(), sm = s.clone();
+        sp[i][j] += h;
+        sm[i][j] -= h;
+        const double fd = (reference_distill(sp, t, div, 0.3, 1.7, 8, valid, w).row_loss.sum().item<double>() -
+                           reference_distill(sm, t, div, 0.3, 1.7, 8, valid, w).row_loss.sum().item<double>()) /
+                          (2 * h);
+        EXPECT_NEAR(r.grad[i][j].item<double>(), fd, 1e-7) << "row " << i << " column " << j;
+      }
+    }
+  }
+}
+
+TEST(DistillLoss, MatchesTheFloat64ReferenceAcrossTheSweep) {
+  at::manual_seed(0);
+  const std::vector<Case> cases = {
+      {1, 1, 1, std::nullopt, "random"},
+      {13, 7, 7, std::nullopt, "random", 1.0, false, true},
+      {5, 255, 255, std::nullopt, "random", 2.0, true, false},
+      {6, 256, 256, 200, "random", 1.0, false, true},   // padded vocabulary
+      {7, 300, 260, std::nullopt, "random"},             // the teacher is narrower
+      {3, 1000, 1200, 1100, "random", 0.5, true, true},  // wider teacher, padding past 1100
+      {4, 64, 64, std::nullopt, "tied"},
+      {4, 200, 200, std::nullopt, "partial"},
+      {5, 100, 100, std::nullopt, "probtie", 0.5},
+      {4, 500, 500, std::nullopt, "random", 1e-3},  // most probabilities underflow to exactly 0
+      {4, 500, 500, std::nullopt, "random", 100.0},
+      {4, 500, 500, std::nullopt, "large"},
+      {3, 32000, 32000, std::nullopt, "random", 1.0, false, true},
+      {2, 151936, 151936, std::nullopt, "random"},
+  };
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : dtypes(dev))
+      for (const Case& c : cases)
+        for (Divergence div : kAll)
+          for (const char* red : {"sum", "batchmean", "mean", "none"}) {
+            if (c.rows * std::max(c.ws, c.wt) > 100000 && (std::string(red) != "batchmean" || dtype == at::kHalf))
+              continue;  // the big shapes once per dtype and divergence
+            run_case(c, div, dev, dtype, red);
+          }
+}
+
+TEST(DistillLoss, NegativeInfinityColumnsAreExactlyZeroAndNeverNaN) {
+  // -inf in both: no term, gradient exactly 0. The teacher -inf alone: finite for tvd, forward_kl
+  // and jsd (reverse_kl is +inf there by definition: docs/distill.md).
+  at::manual_seed(2);
+  const Case c{6, 300, 300, std::nullopt, "neginf", 1.0, false, true};
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : dtypes(dev))
+      for (Divergence div : {Divergence::kTvd, Divergence::kForwardKl, Divergence::kJsd}) {
+        run_case(c, div, dev, dtype, "sum");
+        auto [s64, t64] = make_logits(c);
+        at::Tensor s = leaf(s64.to(dev, dtype));
+        distill_loss(s, t64.to(dev, dtype), DistillLossOptions().divergence(div).reduction(torch::kSum)).backward();
+        const at::Tensor g = s.grad().cpu().to(at::kDouble);
+        EXPECT_FALSE(g.isnan().any().item<bool>());
+        EXPECT_EQ(g.index({at::indexing::Slice(), at::indexing::Slice(0, at::indexing::None, 3)}).abs().max().item<double>(),
+                  0.0);
+      }
+}
+
+TEST(DistillLoss, ReverseKlIsInfiniteWhereOnlyTheTeacherIsNegativeInfinity) {
+  for (const auto& dev : devices()) {
+    at::Tensor s = at::zeros({1, 4}, at::TensorOptions(dev));
+    at::Tensor t = at::zeros({1, 4}, at::TensorOptions(dev));
+    t[0][1] = -kInf;
+    const auto o = DistillLossOptions().divergence(Divergence::kReverseKl);
+    EXPECT_EQ(distill_loss(s, t, o).item<double>(), kInf);
+    // ... and forward KL is +inf where only the student is -inf.
+    EXPECT_EQ(distill_loss(t, s, DistillLossOptions().divergence(Divergence::kForwardKl)).item<double>(), kInf);
+  }
+}
+
+TEST(DistillLoss, PaddingColumnsAreNeverRead) {
+  // Columns at or past vocab_size hold NaN: the loss is the unpadded one and their gradient is 0.
+  at::manual_seed(3);
+  for (const auto& dev : devices())
+    for (Divergence div : kAll) {
+      at::Tensor s = at::randn({5, 40}, at::TensorOptions(dev)), t = at::randn({5, 40}, at::TensorOptions(dev));
+      at::Tensor sn = s.clone(), tn = t.clone();
+      sn.narrow(1, 33, 7).fill_(std::nan(""));
+      tn.narrow(1, 33, 7).fill_(std::nan(""));
+      const auto o = DistillLossOptions().divergence(div).vocab_size(33);
+      at::Tensor a = leaf(sn), b = leaf(s.narrow(1, 0, 33));
+      at::Tensor la = distill_loss(a, tn, o), lb = distill_loss(b, t.narrow(1, 0, 33), DistillLossOptions(o).vocab_size(std::nullopt));
+      EXPECT_EQ(la.item<double>(), lb.item<double>()) << divergence_name(div);
+      la.backward();
+      lb.backward();
+      EXPECT_TRUE(at::equal(a.grad().narrow(1, 0, 33), b.grad())) << divergence_name(div);
+      EXPECT_EQ(a.grad().narrow(1, 33, 7).abs().max().item<double>(), 0.0);
+    }
+}
+
+TEST(DistillLoss, IdenticalRowsGiveExactlyZeroForEveryDivergenceDtypeAndTemperature) {
+  at::manual_seed(4);
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : dtypes(dev))
+      for (Divergence div : kAll)
+        for (double T : {1e-3, 0.7, 1.0, 100.0}) {
+          at::Tensor s = leaf((at::randn({9, 3001}) * 3).to(dev, dtype));
+          at::Tensor loss = distill_loss(s, s.detach().clone(), DistillLossOptions().divergence(div).temperature(T));
+          loss.backward();
+          EXPECT_EQ(loss.item<double>(), 0.0) << divergence_name(div) << " T=" << T;
+          EXPECT_EQ(s.grad().abs().max().item<double>(), 0.0) << divergence_name(div) << " T=" << T;
+        }
+}
+
+TEST(DistillLoss, JsdAtBetaZeroAndOneIsForwardAndReverseKl) {
+  at::manual_seed(5);
+  at::Tensor s = at::randn({4, 50}), t = at::randn({4, 50});
+  auto loss = [&](Divergence d, double beta) {
+    return distill_loss(s, t, DistillLossOptions().divergence(d).beta(beta)).item<double>();
+  };
+  EXPECT_EQ(loss(Divergence::kJsd, 0.0), loss(Divergence::kForwardKl, 0.5));
+  EXPECT_EQ(loss(Divergence::kJsd, 1.0), loss(Divergence::kReverseKl, 0.5));
+}
+
+TEST(DistillLoss, AllIgnoredAndEmptyBatchesGiveZeroNotNaN) {
+  for (const auto& dev : devices())
+    for (Divergence div : kAll)
+      for (auto red : std::vector<Reduction>{torch::kSum, torch::kMean, torch::kBatchMean}) {
+        at::Tensor s = leaf(at::randn({3, 20}, at::TensorOptions(dev)));
+        at::Tensor labels = at::full({3}, kDefaultIgnoreIndex, at::TensorOptions(dev).dtype(at::kLong));
+        at::Tensor loss = distill_loss(s, at::randn({3, 20}, at::TensorOptions(dev)),
+                                       DistillLossOptions().divergence(div).reduction(red), labels);
+        loss.backward();
+        EXPECT_EQ(loss.item<double>(), 0.0);
+        EXPECT_EQ(s.grad().abs().max().item<double>(), 0.0);
+        at::Tensor e = leaf(at::randn({0, 20}, at::TensorOptions(dev)));
+        at::Tensor le = distill_loss(e, at::randn({0, 20}, at::TensorOptions(dev)),
+                                     DistillLossOptions().divergence(div).reduction(red));
+        le.backward();
+        EXPECT_EQ(le.item<double>(), 0.0);
+        EXPECT_EQ(e.grad().sizes(), e.sizes());
+      }
+}
+
+TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
+  // grad_scale is a promise of the grad_output; kept (the CUDA forward computes the gradient) or
+  // broken (backward rescales on the device), the gradient is the one without the hint.
+  at::manual_seed(6);
+  for (const auto& dev : devices())
+    for (Divergence div : kAll)
+      for (double go : {0.25, 3.0}) {
+        const auto opts = at::TensorOptions(dev).dtype(at::kBFloat16);
+        at::Tensor s0 = at::randn({64, 4096}, opts), t = at::randn({64, 4096}, opts);
+        at::Tensor a = leaf(s0), b = leaf(s0);
+        const auto o = DistillLossOptions().divergence(div);
+        distill_loss(a, t, o).backward(at::full({}, go, at::TensorOptions(dev)));
+        distill_loss(b, t, DistillLossOptions(o).grad_scale(at::full({1}, 0.25, at::TensorOptions(dev))))
+            .backward(at::full({}, go, at::TensorOptions(dev)));
+        EXPECT_TRUE(all_close(b.grad(), a.grad(), go == 0.25 ? 0.0 : 1.6e-2, 0.0))
+            << divergence_name(div) << " " << dev << " grad_output " << go;
+      }
+}
+
+TEST(DistillLoss, ThreeDimensionalAndNonContiguousInputs) {
+  at::manual_seed(7);
+  for (const auto& dev : devices()) {
+    at::Tensor s = at::randn({5, 3, 70}, at::TensorOptions(dev)).transpose(0, 1);  // (3, 5, 70), not a view of rows
+    at::Tensor t = at::randn({3, 5, 70}, at::TensorOptions(dev));
+    at::Tensor labels = at::randint(0, 5, {3, 5}, at::TensorOptions(dev).dtype(at::kLong));
+    at::Tensor a = leaf(s), b = leaf(s.contiguous());
+    const auto o = DistillLossOptions().divergence(Divergence::kJsd).reduction(torch::kNone);
+    at::Tensor la = distill_loss(a, t, o, labels), lb = distill_loss(b, t, o, labels);
+    EXPECT_EQ(la.sizes(), (std::vector<int64_t>{3, 5}));
+    EXPECT_TRUE(at::equal(la, lb));
+    la.sum().backward();
+    lb.sum().backward();
+    EXPECT_TRUE(at::equal(a.grad(), b.grad()));
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(DistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
+  const at::Tensor s = at::randn({4, 10}), t = at::randn({4, 10});
+  auto err = [&](const at::Tensor& a, const at::Tensor& b, DistillLossOptions o = {},
+                 std::optional<at::Tensor> l = std::nullopt) { return error_of([&] { distill_loss(a, b, o, l); }); };
+  EXPECT_NE(err(s, at::randn({5, 10})).find("leading shape [4]"), std::string::npos);
+  EXPECT_NE(err(s, t.to(at::kBFloat16)).find("BFloat16"), std::string::npos);
+  EXPECT_NE(err(s.to(at::kInt), t.to(at::kInt)).find("Int"), std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().temperature(0)).find("temperature"), std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().temperature(1e-40)).find("temperature"), std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().temperature(kInf)).find("temperature"), std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().divergence(Divergence::kJsd).beta(1.5)).find("beta"), std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().vocab_size(0)).find("vocab_size"), std::string::npos);
+  EXPECT_NE(err(s, t, {}, at::zeros({4}, at::kInt)).find("int64"), std::string::npos);
+  EXPECT_NE(err(s, t, {}, at::zeros({3}, at::kLong)).find("labels must have shape"), std::string::npos);
+  EXPECT_NE(err(s, leaf(t)).find("teacher_logits must not require grad"), std::string::npos);
+  EXPECT_EQ(err(s, t, DistillLossOptions().reduction(torch::kSum)), "");  // and a good call is none
+}
+
+TEST(DistillLoss, ModuleWrapperCallsTheOp) {
+  DistillLoss fn(DistillLossOptions().divergence(Divergence::kJsd).beta(0.25).vocab_size(8));
+  std::ostringstream o;
+  o << *fn;
+  EXPECT_EQ(o.str(), "lossfns::DistillLoss(divergence=jsd, beta=0.25, temperature=1, reduction=batchmean, "
+                     "ignore_index=-100, vocab_size=8)");
+  const at::Tensor s = at::randn({2, 10}), t = at::randn({2, 10});
+  EXPECT_EQ(fn(s, t).item<double>(), distill_loss(s, t, fn->options).item<double>());
+}
+
+}  // namespace
+}  // namespace lossfns::testing
