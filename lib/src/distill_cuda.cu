@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
   const auto f32 = s.options().dtype(at::kFloat);
   const bool none = reduction == kernels::kNone;
   // The gradient in forward: asked for (grad_scale), for a reduced loss, when backward will run.
-  const bool grad_now = save && grad_scale.has_value() && grad_scale->defined() && !none && in.rows > 0;
+  const bool grad_now = save && grad_scale.has_value() && grad_scale->defined() && !none;
   at::Tensor gs;
   if (grad_now) {
     TORCH_CHECK(grad_scale->numel() == 1 && grad_scale->device() == s.device(),

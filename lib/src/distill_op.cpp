@@ -100,9 +100,11 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
         distill_forward_op(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale,
                            /*save=*/true);
     const at::Tensor none;
-    // A forward-computed gradient has the rows' count of rows; otherwise it has 0 rows (also when
-    // there are 0 rows, where recomputing is free).
-    const bool saved_grad = grad.size(0) > 0;
+    // Whether the forward computed the gradient: the CUDA forward does when given grad_scale for
+    // a reduced loss (distill_cuda.cu); decided from the arguments, not from sizes, which are
+    // symbolic under torch.compile.
+    const bool saved_grad = s.is_cuda() && grad_scale.has_value() && grad_scale->defined() &&
+                            reduction != kernels::kNone;
     ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none, stats, scale,
                             grad, grad_scale ? *grad_scale : none});
     ctx->saved_data["saved_grad"] = saved_grad;

@@ -1,6 +1,7 @@
 """lossfns: distillation losses for PyTorch, from liblossfns (C++ and CUDA).
 
     import torch, lossfns
+    loss = lossfns.distill_loss(student_logits, teacher_logits.detach(), labels, divergence="jsd")
     loss = lossfns.tvd_loss(student_probs, teacher_probs, labels)   # or lossfns.TVDLoss()(...)
 
 Importing the package loads the liblossfns.so shipped beside this file (or the one named by
@@ -18,7 +19,7 @@ __library__: str = _library.load()
 __version__: str = _library.library_version(__library__)
 
 from . import _fake  # noqa: E402  (needs the ops registered by the library)
-from ._ops import Reduction, tvd_loss  # noqa: E402
-from .modules import TVDLoss  # noqa: E402
+from ._ops import Divergence, Reduction, distill_loss, tvd_loss  # noqa: E402
+from .modules import DistillLoss, TVDLoss  # noqa: E402
 
-__all__ = ["Reduction", "TVDLoss", "tvd_loss", "__version__"]
+__all__ = ["DistillLoss", "Divergence", "Reduction", "TVDLoss", "distill_loss", "tvd_loss", "__version__"]

@@ -72,3 +72,56 @@ def _tvd_backward_fake(grad_output: torch.Tensor, signs: torch.Tensor, scale: to
     torch._check(p is not None and q is not None,
                  lambda: "lossfns._tvd_backward: on CPU, p and q (the forward's inputs) are required")
     return p.new_empty((p.numel() // V, V), dtype=dtype)
+
+
+# --- lossfns.distill_loss (lib/src/distill_op.cpp, distill_cpu.cpp, distill_cuda.cu) ------------
+_STATS_PER_ROW = 6  # lib/src/distill_common.h, kStatsPerRow
+
+
+def _check_logits(s: torch.Tensor, t: torch.Tensor) -> None:
+    op = "lossfns.distill_loss"
+    torch._check(s.dim() in (2, 3), lambda: f"{op}: student_logits must be (BT, V) or (B, T, V); got {tuple(s.shape)}")
+    torch._check(t.dim() == s.dim() and t.shape[:-1] == s.shape[:-1],
+                 lambda: f"{op}: teacher_logits must have the student's leading shape {tuple(s.shape[:-1])}; "
+                         f"got {tuple(t.shape)}")
+    torch._check(t.dtype == s.dtype, lambda: f"{op}: teacher_logits must have the student's dtype {s.dtype}; got {t.dtype}")
+    torch._check(t.device == s.device, lambda: f"{op}: teacher_logits must be on the student's device")
+
+
+def _rows(s: torch.Tensor):
+    n = 1
+    for d in s.shape[:-1]:
+        n = n * d
+    return n
+
+
+@torch.library.register_fake("lossfns::distill_loss")
+def _distill_loss_fake(s, t, labels=None, divergence="tvd", beta=0.5, temperature=1.0, ignore_index=-100,
+                       reduction="batchmean", vocab_size=None, grad_scale=None):
+    _check_logits(s, t)
+    return s.new_empty(s.shape[:-1] if reduction == "none" else (), dtype=_acc_dtype(s))
+
+
+@torch.library.register_fake("lossfns::_distill_forward")
+def _distill_forward_fake(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale, save):
+    # loss (rows,) or (); stats (rows, 6); scale (1,); the gradient computed in forward: (rows, ws)
+    # on CUDA with a grad_scale for a reduced loss when saving, else (0, ws).
+    _check_logits(s, t)
+    rows, acc = _rows(s), _acc_dtype(s)
+    loss = s.new_empty((rows,) if reduction == _NONE else (), dtype=acc)
+    stats = s.new_empty((rows, _STATS_PER_ROW), dtype=acc)
+    scale = s.new_empty((1,), dtype=acc)
+    grad_now = s.device.type == "cuda" and save and grad_scale is not None and reduction != _NONE
+    grad = s.new_empty((rows if grad_now else 0, s.shape[-1]))
+    return loss, stats, scale, grad
+
+
+@torch.library.register_fake("lossfns::_distill_backward")
+def _distill_backward_fake(grad_output, s, t, labels, stats, scale, divergence, beta, temperature, ignore_index,
+                           reduction, V):
+    return s.new_empty((_rows(s), s.shape[-1]))
+
+
+@torch.library.register_fake("lossfns::_distill_rescale_grad_")
+def _distill_rescale_grad_fake(grad, grad_output, grad_scale):
+    return None

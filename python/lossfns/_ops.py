@@ -39,3 +39,49 @@ def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = 
     what was expected and what was passed.
     """
     return torch.ops.lossfns.tvd_loss(p, q, labels, ignore_index, reduction)
+
+
+Divergence = Literal["tvd", "forward_kl", "reverse_kl", "jsd"]
+
+
+def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                 divergence: Divergence = "tvd", beta: float = 0.5, temperature: float = 1.0,
+                 ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean",
+                 vocab_size: Optional[int] = None, grad_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A divergence between the student's and the teacher's distributions, from their logits.
+
+    With ``p = softmax(student_logits / T)`` and ``q = softmax(teacher_logits / T)``, per row:
+
+    - ``"tvd"``: ``0.5 * sum_j |p_j - q_j|`` (gradient exactly 0 where ``p_j == q_j``);
+    - ``"forward_kl"``: ``KL(q || p)``; ``"reverse_kl"``: ``KL(p || q)``;
+    - ``"jsd"``: ``beta * KL(q || m) + (1 - beta) * KL(p || m)``, ``m = beta q + (1 - beta) p``;
+      ``beta = 0`` is forward KL and ``beta = 1`` reverse KL (TRL's and Liger's convention).
+
+    Fused: no softmax, no float32 copy of the logits and no ``(BT, V)`` intermediate besides the
+    gradient; the math is in float32. The loss is not multiplied by ``T**2``.
+
+    Args:
+        student_logits: ``(BT, V_s)`` or ``(B, T, V_s)``, float32 / bfloat16 / float16 (float64 on
+            the CPU); any strides with unit stride in V.
+        teacher_logits: the student's leading shape, ``(.., V_t)``, same dtype and device. A
+            constant: it gets no gradient, and one that requires grad is an error (``.detach()``
+            it). ``V_s`` and ``V_t`` may differ: the narrower one's missing columns are -inf.
+        labels: optional int64 ``(BT,)`` or ``(B, T)``: rows whose label is ``ignore_index``
+            contribute nothing and get a zero gradient.
+        reduction: ``"batchmean"`` (sum / rows not ignored), ``"mean"`` (sum / (rows not ignored
+            * V), as torch's kl_div), ``"sum"``, or ``"none"`` (per row: the logits' shape
+            without V). An all-ignored batch gives 0, not NaN.
+        vocab_size: columns at or past it are padding: -inf in both whatever they hold, gradient 0.
+        grad_scale: optional 1-element float tensor on the logits' device, the grad_output the
+            backward will bring (e.g. ``kd_weight / tokens``). Given, the CUDA forward computes
+            the gradient while it reads the logits; the result is the same either way.
+
+    Returns:
+        A 0-dim float32 tensor (float64 for float64 logits), or the per-row losses for ``"none"``.
+
+    Edge cases (docs/distill.md): columns -inf in both contribute exactly 0; a teacher -inf where
+    the student is finite makes reverse KL +inf (forward KL: a student -inf where the teacher is
+    finite); identical rows give loss 0 and gradient 0 for every divergence.
+    """
+    return torch.ops.lossfns.distill_loss(student_logits, teacher_logits, labels, divergence, beta, temperature,
+                                          ignore_index, reduction, vocab_size, grad_scale)

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ._ops import DEFAULT_IGNORE_INDEX, Reduction, tvd_loss
+from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, distill_loss, tvd_loss
 
 
 class TVDLoss(torch.nn.Module):
@@ -30,3 +30,37 @@ class TVDLoss(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class DistillLoss(torch.nn.Module):
+    """``lossfns.distill_loss`` as a module: ``DistillLoss(divergence="jsd", beta=0.5)(student_logits,
+    teacher_logits, labels)``. Keyword-only arguments; see ``lossfns.distill_loss`` for their meaning.
+    """
+
+    def __init__(self, *, divergence: Divergence = "tvd", beta: float = 0.5, temperature: float = 1.0,
+                 ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean",
+                 vocab_size: Optional[int] = None) -> None:
+        super().__init__()
+        if divergence not in ("tvd", "forward_kl", "reverse_kl", "jsd"):
+            raise ValueError(f"lossfns.DistillLoss: divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', "
+                             f"'jsd'; got {divergence!r}")
+        if reduction not in ("none", "sum", "mean", "batchmean"):
+            raise ValueError(f"lossfns.DistillLoss: reduction must be one of 'none', 'sum', 'mean', "
+                             f"'batchmean'; got {reduction!r}")
+        self.divergence: Divergence = divergence
+        self.beta = beta
+        self.temperature = temperature
+        self.ignore_index = ignore_index
+        self.reduction: Reduction = reduction
+        self.vocab_size = vocab_size
+
+    def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return distill_loss(student_logits, teacher_logits, labels, self.divergence, self.beta, self.temperature,
+                            self.ignore_index, self.reduction, self.vocab_size)
+
+    def extra_repr(self) -> str:
+        beta = f", beta={self.beta}" if self.divergence == "jsd" else ""
+        vocab = f", vocab_size={self.vocab_size}" if self.vocab_size is not None else ""
+        return (f"divergence={self.divergence!r}{beta}, temperature={self.temperature}, "
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{vocab}")

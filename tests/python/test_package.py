@@ -221,3 +221,114 @@ def test_pip_install_into_fresh_virtualenv(tmp_path):
     run = subprocess.run([vpy, "-c", check], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, f"import in the fresh venv failed:\n{run.stdout}\n{run.stderr[-6000:]}"
     assert run.stdout.startswith("ok "), run.stdout
+
+
+# --- lossfns.distill_loss -----------------------------------------------------------------------
+DIVERGENCES = ["tvd", "forward_kl", "reverse_kl", "jsd"]
+DIV_CODES = {"tvd": 0, "forward_kl": 1, "reverse_kl": 2, "jsd": 3}  # lib/src/distill_common.h
+
+
+def logits(shape, dtype, device, labels="some", wt=None):
+    """Student and teacher logits with ties: the teacher equals the student in half the rows, and
+    a tail of 13 columns is -inf in both; V = 300 (not a vector width). wt: the teacher's width."""
+    g = torch.Generator().manual_seed(0)
+    *lead, V = shape
+    s = torch.randn(*lead, V, generator=g, dtype=torch.float64) * 2
+    t = torch.randn(*lead, wt or V, generator=g, dtype=torch.float64) * 2
+    n = min(V, wt or V)
+    t.view(-1, t.shape[-1])[::2, :n] = s.view(-1, V)[::2, :n]
+    s[..., n - 13:n] = float("-inf")
+    t[..., n - 13:n] = float("-inf")
+    lab = None
+    if labels is not None:
+        lab = torch.randint(0, V, tuple(lead), generator=g)
+        lab.view(-1)[:: 3 if labels == "some" else 1] = -100
+        lab = lab.to(device)
+    return s.to(device, dtype), t.to(device, dtype), lab
+
+
+DCASES = [(shape, dtype, red, div) for shape in [(7, 300), (2, 3, 300)] for dtype in [torch.float32, torch.bfloat16]
+          for red in REDUCTIONS for div in DIVERGENCES]
+DCASE_IDS = [f"{'x'.join(map(str, s))}-{str(d)[6:]}-{r}-{v}" for s, d, r, v in DCASES]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,dtype,reduction,divergence", DCASES, ids=DCASE_IDS)
+def test_opcheck_distill_ops(device, shape, dtype, reduction, divergence):
+    s, t, lab = logits(shape, dtype, device)
+    sg = s.clone().requires_grad_()
+    op = torch.ops.lossfns.distill_loss.default
+    args = (lab, divergence, 0.3, 1.5, -100, reduction, 290)
+    torch.library.opcheck(op, (sg, t) + args)  # autograd
+    torch.library.opcheck(op, (s, t) + args)  # no grad: every check
+    gs = torch.tensor([0.75], device=device)
+    torch.library.opcheck(op, (sg, t) + args + (gs,))  # the gradient computed in forward on CUDA
+    code, red = DIV_CODES[divergence], CODES[reduction]
+    for grad_scale in (None, gs):
+        for save in (False, True):
+            torch.library.opcheck(torch.ops.lossfns._distill_forward.default,
+                                  (s, t, lab, code, 0.3, 1.5, -100, red, 290, grad_scale, save))
+    loss, stats, scale, _ = torch.ops.lossfns._distill_forward(s, t, lab, code, 0.3, 1.5, -100, red, 290, None, True)
+    grad_out = torch.rand_like(loss) if reduction == "none" else torch.tensor(0.75, device=device)
+    torch.library.opcheck(torch.ops.lossfns._distill_backward.default,
+                          (grad_out, s, t, lab, stats, scale, code, 0.3, 1.5, -100, red, 290))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_distill_aot_matches_eager(divergence, dynamic):
+    s, t, lab = logits((2, 3, 300), torch.float32, "cpu", wt=280)
+    fn = lambda s, t, lab: lossfns.distill_loss(s, t, lab, divergence, temperature=2.0, vocab_size=280)  # noqa: E731
+    out = {}
+    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
+        sg = s.clone().requires_grad_()
+        loss = f(sg, t, lab)
+        loss.backward(torch.ones_like(loss) * 0.5)
+        out[name] = (loss.detach(), sg.grad)
+    for a, b in zip(out["eager"], out["aot"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_compile_fullgraph_distillation_step():
+    """A student Linear distilled from a fixed teacher's logits, model + loss in one compiled
+    graph, against eager."""
+    torch.manual_seed(0)
+    student, teacher = torch.nn.Linear(16, 300), torch.nn.Linear(16, 300)
+    x = torch.randn(2, 5, 16)
+    labels = torch.randint(0, 300, (2, 5))
+    loss_fn = lossfns.DistillLoss(divergence="jsd", beta=0.4, temperature=2.0)
+
+    def forward(m, x):
+        with torch.no_grad():
+            t = teacher(x)
+        return loss_fn(m(x), t, labels)
+
+    results = {}
+    for name, fwd in [("eager", forward), ("compiled", torch.compile(forward, fullgraph=True))]:
+        m = copy.deepcopy(student)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        losses = []
+        for _ in range(2):
+            loss = fwd(m, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        results[name] = (torch.stack(losses), m.weight.detach())
+    for a, b in zip(results["eager"], results["compiled"]):
+        torch.testing.assert_close(b, a, **TOL)
+
+
+def test_distill_module_function_and_errors():
+    s, t, lab = logits((7, 300), torch.float32, "cpu")
+    for div in DIVERGENCES:
+        for red in REDUCTIONS:
+            torch.testing.assert_close(lossfns.DistillLoss(divergence=div, reduction=red)(s, t, lab),
+                                       lossfns.distill_loss(s, t, lab, div, reduction=red), rtol=0, atol=0)
+    assert "divergence='jsd', beta=0.5" in repr(lossfns.DistillLoss(divergence="jsd"))
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        lossfns.DistillLoss(divergence="kl")
+    with pytest.raises(RuntimeError, match="divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got 'kl'"):
+        lossfns.distill_loss(s, t, divergence="kl")
+    with pytest.raises(RuntimeError, match="teacher_logits must not require grad"):
+        lossfns.distill_loss(s.requires_grad_(), t.clone().requires_grad_())
