@@ -17,6 +17,7 @@
 // gradient 0; probabilities that are 0 (padding, underflow) contribute exactly 0 and never NaN.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels_common.h"
@@ -47,23 +48,24 @@ constexpr int64_t kStatLoss = 5;
 template <typename Acc>
 struct JsdConstants {
   Acc beta, one_minus_beta;
-  Acc max_p_over_m;  // 1 / (1 - beta): p/m never exceeds it (m >= (1 - beta) p)
-  Acc max_q_over_m;  // 1 / beta
+  Acc max_p_over_m, log_max_p_over_m;  // 1 / (1 - beta) and its log: p/m never exceeds it
+  Acc max_q_over_m, log_max_q_over_m;  // 1 / beta and its log (m >= beta q)
   LOSSFNS_HOST_DEVICE explicit JsdConstants(double b = 0.5)
       : beta(Acc(b)), one_minus_beta(Acc(1.0 - b)), max_p_over_m(Acc(1.0 / (1.0 - b))),
-        max_q_over_m(Acc(1.0 / b)) {}
+        log_max_p_over_m(Acc(-log1p(-b))), max_q_over_m(Acc(1.0 / b)), log_max_q_over_m(Acc(-log(b))) {}
 };
 
 // One element's contribution to the row loss (term) and g (d loss_row / d p_j, up to a row
-// constant). Math supplies log(); p, q >= 0; lp, lq may be -inf where p, q are 0.
+// constant). Math supplies log_ratio(x, m, bound, log_bound) = log(x / m) for x > 0, m >= 0, at
+// most log_bound, and exactly 0 when x == m; p, q >= 0; lp, lq may be -inf where p, q are 0.
 //   tvd:        term = 0.5 |p - q|,            g = 0.5 sign(p - q), sign(0) = 0
 //   forward_kl: term = q (lq - lp)  (0 if q = 0), g unused
 //   reverse_kl: term = p (lp - lq)  (0 if p = 0), g = lp - lq (0 if p = 0)
 //   jsd:        m = p + beta (q - p)  (exactly p when q == p),
 //               term = beta q log(q/m) + (1 - beta) p log(p/m)  (each 0 where its weight is 0),
 //               g = (1 - beta) log(p/m)
-// The ratios are clamped to their mathematical bounds (p/m <= 1/(1 - beta), q/m <= 1/beta), so
-// that rounding in m never turns a tiny probability into an infinite log.
+// The logs of the ratios are clamped to their mathematical bounds (p/m <= 1/(1 - beta), q/m <=
+// 1/beta), so that rounding in m never turns a tiny probability into an infinite log.
 template <typename Acc, typename Math>
 LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstants<Acc>& jsd, Acc p, Acc q,
                                             Acc lp, Acc lq, Acc& term, Acc& g) {
@@ -80,10 +82,8 @@ LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstan
     g = r;
   } else {
     const Acc m = p + jsd.beta * (q - p);
-    const Acc rp = m > Acc(0) ? Math::min(p / m, jsd.max_p_over_m) : Acc(1);
-    const Acc rq = m > Acc(0) ? Math::min(q / m, jsd.max_q_over_m) : Acc(1);
-    const Acc lpm = p > Acc(0) ? Math::log(rp) : Acc(0);
-    const Acc lqm = q > Acc(0) ? Math::log(rq) : Acc(0);
+    const Acc lpm = p > Acc(0) ? Math::log_ratio(p, m, jsd.max_p_over_m, jsd.log_max_p_over_m) : Acc(0);
+    const Acc lqm = q > Acc(0) ? Math::log_ratio(q, m, jsd.max_q_over_m, jsd.log_max_q_over_m) : Acc(0);
     term = jsd.beta * q * lqm + jsd.one_minus_beta * p * lpm;
     g = jsd.one_minus_beta * lpm;
   }

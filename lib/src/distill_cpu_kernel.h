@@ -69,12 +69,18 @@ struct CpuMathF {
     y += -0.5f * z;
     return (f + y) + e * 0.693359375f;
   }
-  static inline float min(float a, float b) { return a < b ? a : b; }
+  static inline float log_ratio(float x, float m, float bound, float /*log_bound*/) {
+    const float r = m > 0.0f ? x / m : bound;
+    return log(r < bound ? r : bound);
+  }
 };
 struct CpuMathD {
   static inline double exp(double x) { return std::exp(x); }
   static inline double log(double x) { return std::log(x); }
-  static inline double min(double a, double b) { return a < b ? a : b; }
+  static inline double log_ratio(double x, double m, double bound, double /*log_bound*/) {
+    const double r = m > 0.0 ? x / m : bound;
+    return std::log(r < bound ? r : bound);
+  }
 };
 template <typename Acc>
 using CpuMath = std::conditional_t<std::is_same_v<Acc, double>, CpuMathD, CpuMathF>;

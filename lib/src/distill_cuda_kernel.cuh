@@ -61,10 +61,18 @@ namespace cg = cooperative_groups;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// log(x / m) as a difference of two hardware log2s (no division; bit-identical x and m give
+// exactly 0), clamped to its bound.
 struct CudaMath {
-  static __device__ __forceinline__ float log(float x) { return logf(x); }
-  static __device__ __forceinline__ float min(float a, float b) { return fminf(a, b); }
+  static __device__ __forceinline__ float log_ratio(float x, float m, float /*bound*/, float log_bound) {
+    return fminf((__log2f(x) - __log2f(m)) * kLn2, log_bound);
+  }
 };
+
+// A logit scaled to log2 units, rounded once and never fused into a later subtraction: every
+// pass must see the same x2 as the max was taken over (an FMA of x * k2 - max keeps the
+// product's rounding error, |x2| * 2^-24, and at |x2| ~ 1e4 that error shifts p by 5e-4).
+__device__ __forceinline__ float scaled(float x, float k2) { return __fmul_rn(x, k2); }
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -216,9 +224,32 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
   T* sh_s = reinterpret_cast<T*>(dyn_shared);
   T* sh_t = sh_s + width;
   if constexpr (kStaged) {  // the block's columns, once, into shared memory (-inf past ns / nt)
-    for (int64_t j = begin + int64_t(threadIdx.x) * N; j < begin + width; j += int64_t(blockDim.x) * N) {
-      *reinterpret_cast<uint4*>(sh_s + (j - begin)) = load_vec(s, j, ns, vs).raw;
-      *reinterpret_cast<uint4*>(sh_t + (j - begin)) = load_vec(t, j, nt, vt).raw;
+    // kU vectors of each row per thread in flight: all loads first, then the stores.
+    constexpr int kU = 4;
+    const int64_t step = int64_t(blockDim.x) * N;
+    for (int64_t j0 = begin + int64_t(threadIdx.x) * N; j0 < begin + width; j0 += kU * step) {
+      Vec<T> va[kU], vb[kU];
+      if (vs && vt && j0 + (kU - 1) * step + N <= (ns < nt ? ns : nt)) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          va[u].raw = __ldg(reinterpret_cast<const uint4*>(s + j0 + u * step));
+          vb[u].raw = __ldg(reinterpret_cast<const uint4*>(t + j0 + u * step));
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          va[u] = load_vec(s, j0 + u * step, ns, vs);
+          vb[u] = load_vec(t, j0 + u * step, nt, vt);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t j = j0 + u * step;
+        if (j < begin + width) {
+          *reinterpret_cast<uint4*>(sh_s + (j - begin)) = va[u].raw;
+          *reinterpret_cast<uint4*>(sh_t + (j - begin)) = vb[u].raw;
+        }
+      }
     }
     __syncthreads();
   }
@@ -229,8 +260,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
   for_each_vec<T, kStaged>(sh_s, sh_t, s, t, ns, nt, vs, vt, begin, loop_end, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      mx.x = fmaxf(mx.x, to_float(x.v[k]) * k2);
-      mx.y = fmaxf(mx.y, to_float(y.v[k]) * k2);
+      mx.x = fmaxf(mx.x, scaled(to_float(x.v[k]), k2));
+      mx.y = fmaxf(mx.y, scaled(to_float(y.v[k]), k2));
     }
   });
   mx = cluster_reduce2<kCluster, true>(block_reduce2<true>(mx, red), &slots[0]);
@@ -238,8 +269,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
   for_each_vec<T, kStaged>(sh_s, sh_t, s, t, ns, nt, vs, vt, begin, loop_end, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      sum.x += mx.x == -INFINITY ? 0.f : exp2f(to_float(x.v[k]) * k2 - mx.x);
-      sum.y += mx.y == -INFINITY ? 0.f : exp2f(to_float(y.v[k]) * k2 - mx.y);
+      sum.x += mx.x == -INFINITY ? 0.f : exp2f(scaled(to_float(x.v[k]), k2) - mx.x);
+      sum.y += mx.y == -INFINITY ? 0.f : exp2f(scaled(to_float(y.v[k]), k2) - mx.y);
     }
   });
   sum = cluster_reduce2<kCluster, false>(block_reduce2<false>(sum, red), &slots[1]);
@@ -255,8 +286,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float p, lp, q, lq, term, g;
-      prob(to_float(x.v[k]) * k2, mx_s, ls_s, p, lp);
-      prob(to_float(y.v[k]) * k2, mx_t, ls_t, q, lq);
+      prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
+      prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
       divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
       lc.x += term;
       lc.y += p * g;
@@ -283,8 +314,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(to_float(x.v[k]) * k2, mx_s, ls_s, p, lp);
-        prob(to_float(y.v[k]) * k2, mx_t, ls_t, q, lq);
+        prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
+        prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));  // 0 past ns: p = 0, q = 0
       }
@@ -375,23 +406,43 @@ __global__ void __launch_bounds__(256) distill_backward_kernel(DistillArgs<T> a,
   const float row_scale = go * a.inv_t, k2 = a.inv_t * kLog2e;
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
   const int64_t div = a.divergence;
-  for (int64_t j = begin + int64_t(threadIdx.x) * N; j < end; j += int64_t(blockDim.x) * N) {
-    const Vec<T> x = load_vec(s, j, ns, vs), y = load_vec(t, j, nt, vt);
-    Vec<T> out;
+  constexpr int kU = 2;  // vectors of each row per thread in flight
+  const int64_t step = int64_t(blockDim.x) * N;
+  for (int64_t j0 = begin + int64_t(threadIdx.x) * N; j0 < end; j0 += kU * step) {
+    Vec<T> xs[kU], ys[kU];
+    if (vs && vt && j0 + (kU - 1) * step + N <= (ns < nt ? ns : nt)) {
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float p, lp, q, lq, term, g;
-      prob(to_float(x.v[k]) * k2, mx_s, ls_s, p, lp);
-      prob(to_float(y.v[k]) * k2, mx_t, ls_t, q, lq);
-      divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
-      out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));
-    }
-    if (vg && j + N <= end) {
-      *reinterpret_cast<uint4*>(grad + j) = out.raw;
+      for (int u = 0; u < kU; ++u) {
+        xs[u].raw = __ldg(reinterpret_cast<const uint4*>(s + j0 + u * step));
+        ys[u].raw = __ldg(reinterpret_cast<const uint4*>(t + j0 + u * step));
+      }
     } else {
 #pragma unroll
-      for (int k = 0; k < N; ++k)
-        if (j + k < end) grad[j + k] = out.v[k];
+      for (int u = 0; u < kU; ++u) {
+        xs[u] = load_vec(s, j0 + u * step, ns, vs);
+        ys[u] = load_vec(t, j0 + u * step, nt, vt);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = j0 + u * step;
+      if (j >= end) break;
+      Vec<T> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        float p, lp, q, lq, term, g;
+        prob(scaled(to_float(xs[u].v[k]), k2), mx_s, ls_s, p, lp);
+        prob(scaled(to_float(ys[u].v[k]), k2), mx_t, ls_t, q, lq);
+        divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
+        out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));
+      }
+      if (vg && j + N <= end) {
+        *reinterpret_cast<uint4*>(grad + j) = out.raw;
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+          if (j + k < end) grad[j + k] = out.v[k];
+      }
     }
   }
 }

@@ -275,7 +275,12 @@ std::vector<KeyDecl> Declare() {
       NumberAtLeast(0), "Successor r has probability proportional to r^-zipf (0: uniform).");
 
   Add(k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
-      OneOfEnum<Divergence>(), "Divergence between student and teacher distributions (lossfns).");
+      OneOfEnum<Divergence>(),
+      "Divergence between student and teacher distributions, from the logits (lossfns::distill_loss; "
+      "docs/distill.md).");
+  Add(k, "distill.jsd_beta", [](auto& c) -> auto& { return c.distill.jsd_beta; }, NumberIn(0, 1, false),
+      "JSD's mixture weight beta (divergence jsd): beta*KL(q||m) + (1-beta)*KL(p||m), m = beta*q + "
+      "(1-beta)*p; 0 is forward_kl, 1 is reverse_kl.");
   Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
       // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
       // differences from the row max underflows to 0 cleanly); 1e3 flattens any such logits to

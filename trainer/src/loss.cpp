@@ -5,21 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
-#include <lossfns/tvd.h>
+#include <lossfns/distill.h>
 
 namespace distill {
-
-at::Tensor DivergenceSum(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
-                         const DistillConfig& config) {
-  switch (config.divergence) {
-    case Divergence::kTvd:
-      return lossfns::tvd_loss(
-          p, q,
-          lossfns::TVDLossOptions().reduction(torch::kSum).ignore_index(config.ignore_index),
-          targets);
-  }
-  TORCH_CHECK(false, "unreachable");
-}
 
 at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -38,11 +26,27 @@ at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_si
   return out;
 }
 
+at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
+                         const at::Tensor& targets, const DistillConfig& config,
+                         std::optional<double> grad_scale) {
+  auto options = lossfns::DistillLossOptions()
+                     .divergence(config.divergence)
+                     .beta(config.jsd_beta)
+                     .temperature(config.temperature)
+                     .ignore_index(config.ignore_index)
+                     .reduction(torch::kSum);
+  if (config.vocab_size > 0) options.vocab_size(config.vocab_size);
+  if (grad_scale) {
+    options.grad_scale(at::full({1}, *grad_scale, student_logits.options().dtype(at::kFloat)));
+  }
+  return lossfns::distill_loss(student_logits, teacher_logits.detach(), options, targets);
+}
+
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                         const at::Tensor& targets, const DistillConfig& config) {
-  const int64_t width = std::max(student_logits.size(-1),
-                                 teacher_logits.defined() ? teacher_logits.size(-1) : 0);
-  // fp32 for the softmax and the reductions, also under bf16 autocast.
+                         const at::Tensor& targets, const DistillConfig& config,
+                         std::optional<double> backward_scale) {
+  // Cross-entropy in fp32 (also under bf16 autocast), on the student's real vocabulary.
+  const int64_t width = student_logits.size(-1);
   const at::Tensor s =
       AlignLogits(student_logits, width, config.vocab_size).reshape({-1, width}).to(at::kFloat);
   const at::Tensor y = targets.reshape({-1});
@@ -50,12 +54,12 @@ LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& tea
                                          config.ignore_index);
   if (!teacher_logits.defined()) return {ce, at::zeros_like(ce), ce.detach()};
 
-  const at::Tensor t = AlignLogits(teacher_logits.detach(), width, config.vocab_size)
-                           .reshape({-1, width})
-                           .to(at::kFloat);
-  const at::Tensor p = at::softmax(s / config.temperature, -1);
-  const at::Tensor q = at::softmax(t / config.temperature, -1);
-  at::Tensor kd = DivergenceSum(p, q, y, config);
+  // The divergence straight from the logits in their own dtype (lossfns::distill_loss: no
+  // softmax, no fp32 copy). Given the factor the caller's backward applies to `total`, the
+  // kernel learns its gradient's scale now (on CUDA it then computes the gradient in forward).
+  std::optional<double> kd_grad;
+  if (backward_scale) kd_grad = *backward_scale * config.kd_weight;
+  at::Tensor kd = DivergenceSum(student_logits, teacher_logits, targets, config, kd_grad);
   at::Tensor total = config.kd_weight * kd;
   // Skip the CE graph when its weight is 0 (self-distillation stays exactly at the teacher).
   if (config.ce_weight != 0.0) total = total + config.ce_weight * ce;

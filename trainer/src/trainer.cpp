@@ -203,7 +203,7 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
       }
       student_logits = student_->forward(inputs);
     }
-    LossSums sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+    LossSums sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill, scale);
     (sums.total * scale).backward();
     kd_sum += sums.kd;
     ce_sum += sums.ce;

@@ -10,37 +10,17 @@
 // requires grad is an error (pass teacher_logits.detach()).
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
-#include <string_view>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
 #include "lossfns/defaults.h"
+#include "lossfns/divergence.h"
 #include "lossfns/reduction.h"
 
 namespace lossfns {
-
-// With p = softmax(s / T) (student), q = softmax(t / T) (teacher), per row (token):
-//   kTvd:       0.5 * sum_j |p_j - q_j|
-//   kForwardKl: KL(q || p) = sum_j q_j (log q_j - log p_j)
-//   kReverseKl: KL(p || q) = sum_j p_j (log p_j - log q_j)
-//   kJsd:       beta * KL(q || m) + (1 - beta) * KL(p || m), m = beta q + (1 - beta) p;
-//               beta = 0 is kForwardKl and beta = 1 is kReverseKl (TRL's and Liger's convention)
-enum class Divergence : int64_t { kTvd = 0, kForwardKl = 1, kReverseKl = 2, kJsd = 3 };
-
-// The names of Divergence, in its order: the one table behind the op's `divergence` argument,
-// Python's lossfns.distill_loss and distill_trainer's `distill.divergence`.
-inline constexpr std::array<const char*, 4> kDivergenceNames = {"tvd", "forward_kl", "reverse_kl", "jsd"};
-inline const char* divergence_name(Divergence d) { return kDivergenceNames[static_cast<size_t>(d)]; }
-// The divergence named `name`, or std::nullopt.
-inline std::optional<Divergence> divergence_from_name(std::string_view name) {
-  for (size_t i = 0; i < kDivergenceNames.size(); ++i)
-    if (name == kDivergenceNames[i]) return static_cast<Divergence>(i);
-  return std::nullopt;
-}
 
 struct DistillLossOptions {
   TORCH_ARG(Divergence, divergence) = Divergence::kTvd;

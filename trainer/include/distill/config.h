@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lossfns/defaults.h"
+#include "lossfns/divergence.h"
 
 namespace distill {
 
@@ -57,11 +58,11 @@ struct EnumNames<ScheduleKind> {
   static constexpr std::array<const char*, 3> kNames = {"cosine", "linear", "constant"};
 };
 
-// distill.divergence (lossfns; forward_kl, reverse_kl, jsd: a later issue).
-enum class Divergence { kTvd };
+// distill.divergence: lossfns's divergences, by lossfns's own table of names.
+using Divergence = lossfns::Divergence;
 template <>
 struct EnumNames<Divergence> {
-  static constexpr std::array<const char*, 1> kNames = {"tvd"};
+  static constexpr const auto& kNames = lossfns::kDivergenceNames;
 };
 
 // Llama-3 style frequency-dependent RoPE scaling (config.json "rope_scaling" / "rope_parameters"
@@ -153,14 +154,15 @@ struct DataConfig {
 
 struct DistillConfig {
   Divergence divergence = Divergence::kTvd;
+  double jsd_beta = 0.5;  // JSD's mixture weight (divergence jsd): 0 is forward KL, 1 reverse KL
   double temperature = 1.0;
   double kd_weight = 1.0;
   double ce_weight = 0.0;
   int64_t ignore_index = lossfns::kDefaultIgnoreIndex;
-  // The tokenizer's real vocabulary: logit columns at or past it are padding, set to -inf in
-  // both models before the losses (exact ties at probability 0, no gradient). 0: every column
-  // of the logits is real. Teacher and student logits of different widths are aligned by
-  // padding the narrower one with -inf columns.
+  // The tokenizer's real vocabulary: logit columns at or past it are padding, -inf in both
+  // models for the losses (exact ties at probability 0, no gradient). 0: every column of the
+  // logits is real. Teacher and student logits may have different widths: the narrower one's
+  // missing columns are -inf.
   int64_t vocab_size = 0;
 };
 

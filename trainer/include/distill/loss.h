@@ -3,10 +3,13 @@
 // The trainer divides the sums by the count of non-ignored targets over all micro-batches of
 // the optimizer step, so the step's loss is the batchmean over its tokens whatever the split
 // into micro-batches:
-//   distill:  total = kd_weight * TVD(softmax(s / T), softmax(t / T)) + ce_weight * CE(s, y)
+//   distill:  total = kd_weight * D(softmax(s / T), softmax(t / T)) + ce_weight * CE(s, y)
+//             with D = distill.divergence (tvd | forward_kl | reverse_kl | jsd), computed from the
+//             logits by lossfns::distill_loss
 //   pretrain: total = CE(s, y)
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -22,19 +25,25 @@ struct LossSums {
   at::Tensor ce;     // 0-dim fp32, detached
 };
 
-// student_logits (B, T, V_s), teacher_logits (B, T, V_t): padded columns -inf; both are aligned
-// by AlignLogits to max(V_s, V_t) columns with config.vocab_size; targets (B, T) int64 with
-// ignore_index for padding. teacher_logits undefined in pretrain mode (kd_weight ignored).
+// student_logits (B, T, V_s), teacher_logits (B, T, V_t) (V_s and V_t may differ; columns at or
+// past config.vocab_size are padding); targets (B, T) int64 with ignore_index for padding.
+// teacher_logits undefined in pretrain mode (kd_weight ignored). backward_scale: the factor the
+// caller will multiply `total` by before its backward (1 / tokens), when known: a hint that lets
+// the CUDA kernel compute the divergence's gradient in its forward pass; results are the same.
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                         const at::Tensor& targets, const DistillConfig& config);
+                         const at::Tensor& targets, const DistillConfig& config,
+                         std::optional<double> backward_scale = std::nullopt);
 
 // logits (..., V) -> (..., width): columns at or past vocab_size (when 0 < vocab_size < V) set
 // to -inf, then -inf columns appended up to `width` (width >= V). Returns `logits` itself when
 // there is nothing to do.
 at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size);
 
-// The divergence alone, summed over non-ignored rows: (BT, V) probabilities, (BT,) targets.
-at::Tensor DivergenceSum(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
-                         const DistillConfig& config);
+// The divergence alone, summed over non-ignored rows, from the logits (lossfns::distill_loss with
+// config's divergence, beta, temperature, ignore_index and vocab_size). grad_scale: the
+// grad_output its backward will bring, when known.
+at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
+                         const at::Tensor& targets, const DistillConfig& config,
+                         std::optional<double> grad_scale = std::nullopt);
 
 }  // namespace distill
