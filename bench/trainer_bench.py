@@ -285,8 +285,11 @@ def peak_tflops(args, config: dict) -> float | None:
         return args.peak_tflops
     if args.device == "cpu":
         return None
-    import torch
-    name = torch.cuda.get_device_name(0)
+    try:  # not torch.cuda: a CUDA context in this process would hold memory during every run
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
     bf16 = config["train"]["precision"] == "bf16"
     for key, (b, f) in {"H100": (989.4, 66.9), "H200": (989.4, 66.9), "A100": (312.0, 19.5)}.items():
         if key in name:
