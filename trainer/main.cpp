@@ -31,6 +31,14 @@ int main(int argc, char** argv) {
   app.add_flag("--fresh", flags.fresh,
                "delete an existing run in train.out_dir and start over (instead of resuming)");
   app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
+  app.add_option("--profile-steps", flags.profile_steps,
+                 "after --profile-skip steps: N steps under the Kineto profiler (a chrome trace), "
+                 "then N steps timed per phase with a device sync at every phase boundary, into "
+                 "<out_dir>/profile/; 0 (default): off")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--profile-skip", flags.profile_skip,
+                 "warm-up steps of each run before --profile-steps starts (default 3)")
+      ->check(CLI::NonNegativeNumber);
   std::string export_run, export_out;
   CLI::App* export_cmd = app.add_subcommand(
       "export", "write the student of a finished (or checkpointed) run as a Hugging Face "

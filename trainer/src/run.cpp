@@ -24,7 +24,8 @@ std::string StudentName(const Config& config) {
 }
 
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
-  Trainer trainer(config, RunOptions{flags.fresh, flags.quiet, flags.distributed});
+  Trainer trainer(config, RunOptions{flags.fresh, flags.quiet, flags.distributed,
+                                     {flags.profile_steps, flags.profile_skip}});
   const EvalResult result = trainer.Train();
   return {name, config.train.out_dir, trainer.student().num_parameters(), result.val_loss,
           trainer.data().EntropyFloor().value_or(NAN)};
@@ -97,7 +98,8 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
   } else {
     // The pipeline's own directory holds its config; --fresh clears all stages at once.
     dist.MainDecides([&] { return PrepareRunDir(config, flags.fresh); });
-    const RunFlags stage_flags{false, flags.quiet, flags.distributed};
+    RunFlags stage_flags = flags;
+    stage_flags.fresh = false;
     try {
       rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
       rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags));

@@ -18,6 +18,7 @@
 #include "distill/hf_export.h"
 #include "distill/safetensors.h"
 #include "distill/loss.h"
+#include "distill/profile.h"
 #include "distill/run_dir.h"
 #include "distill/signals.h"
 
@@ -158,6 +159,11 @@ Trainer::Trainer(Config config, RunOptions options)
   }
   progress_ = std::make_unique<Progress>(config_.train.steps, position_.step,
                                          options_.quiet || !dist_->is_main());
+  if (options_.profile.steps > 0) {
+    profiler_ = std::make_unique<StepProfiler>(
+        options_.profile, device_, (fs::path(config_.train.out_dir) / "profile").string(),
+        dist_->rank(), dist_->active());
+  }
   for (const auto& line : warnings) progress_->Log(line);
   warnings_ = std::move(warnings);
   progress_->Log(fmt::format(
@@ -189,11 +195,17 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
   const double scale = 1.0 / std::max<int64_t>(tokens, 1);
   at::Tensor kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
   at::Tensor ce_sum = kd_sum.clone();
+  StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
   for (const auto& batch : micro_batches) {
-    const at::Tensor inputs = batch.inputs.to(device_);
-    const at::Tensor targets = batch.targets.to(device_);
+    at::Tensor inputs, targets;
+    {
+      PhaseScope phase(profiler, Phase::kData);
+      inputs = batch.inputs.to(device_);
+      targets = batch.targets.to(device_);
+    }
     at::Tensor teacher_logits, student_logits;
     {
+      PhaseScope phase(profiler, Phase::kForward);
       // Autocast covers the forward passes only; the losses are computed in fp32 and the
       // backward pass runs outside it (autograd replays the forward's dtypes).
       AutocastGuard autocast(config_.train.precision == Precision::kBf16);
@@ -203,11 +215,17 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
       }
       student_logits = student_->forward(inputs);
     }
-    LossSums sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill, scale);
+    LossSums sums;
+    {
+      PhaseScope phase(profiler, Phase::kLoss);
+      sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill, scale);
+    }
+    PhaseScope phase(profiler, Phase::kBackward);
     (sums.total * scale).backward();
     kd_sum += sums.kd;
     ce_sum += sums.ce;
   }
+  PhaseScope phase(profiler, Phase::kLoss);  // waits for the step's forward and backward
   StepResult r;
   r.tokens = tokens;
   r.kd_loss = kd_sum.item<double>() * scale;
@@ -217,24 +235,36 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
 }
 
 StepResult Trainer::Step() {
+  StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
   const double lr = LearningRate(config_, position_.step);
-  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  optimizer_->zero_grad(/*set_to_none=*/true);
+  {
+    PhaseScope phase(profiler, Phase::kOptimizer);
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+    optimizer_->zero_grad(/*set_to_none=*/true);
+  }
 
   std::vector<Batch> micro_batches;
   int64_t local_tokens = 0;
-  for (int64_t index : RankMicroBatches(position_.data_position, config_.train.grad_accum,
-                                        dist_->rank(), dist_->world_size())) {
-    micro_batches.push_back(data_->TrainBatch(index));
-    local_tokens += micro_batches.back().num_targets;
+  {
+    PhaseScope phase(profiler, Phase::kData);
+    for (int64_t index : RankMicroBatches(position_.data_position, config_.train.grad_accum,
+                                          dist_->rank(), dist_->world_size())) {
+      micro_batches.push_back(data_->TrainBatch(index));
+      local_tokens += micro_batches.back().num_targets;
+    }
   }
   // The global token count before the backward: each rank's gradients are then its share of
   // the global batchmean, and their sum (the all-reduce) is the one-process gradient.
-  const int64_t global_tokens = dist_->AllReduceSum(local_tokens);
+  int64_t global_tokens = 0;
+  {
+    PhaseScope phase(profiler, Phase::kCommunication);
+    global_tokens = dist_->AllReduceSum(local_tokens);
+  }
   StepResult r = AccumulateGradients(micro_batches, global_tokens);
   const int signal = StopSignals::Pending();
   stop_signal_ = signal;
   if (dist_->active()) {
+    PhaseScope phase(profiler, Phase::kCommunication);
     // One all-reduce per ~25 MB bucket after the backward (see docs/trainer.md, Multi-GPU, for
     // why it does not overlap the backward), then the step's loss terms. A SIGTERM / SIGINT
     // rides along in that same all-reduce (free: no extra communication), so every rank sees
@@ -249,11 +279,17 @@ StepResult Trainer::Step() {
   }
   // max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
-  r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
+  {
+    PhaseScope phase(profiler, Phase::kClip);
+    r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
+  }
   r.lr = lr;
   // The loss terms are on the host already and clipping computed the norm: no extra sync.
   r.skipped = SkipNonFinite(r);
-  if (!r.skipped) optimizer_->step();
+  if (!r.skipped) {
+    PhaseScope phase(profiler, Phase::kOptimizer);
+    optimizer_->step();
+  }
 
   position_.step += 1;
   position_.data_position += config_.train.grad_accum;
@@ -396,9 +432,13 @@ void Trainer::TrainUntil(int64_t stop_step) {
   StopSignals signals;  // SIGTERM / SIGINT: finish the step, checkpoint, throw Interrupted
   stop_signal_ = 0;
   while (position_.step < stop_step) {
+    if (profiler_) profiler_->BeforeStep();
     const auto start = std::chrono::steady_clock::now();
     const StepResult result = Step();
     const double seconds = Seconds(start);
+    if (profiler_) {
+      for (const auto& line : profiler_->AfterStep(result.tokens)) progress_->Log(line);
+    }
     elapsed_ += seconds;
     seconds_since_log_ += seconds;
     tokens_since_log_ += result.tokens;
@@ -408,6 +448,9 @@ void Trainer::TrainUntil(int64_t stop_step) {
     if (t.eval_interval > 0 && position_.step % t.eval_interval == 0) LogEval(Evaluate());
     if (t.checkpoint_interval > 0 && position_.step % t.checkpoint_interval == 0) SaveCheckpoint();
     if (stop_signal_ != 0) break;
+  }
+  if (profiler_) {
+    for (const auto& line : profiler_->Finish()) progress_->Log(line);
   }
   if (checkpointed_step_ != position_.step) SaveCheckpoint();
   progress_->Finish();

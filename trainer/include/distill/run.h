@@ -23,6 +23,11 @@ struct RunFlags {
   // Data-parallel process group (distributed.h), not owned; nullptr: one plain process. Every
   // rank calls Run; only rank 0 writes run directories and prints the table.
   Distributed* distributed = nullptr;
+  // --profile-steps / --profile-skip: after profile_skip steps of each run, profile_steps
+  // steps under the Kineto profiler, then profile_steps steps under phase timers, written to
+  // <out_dir>/profile/ (distill/profile.h). 0: off.
+  int64_t profile_steps = 0;
+  int64_t profile_skip = 3;
 };
 
 struct ResultRow {

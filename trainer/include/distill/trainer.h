@@ -22,6 +22,7 @@
 #include "distill/distributed.h"
 #include "distill/metrics.h"
 #include "distill/model.h"
+#include "distill/profile.h"
 
 namespace distill {
 
@@ -37,6 +38,9 @@ struct RunOptions {
   bool quiet = false;  // no console output (tests)
   // The process group (not owned); nullptr: one plain process. Ranks other than 0 never print.
   Distributed* distributed = nullptr;
+  // --profile-steps: a trace, then phase timers, of a few steps into <out_dir>/profile/
+  // (profile.h); steps 0: off, nothing added to a step.
+  ProfileOptions profile;
 };
 
 struct StepResult {
@@ -131,6 +135,7 @@ class Trainer {
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<StepProfiler> profiler_;  // --profile-steps only
   // Throughput since the last log record.
   int64_t tokens_since_log_ = 0;
   double seconds_since_log_ = 0;
