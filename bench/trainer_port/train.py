@@ -24,21 +24,40 @@ from .models import load_hf_dir, load_trainer_checkpoint, make_model, matmul_par
 
 # ---- the loss (trainer/src/loss.cpp) -----------------------------------------------------------
 
-def tvd_sum_lossfns(p, q, targets, ignore_index):
-    import lossfns  # the trainer's own kernel (CPU and CUDA), through torch.ops.lossfns
-    return lossfns.tvd_loss(p, q, targets, ignore_index, "sum")
+def kd_sum_lossfns(student_logits, teacher_logits, targets, d: dict):
+    """The trainer's own op: lossfns.distill_loss on the logits in their dtype, summed."""
+    import lossfns  # the trainer's kernels (CPU and CUDA), through torch.ops.lossfns
+    return lossfns.distill_loss(student_logits, teacher_logits.detach(), targets, d["divergence"],
+                                d.get("jsd_beta", 0.5), d["temperature"], d["ignore_index"], "sum",
+                                d["vocab_size"] or None)
 
 
-def tvd_sum_composite(p, q, targets, ignore_index):
-    rows = 0.5 * (p - q).abs().sum(-1)  # d|x|/dx at 0 is 0 in PyTorch too: ties get no gradient
-    return (rows * targets.ne(ignore_index)).sum()
+def kd_sum_composite(student_logits, teacher_logits, targets, d: dict):
+    """What a PyTorch user writes: float32 log-softmaxes and the divergence's formula (autograd
+    gives 0 at ties for |x| too)."""
+    width = max(student_logits.size(-1), teacher_logits.size(-1))
+    s = align_logits(student_logits, width, d["vocab_size"]).reshape(-1, width).float()
+    t = align_logits(teacher_logits.detach(), width, d["vocab_size"]).reshape(-1, width).float()
+    lp = torch.log_softmax(s / d["temperature"], -1)
+    lq = torch.log_softmax(t / d["temperature"], -1)
+    p, q = lp.exp(), lq.exp()
+    div, beta = d["divergence"], d.get("jsd_beta", 0.5)
+    if div == "jsd" and beta in (0.0, 1.0):
+        div = "forward_kl" if beta == 0.0 else "reverse_kl"
+    if div == "tvd":
+        rows = 0.5 * (p - q).abs().sum(-1)
+    elif div == "forward_kl":
+        rows = torch.where(q > 0, q * (lq - lp), 0.0).sum(-1)
+    elif div == "reverse_kl":
+        rows = torch.where(p > 0, p * (lp - lq), 0.0).sum(-1)
+    else:
+        lm = torch.logaddexp(lq + math.log(beta), lp + math.log(1 - beta))
+        rows = (beta * torch.where(q > 0, q * (lq - lm), 0.0)
+                + (1 - beta) * torch.where(p > 0, p * (lp - lm), 0.0)).sum(-1)
+    return (rows * targets.reshape(-1).ne(d["ignore_index"])).sum()
 
 
-# distill.divergence -> its sum over non-ignored rows of (BT, V) probabilities. forward_kl,
-# reverse_kl and jsd (the divergences being added to the trainer) go here, one line each.
-DIVERGENCES = {
-    "tvd": {"lossfns": tvd_sum_lossfns, "composite": tvd_sum_composite},
-}
+KD_SUMS = {"lossfns": kd_sum_lossfns, "composite": kd_sum_composite}
 
 
 def align_logits(logits: torch.Tensor, width: int, vocab_size: int) -> torch.Tensor:
@@ -54,16 +73,13 @@ def align_logits(logits: torch.Tensor, width: int, vocab_size: int) -> torch.Ten
 
 def loss_sums(student_logits, teacher_logits, targets, d: dict, tvd: str):
     """ComputeLossSums: (total, kd, ce) sums over the non-ignored targets of one micro-batch."""
-    width = max(student_logits.size(-1), teacher_logits.size(-1) if teacher_logits is not None else 0)
+    width = student_logits.size(-1)  # CE on the student's own columns, padding masked
     s = align_logits(student_logits, width, d["vocab_size"]).reshape(-1, width).to(torch.float32)
     y = targets.reshape(-1)
     ce = F.cross_entropy(s, y, reduction="sum", ignore_index=d["ignore_index"])
     if teacher_logits is None:
         return ce, torch.zeros_like(ce), ce.detach()
-    t = align_logits(teacher_logits.detach(), width, d["vocab_size"]).reshape(-1, width).to(torch.float32)
-    p = torch.softmax(s / d["temperature"], -1)
-    q = torch.softmax(t / d["temperature"], -1)
-    kd = DIVERGENCES[d["divergence"]][tvd](p, q, y, d["ignore_index"])
+    kd = KD_SUMS[tvd](student_logits, teacher_logits, targets, d)
     total = d["kd_weight"] * kd
     if d["ce_weight"] != 0.0:  # as the trainer: no CE graph at weight 0
         total = total + d["ce_weight"] * ce

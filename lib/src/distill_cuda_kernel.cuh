@@ -474,11 +474,11 @@ struct DistillPlan {
 // their columns of both rows in at most `max_smem` bytes (16 blocks at most, and only with
 // clusters: sm_90+), else streaming.
 template <typename T>
-DistillPlan distill_plan(int64_t n_any, bool clusters, size_t max_smem) {
+DistillPlan distill_plan(int64_t n_any, bool clusters, size_t max_smem, int64_t target = 96 * 1024) {
   constexpr int64_t N = distill_detail::Vec<T>::N;
   DistillPlan plan;
-  const int64_t target = 96 * 1024;  // bytes per block that leave room for two blocks per SM
-  for (int c = 1; c <= (clusters ? 16 : 1); c *= 2) {
+  // target: shared bytes per block (96 KiB leaves room for two blocks per SM); 0: streamed
+  for (int c = 1; target > 0 && c <= (clusters ? 16 : 1); c *= 2) {
     const int64_t width = ((n_any + c - 1) / c + N - 1) / N * N;
     const size_t bytes = size_t(2 * width) * sizeof(T);
     if (bytes <= size_t(target) || (c == (clusters ? 16 : 1) && bytes <= max_smem)) {
