@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fresh", flags.fresh,
                "delete an existing run in train.out_dir and start over (instead of resuming)");
   app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
+  bool no_memory_check = false;
+  app.add_flag("--no-memory-check", no_memory_check,
+               "train even when the start-up memory estimate exceeds the device's memory");
   std::string export_run, export_out;
   CLI::App* export_cmd = app.add_subcommand(
       "export", "write the student of a finished (or checkpointed) run as a Hugging Face "
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
     // Under torchrun: the process group (data-parallel); otherwise a no-op single process.
     const auto distributed = distill::Distributed::FromEnvironment();
     flags.distributed = distributed.get();
+    flags.memory_check = !no_memory_check;
     distill::Run(config, flags, std::cout);
     return 0;
   } catch (const distill::Interrupted& e) {

@@ -23,6 +23,9 @@ struct RunFlags {
   // Data-parallel process group (distributed.h), not owned; nullptr: one plain process. Every
   // rank calls Run; only rank 0 writes run directories and prints the table.
   Distributed* distributed = nullptr;
+  // Refuse a config whose memory estimate exceeds the device's memory (memory_estimate.h);
+  // --no-memory-check turns this off (the estimate is still printed).
+  bool memory_check = true;
 };
 
 struct ResultRow {
