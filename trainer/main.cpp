@@ -1,5 +1,6 @@
 // distill_trainer: the front door. Parses the command line, loads the config, calls Run, and
 // turns any failure into one line on stderr and a non-zero exit. All logic is in the library.
+#include <csignal>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -42,6 +43,9 @@ int main(int argc, char** argv) {
   export_cmd->add_option("out_dir", export_out, "a new directory to write")->required();
   app.footer("Config keys (key = default, meaning, accepted values):\n" + distill::ConfigHelp());
 
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which file_io.cpp reports
+  // naming the file; SIGXFSZ's default action would kill the process first, mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
