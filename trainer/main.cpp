@@ -1,5 +1,6 @@
 // distill_trainer: the front door. Parses the command line, loads the config, calls Run, and
 // turns any failure into one line on stderr and a non-zero exit. All logic is in the library.
+#include <csignal>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
   app.add_option("--profile-skip", flags.profile_skip,
                  "warm-up steps of each run before --profile-steps starts (default 3)")
       ->check(CLI::NonNegativeNumber);
+  bool no_memory_check = false;
+  app.add_flag("--no-memory-check", no_memory_check,
+               "train even when the start-up memory estimate exceeds the device's memory");
   std::string export_run, export_out;
   CLI::App* export_cmd = app.add_subcommand(
       "export", "write the student of a finished (or checkpointed) run as a Hugging Face "
@@ -47,6 +51,9 @@ int main(int argc, char** argv) {
   export_cmd->add_option("out_dir", export_out, "a new directory to write")->required();
   app.footer("Config keys (key = default, meaning, accepted values):\n" + distill::ConfigHelp());
 
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which file_io.cpp reports
+  // naming the file; SIGXFSZ's default action would kill the process first, mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -74,6 +81,7 @@ int main(int argc, char** argv) {
     // Under torchrun: the process group (data-parallel); otherwise a no-op single process.
     const auto distributed = distill::Distributed::FromEnvironment();
     flags.distributed = distributed.get();
+    flags.memory_check = !no_memory_check;
     distill::Run(config, flags, std::cout);
     return 0;
   } catch (const distill::Interrupted& e) {

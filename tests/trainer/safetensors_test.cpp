@@ -51,7 +51,9 @@ using testing::ExpectContains;
 bool SameBytes(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) &&
          a.nbytes() == b.nbytes() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+         // An empty tensor's data_ptr may be null: memcmp(nullptr, ..., 0) is undefined (UBSan).
+         (a.nbytes() == 0 ||
+          std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0);
 }
 
 TEST(Safetensors, RoundTripIsBitExactPerDtype) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -90,6 +91,15 @@ class SyntheticSource : public DataSource {
 class TextSource : public DataSource {
  public:
   TextSource(const DataConfig& c) : config_(c) {
+    // Read whole into memory: only a regular file has an end (/dev/zero or a FIFO would be
+    // read until memory runs out).
+    std::error_code ec;
+    if (std::filesystem::exists(c.path, ec) && !std::filesystem::is_regular_file(c.path, ec)) {
+      throw std::runtime_error(fmt::format(
+          "data.path: \"{}\" is not a regular file (a directory, device or pipe); expected a "
+          "text file{}",
+          c.path, RelativeTo(c.path)));
+    }
     std::ifstream in(c.path, std::ios::binary);
     if (!in) {
       throw std::runtime_error(

@@ -1,11 +1,13 @@
 #include "distill/run.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <ostream>
 
 #include <fmt/format.h>
 
+#include "distill/memory_estimate.h"
 #include "distill/run_dir.h"
 #include "distill/trainer.h"
 
@@ -29,6 +31,18 @@ ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags
   const EvalResult result = trainer.Train();
   return {name, config.train.out_dir, trainer.student().num_parameters(), result.val_loss,
           trainer.data().EntropyFloor().value_or(NAN)};
+}
+
+// Prints the memory estimate (rank 0, unless quiet) and refuses a config that cannot fit on
+// this rank's device, before any directory or tensor exists (memory_estimate.h).
+void CheckMemoryAtStart(const Config& config, const RunFlags& flags, const Distributed& dist) {
+  const at::Device device = dist.active() ? dist.device() : ResolveDevice(config.train.device);
+  const MemoryEstimate estimate = EstimateMemory(config, device.type());
+  const AvailableMemory available = DeviceMemory(device);
+  if (!flags.quiet && dist.is_main()) {
+    std::fprintf(stderr, "%s\n", FormatEstimate(estimate, device, available).c_str());
+  }
+  if (flags.memory_check) CheckMemoryFits(estimate, device, available);
 }
 
 }  // namespace
@@ -85,6 +99,7 @@ std::string FormatTable(const std::vector<ResultRow>& rows) {
 std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out) {
   Distributed single;  // the no-op group, when not data-parallel
   Distributed& dist = flags.distributed ? *flags.distributed : single;
+  CheckMemoryAtStart(config, flags, dist);
   std::vector<ResultRow> rows;
   if (!IsPipeline(config)) {
     const bool distill = config.train.mode == Mode::kDistill;

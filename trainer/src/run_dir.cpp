@@ -17,6 +17,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A first start killed (or stopped by a full disk) while it wrote the run marker or
+// config.yaml leaves only these: the same command starts the run again instead of refusing a
+// directory that holds nothing but our own files. Anything else in it keeps it refused.
+bool IsInterruptedStart(const fs::path& dir) {
+  const std::string marker = kRunMarker;
+  bool any = false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name != marker && name != marker + ".tmp" && name != "config.yaml.tmp") return false;
+    any = true;
+  }
+  return any;
+}
+
 // "key: a  vs  key: b" for the first line where two YAML dumps differ.
 std::string FirstDifference(const std::string& a, const std::string& b) {
   std::istringstream sa(a), sb(b);
@@ -112,7 +126,7 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
                                   dir.string()));
   }
   RunDirPlan plan;
-  if (!exists || fs::is_empty(dir)) return plan;
+  if (!exists || fs::is_empty(dir) || IsInterruptedStart(dir)) return plan;
   if (fresh && IsOwnRunDir(dir.string())) {
     plan.delete_first = true;
     return plan;
@@ -164,7 +178,7 @@ void CommitRunDir(const Config& config, const RunDirPlan& plan) {
     }
     RemoveTree(dir.string());
   }
-  const bool created = !fs::exists(dir) || fs::is_empty(dir);
+  const bool created = !fs::exists(dir) || fs::is_empty(dir) || IsInterruptedStart(dir);
   fs::create_directories(dir);
   if (created) {
     WriteFileAtomically((dir / kRunMarker).string(),

@@ -28,6 +28,9 @@ struct RunFlags {
   // <out_dir>/profile/ (distill/profile.h). 0: off.
   int64_t profile_steps = 0;
   int64_t profile_skip = 3;
+  // Refuse a config whose memory estimate exceeds the device's memory (memory_estimate.h);
+  // --no-memory-check turns this off (the estimate is still printed).
+  bool memory_check = true;
 };
 
 struct ResultRow {

@@ -1,0 +1,162 @@
+// The start-up memory estimate: exact parameter, gradient and AdamW bytes against built models
+// and a trained step; the refusal path with an injected 'available' number.
+#include "distill/memory_estimate.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "distill/run.h"
+#include "distill/trainer.h"
+#include "test_files.h"
+#include "test_util.h"
+
+namespace distill {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ExpectContains;
+using testing::TempRunDir;
+using testing::TinyConfig;
+
+double TensorBytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<double>(t.numel() * t.element_size()) : 0.0;
+}
+
+// ParameterCount computes from the config alone what MakeModel builds, for every family and
+// the options that add or remove parameters.
+TEST(MemoryEstimateTest, ParameterCountMatchesBuiltModels) {
+  std::vector<ModelConfig> configs;
+  ModelConfig gpt;
+  gpt.vocab_size = 50;
+  gpt.pad_vocab_to_multiple_of = 16;
+  gpt.context_length = 12;
+  gpt.n_layer = 3;
+  gpt.n_head = 2;
+  gpt.d_model = 10;
+  gpt.mlp_ratio = 2.7;  // 27 wide: not a multiple of anything
+  configs.push_back(gpt);
+  gpt.tie_embeddings = false;
+  configs.push_back(gpt);
+
+  ModelConfig llama = gpt;
+  llama.family = ModelFamily::kLlama;
+  llama.n_head = 4;
+  llama.n_kv_head = 2;
+  llama.d_model = 16;
+  llama.intermediate_size = 24;
+  configs.push_back(llama);
+  llama.head_dim = 6;  // n_head * head_dim != d_model
+  llama.attention_bias = true;
+  llama.qk_norm = true;
+  llama.tie_embeddings = true;
+  configs.push_back(llama);
+  llama.attention_out_bias = true;
+  llama.mlp_bias = true;
+  llama.n_kv_head = 0;
+  llama.intermediate_size = 0;  // round(mlp_ratio * d_model)
+  configs.push_back(llama);
+
+  for (const ModelConfig& c : configs) {
+    const Model model = MakeModel(c);
+    EXPECT_EQ(ParameterCount(c), static_cast<double>(model->num_parameters()))
+        << ArchitectureString(c);
+  }
+}
+
+// After a distillation step the student holds weights, gradients and AdamW's two moments, the
+// teacher its weights: the first two terms of the estimate are exactly those bytes, measured.
+TEST(MemoryEstimateTest, TrainedStateTermsAreTheMeasuredBytes) {
+  Config c = testing::TinyDistillConfig(TempRunDir());
+  const MemoryEstimate estimate = EstimateMemory(c, c10::DeviceType::CPU);
+  ASSERT_GE(estimate.terms.size(), 2u);
+  Trainer trainer(c, RunOptions{false, true});
+  trainer.Step();
+  double student_bytes = 0;
+  for (const auto& p : trainer.student().parameters()) {
+    student_bytes += TensorBytes(p) + TensorBytes(p.grad());
+    auto& state = static_cast<torch::optim::AdamWParamState&>(
+        *trainer.optimizer().state().at(p.unsafeGetTensorImpl()));
+    student_bytes += TensorBytes(state.exp_avg()) + TensorBytes(state.exp_avg_sq()) +
+                     TensorBytes(state.max_exp_avg_sq());
+  }
+  double teacher_bytes = 0;
+  for (const auto& p : trainer.teacher()->parameters()) {
+    teacher_bytes += TensorBytes(p) + TensorBytes(p.grad());
+  }
+  EXPECT_EQ(estimate.terms[0].bytes, student_bytes) << estimate.terms[0].what;
+  EXPECT_EQ(estimate.terms[1].bytes, teacher_bytes) << estimate.terms[1].what;
+  ExpectContains(estimate.terms[0].keys,
+                 {"student.n_layer", "student.d_model", "student.vocab_size"});
+  ExpectContains(estimate.terms[1].keys, {"teacher.n_layer", "teacher.d_model"});
+}
+
+// Activations and logits grow linearly with the tokens of a micro-batch; a pipeline is
+// estimated by its largest stage, named with that stage's keys.
+TEST(MemoryEstimateTest, TermsScaleWithTheirKeys) {
+  Config c = TinyConfig("unused");
+  const MemoryEstimate one = EstimateMemory(c, c10::DeviceType::CPU);
+  c.data.batch_size *= 2;
+  const MemoryEstimate two = EstimateMemory(c, c10::DeviceType::CPU);
+  ASSERT_EQ(one.terms.size(), 3u);  // pretrain: student state, activations, logits
+  EXPECT_EQ(two.terms[0].bytes, one.terms[0].bytes);
+  EXPECT_EQ(two.terms[1].bytes, 2 * one.terms[1].bytes);
+  EXPECT_EQ(two.terms[2].bytes, 2 * one.terms[2].bytes);
+  ExpectContains(one.terms[1].keys, {"data.batch_size", "data.seq_len", "student.n_layer"});
+  ExpectContains(one.terms[2].keys, {"data.batch_size", "data.seq_len", "student.vocab_size"});
+
+  Config pipeline = TinyConfig("unused");
+  pipeline.train.mode = Mode::kDistill;
+  pipeline.teacher.pretrain_steps = 10;
+  pipeline.teacher.n_layer = 40;  // the teacher stage dominates
+  ASSERT_TRUE(IsPipeline(pipeline));
+  const MemoryEstimate stages = EstimateMemory(pipeline, c10::DeviceType::CPU);
+  EXPECT_EQ(stages.stage, "teacher pretraining");
+  EXPECT_EQ(stages.terms[0].bytes, 16 * ParameterCount(pipeline.teacher));
+  ExpectContains(stages.terms[0].keys, {"teacher.n_layer"});
+}
+
+// The refusal: the total, the terms (largest first) with their keys, what is available and
+// where that number came from, and the override. Availability is injected, not the machine's.
+TEST(MemoryEstimateTest, RefusalNamesKeysEstimateAndAvailable) {
+  Config c = TinyConfig("unused");
+  c.data.batch_size = 512;
+  const MemoryEstimate estimate = EstimateMemory(c, c10::DeviceType::CPU);
+  const c10::Device cpu(c10::DeviceType::CPU);
+  EXPECT_NO_THROW(CheckMemoryFits(estimate, cpu, {estimate.total(), "exactly enough"}));
+  EXPECT_NO_THROW(CheckMemoryFits(estimate, cpu, {}));  // unknown: not checked
+  const std::string message = testing::ErrorOf<MemoryError>([&] {
+    CheckMemoryFits(estimate, cpu, {1024.0 * 1024, "an injected test limit"});
+  });
+  ExpectContains(message,
+                 {"memory: this config needs about ", " on cpu",
+                  "but cpu has 1.0 MiB (an injected test limit)", "data.batch_size", "data.seq_len",
+                  "student.n_layer", "student.d_model", "student.vocab_size", "--no-memory-check"});
+  // Largest term first: at batch 512 the logits' copies outweigh the tiny model's state.
+  EXPECT_LT(message.find("logits"), message.find("weights, gradients and AdamW state")) << message;
+  const std::string line = FormatEstimate(estimate, cpu, {2.0 * 1024 * 1024 * 1024, "test"});
+  ExpectContains(line, {"memory estimate: ", " on cpu (", "available: 2.0 GiB, test"});
+}
+
+// Run refuses a config far beyond any machine before it creates anything.
+TEST(MemoryEstimateTest, RunRefusesBeforeWritingAnything) {
+  Config c = TinyConfig(TempRunDir());
+  c.data.batch_size = 1 << 20;
+  c.data.seq_len = 1 << 16;
+  c.student.context_length = 1 << 16;
+  c.student.vocab_size = 1 << 20;  // (BT, V) = (2^36, 2^20): ~2^58 bytes per copy
+  std::ostringstream out;
+  const std::string message = testing::ErrorOf<MemoryError>([&] {
+    distill::Run(c, RunFlags{false, true}, out);
+  });
+  ExpectContains(message, {"needs about", "data.batch_size"});
+  EXPECT_FALSE(fs::exists(c.train.out_dir));
+  const AvailableMemory cpu = DeviceMemory(c10::Device(c10::DeviceType::CPU));
+  EXPECT_GT(cpu.bytes, 0) << cpu.source;
+}
+
+}  // namespace
+}  // namespace distill

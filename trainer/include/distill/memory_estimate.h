@@ -1,0 +1,69 @@
+// The memory a resolved config needs, estimated before anything is allocated, and the check at
+// start-up that refuses a config that cannot fit on its device (issue 17). Not a profiler: the
+// terms are what the trainer certainly holds (exact for parameters, gradients and AdamW state;
+// rough, on the low side, for activations and the loss's copies of the logits), so that a
+// refused config is one that cannot run, not one that might.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "distill/config.h"
+
+namespace distill {
+
+// A config that needs more memory than its device has (distill_trainer exits 1; the message
+// names the keys that drive the estimate and --no-memory-check).
+class MemoryError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct MemoryTerm {
+  std::string what;  // "student parameters, gradients and AdamW state (1.2M parameters)"
+  double bytes = 0;
+  std::string keys;  // the config keys that drive it: "student.n_layer, student.d_model, ..."
+};
+
+struct MemoryEstimate {
+  std::string stage;  // the pipeline stage that needs most ("teacher pretraining"), or ""
+  std::vector<MemoryTerm> terms;
+  double total() const;
+};
+
+// What the device has: free memory on a CUDA device, physical memory (or a cgroup's limit,
+// whichever is smaller) for the CPU. `bytes` < 0: unknown (the check is skipped).
+struct AvailableMemory {
+  double bytes = -1;
+  std::string source;  // "physical memory of cpu (/proc/meminfo MemTotal)", ...
+};
+
+// The parameters MakeModel(config) builds (every family in models/), computed from the config
+// alone: exact (tests/trainer/memory_estimate_test.cpp checks it against built models) while
+// below 2^53.
+double ParameterCount(const ModelConfig& config);
+
+// The estimate of one training run of `config` on a device of kind `device_type` (bf16 autocast
+// only happens on CUDA). A pipeline (run.h IsPipeline) is estimated stage by stage and the
+// stage that needs most is returned.
+MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type);
+
+// Free memory of `device` (CUDA: cudaMemGetInfo through c10's device allocator) or physical
+// memory (CPU: /proc/meminfo MemTotal, else sysconf; capped by a cgroup memory limit).
+AvailableMemory DeviceMemory(const c10::Device& device);
+
+// "memory estimate: 12.3 MiB on cpu (...terms...); 23.5 GiB physical memory of cpu (...)".
+std::string FormatEstimate(const MemoryEstimate& estimate, const c10::Device& device,
+                           const AvailableMemory& available);
+
+// Throws MemoryError when the estimate exceeds `available` (unknown availability passes). The
+// message gives the total, each term with its keys (largest first), what is available and where
+// that number came from, and the override.
+void CheckMemoryFits(const MemoryEstimate& estimate, const c10::Device& device,
+                     const AvailableMemory& available);
+
+}  // namespace distill

@@ -1,0 +1,261 @@
+// The start-up memory estimate and check (memory_estimate.h): the terms a config needs, what
+// the device has, and the refusal that names the keys driving the estimate.
+#include "distill/memory_estimate.h"
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "distill/run.h"
+
+namespace distill {
+namespace {
+
+// Bytes per fp32 parameter: the weight, its gradient, AdamW's exp_avg and exp_avg_sq (amsgrad is
+// off, so max_exp_avg_sq is never allocated; the step count is a host integer).
+constexpr double kTrainedBytesPerParameter = 4 * 4;
+constexpr double kFrozenBytesPerParameter = 4;  // the teacher: weights only, no autograd
+
+// Activation elements saved for the backward per token and layer, counted from the forward code
+// (models/gpt.cpp, models/llama.cpp). gpt: the LayerNorm inputs and outputs, q/k/v, the
+// attention output and its projection's input, the residual: ~10 d_model; the MLP's GELU input
+// and output: 2 mlp_width. llama: RMSNorm keeps fp32 intermediates and RoPE copies q and k:
+// ~16 d_model; SwiGLU keeps gate, up, silu(gate) and the product: 4 mlp_width. Attention scores
+// (T x T) are not counted: SDPA's fused kernels keep O(T) per row.
+struct PerToken {
+  double d_model, mlp_width;
+};
+PerToken ActivationsPerLayer(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kGpt:
+      return {10, 2};
+    case ModelFamily::kLlama:
+      return {16, 4};
+  }
+  return {16, 4};
+}
+
+// fp32 copies of the (BT, V) logits alive at the loss's peak (loss.cpp): pretraining keeps the
+// log-softmax for cross-entropy and the logits' gradient; distillation keeps s / T, p, q, the
+// log-softmax and the gradients of p and of the logits. Under bf16 autocast the logits
+// themselves are bf16 and the loss makes one fp32 copy of each model's.
+constexpr double kLossCopiesPretrain = 2;
+constexpr double kLossCopiesDistill = 6;
+
+std::string FormatBytes(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int unit = 0;
+  double value = bytes;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  if (value >= 1e4) return fmt::format("{:.3g} {}", value, kUnits[unit]);
+  return fmt::format("{:.{}f} {}", value, unit == 0 ? 0 : 1, kUnits[unit]);
+}
+
+std::string FormatCount(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+// The keys that set a model section's size; with hf_dir its config.json sets them.
+std::string ModelKeys(const ModelConfig& m, const std::string& section) {
+  if (!m.hf_dir.empty()) return section + ".hf_dir (its config.json)";
+  std::string keys = fmt::format("{0}.n_layer, {0}.d_model, {0}.vocab_size", section);
+  keys += m.intermediate_size > 0 ? ", " + section + ".intermediate_size"
+                                  : ", " + section + ".mlp_ratio";
+  return keys;
+}
+
+std::string WidthKeys(const ModelConfig& m, const std::string& section) {
+  if (!m.hf_dir.empty()) return section + ".hf_dir (its config.json)";
+  return fmt::format("{0}.n_layer, {0}.d_model, {0}.{1}", section,
+                     m.intermediate_size > 0 ? "intermediate_size" : "mlp_ratio");
+}
+
+// One plain training run. `student_section` names the config section whose architecture the
+// run's student has (the pipeline's teacher stage trains the teacher's architecture).
+MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
+                           const std::string& student_section) {
+  const bool distill = c.train.mode == Mode::kDistill;
+  const bool bf16 = c.train.precision == Precision::kBf16 && device_type == c10::DeviceType::CUDA;
+  const double activation_bytes = bf16 ? 2 : 4;
+  const double tokens = static_cast<double>(c.data.batch_size) * c.data.seq_len;  // BT
+  const ModelConfig& s = c.student;
+  MemoryEstimate e;
+
+  const double student_params = ParameterCount(s);
+  e.terms.push_back({fmt::format("{} weights, gradients and AdamW state ({} parameters x 16 B)",
+                                 student_section, FormatCount(student_params)),
+                     student_params * kTrainedBytesPerParameter, ModelKeys(s, student_section)});
+  if (distill) {
+    const double teacher_params = ParameterCount(c.teacher);
+    e.terms.push_back(
+        {fmt::format("teacher weights ({} parameters x 4 B, frozen)", FormatCount(teacher_params)),
+         teacher_params * kFrozenBytesPerParameter, ModelKeys(c.teacher, "teacher")});
+  }
+
+  const PerToken per_layer = ActivationsPerLayer(s.family);
+  double activations =
+      tokens * activation_bytes *
+      (s.n_layer * (per_layer.d_model * s.d_model + per_layer.mlp_width * s.mlp_width()) +
+       3.0 * s.d_model);  // + the embeddings' output and the final norm
+  std::string activation_keys = "data.batch_size, data.seq_len, " + WidthKeys(s, student_section);
+  if (distill) {
+    // The teacher's forward keeps nothing for a backward: one layer's working set at a time.
+    const ModelConfig& t = c.teacher;
+    activations += tokens * activation_bytes *
+                   (2.0 * t.d_model + std::max<double>(3.0 * t.d_model, t.mlp_width()));
+  }
+  if (bf16) activation_keys += ", train.precision";
+  e.terms.push_back({fmt::format("activations kept for the backward ({} tokens per micro-batch)",
+                                 FormatCount(tokens)),
+                     activations, activation_keys});
+
+  double width = static_cast<double>(s.padded_vocab_size());
+  std::string logit_keys =
+      fmt::format("data.batch_size, data.seq_len, {0}.vocab_size, {0}.pad_vocab_to_multiple_of",
+                  student_section);
+  double logits = 0;
+  if (distill) {
+    width = std::max(width, static_cast<double>(c.teacher.padded_vocab_size()));
+    logits = 2 * activation_bytes + 4 * (kLossCopiesDistill + (bf16 ? 2 : 0));
+    logit_keys += ", teacher.vocab_size";
+  } else {
+    logits = activation_bytes + 4 * (kLossCopiesPretrain + (bf16 ? 1 : 0));
+  }
+  e.terms.push_back({fmt::format("(BT, V) = ({}, {}) logits and their fp32 copies in the loss",
+                                 FormatCount(tokens), FormatCount(width)),
+                     tokens * width * logits, logit_keys});
+  return e;
+}
+
+// The first number of a file like /proc/meminfo's line or a cgroup limit; -1 when absent.
+double ReadNumberAfter(const std::string& path, const std::string& prefix) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    std::istringstream rest(line.substr(prefix.size()));
+    double value = -1;
+    if (rest >> value) return value;
+  }
+  return -1;
+}
+
+}  // namespace
+
+double MemoryEstimate::total() const {
+  double sum = 0;
+  for (const auto& t : terms) sum += t.bytes;
+  return sum;
+}
+
+double ParameterCount(const ModelConfig& c) {
+  const double V = static_cast<double>(c.padded_vocab_size());
+  const double D = static_cast<double>(c.d_model);
+  const double H = static_cast<double>(c.mlp_width());
+  const double L = static_cast<double>(c.n_layer);
+  const double lm_head = c.tie_embeddings ? 0 : V * D;
+  switch (c.family) {
+    case ModelFamily::kGpt: {
+      // Per block: two LayerNorms (gain, bias), qkv, attn_out, mlp_in, mlp_out (with biases).
+      const double block = 4 * D + (3 * D * D + 3 * D) + (D * D + D) + (D * H + H) + (H * D + D);
+      return V * D + static_cast<double>(c.context_length) * D + L * block + 2 * D + lm_head;
+    }
+    case ModelFamily::kLlama: {
+      const double q = static_cast<double>(c.n_head) * c.head_size();
+      const double kv = static_cast<double>(c.kv_heads()) * c.head_size();
+      double layer = D * q + 2 * D * kv + q * D + 3 * D * H + 2 * D;
+      if (c.attention_bias) layer += q + 2 * kv;
+      if (c.attention_out_bias) layer += D;
+      if (c.mlp_bias) layer += 2 * H + D;
+      if (c.qk_norm) layer += 2.0 * c.head_size();
+      return V * D + L * layer + D + lm_head;
+    }
+  }
+  return 0;
+}
+
+MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type) {
+  if (!IsPipeline(config)) return EstimateRun(config, device_type, "student");
+  MemoryEstimate teacher = EstimateRun(TeacherStageConfig(config), device_type, "teacher");
+  teacher.stage = "teacher pretraining";
+  MemoryEstimate student = EstimateRun(StudentStageConfig(config), device_type, "student");
+  student.stage = "distillation";
+  // The baseline stage trains the same student without a teacher: never more than this.
+  return teacher.total() > student.total() ? teacher : student;
+}
+
+AvailableMemory DeviceMemory(const c10::Device& device) {
+  if (device.is_cuda()) {
+    try {
+      const auto info = c10::getDeviceAllocator(c10::DeviceType::CUDA)
+                            ->getMemoryInfo(device.has_index() ? device.index() : 0);
+      return {static_cast<double>(info.first),
+              fmt::format("free on {} (cudaMemGetInfo)", device.str())};
+    } catch (const c10::Error&) {
+      return {};  // unknown: not checked
+    }
+  }
+  AvailableMemory m;
+  const double kib = ReadNumberAfter("/proc/meminfo", "MemTotal:");
+  if (kib > 0) {
+    m = {kib * 1024, "physical memory (/proc/meminfo MemTotal)"};
+  } else {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) {
+      m = {static_cast<double>(pages) * page, "physical memory (sysconf)"};
+    }
+  }
+  // A container's limit (cgroup v2, then v1; "max" and v1's huge default read as no limit).
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const double limit = ReadNumberAfter(path, "");
+    if (limit > 0 && limit < 1e18 && (m.bytes < 0 || limit < m.bytes)) {
+      m = {limit, fmt::format("the memory limit of this cgroup ({})", path)};
+    }
+  }
+  return m;
+}
+
+std::string FormatEstimate(const MemoryEstimate& e, const c10::Device& device,
+                           const AvailableMemory& available) {
+  std::string terms;
+  for (const auto& t : e.terms) {
+    terms += fmt::format("{}{} {}", terms.empty() ? "" : ", ", FormatBytes(t.bytes), t.what);
+  }
+  return fmt::format("memory estimate{}: {} on {} ({}); available: {}",
+                     e.stage.empty() ? "" : " (" + e.stage + ", the stage that needs most)",
+                     FormatBytes(e.total()), device.str(), terms,
+                     available.bytes < 0 ? "unknown, not checked"
+                                         : FormatBytes(available.bytes) + ", " + available.source);
+}
+
+void CheckMemoryFits(const MemoryEstimate& e, const c10::Device& device,
+                     const AvailableMemory& available) {
+  if (available.bytes < 0 || e.total() <= available.bytes) return;
+  std::vector<MemoryTerm> terms = e.terms;
+  std::stable_sort(terms.begin(), terms.end(),
+                   [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  std::string detail;
+  for (const auto& t : terms) {
+    detail += fmt::format("{}{} {} [{}]", detail.empty() ? "" : "; ", FormatBytes(t.bytes), t.what,
+                          t.keys);
+  }
+  throw MemoryError(fmt::format(
+      "memory: this config needs about {} on {}{} but {} has {} ({}): {}. Make the keys of the "
+      "largest terms smaller (or train.grad_accum larger, data.batch_size smaller), or pass "
+      "--no-memory-check to try anyway",
+      FormatBytes(e.total()), device.str(), e.stage.empty() ? "" : " (" + e.stage + " stage)",
+      device.str(), FormatBytes(available.bytes), available.source, detail));
+}
+
+}  // namespace distill
