@@ -123,6 +123,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--short", action="store_true", help="leave out the '+scale fwd' rows")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.threads:
@@ -158,7 +159,8 @@ def main():
                     s, t, l, d, b, T, grad_scale=go_t.reshape(1))
                 # Forward alone (what a step's forward costs before its backward):
                 impls["ours fwd"] = impls["ours"]
-                impls["+scale fwd"] = impls["ours+scale"]
+                if not args.short:
+                    impls["+scale fwd"] = impls["ours+scale"]
                 comp_ms = None
                 for name, fn in impls.items():
                     s = s0.clone().requires_grad_()
