@@ -279,7 +279,7 @@ std::vector<KeyDecl> Declare() {
       "Divergence between student and teacher distributions, from the logits (lossfns::distill_loss; "
       "docs/distill.md).");
   Add(k, "distill.jsd_beta", [](auto& c) -> auto& { return c.distill.jsd_beta; }, NumberIn(0, 1, false),
-      "JSD's mixture weight beta (divergence jsd): beta*KL(q||m) + (1-beta)*KL(p||m), m = beta*q + "
+      "JSD's mixture weight beta (divergence jsd): beta*KL(q‖m) + (1-beta)*KL(p‖m), m = beta*q + "
       "(1-beta)*p; 0 is forward_kl, 1 is reverse_kl.");
   Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
       // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
