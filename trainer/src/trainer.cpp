@@ -303,7 +303,10 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
                      : !std::isfinite(r.grad_norm) ? "grad_norm"
                                                    : nullptr;
   if (term == nullptr) return false;
-  const double value = term[0] == 'k' ? r.kd_loss : term[0] == 'c' ? r.ce_loss : r.grad_norm;
+  const double raw = term[0] == 'k' ? r.kd_loss : term[0] == 'c' ? r.ce_loss : r.grad_norm;
+  // "nan" whatever its sign bit (kernels may produce -nan; the sign of a NaN means nothing), and
+  // "inf" / "-inf" as they are.
+  const std::string value = std::isnan(raw) ? "nan" : fmt::format("{}", raw);
   const int64_t step = position_.step + 1;
   const std::string hint = fmt::format(
       "a learning rate too high (optim.lr {}, this step {:.3g}), an extreme distill.temperature "
