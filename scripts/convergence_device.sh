@@ -15,9 +15,9 @@ mkdir -p "$DEST"
 echo "== run of $(date -u +%FT%TZ)" >> "$DEST/times.txt"
 status=0
 logs=()
-# SPECS: which experiments, as name:dtype words (default: all eight).
+# SPECS: which experiments, as name:dtype words (default: all ten).
 SPECS=${SPECS:-"kernel_vs_reference:bf16 kernel_vs_reference:fp32 ties:bf16 ties:fp32
-  padded:bf16 padded:fp32 distill_works:bf16 distill_works:fp32"}
+  padded:bf16 padded:fp32 distill_works:bf16 distill_works:fp32 divergences:bf16 divergences:fp32"}
 for spec in $SPECS; do
   cmd=${spec%%:*} dtype=${spec##*:}
   echo "== convergence $cmd --device cuda --dtype $dtype"

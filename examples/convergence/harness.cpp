@@ -1,15 +1,16 @@
 #include "harness.h"
 
-#include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <stdexcept>
-
 #include <fmt/format.h>
+#include <lossfns/distill.h>
 #include <lossfns/tvd.h>
 #include <torch/autograd.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
 
 #include "distill/autocast.h"
 #include "distill/trainer.h"
@@ -79,6 +80,14 @@ distill::Model MakeModel(const distill::ModelConfig& config, int64_t seed,
   return model;
 }
 
+distill::Model Clone(distill::Model& from, bool trainable) {
+  distill::Model to = distill::MakeModel(from->config());
+  to->to(from->lm_head_weight().device());
+  distill::CopyWeights(*from, *to);
+  for (auto& p : to->parameters()) p.set_requires_grad(trainable);
+  return to;
+}
+
 at::Tensor OpDivergence(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
                         int64_t ignore_index) {
   return lossfns::tvd_loss(
@@ -92,6 +101,55 @@ at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q, const a
                                int64_t ignore_index) {
   const at::Tensor mask = targets.ne(ignore_index).to(at::kFloat);
   return (0.5 * (p.to(at::kFloat) - q.to(at::kFloat)).abs().sum(-1) * mask).sum();
+}
+
+LogitDivergence OpLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size) {
+  const auto options = lossfns::DistillLossOptions()
+                           .divergence(config.divergence)
+                           .beta(config.jsd_beta)
+                           .temperature(config.temperature)
+                           .reduction(torch::kSum)
+                           .vocab_size(vocab_size);
+  return [options](const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
+                   int64_t ignore_index, double grad_scale) {
+    auto o = options;
+    o.ignore_index(ignore_index);
+    o.grad_scale(at::full({1}, grad_scale, s.options().dtype(at::kFloat)));
+    return lossfns::distill_loss(s, t.detach(), o, targets);
+  };
+}
+
+LogitDivergence ReferenceLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size) {
+  const lossfns::Divergence divergence = config.divergence;
+  const double beta = config.jsd_beta, T = config.temperature;
+  return [=](const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
+             int64_t ignore_index, double /*grad_scale*/) {
+    // The padded columns are left out: the same as -inf in both (probability 0, no gradient),
+    // without the 0 * (-inf) of the KL terms there.
+    const at::Tensor lp = at::log_softmax(s.narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
+    const at::Tensor lq =
+        at::log_softmax(t.detach().narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
+    const at::Tensor p = lp.exp(), q = lq.exp();
+    auto kl = [](const at::Tensor& a, const at::Tensor& la, const at::Tensor& lb) {
+      return (a * (la - lb)).sum(-1);  // KL(a || b) per row
+    };
+    at::Tensor rows;
+    const bool forward = divergence == lossfns::Divergence::kForwardKl ||
+                         (divergence == lossfns::Divergence::kJsd && beta == 0.0);
+    const bool reverse = divergence == lossfns::Divergence::kReverseKl ||
+                         (divergence == lossfns::Divergence::kJsd && beta == 1.0);
+    if (divergence == lossfns::Divergence::kTvd) {
+      rows = 0.5 * (p - q).abs().sum(-1);  // abs' gradient: sign(x), sign(0) = 0, as the op's
+    } else if (forward) {
+      rows = kl(q, lq, lp);
+    } else if (reverse) {
+      rows = kl(p, lp, lq);
+    } else {  // JSD(beta): log m = logaddexp(log beta + log q, log(1 - beta) + log p)
+      const at::Tensor lm = at::logaddexp(lq + std::log(beta), lp + std::log1p(-beta));
+      rows = beta * kl(q, lq, lm) + (1 - beta) * kl(p, lp, lm);
+    }
+    return at::where(targets.ne(ignore_index), rows, at::zeros_like(rows)).sum();
+  };
 }
 
 namespace {
@@ -134,6 +192,12 @@ Loop::Loop(const distill::Config& config, distill::Model teacher,
   optimizer_ = distill::MakeOptimizer(config_.optim, *student_);  // the Trainer's own AdamW set-up
 }
 
+Loop::Loop(const distill::Config& config, distill::Model teacher, distill::Model student,
+           at::ScalarType loss_dtype, LogitDivergence divergence)
+    : Loop(config, std::move(teacher), std::move(student), loss_dtype, Divergence()) {
+  logit_divergence_ = std::move(divergence);
+}
+
 StepMetrics Loop::Step() {
   StepMetrics m;
   m.lr = last_lr_ = distill::LearningRate(config_, step_);
@@ -156,14 +220,32 @@ StepMetrics Loop::Step() {
   const double T = config_.distill.temperature;
   s = s.reshape({-1, V}).to(at::kFloat);
   t = t.reshape({-1, V}).to(at::kFloat);
-  const at::Tensor p = at::softmax(s / T, -1).to(loss_dtype_);
-  const at::Tensor q = at::softmax(t / T, -1).to(loss_dtype_);
   const int64_t ignore = config_.distill.ignore_index;
-  const at::Tensor kd = divergence_(p, q, y, ignore);
-  const at::Tensor ce = at::cross_entropy_loss(s, y, {}, at::Reduction::Sum, ignore);
-  at::Tensor total = config_.distill.kd_weight * kd;
-  if (config_.distill.ce_weight != 0.0) total = total + config_.distill.ce_weight * ce;
   const double scale = 1.0 / std::max<int64_t>(batch.num_targets, 1);
+  const bool hard_labels = config_.train.mode == distill::Mode::kPretrain;
+  at::Tensor p, q, kd;
+  {
+    // Without a divergence on probabilities, p and q only feed the tie statistics: no graph.
+    at::AutoGradMode grad_mode(!logit_divergence_ && !hard_labels);
+    p = at::softmax(s / T, -1).to(loss_dtype_);
+    q = at::softmax(t / T, -1).to(loss_dtype_);
+  }
+  if (hard_labels) {
+    kd = at::zeros({}, s.options());
+  } else if (logit_divergence_) {
+    kd = logit_divergence_(s.to(loss_dtype_), t.to(loss_dtype_), y, ignore,
+                           config_.distill.kd_weight * scale);
+  } else {
+    kd = divergence_(p, q, y, ignore);
+  }
+  const at::Tensor ce = at::cross_entropy_loss(s, y, {}, at::Reduction::Sum, ignore);
+  at::Tensor total;
+  if (hard_labels) {  // the trainer's pretrain objective (the hard-label baseline): CE alone
+    total = ce;
+  } else {
+    total = config_.distill.kd_weight * kd;
+    if (config_.distill.ce_weight != 0.0) total = total + config_.distill.ce_weight * ce;
+  }
   (total * scale).backward();
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
   m.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
@@ -172,7 +254,7 @@ StepMetrics Loop::Step() {
 
   m.kd = kd.item<double>() * scale;
   m.ce = ce.item<double>() * scale;
-  m.loss = config_.distill.kd_weight * m.kd + config_.distill.ce_weight * m.ce;
+  m.loss = hard_labels ? m.ce : config_.distill.kd_weight * m.kd + config_.distill.ce_weight * m.ce;
   m.tie_fraction = TieFraction(p, q, y, ignore, config_.student.vocab_size);
   return m;
 }

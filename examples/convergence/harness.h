@@ -4,8 +4,10 @@
 // The loop (Loop) is distill::Trainer::Step stripped to one micro-batch per step, with two
 // differences the experiments need: the divergence is a parameter (the lossfns op, a composite
 // LibTorch reference, or the legacy two-way sign), and the probabilities are cast to the loss
-// dtype (fp32 or bf16) before the divergence sees them. Same AdamW groups (decay on matrices
-// only), schedule (distill::LearningRate), clipping and per-token normalisation as the trainer.
+// dtype (fp32 or bf16) before the divergence sees them. Or the divergence takes the logits, cast
+// to the loss dtype (lossfns::distill_loss or its float64 reference), as the trainer's does.
+// Same AdamW groups (decay on matrices only), schedule (distill::LearningRate), clipping and
+// per-token normalisation as the trainer; train.mode pretrain trains on hard labels only.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +49,9 @@ distill::Model PretrainTeacher(const distill::Config& config, const std::string&
 distill::Model MakeModel(const distill::ModelConfig& config, int64_t seed,
                                  const at::Device& device);
 
+// A deep copy of `from` on its device, trainable or frozen.
+distill::Model Clone(distill::Model& from, bool trainable);
+
 // Sum over the non-ignored rows of a divergence: p, q (N, V) in the loss dtype, targets (N,).
 // Returns a 0-dim fp32 tensor differentiable w.r.t. p.
 using Divergence = std::function<at::Tensor(const at::Tensor& p, const at::Tensor& q,
@@ -57,6 +62,22 @@ at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q,
                                const at::Tensor& targets, int64_t ignore_index);  // ATen ops
 at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
                                 const at::Tensor& targets, int64_t ignore_index);  // sign(0)=-1
+
+// Sum over the non-ignored rows of a divergence computed from the logits: s, t (N, V) in the loss
+// dtype (the columns at or past the real vocabulary are padding), targets (N,). grad_scale: the
+// grad_output its backward will bring (kd_weight / tokens), a hint as the trainer passes it.
+// Returns a 0-dim tensor (fp32 or fp64) differentiable w.r.t. s. (Five arguments, so that a
+// Divergence and a LogitDivergence never convert into each other in Loop's constructors.)
+using LogitDivergence =
+    std::function<at::Tensor(const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
+                             int64_t ignore_index, double grad_scale)>;
+// lossfns::distill_loss with config's divergence, jsd_beta and temperature, reduction sum,
+// vocab_size = `vocab_size`: the trainer's call (distill::DivergenceSum).
+LogitDivergence OpLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size);
+// The same divergence in float64 from ATen ops: the logits' first vocab_size columns widened to
+// double, log_softmax, the definitions of docs/distill.md, autograd for the gradient (cast back
+// to the logits' dtype by the widening's backward). The loss is returned in float64.
+LogitDivergence ReferenceLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size);
 
 struct StepMetrics {
   double loss = 0, kd = 0, ce = 0, grad_norm = 0, lr = 0;
@@ -73,6 +94,8 @@ class Loop {
   // Takes `student` as is (it is trained in place) and `teacher` frozen.
   Loop(const distill::Config& config, distill::Model teacher,
        distill::Model student, at::ScalarType loss_dtype, Divergence divergence);
+  Loop(const distill::Config& config, distill::Model teacher, distill::Model student,
+       at::ScalarType loss_dtype, LogitDivergence divergence);
   StepMetrics Step();
   ValMetrics Validate(int64_t batches);
   distill::Model& student() { return student_; }
@@ -83,7 +106,8 @@ class Loop {
   distill::Config config_;
   at::Device device_;
   at::ScalarType loss_dtype_;
-  Divergence divergence_;
+  Divergence divergence_;             // on probabilities, or
+  LogitDivergence logit_divergence_;  // on logits (none in train.mode pretrain)
   std::unique_ptr<distill::DataSource> data_;
   distill::Model teacher_, student_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;

@@ -15,14 +15,6 @@ namespace convergence {
 
 namespace {
 
-distill::Model Clone(distill::Model& from, bool trainable) {
-  distill::Model to = distill::MakeModel(from->config());
-  to->to(from->lm_head_weight().device());
-  distill::CopyWeights(*from, *to);
-  for (auto& p : to->parameters()) p.set_requires_grad(trainable);
-  return to;
-}
-
 // Bitwise equality of every parameter.
 bool BitIdentical(distill::Model& a, distill::Model& b) {
   auto other = b->named_parameters();

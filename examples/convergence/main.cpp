@@ -1,6 +1,6 @@
-// convergence: the four convergence examples of docs/convergence.md, one subcommand each.
-//   convergence kernel_vs_reference|ties|padded|distill_works [--small] [--device cpu|cuda]
-//               [--dtype fp32|bf16] [--out DIR]
+// convergence: the five convergence examples of docs/convergence.md, one subcommand each.
+//   convergence kernel_vs_reference|ties|padded|distill_works|divergences [--small]
+//               [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]
 // Exit code 0 when the experiment's assertions hold, 1 when one fails, 2 on a usage error.
 #include <cstdio>
 #include <exception>
@@ -15,7 +15,8 @@ namespace {
 
 int Usage(const char* message) {
   std::fprintf(stderr,
-               "convergence: %s\nusage: convergence kernel_vs_reference|ties|padded|distill_works "
+               "convergence: %s\nusage: convergence "
+               "kernel_vs_reference|ties|padded|distill_works|divergences "
                "[--small] [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]\n",
                message);
   return 2;
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
       {"kernel_vs_reference", convergence::KernelVsReference},
       {"ties", convergence::Ties},
       {"padded", convergence::Padded},
-      {"distill_works", convergence::DistillWorks}};
+      {"distill_works", convergence::DistillWorks},
+      {"divergences", convergence::Divergences}};
   if (argc < 2 || !commands.count(argv[1])) return Usage("expected a subcommand");
   convergence::Options options;
   for (int i = 2; i < argc; ++i) {
