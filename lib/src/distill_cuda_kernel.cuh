@@ -3,16 +3,15 @@
 // (distill_cuda.cu) checks inputs, maps dtypes and takes the current stream.
 //
 // Data movement (the op is memory-bound at real vocabularies):
-//  - forward, staged (the row fits in the shared memory of a thread-block cluster, sm_90+; or of
-//    one block): each row is read from global memory once into shared memory, spread over a
-//    cluster of `cluster` blocks; the passes a row needs (max, sum of exp, the divergence and its
-//    row constant, and the gradient when it is computed in forward) run over shared memory, and
-//    the blocks of a row combine their partial results through distributed shared memory.
-//  - forward, streamed (rows too long for that): the same passes, each reading global memory
-//    (the L2 cache serves part of the re-reads).
-//  - backward: reads the logits once more and writes the gradient once (5 streams of BT*V in
-//    all: s, t in forward; s, t, grad in backward), unless the forward computed the gradient (3
-//    streams: s, t, grad), which it does when the caller gave the grad_output in advance.
+//  - forward, streamed (the default): one block per row; the passes a row needs (the maxima,
+//    the sums of exp, the divergence and its row constant, and the gradient when it is computed
+//    in forward) each read the row from global memory, the L2 cache serving part of the re-reads.
+//  - forward, staged (selected by the adapter's stage_bytes; measured slower on the H200, see
+//    docs/benchmarks.md): each row is read once into the shared memory of a thread-block cluster
+//    (sm_90+; or of one block), spread over `cluster` blocks, the passes run over shared memory,
+//    and the blocks of a row combine their partial results through distributed shared memory.
+//  - backward: reads the logits once more and writes the gradient once, unless the forward
+//    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.
 #pragma once
 
