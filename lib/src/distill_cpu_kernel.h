@@ -26,7 +26,9 @@ namespace lossfns::kernels {
 struct CpuMathF {
   static inline float exp(float x) {
     const float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
-    const float fn = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest
+    // n = round(x log2 e), from a NaN-free copy (a NaN would make the int conversion below
+    // undefined); a NaN x still gives NaN through r.
+    const float fn = ((x == x ? xc : 0.0f) * 1.44269504f + 12582912.0f) - 12582912.0f;
     const float r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -35,7 +37,8 @@ struct CpuMathF {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = p * r * r + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
+    // 2^n from its exponent bits; n in [-126, 128], shifted as unsigned (no signed-shift UB).
+    const int32_t bits = static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(fn) + 127) << 23);
     float two_n;
     std::memcpy(&two_n, &bits, sizeof(float));
     const float out = y * two_n;
