@@ -24,7 +24,7 @@ namespace lossfns::kernels {
 // range the kernels use). exp: 0 below -87.3 (no subnormal results), +inf above 88.72, NaN in,
 // NaN out. log: for x > 0 (subnormals included); log(1) is exactly 0.
 struct CpuMathF {
-  static inline float exp(float x) {
+  static inline __attribute__((always_inline)) float exp(float x) {
     const float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
     // n = round(x log2 e), from a NaN-free copy (a NaN would make the int conversion below
     // undefined); a NaN x still gives NaN through r.
@@ -44,7 +44,7 @@ struct CpuMathF {
     const float out = y * two_n;
     return x < -87.33654f ? 0.0f : (x > 88.72283f ? std::numeric_limits<float>::infinity() : out);
   }
-  static inline float log(float x) {
+  static inline __attribute__((always_inline)) float log(float x) {
     const bool sub = x < 1.17549435e-38f;
     const float xs = sub ? x * 8388608.0f : x;  // 2^23: subnormals to normals
     int32_t bits;
@@ -72,7 +72,7 @@ struct CpuMathF {
     y += -0.5f * z;
     return (f + y) + e * 0.693359375f;
   }
-  static inline float log_ratio(float x, float m, float bound, float /*log_bound*/) {
+  static inline __attribute__((always_inline)) float log_ratio(float x, float m, float bound, float /*log_bound*/) {
     const float r = m > 0.0f ? x / m : bound;
     return log(r < bound ? r : bound);
   }

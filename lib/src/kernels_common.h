@@ -8,7 +8,10 @@
 #if defined(__CUDACC__)
 #define LOSSFNS_HOST_DEVICE __host__ __device__ __forceinline__
 #else
-#define LOSSFNS_HOST_DEVICE inline
+// always_inline: a file that instantiates the CPU row kernels for every dtype and divergence is
+// large enough that gcc stops inlining these helpers into some loops, which then do not vectorise
+// (the JSD forward ran 2.7x slower: docs/benchmarks.md).
+#define LOSSFNS_HOST_DEVICE inline __attribute__((always_inline))
 #endif
 
 namespace lossfns::kernels {
