@@ -33,8 +33,8 @@ struct DivergenceResult {
 // Example 5. For each divergence (tvd, forward_kl, reverse_kl, jsd with beta 0.5), the same
 // student (same initial weights, same batches) distilled from the same pretrained teacher twice:
 // with lossfns::distill_loss on the logits in the loss dtype (reduction sum, padded columns
-// masked by vocab_size, temperature 2, grad_scale = kd_weight / tokens as the trainer passes
-// it), and with its float64 reference (ReferenceLogitDivergence: log_softmax in double, the
+// masked by vocab_size, temperature 2, grad_scale = kd_weight / tokens, so that on CUDA
+// the forward-computed gradient is the one trained with), and with its float64 reference (ReferenceLogitDivergence: log_softmax in double, the
 // definitions, autograd). The same student is also trained on hard labels only (the trainer's
 // baseline stage: CE alone) for the same steps.
 //

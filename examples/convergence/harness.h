@@ -65,7 +65,8 @@ at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
 
 // Sum over the non-ignored rows of a divergence computed from the logits: s, t (N, V) in the loss
 // dtype (the columns at or past the real vocabulary are padding), targets (N,). grad_scale: the
-// grad_output its backward will bring (kd_weight / tokens), a hint as the trainer passes it.
+// grad_output its backward will bring (kd_weight / tokens): a hint the op honours on CUDA (the
+// trainer does not pass it; the example does, so the forward-computed gradient is exercised).
 // Returns a 0-dim tensor (fp32 or fp64) differentiable w.r.t. s. (Five arguments, so that a
 // Divergence and a LogitDivergence never convert into each other in Loop's constructors.)
 using LogitDivergence =

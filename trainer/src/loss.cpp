@@ -27,8 +27,7 @@ at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_si
 }
 
 at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                         const at::Tensor& targets, const DistillConfig& config,
-                         std::optional<double> grad_scale) {
+                         const at::Tensor& targets, const DistillConfig& config) {
   auto options = lossfns::DistillLossOptions()
                      .divergence(config.divergence)
                      .beta(config.jsd_beta)
@@ -36,15 +35,11 @@ at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& tea
                      .ignore_index(config.ignore_index)
                      .reduction(torch::kSum);
   if (config.vocab_size > 0) options.vocab_size(config.vocab_size);
-  if (grad_scale) {
-    options.grad_scale(at::full({1}, *grad_scale, student_logits.options().dtype(at::kFloat)));
-  }
   return lossfns::distill_loss(student_logits, teacher_logits.detach(), options, targets);
 }
 
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                         const at::Tensor& targets, const DistillConfig& config,
-                         std::optional<double> backward_scale) {
+                         const at::Tensor& targets, const DistillConfig& config) {
   // Cross-entropy in fp32 (also under bf16 autocast), on the student's real vocabulary.
   const int64_t width = student_logits.size(-1);
   const at::Tensor s =
@@ -55,11 +50,10 @@ LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& tea
   if (!teacher_logits.defined()) return {ce, at::zeros_like(ce), ce.detach()};
 
   // The divergence straight from the logits in their own dtype (lossfns::distill_loss: no
-  // softmax, no fp32 copy). Given the factor the caller's backward applies to `total`, the
-  // kernel learns its gradient's scale now (on CUDA it then computes the gradient in forward).
-  std::optional<double> kd_grad;
-  if (backward_scale) kd_grad = *backward_scale * config.kd_weight;
-  at::Tensor kd = DivergenceSum(student_logits, teacher_logits, targets, config, kd_grad);
+  // softmax, no fp32 copy). No grad_scale hint: on the H200 the forward-computed gradient it
+  // enables measured 5-8% slower than recomputing in backward, and it would keep a (BT, V)
+  // gradient alive from the forward to the backward (docs/benchmarks.md).
+  at::Tensor kd = DivergenceSum(student_logits, teacher_logits, targets, config);
   at::Tensor total = config.kd_weight * kd;
   // Skip the CE graph when its weight is 0 (self-distillation stays exactly at the teacher).
   if (config.ce_weight != 0.0) total = total + config.ce_weight * ce;

@@ -218,7 +218,7 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
     LossSums sums;
     {
       PhaseScope phase(profiler, Phase::kLoss);
-      sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill, scale);
+      sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
     }
     PhaseScope phase(profiler, Phase::kBackward);
     (sums.total * scale).backward();

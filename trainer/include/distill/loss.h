@@ -9,7 +9,6 @@
 //   pretrain: total = CE(s, y)
 #pragma once
 
-#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -27,12 +26,9 @@ struct LossSums {
 
 // student_logits (B, T, V_s), teacher_logits (B, T, V_t) (V_s and V_t may differ; columns at or
 // past config.vocab_size are padding); targets (B, T) int64 with ignore_index for padding.
-// teacher_logits undefined in pretrain mode (kd_weight ignored). backward_scale: the factor the
-// caller will multiply `total` by before its backward (1 / tokens), when known: a hint that lets
-// the CUDA kernel compute the divergence's gradient in its forward pass; results are the same.
+// teacher_logits undefined in pretrain mode (kd_weight ignored).
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                         const at::Tensor& targets, const DistillConfig& config,
-                         std::optional<double> backward_scale = std::nullopt);
+                         const at::Tensor& targets, const DistillConfig& config);
 
 // logits (..., V) -> (..., width): columns at or past vocab_size (when 0 < vocab_size < V) set
 // to -inf, then -inf columns appended up to `width` (width >= V). Returns `logits` itself when
@@ -40,10 +36,8 @@ LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& tea
 at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size);
 
 // The divergence alone, summed over non-ignored rows, from the logits (lossfns::distill_loss with
-// config's divergence, beta, temperature, ignore_index and vocab_size). grad_scale: the
-// grad_output its backward will bring, when known.
+// config's divergence, beta, temperature, ignore_index and vocab_size).
 at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                         const at::Tensor& targets, const DistillConfig& config,
-                         std::optional<double> grad_scale = std::nullopt);
+                         const at::Tensor& targets, const DistillConfig& config);
 
 }  // namespace distill
