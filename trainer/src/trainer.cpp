@@ -9,7 +9,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
 #include <set>
@@ -26,6 +25,13 @@ namespace distill {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Host tensors go to CUDA through pinned memory, asynchronously: a copy from pageable memory
+// waits for every kernel already queued, so the GPU would idle while the CPU queues the next.
+at::Tensor ToDevice(const at::Tensor& t, const at::Device& device) {
+  if (!device.is_cuda() || t.device() == device) return t.to(device);
+  return t.pin_memory().to(device, /*non_blocking=*/true);
+}
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -70,20 +76,6 @@ double LearningRate(const Config& config, int64_t step) {
     case ScheduleKind::kConstant: return peak;
   }
   return peak;
-}
-
-std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, CausalLM& model) {
-  ParameterGroups params = model.parameter_groups();
-  auto options_for = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(config.lr)
-                                                            .betas({config.betas[0], config.betas[1]})
-                                                            .eps(config.eps)
-                                                            .weight_decay(weight_decay));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(params.decay, options_for(config.weight_decay));
-  groups.emplace_back(params.no_decay, options_for(0.0));
-  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(config.lr));
 }
 
 Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device) {
@@ -200,8 +192,8 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
     at::Tensor inputs, targets;
     {
       PhaseScope phase(profiler, Phase::kData);
-      inputs = batch.inputs.to(device_);
-      targets = batch.targets.to(device_);
+      inputs = ToDevice(batch.inputs, device_);
+      targets = ToDevice(batch.targets, device_);
     }
     at::Tensor teacher_logits, student_logits;
     {
@@ -281,7 +273,7 @@ StepResult Trainer::Step() {
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
   {
     PhaseScope phase(profiler, Phase::kClip);
-    r.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
+    r.grad_norm = ClipGradNorm(student_->parameters(), max_norm);
   }
   r.lr = lr;
   // The loss terms are on the host already and clipping computed the norm: no extra sync.

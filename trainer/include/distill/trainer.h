@@ -22,6 +22,7 @@
 #include "distill/distributed.h"
 #include "distill/metrics.h"
 #include "distill/model.h"
+#include "distill/optimizer.h"
 #include "distill/profile.h"
 
 namespace distill {
@@ -63,10 +64,6 @@ at::Device ResolveDevice(const std::string& device);
 // Learning rate of (0-based) optimizer step `step`: linear warmup to optim.lr over
 // schedule.warmup_steps, then cosine / linear / constant decay to lr * min_lr_ratio at the end.
 double LearningRate(const Config& config, int64_t step);
-
-// AdamW over `model` as every trainer here uses it: decoupled weight decay on the model's decay
-// group only (matrices; biases and norm gains are not decayed), betas/eps/lr from `config`.
-std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, CausalLM& model);
 
 // A model of `config` on `device` with its weights: from config.hf_dir (Hugging Face
 // safetensors), else from `checkpoint` (a checkpoint file or run directory) when not empty, else

@@ -3,6 +3,7 @@
 // Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -14,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "distill/model.h"
+#include "layers.h"
 
 namespace distill {
 namespace {
@@ -35,15 +37,17 @@ class BlockImpl : public torch::nn::Module {
   // x: (B, T, d_model) -> (B, T, d_model), causal self-attention then MLP, both residual.
   at::Tensor forward(const at::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
-    // (B, T, 3D) -> 3 x (B, n_head, T, D / n_head)
-    auto qkv = qkv_->forward(ln_attn_->forward(x)).view({B, T, 3, n_head_, D / n_head_});
-    qkv = qkv.permute({2, 0, 3, 1, 4});
-    at::Tensor attn = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
-                                                       is_training() ? dropout_ : 0.0,
-                                                       /*is_causal=*/true);
+    // (B, T, 3D) -> 3 x (B, n_head, T, D / n_head), views. unbind, not indexing: its backward
+    // stacks the three gradients in one pass, where three selects each zero-fill and add a
+    // whole (3, B, T, D) gradient.
+    const std::vector<at::Tensor> qkv =
+        Linear(qkv_, LayerNorm(ln_attn_, x)).view({B, T, 3, n_head_, D / n_head_}).unbind(2);
+    at::Tensor attn = at::scaled_dot_product_attention(
+        qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2),
+        /*attn_mask=*/{}, is_training() ? dropout_ : 0.0, /*is_causal=*/true);
     attn = attn.transpose(1, 2).reshape({B, T, D});
-    at::Tensor h = x + resid_dropout_->forward(attn_out_->forward(attn));
-    at::Tensor m = mlp_out_->forward(at::gelu(mlp_in_->forward(ln_mlp_->forward(h))));
+    at::Tensor h = x + resid_dropout_->forward(Linear(attn_out_, attn));
+    at::Tensor m = Linear(mlp_out_, at::gelu(Linear(mlp_in_, LayerNorm(ln_mlp_, h))));
     return h + resid_dropout_->forward(m);
   }
 
@@ -104,7 +108,7 @@ class GptLM : public CausalLM {
     at::Tensor h = token_embedding_->forward(tokens) + position_embedding_->forward(positions);
     h = embedding_dropout_->forward(h);
     for (const auto& block : *blocks_) h = block->as<Block>()->forward(h);
-    at::Tensor logits = at::linear(ln_final_->forward(h), lm_head_weight());  // (B, T, V_padded)
+    at::Tensor logits = at::linear(LayerNorm(ln_final_, h), lm_head_weight());  // (B, T, V_padded)
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
     // masked_fill's backward is zero at the masked columns: padded rows never get gradient.
     return logits.masked_fill(padded_mask_, -std::numeric_limits<double>::infinity());

@@ -19,6 +19,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "distill/model.h"
+#include "layers.h"
 
 namespace distill {
 namespace {
@@ -88,9 +89,9 @@ class AttentionImpl : public torch::nn::Module {
   // x: (B, T, d_model); cos, sin: (T, head_dim) in x's dtype -> (B, T, d_model)
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     const int64_t B = x.size(0), T = x.size(1);
-    at::Tensor q = q_proj_->forward(x).view({B, T, n_head_, head_dim_});
-    at::Tensor k = k_proj_->forward(x).view({B, T, n_kv_head_, head_dim_});
-    at::Tensor v = v_proj_->forward(x).view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
+    at::Tensor q = Linear(q_proj_, x).view({B, T, n_head_, head_dim_});
+    at::Tensor k = Linear(k_proj_, x).view({B, T, n_kv_head_, head_dim_});
+    at::Tensor v = Linear(v_proj_, x).view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
     if (q_norm_) {
       q = q_norm_->forward(q);
       k = k_norm_->forward(k);
@@ -104,7 +105,7 @@ class AttentionImpl : public torch::nn::Module {
         q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0, /*is_causal=*/true,
         /*scale=*/std::nullopt, /*enable_gqa=*/n_kv_head_ != n_head_);
     out = out.transpose(1, 2).reshape({B, T, n_head_ * head_dim_});
-    return o_proj_->forward(out);
+    return Linear(o_proj_, out);
   }
 
  private:
@@ -124,7 +125,7 @@ class MlpImpl : public torch::nn::Module {
     down_proj_ = register_module("down_proj", MakeLinear(h, d, c.mlp_bias));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+    return Linear(down_proj_, at::silu(Linear(gate_proj_, x)) * Linear(up_proj_, x));
   }
 
  private:
