@@ -3,6 +3,8 @@
 // Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -34,21 +36,27 @@ class BlockImpl : public torch::nn::Module {
     resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
   }
 
-  // x: (B, T, d_model) -> (B, T, d_model), causal self-attention then MLP, both residual.
-  at::Tensor forward(const at::Tensor& x) {
+  // One block, causal self-attention then MLP, both residual. `x`: the residual stream (B, T,
+  // d_model); `pending`: the previous block's MLP output, not yet added to it (undefined for the
+  // first block). Returns the same pair for the next block: each residual add runs fused with
+  // the LayerNorm that follows it (AddLayerNorm), the last one with ln_final.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& x, const at::Tensor& pending) {
     const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
+    AddNormResult attn_in = pending.defined() ? AddLayerNorm(x, pending, ln_attn_)
+                                              : AddNormResult{x, LayerNorm(ln_attn_, x)};
     // (B, T, 3D) -> 3 x (B, n_head, T, D / n_head), views. unbind, not indexing: its backward
     // stacks the three gradients in one pass, where three selects each zero-fill and add a
     // whole (3, B, T, D) gradient.
     const std::vector<at::Tensor> qkv =
-        Linear(qkv_, LayerNorm(ln_attn_, x)).view({B, T, 3, n_head_, D / n_head_}).unbind(2);
+        Linear(qkv_, attn_in.out).view({B, T, 3, n_head_, D / n_head_}).unbind(2);
     at::Tensor attn = at::scaled_dot_product_attention(
         qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2),
         /*attn_mask=*/{}, is_training() ? dropout_ : 0.0, /*is_causal=*/true);
     attn = attn.transpose(1, 2).reshape({B, T, D});
-    at::Tensor h = x + resid_dropout_->forward(Linear(attn_out_, attn));
-    at::Tensor m = Linear(mlp_out_, at::gelu(Linear(mlp_in_, LayerNorm(ln_mlp_, h))));
-    return h + resid_dropout_->forward(m);
+    const AddNormResult mlp_in =
+        AddLayerNorm(attn_in.h, resid_dropout_->forward(Linear(attn_out_, attn)), ln_mlp_);
+    at::Tensor m = Linear(mlp_out_, at::gelu(Linear(mlp_in_, mlp_in.out)));
+    return {mlp_in.h, resid_dropout_->forward(m)};
   }
 
  private:
@@ -107,8 +115,11 @@ class GptLM : public CausalLM {
     at::Tensor positions = at::arange(T, tokens.options());
     at::Tensor h = token_embedding_->forward(tokens) + position_embedding_->forward(positions);
     h = embedding_dropout_->forward(h);
-    for (const auto& block : *blocks_) h = block->as<Block>()->forward(h);
-    at::Tensor logits = at::linear(LayerNorm(ln_final_, h), lm_head_weight());  // (B, T, V_padded)
+    at::Tensor pending;  // the last block's MLP output, added to h by the final norm
+    for (const auto& block : *blocks_) std::tie(h, pending) = block->as<Block>()->forward(h, pending);
+    const at::Tensor normed =
+        pending.defined() ? AddLayerNorm(h, pending, ln_final_).out : LayerNorm(ln_final_, h);
+    at::Tensor logits = at::linear(normed, lm_head_weight());  // (B, T, V_padded)
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
     // masked_fill's backward is zero at the masked columns: padded rows never get gradient.
     return logits.masked_fill(padded_mask_, -std::numeric_limits<double>::infinity());

@@ -1,6 +1,13 @@
 #include "layers.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
+
+#include <optional>
+
+#if DISTILL_WITH_CUDA
+#include "../kernels/add_norm_cuda.h"
+#endif
 
 namespace distill {
 namespace {
@@ -37,6 +44,66 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   }
 };
 
+#if DISTILL_WITH_CUDA
+class AddNormFunction : public torch::autograd::Function<AddNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps, bool rms,
+                               int64_t out_dtype) {
+    auto r = cuda::AddNormForward(x.contiguous(), y.contiguous(), weight.contiguous(),
+                                  bias.defined() ? bias.contiguous() : bias, eps, rms,
+                                  static_cast<at::ScalarType>(out_dtype));
+    ctx->save_for_backward({r.h, weight, r.mean, r.rstd});
+    ctx->saved_data["rms"] = rms;
+    ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
+    ctx->saved_data["has_bias"] = bias.defined();
+    return {r.h, r.out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const auto y_dtype = static_cast<at::ScalarType>(ctx->saved_data["y_dtype"].toInt());
+    const at::Tensor grad_h = grads[0].defined() ? grads[0].contiguous() : at::Tensor();
+    if (!grads[1].defined()) {  // only h was used further on
+      return {grad_h, grad_h.defined() ? grad_h.to(y_dtype) : grad_h, {}, {}, {}, {}, {}};
+    }
+    auto r = cuda::AddNormBackward(grads[1].contiguous(), grad_h, saved[0], saved[1], saved[2],
+                                   saved[3], ctx->saved_data["rms"].toBool(), y_dtype,
+                                   ctx->saved_data["has_bias"].toBool());
+    return {r.grad_x, r.grad_y, r.grad_weight, r.grad_bias, {}, {}, {}};
+  }
+};
+#endif
+
+// The fused kernel's output dtype when it applies, else nullopt (use the composite).
+std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tensor& y,
+                                            const at::Tensor& weight, const at::Tensor& bias) {
+#if DISTILL_WITH_CUDA
+  const auto floating = [](at::ScalarType t) {
+    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+  };
+  if (x.is_cuda() && x.scalar_type() == at::kFloat && x.sizes() == y.sizes() &&
+      y.device() == x.device() && floating(y.scalar_type()) && weight.scalar_type() == at::kFloat &&
+      (!bias.defined() || bias.scalar_type() == at::kFloat) && x.dim() >= 1 &&
+      cuda::Supported(x.size(-1))) {
+    return at::autocast::is_autocast_enabled(at::kCUDA) ? at::autocast::get_autocast_dtype(at::kCUDA)
+                                                        : at::kFloat;
+  }
+#endif
+  return std::nullopt;
+}
+
+AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+                    const at::Tensor& bias, double eps, bool rms, at::ScalarType out_dtype) {
+#if DISTILL_WITH_CUDA
+  const variable_list r = AddNormFunction::apply(x, y, weight, bias, eps, rms,
+                                                 static_cast<int64_t>(out_dtype));
+  return {r[0], r[1]};
+#else
+  TORCH_CHECK(false, "AddNorm: built without CUDA");
+#endif
+}
+
 }  // namespace
 
 at::Tensor LayerNorm(const torch::nn::LayerNorm& layer, const at::Tensor& x) {
@@ -44,6 +111,28 @@ at::Tensor LayerNorm(const torch::nn::LayerNorm& layer, const at::Tensor& x) {
   TORCH_CHECK(options.normalized_shape().size() == 1 && options.elementwise_affine(),
               "distill::LayerNorm: one normalised dimension with weight and bias expected");
   return LayerNormFunction::apply(x, layer->weight, layer->bias, options.eps());
+}
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y, const torch::nn::LayerNorm& layer) {
+  if (auto dtype = FusedOutDtype(x, y, layer->weight, layer->bias)) {
+    return Fused(x, y, layer->weight, layer->bias, layer->options.eps(), /*rms=*/false, *dtype);
+  }
+  at::Tensor h = x + y;
+  return {h, LayerNorm(layer, h)};
+}
+
+AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight, double eps) {
+  if (auto dtype = FusedOutDtype(x, y, weight, at::Tensor())) {
+    return Fused(x, y, weight, at::Tensor(), eps, /*rms=*/true, *dtype);
+  }
+  at::Tensor h = x + y;
+  return {h, RmsNorm(h, weight, eps)};
 }
 
 }  // namespace distill

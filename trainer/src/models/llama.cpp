@@ -10,6 +10,8 @@
 // applied after casting back), so fp32 logits agree to rounding.
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -30,10 +32,10 @@ class RMSNormImpl : public torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
     weight = register_parameter("weight", at::ones({dim}));
   }
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor x32 = x.to(at::kFloat);
-    const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-    return weight * normed.to(x.scalar_type());
+  at::Tensor forward(const at::Tensor& x) { return RmsNorm(x, weight, eps_); }
+  // h = x + y and the norm of h, fused on CUDA (layers.h: AddRmsNorm).
+  AddNormResult forward(const at::Tensor& x, const at::Tensor& y) {
+    return AddRmsNorm(x, y, weight, eps_);
   }
   at::Tensor weight;
 
@@ -142,9 +144,17 @@ class DecoderLayerImpl : public torch::nn::Module {
     post_attention_layernorm_ =
         register_module("post_attention_layernorm", RMSNorm(c.d_model, c.norm_eps));
   }
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    const at::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), cos, sin);
-    return h + mlp_->forward(post_attention_layernorm_->forward(h));
+  // `x`: the residual stream; `pending`: the previous layer's MLP output, not yet added to it
+  // (undefined for the first layer). Returns the same pair for the next layer: each residual
+  // add runs fused with the RMSNorm that follows it (AddRmsNorm), the last one with the final
+  // norm.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& x, const at::Tensor& pending,
+                                            const at::Tensor& cos, const at::Tensor& sin) {
+    const AddNormResult attn_in = pending.defined() ? input_layernorm_->forward(x, pending)
+                                                    : AddNormResult{x, input_layernorm_->forward(x)};
+    const AddNormResult mlp_in = post_attention_layernorm_->forward(
+        attn_in.h, self_attn_->forward(attn_in.out, cos, sin));
+    return {mlp_in.h, mlp_->forward(mlp_in.out)};
   }
 
  private:
@@ -221,8 +231,11 @@ class LlamaLM : public CausalLM {
       sin = emb.sin();
     }
     at::Tensor h = model_->embed_tokens->forward(tokens);
-    for (const auto& layer : *model_->layers) h = layer->as<DecoderLayer>()->forward(h, cos, sin);
-    h = model_->norm->forward(h);
+    at::Tensor pending;  // the last layer's MLP output, added to h by the final norm
+    for (const auto& layer : *model_->layers) {
+      std::tie(h, pending) = layer->as<DecoderLayer>()->forward(h, pending, cos, sin);
+    }
+    h = pending.defined() ? model_->norm->forward(h, pending).out : model_->norm->forward(h);
     at::Tensor logits = at::linear(h, lm_head_weight());
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
     return logits.masked_fill(padded_mask().to(logits.device()),

@@ -1,0 +1,190 @@
+// The model layers of trainer/src/models/layers.h: the LayerNorm with column-sum weight
+// gradients and the composite AddNorm on the CPU (against ATen / float64), the fused CUDA
+// AddNorm kernels against a float64 reference over widths, dtypes and autocast, and whole models
+// on CUDA (fused) against the same weights on the CPU (composite).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "distill/autocast.h"
+#include "distill/model.h"
+#include "models/layers.h"
+
+namespace distill {
+namespace {
+
+double MaxRelDiff(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().cpu().to(at::kDouble), w = want.detach().cpu().to(at::kDouble);
+  return (g - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1e-30);
+}
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t d, const at::Device& device) {
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({d}));
+  torch::NoGradGuard no_grad;
+  ln->weight.copy_(at::randn({d}) * 0.5 + 1.0);
+  ln->bias.copy_(at::randn({d}) * 0.1);
+  ln->to(device);
+  return ln;
+}
+
+TEST(LayersTest, LayerNormMatchesAtenIncludingGradients) {
+  torch::manual_seed(1);
+  auto ln = MakeLayerNorm(37, at::kCPU);
+  ln->to(at::kDouble);
+  const at::Tensor x = (at::randn({5, 3, 37}, at::kDouble) * 3 + 1).requires_grad_();
+  const at::Tensor go = at::randn({5, 3, 37}, at::kDouble);
+  const at::Tensor ours = LayerNorm(ln, x);
+  const auto grads = torch::autograd::grad({ours}, {x, ln->weight, ln->bias}, {go});
+  const at::Tensor ref = at::layer_norm(x, {37}, ln->weight, ln->bias, 1e-5);
+  const auto ref_grads = torch::autograd::grad({ref}, {x, ln->weight, ln->bias}, {go});
+  EXPECT_LT(MaxRelDiff(ours, ref), 1e-12);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(MaxRelDiff(grads[i], ref_grads[i]), 1e-12) << i;
+}
+
+TEST(LayersTest, CompositeAddNormOnCpu) {
+  torch::manual_seed(2);
+  auto ln = MakeLayerNorm(16, at::kCPU);
+  const at::Tensor x = at::randn({4, 16}), y = at::randn({4, 16}), w = at::randn({16});
+  const AddNormResult a = AddLayerNorm(x, y, ln);
+  EXPECT_TRUE(a.h.equal(x + y));
+  EXPECT_TRUE(a.out.equal(LayerNorm(ln, x + y)));
+  const AddNormResult r = AddRmsNorm(x, y, w, 1e-6);
+  EXPECT_TRUE(r.out.equal(RmsNorm(x + y, w, 1e-6)));
+  const at::Tensor h = (x + y).to(at::kDouble);
+  const at::Tensor ref = w.to(at::kDouble) * h * at::rsqrt(h.pow(2).mean(-1, true) + 1e-6);
+  EXPECT_LT(MaxRelDiff(r.out, ref), 1e-6);
+}
+
+struct FusedCase {
+  int64_t rows, d;
+  at::ScalarType y_dtype;
+  bool autocast, rms, grad_h;
+};
+
+std::string Name(const FusedCase& c) {
+  return fmt::format("rows {} d {} y {} autocast {} {} grad_h {}", c.rows, c.d,
+                     c.y_dtype == at::kFloat ? "fp32" : "bf16", c.autocast, c.rms ? "rms" : "layer",
+                     c.grad_h);
+}
+
+void CheckFused(const FusedCase& c) {
+  SCOPED_TRACE(Name(c));
+  torch::manual_seed(3);
+  const at::Device cuda(at::kCUDA, 0);
+  const double eps = 1e-5;
+  const at::Tensor x = (at::randn({c.rows, c.d}) * 2 + 0.5).to(cuda);
+  const at::Tensor y = at::randn({c.rows, c.d}).to(cuda).to(c.y_dtype);
+  auto ln = MakeLayerNorm(c.d, cuda);
+  const at::Tensor w = ln->weight, b = ln->bias;
+  const at::Tensor xf = x.clone().requires_grad_(), yf = y.clone().requires_grad_();
+  AddNormResult r;
+  {
+    AutocastGuard autocast(c.autocast);
+    r = c.rms ? AddRmsNorm(xf, yf, w, eps) : AddLayerNorm(xf, yf, ln);
+  }
+  ASSERT_EQ(r.out.scalar_type(), c.autocast ? at::kBFloat16 : at::kFloat);
+  ASSERT_EQ(r.h.scalar_type(), at::kFloat);
+  const at::Tensor go = at::randn({c.rows, c.d}).to(cuda).to(r.out.scalar_type());
+  const at::Tensor gh = at::randn({c.rows, c.d}).to(cuda);
+  std::vector<at::Tensor> inputs = {xf, yf, w};
+  if (!c.rms) inputs.push_back(b);
+  std::vector<at::Tensor> outputs = {r.out}, grads = {go};
+  if (c.grad_h) {
+    outputs.push_back(r.h);
+    grads.push_back(gh);
+  }
+  const auto got = torch::autograd::grad(outputs, inputs, grads);
+
+  // float64 reference on the CPU from the same (rounded) inputs.
+  auto d64 = [](const at::Tensor& t) { return t.detach().cpu().to(at::kDouble); };
+  const at::Tensor xd = d64(x).requires_grad_(), yd = d64(y).requires_grad_();
+  const at::Tensor wd = d64(w).requires_grad_(), bd = d64(b).requires_grad_();
+  const at::Tensor hd = xd + yd;
+  const at::Tensor outd = c.rms ? wd * hd * at::rsqrt(hd.pow(2).mean(-1, true) + eps)
+                                : at::layer_norm(hd, {c.d}, wd, bd, eps);
+  std::vector<at::Tensor> ref_inputs = {xd, yd, wd};
+  if (!c.rms) ref_inputs.push_back(bd);
+  std::vector<at::Tensor> ref_outputs = {outd}, ref_grads = {d64(go)};
+  if (c.grad_h) {
+    ref_outputs.push_back(hd);
+    ref_grads.push_back(d64(gh));
+  }
+  const auto want = torch::autograd::grad(ref_outputs, ref_inputs, ref_grads);
+
+  const bool bf16_out = c.autocast, bf16_y = c.y_dtype != at::kFloat;
+  EXPECT_LT(MaxRelDiff(r.h, hd), 1e-6);
+  EXPECT_LT(MaxRelDiff(r.out, outd), bf16_out ? 8e-3 : 2e-5);
+  EXPECT_LT(MaxRelDiff(got[0], want[0]), 2e-5) << "grad x";
+  EXPECT_LT(MaxRelDiff(got[1], want[1]), bf16_y ? 8e-3 : 2e-5) << "grad y";
+  EXPECT_LT(MaxRelDiff(got[2], want[2]), 2e-5) << "grad weight";
+  if (!c.rms) EXPECT_LT(MaxRelDiff(got[3], want[3]), 2e-5) << "grad bias";
+}
+
+TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t d : {1, 64, 100, 576, 768, 1024, 1536, 4096, 8192}) {
+    for (int64_t rows : {1, 37, 2048}) {
+      for (bool rms : {false, true}) {
+        CheckFused({rows, d, at::kBFloat16, /*autocast=*/true, rms, /*grad_h=*/true});
+      }
+    }
+  }
+  for (bool rms : {false, true}) {
+    for (bool grad_h : {false, true}) {
+      CheckFused({333, 1024, at::kFloat, /*autocast=*/false, rms, grad_h});
+      CheckFused({333, 768, at::kBFloat16, /*autocast=*/true, rms, grad_h});
+      CheckFused({333, 768, at::kFloat, /*autocast=*/true, rms, grad_h});
+    }
+  }
+}
+
+// A whole model on CUDA in fp32 (the fused kernels) against the same weights on the CPU (the
+// composite): logits and every parameter's gradient.
+void CheckModel(ModelFamily family) {
+  ModelConfig config;
+  config.family = family;
+  config.vocab_size = 100;
+  config.n_layer = 3;
+  config.d_model = 96;
+  config.n_head = 4;
+  if (family == ModelFamily::kLlama) config.n_kv_head = 2;
+  torch::manual_seed(4);
+  Model cpu = MakeModel(config), gpu = MakeModel(config);
+  {
+    torch::NoGradGuard no_grad;
+    auto src = cpu->named_parameters();
+    for (auto& p : gpu->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  gpu->to(at::Device(at::kCUDA, 0));
+  const at::Tensor tokens = at::randint(0, config.vocab_size, {2, 50}, at::kLong);
+  const at::Tensor logits_cpu = cpu->forward(tokens);
+  const at::Tensor logits_gpu = gpu->forward(tokens.cuda());
+  EXPECT_LT(MaxRelDiff(logits_gpu, logits_cpu), 1e-4);
+  at::cross_entropy_loss(logits_cpu.reshape({-1, logits_cpu.size(-1)}).narrow(1, 0, 100),
+                         tokens.reshape({-1}))
+      .backward();
+  at::cross_entropy_loss(logits_gpu.reshape({-1, logits_gpu.size(-1)}).narrow(1, 0, 100),
+                         tokens.cuda().reshape({-1}))
+      .backward();
+  auto grads_cpu = cpu->named_parameters();
+  for (const auto& p : gpu->named_parameters()) {
+    EXPECT_LT(MaxRelDiff(p.value().grad(), grads_cpu[p.key()].grad()), 1e-3) << p.key();
+  }
+}
+
+TEST(LayersCudaTest, GptOnCudaMatchesCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  CheckModel(ModelFamily::kGpt);
+}
+
+TEST(LayersCudaTest, LlamaOnCudaMatchesCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  CheckModel(ModelFamily::kLlama);
+}
+
+}  // namespace
+}  // namespace distill
