@@ -47,16 +47,18 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 #if DISTILL_WITH_CUDA
 class AddNormFunction : public torch::autograd::Function<AddNormFunction> {
  public:
+  // `bias` must be a defined tensor (autograd records every tensor argument as an input): without
+  // a bias (RMSNorm) the caller passes the weight again and has_bias = false.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const at::Tensor& weight, const at::Tensor& bias, double eps, bool rms,
-                               int64_t out_dtype) {
+                               const at::Tensor& weight, const at::Tensor& bias, bool has_bias,
+                               double eps, bool rms, int64_t out_dtype) {
     auto r = cuda::AddNormForward(x.contiguous(), y.contiguous(), weight.contiguous(),
-                                  bias.defined() ? bias.contiguous() : bias, eps, rms,
+                                  has_bias ? bias.contiguous() : at::Tensor(), eps, rms,
                                   static_cast<at::ScalarType>(out_dtype));
     ctx->save_for_backward({r.h, weight, r.mean, r.rstd});
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
-    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["has_bias"] = has_bias;
     return {r.h, r.out};
   }
 
@@ -65,12 +67,12 @@ class AddNormFunction : public torch::autograd::Function<AddNormFunction> {
     const auto y_dtype = static_cast<at::ScalarType>(ctx->saved_data["y_dtype"].toInt());
     const at::Tensor grad_h = grads[0].defined() ? grads[0].contiguous() : at::Tensor();
     if (!grads[1].defined()) {  // only h was used further on
-      return {grad_h, grad_h.defined() ? grad_h.to(y_dtype) : grad_h, {}, {}, {}, {}, {}};
+      return {grad_h, grad_h.defined() ? grad_h.to(y_dtype) : grad_h, {}, {}, {}, {}, {}, {}};
     }
     auto r = cuda::AddNormBackward(grads[1].contiguous(), grad_h, saved[0], saved[1], saved[2],
                                    saved[3], ctx->saved_data["rms"].toBool(), y_dtype,
                                    ctx->saved_data["has_bias"].toBool());
-    return {r.grad_x, r.grad_y, r.grad_weight, r.grad_bias, {}, {}, {}};
+    return {r.grad_x, r.grad_y, r.grad_weight, r.grad_bias, {}, {}, {}, {}};
   }
 };
 #endif
@@ -96,7 +98,8 @@ std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tenso
 AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
                     const at::Tensor& bias, double eps, bool rms, at::ScalarType out_dtype) {
 #if DISTILL_WITH_CUDA
-  const variable_list r = AddNormFunction::apply(x, y, weight, bias, eps, rms,
+  const variable_list r = AddNormFunction::apply(x, y, weight, bias.defined() ? bias : weight,
+                                                 bias.defined(), eps, rms,
                                                  static_cast<int64_t>(out_dtype));
   return {r[0], r[1]};
 #else
