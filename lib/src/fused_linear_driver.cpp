@@ -181,7 +181,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
                      bool want_h, bool want_w) {
   const auto acc_opts = in.sh.options().dtype(acc_dtype(in.sh));
   const bool grad = kd_w.defined() && (want_h || want_w);
-  const bool kd = a.kd_weight != 0.0, ce = in.labels.defined();
+  const bool ce = in.labels.defined();
   const int64_t Vce = std::min(a.V, in.ws);  // the student's columns that count
   DriverOut out;
   out.kd_rows = at::zeros({in.rows}, acc_opts);
@@ -197,13 +197,14 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
         ce ? std::optional<at::Tensor>(in.labels.narrow(0, r0, n)) : std::nullopt;
     const at::Tensor s = at::mm(h, in.sw.t());  // (n, V_s)
     at::Tensor g;                               // d loss / d s, (n, V_s) in the inputs' dtype
-    if (kd) {
+    {
+      const bool kd_grad = grad && a.kd_weight != 0.0;
       const at::Tensor t = at::mm(in.th.narrow(0, r0, n), in.tw.t());  // (n, V_t)
       auto [loss, stats, scale, unused] =
           distill_forward_op(s, t, labels, a.divergence, a.beta, a.temperature, a.ignore_index, kernels::kNone,
-                             a.V, std::nullopt, /*save=*/grad);
+                             a.V, std::nullopt, /*save=*/kd_grad);
       out.kd_rows.narrow(0, r0, n).copy_(loss);
-      if (grad)
+      if (kd_grad)
         g = distill_backward_op(rows_of(kd_w, r0, n), s, t, labels, stats, scale, a.divergence, a.beta,
                                 a.temperature, a.ignore_index, kernels::kNone, a.V);
     }
@@ -268,7 +269,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_lin
     ce = (ce.to(at::kDouble).sum() * ce_scale).to(acc);
   }
   // A weight of 0 drops its term (its value may be inf: 0 * inf would be NaN).
-  at::Tensor loss = div * kd_weight;
+  at::Tensor loss = kd_weight != 0.0 ? div * kd_weight : at::zeros_like(div);
   if (ce_weight != 0.0) loss = loss + ce * ce_weight;
   return {loss, div, ce, out.grad_h.defined() ? out.grad_h : empty_grad(sh),
           out.grad_w.defined() ? out.grad_w : empty_grad(sw)};

@@ -80,6 +80,13 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
 
 // (BT, H) views of the hidden states; the per-token outputs go back to the leading shape.
 at::Tensor rows(const at::Tensor& x) { return x.reshape({-1, x.size(-1)}); }
+// Labels of the hidden states' leading shape (or (BT,)) as (BT,).
+std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
+  const auto lead = sh.sizes().slice(0, sh.dim() - 1);
+  const at::Tensor l =
+      check_labels(labels, lead, c10::multiply_integers(lead), sh.device(), kFusedOp, "student_hidden");
+  return l.defined() ? std::optional<at::Tensor>(l) : std::nullopt;
+}
 
 void check_teacher_constant(const at::Tensor& th, const at::Tensor& tw) {
   TORCH_CHECK(!(at::GradMode::is_enabled() && (th.requires_grad() || tw.requires_grad())), kFusedOp,
@@ -166,11 +173,13 @@ Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const 
                               kd_weight, ce_weight, chunk_size);
   if (!(at::GradMode::is_enabled() && (sh.requires_grad() || sw.requires_grad()))) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, div, ce, gh, gw] = fused_linear_forward_op(rows(sh), sw, rows(th), tw, labels, a, false, false);
+    auto [loss, div, ce, gh, gw] =
+        fused_linear_forward_op(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a, false, false);
     return shaped({loss, div, ce}, sh, a.reduction);
   }
   // The reshape to rows is a differentiable view: the gradient reaches a (B, T, H) input through it.
-  return shaped(FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, labels, a), sh, a.reduction);
+  return shaped(FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a), sh,
+                a.reduction);
 }
 
 // Below autograd (inference mode, tensors without autograd): forward only.
@@ -180,7 +189,8 @@ Outputs fused_linear_no_grad(const at::Tensor& sh, const at::Tensor& sw, const a
                              double kd_weight, double ce_weight, std::optional<int64_t> chunk_size) {
   const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index, reduction, vocab_size,
                               kd_weight, ce_weight, chunk_size);
-  auto [loss, div, ce, gh, gw] = fused_linear_forward_op(rows(sh), sw, rows(th), tw, labels, a, false, false);
+  auto [loss, div, ce, gh, gw] =
+      fused_linear_forward_op(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a, false, false);
   return shaped({loss, div, ce}, sh, a.reduction);
 }
 

@@ -30,8 +30,8 @@ struct FusedLinearDistillOptions {
   // must be unset. The temperature applies to the divergence only, never to the cross-entropy.
   TORCH_ARG(DistillLossOptions, distill) = {};
   // loss = kd_weight * divergence + ce_weight * ce. Both weights are needed in forward (that is
-  // where the gradient is computed); a weight of 0 skips its term's work (kd_weight 0: no teacher
-  // matmul).
+  // where the gradient is computed). A weight of 0 drops its term from the loss and skips its
+  // gradient's work; its value is still computed (the result reports both terms).
   TORCH_ARG(double, kd_weight) = 1.0;
   // The weight of the hard-label cross-entropy of the student's (untempered) logits against
   // `labels`; non-zero needs labels.
