@@ -8,8 +8,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 
 #include "lossfns/fused_linear.h"
 
@@ -21,8 +21,8 @@ struct Problem {
 };
 Problem make_problem(int64_t rows, int64_t hs, int64_t ht, int64_t V, bool labels) {
   const auto bf16 = at::TensorOptions(at::kCUDA).dtype(at::kBFloat16);
-  Problem p{at::randn({rows, hs}, bf16), at::randn({V, hs}, bf16) * 0.1, at::randn({rows, ht}, bf16),
-            at::randn({V, ht}, bf16) * 0.1, at::Tensor()};
+  Problem p{at::randn({rows, hs}, bf16), at::randn({V, hs}, bf16) * 0.1,
+            at::randn({rows, ht}, bf16), at::randn({V, ht}, bf16) * 0.1, at::Tensor()};
   if (labels) p.labels = at::randint(0, V, {rows}, at::TensorOptions(at::kCUDA).dtype(at::kLong));
   return p;
 }
@@ -41,7 +41,8 @@ TEST(FusedLinearCuda, RunsOnTheCurrentNonDefaultStream) {
   auto run = [&] {
     const at::Tensor h = p.sh.detach().requires_grad_(true), w = p.sw.detach().requires_grad_(true);
     const at::Tensor x = h * 1.5;  // an ordinary op before, and after
-    const at::Tensor loss = fused_linear_distill_loss(x, w, p.th, p.tw, p.labels, jsd_with_ce(128)).loss * 2.0;
+    const at::Tensor loss =
+        fused_linear_distill_loss(x, w, p.th, p.tw, p.labels, jsd_with_ce(128)).loss * 2.0;
     const auto grads = torch::autograd::grad({loss}, {h, w});
     return std::make_tuple(loss.detach(), grads[0], grads[1]);
   };
@@ -69,7 +70,8 @@ TEST(FusedLinearCuda, ForwardAndBackwardDoNotSynchronise) {
     if (std::string(red) == "none") d.reduction(torch::kNone);
     const auto o = jsd_with_ce(std::nullopt).distill(d);
     const at::Tensor h = p.sh.detach().requires_grad_(true), w = p.sw.detach().requires_grad_(true);
-    torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, p.labels, o).loss.sum()}, {h, w});
+    torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, p.labels, o).loss.sum()},
+                          {h, w});
     c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
     EXPECT_NO_THROW({
       const at::Tensor loss = fused_linear_distill_loss(h, w, p.th, p.tw, p.labels, o).loss.sum();
@@ -88,19 +90,23 @@ TEST(FusedLinearCuda, HoldsOneChunkOfLogitsNotTheWholeBatch) {
   const Problem p = make_problem(rows, hs, hs, V, false);
   const at::Tensor h = p.sh.detach().requires_grad_(true), w = p.sw.detach().requires_grad_(true);
   const auto o = FusedLinearDistillOptions().chunk_size(128);
-  torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, std::nullopt, o).loss}, {h, w});  // warm-up
+  torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, std::nullopt, o).loss},
+                        {h, w});  // warm-up
   c10::cuda::device_synchronize();
   const auto device = c10::cuda::current_device();
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  const int64_t base = c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[agg].current;
+  const int64_t base =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[agg].current;
   c10::cuda::CUDACachingAllocator::resetPeakStats(device);
   {
-    const auto grads =
-        torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, std::nullopt, o).loss}, {h, w});
+    const auto grads = torch::autograd::grad(
+        {fused_linear_distill_loss(h, w, p.th, p.tw, std::nullopt, o).loss}, {h, w});
     c10::cuda::device_synchronize();
   }
-  const int64_t peak = c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[agg].peak;
-  EXPECT_LT(peak - base, rows * V * 2) << "peak " << (peak - base) / (1 << 20) << " MiB beyond the inputs";
+  const int64_t peak =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[agg].peak;
+  EXPECT_LT(peak - base, rows * V * 2)
+      << "peak " << (peak - base) / (1 << 20) << " MiB beyond the inputs";
 }
 
 }  // namespace

@@ -4,11 +4,7 @@
 // user would write them. Loss, both terms, and the gradients of the student's hidden states and
 // lm_head, swept over divergences, reductions, weights, chunk sizes, widths, padding, ties and
 // ignored rows; the errors. CUDA cases skip without a GPU.
-#include <functional>
-#include <limits>
-#include <sstream>
-#include <string>
-#include <vector>
+#include "lossfns/fused_linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -17,15 +13,20 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "distill_reference.h"
-#include "lossfns/fused_linear.h"
 #include "tvd_reference.h"  // all_close
 
 namespace lossfns::testing {
 namespace {
 
-constexpr std::array<Divergence, 4> kAll = {Divergence::kTvd, Divergence::kForwardKl, Divergence::kReverseKl,
-                                            Divergence::kJsd};
+constexpr std::array<Divergence, 4> kAll = {Divergence::kTvd, Divergence::kForwardKl,
+                                            Divergence::kReverseKl, Divergence::kJsd};
 const double kInf = std::numeric_limits<double>::infinity();
 
 at::Tensor leaf(const at::Tensor& x) { return x.detach().clone().set_requires_grad(true); }
@@ -41,11 +42,13 @@ struct Shape {
 std::string describe(const Shape& c) {
   std::ostringstream o;
   o << c.rows << " rows, H " << c.hs << "/" << c.ht << ", V " << c.vs << "/" << c.vt << ", vocab "
-    << (c.vocab_size ? std::to_string(*c.vocab_size) : "-") << ", " << c.pattern << ", T " << c.temperature
-    << ", labels " << c.labels;
+    << (c.vocab_size ? std::to_string(*c.vocab_size) : "-") << ", " << c.pattern << ", T "
+    << c.temperature << ", labels " << c.labels;
   return o.str();
 }
-int64_t columns(const Shape& c) { return std::min(c.vocab_size.value_or(std::max(c.vs, c.vt)), std::max(c.vs, c.vt)); }
+int64_t columns(const Shape& c) {
+  return std::min(c.vocab_size.value_or(std::max(c.vs, c.vt)), std::max(c.vs, c.vt));
+}
 
 struct Inputs {
   at::Tensor sh, sw, th, tw, labels;  // labels undefined when absent
@@ -67,8 +70,9 @@ Inputs make_inputs(const Shape& c) {
   if (c.labels != "none") {
     // Targets among the columns that count (the student's), every 3rd row (or every row) ignored.
     in.labels = at::randint(0, std::min(columns(c), c.vs), {c.rows}, at::kLong);
-    in.labels.index_put_({c.labels == "all" ? at::ones({c.rows}, at::kBool) : at::arange(c.rows) % 3 == 1},
-                         kDefaultIgnoreIndex);
+    in.labels.index_put_(
+        {c.labels == "all" ? at::ones({c.rows}, at::kBool) : at::arange(c.rows) % 3 == 1},
+        kDefaultIgnoreIndex);
   }
   return in;
 }
@@ -80,21 +84,25 @@ struct Expected {
 // The float64 composite: the divergence's value and logit gradient from reference_distill, the
 // cross-entropy's in closed form (softmax - onehot over the columns that count), chained through
 // the two matmuls by autograd. go: the grad_output (0-dim, or (rows,) for "none").
-Expected composite_reference(const Inputs& in, const Shape& c, Divergence div, double beta, const std::string& red,
-                             double kd_w, double ce_w, const at::Tensor& go) {
+Expected composite_reference(const Inputs& in, const Shape& c, Divergence div, double beta,
+                             const std::string& red, double kd_w, double ce_w,
+                             const at::Tensor& go) {
   const auto dbl = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor h = leaf(in.sh.to(at::kDouble)), w = leaf(in.sw.to(at::kDouble));
   const at::Tensor s = h.mm(w.t());
   const at::Tensor t = in.th.to(at::kDouble).mm(in.tw.to(at::kDouble).t());
   const int64_t V = columns(c), Vce = std::min(V, c.vs);
-  const at::Tensor valid = in.labels.defined() ? in.labels.ne(kDefaultIgnoreIndex) : at::ones({c.rows}, at::kBool);
+  const at::Tensor valid =
+      in.labels.defined() ? in.labels.ne(kDefaultIgnoreIndex) : at::ones({c.rows}, at::kBool);
   const double n = valid.sum().item<double>();
   const double inv = n > 0 ? 1.0 / n : 0.0;
-  const double kd_scale = red == "sum" || red == "none" ? 1.0 : red == "mean" ? inv / double(V) : inv;
+  const double kd_scale = red == "sum" || red == "none" ? 1.0
+                          : red == "mean"               ? inv / double(V)
+                                                        : inv;
   const double ce_scale = red == "sum" || red == "none" ? 1.0 : inv;
   const at::Tensor go_rows = red == "none" ? go : go.expand({c.rows});
-  const RefResult ref =
-      reference_distill(s.detach(), t, div, beta, c.temperature, V, valid, go_rows * (kd_w * kd_scale));
+  const RefResult ref = reference_distill(s.detach(), t, div, beta, c.temperature, V, valid,
+                                          go_rows * (kd_w * kd_scale));
   at::Tensor ce_rows = at::zeros({c.rows}, dbl), ce_grad = at::zeros({c.rows, c.vs}, dbl);
   if (in.labels.defined()) {
     const at::Tensor lp = at::log_softmax(s.detach().narrow(1, 0, Vce), 1);
@@ -116,8 +124,9 @@ Expected composite_reference(const Inputs& in, const Shape& c, Divergence div, d
   return e;
 }
 
-FusedLinearDistillOptions options_of(Divergence div, double beta, const Shape& c, const std::string& red, double kd_w,
-                                     double ce_w, std::optional<int64_t> chunk) {
+FusedLinearDistillOptions options_of(Divergence div, double beta, const Shape& c,
+                                     const std::string& red, double kd_w, double ce_w,
+                                     std::optional<int64_t> chunk) {
   DistillLossOptions d;
   d.divergence(div).beta(beta).temperature(c.temperature).vocab_size(c.vocab_size);
   if (red == "sum") d.reduction(torch::kSum);
@@ -127,21 +136,25 @@ FusedLinearDistillOptions options_of(Divergence div, double beta, const Shape& c
   return FusedLinearDistillOptions().distill(d).kd_weight(kd_w).ce_weight(ce_w).chunk_size(chunk);
 }
 
-std::optional<at::Tensor> opt(const at::Tensor& x) { return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt; }
+std::optional<at::Tensor> opt(const at::Tensor& x) {
+  return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
+}
 
 // Float64 on the CPU: every element within 1e-10 relative of the float64 composite (the two
 // differ only in summation order: chunked GEMMs and the kernels' per-row sums).
-void run_float64_case(const Shape& c, Divergence div, const std::string& red, double kd_w, double ce_w,
-                      std::optional<int64_t> chunk) {
-  SCOPED_TRACE(describe(c) + ", " + divergence_name(div) + ", " + red + ", kd " + std::to_string(kd_w) + ", ce " +
-               std::to_string(ce_w) + ", chunk " + (chunk ? std::to_string(*chunk) : "auto"));
+void run_float64_case(const Shape& c, Divergence div, const std::string& red, double kd_w,
+                      double ce_w, std::optional<int64_t> chunk) {
+  SCOPED_TRACE(describe(c) + ", " + divergence_name(div) + ", " + red + ", kd " +
+               std::to_string(kd_w) + ", ce " + std::to_string(ce_w) + ", chunk " +
+               (chunk ? std::to_string(*chunk) : "auto"));
   const Inputs in = make_inputs(c);
   const double beta = 0.3;
-  const at::Tensor go = red == "none" ? at::rand({c.rows}, at::kDouble) + 0.5 : at::full({}, 0.75, at::kDouble);
+  const at::Tensor go =
+      red == "none" ? at::rand({c.rows}, at::kDouble) + 0.5 : at::full({}, 0.75, at::kDouble);
   const Expected e = composite_reference(in, c, div, beta, red, kd_w, ce_w, go);
   const at::Tensor h = leaf(in.sh), w = leaf(in.sw);
-  const FusedLinearDistillResult r = fused_linear_distill_loss(h, w, in.th, in.tw, opt(in.labels),
-                                                               options_of(div, beta, c, red, kd_w, ce_w, chunk));
+  const FusedLinearDistillResult r = fused_linear_distill_loss(
+      h, w, in.th, in.tw, opt(in.labels), options_of(div, beta, c, red, kd_w, ce_w, chunk));
   EXPECT_EQ(r.loss.scalar_type(), at::kDouble);
   EXPECT_EQ(r.loss.dim(), red == "none" ? 1 : 0);
   EXPECT_FALSE(r.divergence.requires_grad());
@@ -194,7 +207,8 @@ TEST(FusedLinearDistillLoss, ThreeDimensionalInputsAndPerTokenLosses) {
   const auto o = options_of(Divergence::kJsd, 0.5, c, "none", 1.0, 0.5, 5);
   const at::Tensor h2 = leaf(in.sh), h3 = leaf(in.sh.view({3, 4, 5}));
   const auto r2 = fused_linear_distill_loss(h2, in.sw, in.th, in.tw, in.labels, o);
-  const auto r3 = fused_linear_distill_loss(h3, in.sw, in.th.view({3, 4, 7}), in.tw, in.labels.view({3, 4}), o);
+  const auto r3 =
+      fused_linear_distill_loss(h3, in.sw, in.th.view({3, 4, 7}), in.tw, in.labels.view({3, 4}), o);
   EXPECT_EQ(r3.loss.sizes(), (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(r3.divergence.sizes(), (std::vector<int64_t>{3, 4}));
   EXPECT_TRUE(at::equal(r3.loss.reshape({-1}), r2.loss));
@@ -242,12 +256,15 @@ TEST(FusedLinearDistillLoss, PaddingRowsOfTheLmHeadAreNeverReadAndGetZeroGradien
     const auto o = options_of(div, 0.5, c, "batchmean", 1.0, 0.5, 3);
     at::Tensor a = leaf(sw), b = leaf(in.sw.narrow(0, 0, 33));
     auto ra = fused_linear_distill_loss(in.sh, a, in.th, tw, in.labels, o);
-    auto rb = fused_linear_distill_loss(in.sh, b, in.th, in.tw.narrow(0, 0, 33), in.labels,
-                                        FusedLinearDistillOptions(o).distill(DistillLossOptions(o.distill()).vocab_size(std::nullopt)));
+    auto rb =
+        fused_linear_distill_loss(in.sh, b, in.th, in.tw.narrow(0, 0, 33), in.labels,
+                                  FusedLinearDistillOptions(o).distill(
+                                      DistillLossOptions(o.distill()).vocab_size(std::nullopt)));
     EXPECT_TRUE(all_close(ra.loss, rb.loss, 1e-12, 0)) << divergence_name(div);
     ra.loss.backward();
     rb.loss.backward();
-    EXPECT_TRUE(all_close(a.grad().narrow(0, 0, 33), b.grad(), 1e-12, 1e-15)) << divergence_name(div);
+    EXPECT_TRUE(all_close(a.grad().narrow(0, 0, 33), b.grad(), 1e-12, 1e-15))
+        << divergence_name(div);
     EXPECT_EQ(a.grad().narrow(0, 33, 7).abs().max().item<double>(), 0.0) << divergence_name(div);
   }
 }
@@ -265,8 +282,9 @@ TEST(FusedLinearDistillLoss, AllIgnoredAndEmptyBatchesGiveZeroNotNaN) {
       EXPECT_EQ(h.grad().abs().max().item<double>(), 0.0);
       EXPECT_EQ(w.grad().abs().max().item<double>(), 0.0);
       at::Tensor e = leaf(at::randn({0, 3}, at::kDouble)), we = leaf(in.sw);
-      auto re = fused_linear_distill_loss(e, we, at::randn({0, 3}, at::kDouble), in.tw, std::nullopt,
-                                          options_of(div, 0.5, c, red, 1.0, 0.0, std::nullopt));
+      auto re =
+          fused_linear_distill_loss(e, we, at::randn({0, 3}, at::kDouble), in.tw, std::nullopt,
+                                    options_of(div, 0.5, c, red, 1.0, 0.0, std::nullopt));
       re.loss.backward();
       EXPECT_EQ(re.loss.item<double>(), 0.0);
       EXPECT_EQ(e.grad().sizes(), e.sizes());
@@ -278,8 +296,9 @@ TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfin
   const Shape c{3, 4, 4, 12, 12, 10};
   Inputs in = make_inputs(c);
   in.labels = at::tensor({int64_t{2}, int64_t{11}, kDefaultIgnoreIndex});  // 11: a padding column
-  const auto r = fused_linear_distill_loss(in.sh, in.sw, in.th, in.tw, in.labels,
-                                           options_of(Divergence::kTvd, 0.5, c, "none", 1.0, 1.0, std::nullopt));
+  const auto r = fused_linear_distill_loss(
+      in.sh, in.sw, in.th, in.tw, in.labels,
+      options_of(Divergence::kTvd, 0.5, c, "none", 1.0, 1.0, std::nullopt));
   EXPECT_TRUE(std::isfinite(r.ce[0].item<double>()));
   EXPECT_EQ(r.ce[1].item<double>(), kInf);
   EXPECT_EQ(r.ce[2].item<double>(), 0.0);
@@ -289,8 +308,10 @@ TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfin
 // at::mm, distill_loss, and cross_entropy on a float32 copy, through autograd. Both round the
 // logits and their gradient to the dtype (in different places: the composite sums the two
 // terms' gradients in the dtype), so the tolerances are a few roundings of the dtype.
-void run_low_precision_case(const at::Device& dev, at::ScalarType dtype, Divergence div, const std::string& red) {
-  SCOPED_TRACE(std::string(divergence_name(div)) + " " + c10::toString(dtype) + " " + dev.str() + " " + red);
+void run_low_precision_case(const at::Device& dev, at::ScalarType dtype, Divergence div,
+                            const std::string& red) {
+  SCOPED_TRACE(std::string(divergence_name(div)) + " " + c10::toString(dtype) + " " + dev.str() +
+               " " + red);
   const Shape c{37, 64, 96, 1000, 1200, 1100, "random", 1.5};
   const Inputs in64 = make_inputs(c);
   auto to = [&](const at::Tensor& x) { return x.to(dev, dtype); };
@@ -302,11 +323,12 @@ void run_low_precision_case(const at::Device& dev, at::ScalarType dtype, Diverge
   const at::Tensor hc = leaf(in.sh), wc = leaf(in.sw);
   const at::Tensor s = hc.mm(wc.t()), t = in.th.mm(in.tw.t());
   const at::Tensor kd = distill_loss(s, t, o.distill(), in.labels);
-  const at::Tensor ce = at::cross_entropy_loss(s.narrow(1, 0, std::min(columns(c), c.vs)).to(at::kFloat), in.labels,
-                                               {}, red == "none" ? at::Reduction::None
-                                                   : red == "sum" ? at::Reduction::Sum
-                                                                  : at::Reduction::Mean,
-                                               kDefaultIgnoreIndex);
+  const at::Tensor ce = at::cross_entropy_loss(
+      s.narrow(1, 0, std::min(columns(c), c.vs)).to(at::kFloat), in.labels, {},
+      red == "none"  ? at::Reduction::None
+      : red == "sum" ? at::Reduction::Sum
+                     : at::Reduction::Mean,
+      kDefaultIgnoreIndex);
   const at::Tensor loss_c = kd + 0.5 * ce;
   loss_c.backward(go);
   // Ours.
@@ -316,7 +338,8 @@ void run_low_precision_case(const at::Device& dev, at::ScalarType dtype, Diverge
   const bool half = dtype != at::kFloat;
   const double rtol = half ? 2e-2 : 2e-4, atol_rel = half ? 1e-2 : 1e-4;
   EXPECT_TRUE(all_close(r.loss, loss_c, rtol, 1e-5));
-  for (const auto& [ours, theirs] : {std::pair{h.grad(), hc.grad()}, std::pair{w.grad(), wc.grad()}}) {
+  for (const auto& [ours, theirs] :
+       {std::pair{h.grad(), hc.grad()}, std::pair{w.grad(), wc.grad()}}) {
     EXPECT_EQ(ours.scalar_type(), dtype);
     EXPECT_TRUE(all_close(ours, theirs, rtol, atol_rel * theirs.abs().max().item<double>()));
   }
@@ -340,13 +363,16 @@ TEST(FusedLinearDistillLoss, CudaFloat32MatchesTheFloat64CompositeAndChunksAgree
   auto to = [](const at::Tensor& x) { return x.to(at::kCUDA, at::kFloat); };
   for (Divergence div : kAll) {
     const at::Tensor go = at::full({}, 0.75, at::kDouble);
-    const Inputs rounded{to(in64.sh).to(at::kCPU, at::kDouble), to(in64.sw).to(at::kCPU, at::kDouble),
-                         to(in64.th).to(at::kCPU, at::kDouble), to(in64.tw).to(at::kCPU, at::kDouble), in64.labels};
+    const Inputs rounded{
+        to(in64.sh).to(at::kCPU, at::kDouble), to(in64.sw).to(at::kCPU, at::kDouble),
+        to(in64.th).to(at::kCPU, at::kDouble), to(in64.tw).to(at::kCPU, at::kDouble), in64.labels};
     const Expected e = composite_reference(rounded, c, div, 0.5, "batchmean", 1.0, 0.25, go);
-    for (std::optional<int64_t> chunk : {std::optional<int64_t>(64), std::optional<int64_t>(std::nullopt)}) {
+    for (std::optional<int64_t> chunk :
+         {std::optional<int64_t>(64), std::optional<int64_t>(std::nullopt)}) {
       const at::Tensor h = leaf(to(in64.sh)), w = leaf(to(in64.sw));
-      const auto r = fused_linear_distill_loss(h, w, to(in64.th), to(in64.tw), in64.labels.to(at::kCUDA),
-                                               options_of(div, 0.5, c, "batchmean", 1.0, 0.25, chunk));
+      const auto r =
+          fused_linear_distill_loss(h, w, to(in64.th), to(in64.tw), in64.labels.to(at::kCUDA),
+                                    options_of(div, 0.5, c, "batchmean", 1.0, 0.25, chunk));
       r.loss.backward(go.to(at::kCUDA, at::kFloat));
       // float32 logits (TF32 off by default) and float32 kernels: ~1e-6 relative per logit.
       EXPECT_TRUE(all_close(r.loss, e.loss, 1e-4, 1e-6)) << divergence_name(div);
@@ -369,36 +395,48 @@ TEST(FusedLinearDistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
   const Shape c{4, 3, 5, 10, 12, std::nullopt};
   const Inputs in = make_inputs(c);
   using O = FusedLinearDistillOptions;
-  auto err = [&](const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th, const at::Tensor& tw,
-                 std::optional<at::Tensor> l = std::nullopt, O o = {}) {
+  auto err = [&](const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                 const at::Tensor& tw, std::optional<at::Tensor> l = std::nullopt, O o = {}) {
     return error_of([&] { fused_linear_distill_loss(sh, sw, th, tw, l, o); });
   };
   auto has = [](const std::string& e, const char* what) {
-    return e.find(what) != std::string::npos ? ::testing::AssertionSuccess()
-                                              : ::testing::AssertionFailure() << "'" << what << "' not in: " << e;
+    return e.find(what) != std::string::npos
+               ? ::testing::AssertionSuccess()
+               : ::testing::AssertionFailure() << "'" << what << "' not in: " << e;
   };
-  EXPECT_TRUE(has(err(in.sh, in.sw.narrow(1, 0, 2), in.th, in.tw), "student_lm_head must be (V_s, H_s) with H_s = 3"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw.narrow(1, 0, 2)), "teacher_lm_head must be (V_t, H_t) with H_t = 5"));
+  EXPECT_TRUE(has(err(in.sh, in.sw.narrow(1, 0, 2), in.th, in.tw),
+                  "student_lm_head must be (V_s, H_s) with H_s = 3"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw.narrow(1, 0, 2)),
+                  "teacher_lm_head must be (V_t, H_t) with H_t = 5"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th.narrow(0, 0, 3), in.tw), "leading shape [4]"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw.to(at::kFloat)), "teacher_lm_head must have student_hidden's dtype"));
-  EXPECT_TRUE(has(err(in.sh.to(at::kInt), in.sw.to(at::kInt), in.th.to(at::kInt), in.tw.to(at::kInt)), "Int"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().ce_weight(0.5)), "needs labels"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().chunk_size(0)), "chunk_size must be >= 1"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw.to(at::kFloat)),
+                  "teacher_lm_head must have student_hidden's dtype"));
+  EXPECT_TRUE(has(
+      err(in.sh.to(at::kInt), in.sw.to(at::kInt), in.th.to(at::kInt), in.tw.to(at::kInt)), "Int"));
+  EXPECT_TRUE(
+      has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().ce_weight(0.5)), "needs labels"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().chunk_size(0)),
+                  "chunk_size must be >= 1"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().kd_weight(kInf)), "finite"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().distill(DistillLossOptions().temperature(0))),
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt,
+                      O().distill(DistillLossOptions().temperature(0))),
                   "temperature"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt,
                       O().distill(DistillLossOptions().divergence(Divergence::kJsd).beta(1.5))),
                   "beta must be in [0, 1]"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().distill(DistillLossOptions().vocab_size(0))),
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt,
+                      O().distill(DistillLossOptions().vocab_size(0))),
                   "vocab_size"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt,
                       O().distill(DistillLossOptions().grad_scale(at::ones({1})))),
                   "grad_scale does not apply"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, at::zeros({3}, at::kLong)), "labels must have shape"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, leaf(in.tw)), "teacher_hidden and teacher_lm_head must not require grad"));
+  EXPECT_TRUE(
+      has(err(in.sh, in.sw, in.th, in.tw, at::zeros({3}, at::kLong)), "labels must have shape"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, leaf(in.tw)),
+                  "teacher_hidden and teacher_lm_head must not require grad"));
   EXPECT_TRUE(has(err(in.sh, in.sw, leaf(in.th), in.tw), "pass teacher_hidden.detach()"));
-  EXPECT_EQ(err(in.sh, in.sw, in.th, in.tw, in.labels, O().ce_weight(1.0)), "");  // and a good call is none
+  EXPECT_EQ(err(in.sh, in.sw, in.th, in.tw, in.labels, O().ce_weight(1.0)),
+            "");  // and a good call is none
 }
 
 }  // namespace

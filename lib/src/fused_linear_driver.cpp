@@ -3,12 +3,12 @@
 // distill_loss's internal ops (so the device picks its kernels), the cross-entropy, and the
 // gradient w.r.t. the student's hidden states and lm_head. Device-agnostic: written with ATen ops
 // only and registered for CPU and CUDA alike. At most one chunk's logits are alive at a time.
-#include <algorithm>
-#include <limits>
-
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
 
 #include "distill_common.h"
 #include "distill_internal.h"
@@ -24,40 +24,50 @@ struct FusedInputs {
   int64_t rows = 0, ws = 0, wt = 0;
 };
 
-constexpr std::initializer_list<at::ScalarType> kCpuDtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
-constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf, at::kBFloat16};
+constexpr std::initializer_list<at::ScalarType> kCpuDtypes = {at::kFloat, at::kDouble, at::kHalf,
+                                                              at::kBFloat16};
+constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf,
+                                                               at::kBFloat16};
 
-FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th, const at::Tensor& tw,
-                               const std::optional<at::Tensor>& labels, const FusedArgs& a) {
+FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                               const at::Tensor& tw, const std::optional<at::Tensor>& labels,
+                               const FusedArgs& a) {
   constexpr const char* op = kFusedOp;
   TORCH_CHECK(sh.defined() && sw.defined() && th.defined() && tw.defined(), op,
               ": the hidden states and lm_heads must be defined tensors");
   TORCH_CHECK(sh.dim() == 2 && th.dim() == 2 && th.size(0) == sh.size(0), op,
-              ": the hidden states must be (BT, H_s) and (BT, H_t) here; got ", dims(sh.sizes()), " and ",
-              dims(th.sizes()));
-  TORCH_CHECK(sw.dim() == 2 && sw.size(1) == sh.size(1), op, ": student_lm_head must be (V_s, H_s) with H_s = ",
-              num(sh.size(1)), " (student_hidden's last dimension); got ", dims(sw.sizes()));
-  TORCH_CHECK(tw.dim() == 2 && tw.size(1) == th.size(1), op, ": teacher_lm_head must be (V_t, H_t) with H_t = ",
-              num(th.size(1)), " (teacher_hidden's last dimension); got ", dims(tw.sizes()));
+              ": the hidden states must be (BT, H_s) and (BT, H_t) here; got ", dims(sh.sizes()),
+              " and ", dims(th.sizes()));
+  TORCH_CHECK(sw.dim() == 2 && sw.size(1) == sh.size(1), op,
+              ": student_lm_head must be (V_s, H_s) with H_s = ", num(sh.size(1)),
+              " (student_hidden's last dimension); got ", dims(sw.sizes()));
+  TORCH_CHECK(tw.dim() == 2 && tw.size(1) == th.size(1), op,
+              ": teacher_lm_head must be (V_t, H_t) with H_t = ", num(th.size(1)),
+              " (teacher_hidden's last dimension); got ", dims(tw.sizes()));
   const auto dtype = sh.scalar_type();
   using Named = std::pair<const at::Tensor*, const char*>;
-  for (const auto& [x, name] : {Named{&sw, "student_lm_head"}, Named{&th, "teacher_hidden"}, Named{&tw, "teacher_lm_head"}}) {
-    TORCH_CHECK(x->scalar_type() == dtype, op, ": ", name, " must have student_hidden's dtype ", dtype, "; got ",
-                x->scalar_type(), " (convert with .to(dtype): one dtype for the four inputs)");
-    TORCH_CHECK(x->device() == sh.device(), op, ": ", name, " must be on student_hidden's device ", sh.device(),
-                "; got ", x->device());
+  for (const auto& [x, name] : {Named{&sw, "student_lm_head"}, Named{&th, "teacher_hidden"},
+                                Named{&tw, "teacher_lm_head"}}) {
+    TORCH_CHECK(x->scalar_type() == dtype, op, ": ", name, " must have student_hidden's dtype ",
+                dtype, "; got ", x->scalar_type(),
+                " (convert with .to(dtype): one dtype for the four inputs)");
+    TORCH_CHECK(x->device() == sh.device(), op, ": ", name, " must be on student_hidden's device ",
+                sh.device(), "; got ", x->device());
   }
   const bool cpu = sh.device().is_cpu();
   const auto supported = cpu ? kCpuDtypes : kCudaDtypes;
   TORCH_CHECK(std::find(supported.begin(), supported.end(), dtype) != supported.end(), op, ": on ",
-              cpu ? "CPU" : "CUDA", " the inputs must be one of ", dtype_list(supported), "; got ", dtype);
-  TORCH_CHECK(sw.size(0) > 0 && tw.size(0) > 0, op, ": the lm_heads need at least one row (V >= 1); got ",
-              dims(sw.sizes()), " and ", dims(tw.sizes()));
+              cpu ? "CPU" : "CUDA", " the inputs must be one of ", dtype_list(supported), "; got ",
+              dtype);
+  TORCH_CHECK(sw.size(0) > 0 && tw.size(0) > 0, op,
+              ": the lm_heads need at least one row (V >= 1); got ", dims(sw.sizes()), " and ",
+              dims(tw.sizes()));
   TORCH_CHECK(a.V >= 1 && a.V <= std::max(sw.size(0), tw.size(0)), op,
-              ": the vocabulary's column count must be in [1, ", num(std::max(sw.size(0), tw.size(0))), "]; got ",
-              num(a.V));
+              ": the vocabulary's column count must be in [1, ",
+              num(std::max(sw.size(0), tw.size(0))), "]; got ", num(a.V));
   TORCH_CHECK(a.divergence >= kernels::kTvd && a.divergence <= kernels::kJsd, op,
-              ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ", num(a.divergence));
+              ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ",
+              num(a.divergence));
   TORCH_CHECK(a.divergence != kernels::kJsd || (a.beta > 0.0 && a.beta < 1.0), op,
               ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", a.beta);
   check_temperature(op, a.temperature);
@@ -65,7 +75,8 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
               ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(a.reduction));
   TORCH_CHECK(std::isfinite(a.kd_weight) && std::isfinite(a.ce_weight), op,
               ": kd_weight and ce_weight must be finite; got ", a.kd_weight, " and ", a.ce_weight);
-  TORCH_CHECK(a.chunk_size >= 0, op, ": chunk_size must be >= 1 (or None: automatic); got ", num(a.chunk_size));
+  TORCH_CHECK(a.chunk_size >= 0, op, ": chunk_size must be >= 1 (or None: automatic); got ",
+              num(a.chunk_size));
   FusedInputs in;
   in.rows = sh.size(0);
   in.ws = sw.size(0);
@@ -74,13 +85,16 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
   in.sw = sw;
   in.th = th;
   in.tw = tw;
-  in.labels = check_labels(labels, sh.sizes().slice(0, 1), in.rows, sh.device(), op, "student_hidden");
+  in.labels =
+      check_labels(labels, sh.sizes().slice(0, 1), in.rows, sh.device(), op, "student_hidden");
   TORCH_CHECK(a.ce_weight == 0.0 || in.labels.defined(), op, ": ce_weight ", a.ce_weight,
               " needs labels (the cross-entropy's targets); pass labels or set ce_weight to 0");
   return in;
 }
 
-at::ScalarType acc_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+at::ScalarType acc_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
 
 // Bytes the chunk driver may hold per chunk: on CUDA min(free / 8, 1 GiB), free counting the
 // caching allocator's reserved but unused blocks; on the CPU a fixed 256 MiB.
@@ -92,7 +106,8 @@ int64_t memory_budget(const at::Device& device) {
   const auto stats = alloc->getDeviceStats(device.index());
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   const int64_t cached = stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current;
-  return std::min(static_cast<int64_t>(free_total.first) / 8 + std::max<int64_t>(cached, 0) / 8, kCap);
+  return std::min(static_cast<int64_t>(free_total.first) / 8 + std::max<int64_t>(cached, 0) / 8,
+                  kCap);
 }
 
 // Rows per chunk: what a chunk allocates per row (the student's and teacher's logits and the
@@ -104,7 +119,8 @@ int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
   const int64_t acc = in.sh.scalar_type() == at::kDouble ? 8 : 4;
   const int64_t per_row =
       elem * (2 * in.ws + in.wt) + (in.labels.defined() ? 3 * acc * std::min(a.V, in.ws) : 0);
-  return std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1, std::max<int64_t>(in.rows, 1));
+  return std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
+                             std::max<int64_t>(in.rows, 1));
 }
 
 // Whether CUDA's addmm accumulates bf16 products into a float32 matrix in place
@@ -135,7 +151,8 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
     at::addmm_out(acc, acc, g.t(), h, at::kFloat);
   } else {
     // A float32 product per slice of the vocabulary, added: the temporary stays <= 128 MiB.
-    const int64_t slice = std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(h.size(1), 1)));
+    const int64_t slice =
+        std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(h.size(1), 1)));
     for (int64_t v0 = 0; v0 < acc.size(0); v0 += slice) {
       const int64_t n = std::min(slice, acc.size(0) - v0);
       acc.narrow(0, v0, n).add_(at::mm(g.narrow(1, v0, n).t(), h, at::kFloat));
@@ -147,9 +164,10 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
 // labels (n,). Writes each row's -log softmax(x)[label] into ce_rows (0 for ignored rows, +inf for
 // a label outside [0, Vce)). With `weight` (n,) defined, returns weight * (softmax(x) -
 // onehot(label)) in the accumulation dtype (0 on ignored rows), else an undefined tensor.
-at::Tensor cross_entropy_chunk(const at::Tensor& x_in, const at::Tensor& labels, int64_t ignore_index,
-                               at::Tensor ce_rows, const at::Tensor& weight) {
-  at::Tensor x = x_in.to(ce_rows.scalar_type(), /*non_blocking=*/false, /*copy=*/true);  // ours to overwrite
+at::Tensor cross_entropy_chunk(const at::Tensor& x_in, const at::Tensor& labels,
+                               int64_t ignore_index, at::Tensor ce_rows, const at::Tensor& weight) {
+  at::Tensor x =
+      x_in.to(ce_rows.scalar_type(), /*non_blocking=*/false, /*copy=*/true);  // ours to overwrite
   const at::Tensor lse = at::logsumexp(x, {1});
   const at::Tensor valid = labels.ne(ignore_index);
   const at::Tensor in_range = labels.ge(0).logical_and(labels.lt(x.size(1)));
@@ -177,8 +195,8 @@ struct DriverOut {
 
 // Runs every chunk. kd_w / ce_w: the rows' weights of the two terms' gradients (see rows_of);
 // both undefined: losses only.
-DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor& kd_w, const at::Tensor& ce_w,
-                     bool want_h, bool want_w) {
+DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor& kd_w,
+                     const at::Tensor& ce_w, bool want_h, bool want_w) {
   const auto acc_opts = in.sh.options().dtype(acc_dtype(in.sh));
   const bool grad = kd_w.defined() && (want_h || want_w);
   const bool ce = in.labels.defined();
@@ -201,12 +219,12 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
       const bool kd_grad = grad && a.kd_weight != 0.0;
       const at::Tensor t = at::mm(in.th.narrow(0, r0, n), in.tw.t());  // (n, V_t)
       auto [loss, stats, scale, unused] =
-          distill_forward_op(s, t, labels, a.divergence, a.beta, a.temperature, a.ignore_index, kernels::kNone,
-                             a.V, std::nullopt, /*save=*/kd_grad);
+          distill_forward_op(s, t, labels, a.divergence, a.beta, a.temperature, a.ignore_index,
+                             kernels::kNone, a.V, std::nullopt, /*save=*/kd_grad);
       out.kd_rows.narrow(0, r0, n).copy_(loss);
       if (kd_grad)
-        g = distill_backward_op(rows_of(kd_w, r0, n), s, t, labels, stats, scale, a.divergence, a.beta,
-                                a.temperature, a.ignore_index, kernels::kNone, a.V);
+        g = distill_backward_op(rows_of(kd_w, r0, n), s, t, labels, stats, scale, a.divergence,
+                                a.beta, a.temperature, a.ignore_index, kernels::kNone, a.V);
     }
     if (ce) {
       const bool ce_grad = grad && a.ce_weight != 0.0;
@@ -245,14 +263,17 @@ std::pair<at::Tensor, at::Tensor> reduction_scales(const FusedInputs& in, const 
   return {a.reduction == kernels::kMean ? inv / static_cast<double>(a.V) : inv, inv};
 }
 
-at::Tensor empty_grad(const at::Tensor& like) { return at::empty({0, like.size(1)}, like.options()); }
+at::Tensor empty_grad(const at::Tensor& like) {
+  return at::empty({0, like.size(1)}, like.options());
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_forward(
     const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th, const at::Tensor& tw,
     const std::optional<at::Tensor>& labels, int64_t divergence, double beta, double temperature,
-    int64_t ignore_index, int64_t reduction, int64_t V, double kd_weight, double ce_weight, int64_t chunk_size,
-    bool grad_hidden, bool grad_lm_head) {
-  const FusedArgs a{divergence, beta, temperature, ignore_index, reduction, V, kd_weight, ce_weight, chunk_size};
+    int64_t ignore_index, int64_t reduction, int64_t V, double kd_weight, double ce_weight,
+    int64_t chunk_size, bool grad_hidden, bool grad_lm_head) {
+  const FusedArgs a{divergence, beta,      temperature, ignore_index, reduction,
+                    V,          kd_weight, ce_weight,   chunk_size};
   const FusedInputs in = check_fused_inputs(sh, sw, th, tw, labels, a);
   const auto acc = acc_dtype(sh);
   const bool none = reduction == kernels::kNone;
@@ -278,17 +299,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_lin
 std::tuple<at::Tensor, at::Tensor> fused_linear_backward(
     const at::Tensor& grad_output, const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
     const at::Tensor& tw, const std::optional<at::Tensor>& labels, int64_t divergence, double beta,
-    double temperature, int64_t ignore_index, int64_t V, double kd_weight, double ce_weight, int64_t chunk_size,
-    bool grad_hidden, bool grad_lm_head) {
-  const FusedArgs a{divergence, beta, temperature, ignore_index, kernels::kNone, V, kd_weight, ce_weight, chunk_size};
+    double temperature, int64_t ignore_index, int64_t V, double kd_weight, double ce_weight,
+    int64_t chunk_size, bool grad_hidden, bool grad_lm_head) {
+  const FusedArgs a{divergence, beta,      temperature, ignore_index, kernels::kNone,
+                    V,          kd_weight, ce_weight,   chunk_size};
   const FusedInputs in = check_fused_inputs(sh, sw, th, tw, labels, a);
   TORCH_CHECK(grad_output.numel() == in.rows && grad_output.device() == sh.device(),
               "lossfns._fused_linear_distill_backward: grad_output must have ", num(in.rows),
-              " elements (one per token) on ", sh.device(), "; got ", dims(grad_output.sizes()), " on ",
-              grad_output.device());
+              " elements (one per token) on ", sh.device(), "; got ", dims(grad_output.sizes()),
+              " on ", grad_output.device());
   const at::Tensor go = grad_output.reshape({in.rows}).to(acc_dtype(sh));
   DriverOut out = run_chunks(in, a, go * kd_weight, go * ce_weight, grad_hidden, grad_lm_head);
-  return {out.grad_h.defined() ? out.grad_h : empty_grad(sh), out.grad_w.defined() ? out.grad_w : empty_grad(sw)};
+  return {out.grad_h.defined() ? out.grad_h : empty_grad(sh),
+          out.grad_w.defined() ? out.grad_w : empty_grad(sw)};
 }
 
 }  // namespace

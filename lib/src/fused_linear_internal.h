@@ -2,11 +2,11 @@
 // driver takes, and typed handles to its internal dispatcher ops. Not installed.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <optional>
 #include <tuple>
-
-#include <ATen/core/Tensor.h>
 
 namespace lossfns::detail {
 
@@ -27,15 +27,17 @@ struct FusedArgs {
 // loss w.r.t. student_hidden (BT, H_s) and student_lm_head (V_s, H_s) for a grad_output of 1,
 // each only when asked for and the reduction is not kNone, else (0, H_s).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_forward_op(
-    const at::Tensor& student_hidden, const at::Tensor& student_lm_head, const at::Tensor& teacher_hidden,
-    const at::Tensor& teacher_lm_head, const std::optional<at::Tensor>& labels, const FusedArgs& args,
-    bool grad_hidden, bool grad_lm_head);
+    const at::Tensor& student_hidden, const at::Tensor& student_lm_head,
+    const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head,
+    const std::optional<at::Tensor>& labels, const FusedArgs& args, bool grad_hidden,
+    bool grad_lm_head);
 
 // lossfns::_fused_linear_distill_backward: kNone's backward, which recomputes every chunk with the
 // per-token grad_output (BT,) as the rows' weights. Returns the gradients as the forward does.
 std::tuple<at::Tensor, at::Tensor> fused_linear_backward_op(
-    const at::Tensor& grad_output, const at::Tensor& student_hidden, const at::Tensor& student_lm_head,
-    const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head, const std::optional<at::Tensor>& labels,
+    const at::Tensor& grad_output, const at::Tensor& student_hidden,
+    const at::Tensor& student_lm_head, const at::Tensor& teacher_hidden,
+    const at::Tensor& teacher_lm_head, const std::optional<at::Tensor>& labels,
     const FusedArgs& args, bool grad_hidden, bool grad_lm_head);
 
 }  // namespace lossfns::detail

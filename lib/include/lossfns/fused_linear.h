@@ -14,11 +14,11 @@
 // grad is an error (pass .detach()).
 #pragma once
 
-#include <cstdint>
-#include <optional>
-
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
 
 #include "lossfns/distill.h"
 
@@ -60,11 +60,10 @@ struct FusedLinearDistillResult {
 // (B, T): rows equal to ignore_index count nowhere; the others are the cross-entropy's targets.
 // Logits: hidden @ lm_head^T (no bias). V_s and V_t may differ as in distill_loss (vocab_size
 // cuts both).
-FusedLinearDistillResult fused_linear_distill_loss(const at::Tensor& student_hidden,
-                                                   const at::Tensor& student_lm_head,
-                                                   const at::Tensor& teacher_hidden,
-                                                   const at::Tensor& teacher_lm_head,
-                                                   const std::optional<at::Tensor>& labels = std::nullopt,
-                                                   const FusedLinearDistillOptions& options = {});
+FusedLinearDistillResult fused_linear_distill_loss(
+    const at::Tensor& student_hidden, const at::Tensor& student_lm_head,
+    const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head,
+    const std::optional<at::Tensor>& labels = std::nullopt,
+    const FusedLinearDistillOptions& options = {});
 
 }  // namespace lossfns
