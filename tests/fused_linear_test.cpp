@@ -13,14 +13,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 
-#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "distill_reference.h"
-#include "tvd_reference.h"  // all_close
+#include "tvd_reference.h"  // all_close, error_of, reduction_from
 
 namespace lossfns::testing {
 namespace {
@@ -129,10 +128,7 @@ FusedLinearDistillOptions options_of(Divergence div, double beta, const Shape& c
                                      std::optional<int64_t> chunk) {
   DistillLossOptions d;
   d.divergence(div).beta(beta).temperature(c.temperature).vocab_size(c.vocab_size);
-  if (red == "sum") d.reduction(torch::kSum);
-  if (red == "mean") d.reduction(torch::kMean);
-  if (red == "batchmean") d.reduction(torch::kBatchMean);
-  if (red == "none") d.reduction(torch::kNone);
+  d.reduction(reduction_from(red));
   return FusedLinearDistillOptions().distill(d).kd_weight(kd_w).ce_weight(ce_w).chunk_size(chunk);
 }
 
@@ -380,15 +376,6 @@ TEST(FusedLinearDistillLoss, CudaFloat32MatchesTheFloat64CompositeAndChunksAgree
       EXPECT_TRUE(all_close(w.grad(), e.grad_w, 1e-3, 1e-4 * e.grad_w.abs().max().item<double>()));
     }
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 TEST(FusedLinearDistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {

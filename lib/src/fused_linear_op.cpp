@@ -176,6 +176,14 @@ Outputs shaped(const variable_list& out, const at::Tensor& sh, int64_t reduction
   return {out[0].view(lead), out[1].view(lead), out[2].view(lead)};
 }
 
+// The losses alone (no gradient computed), shaped.
+Outputs forward_only(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                     const at::Tensor& tw, Opt labels, const FusedArgs& a) {
+  auto [loss, div, ce, gh, gw] =
+      fused_linear_forward_op(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a, false, false);
+  return shaped({loss, div, ce}, sh, a.reduction);
+}
+
 Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
                               const at::Tensor& tw, Opt labels, c10::string_view divergence,
                               double beta, double temperature, int64_t ignore_index,
@@ -187,9 +195,7 @@ Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const 
                               reduction, vocab_size, kd_weight, ce_weight, chunk_size);
   if (!(at::GradMode::is_enabled() && (sh.requires_grad() || sw.requires_grad()))) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, div, ce, gh, gw] = fused_linear_forward_op(rows(sh), sw, rows(th), tw,
-                                                           row_labels(labels, sh), a, false, false);
-    return shaped({loss, div, ce}, sh, a.reduction);
+    return forward_only(sh, sw, th, tw, labels, a);
   }
   // The reshape to rows is a differentiable view: a (B, T, H) input gets its gradient through it.
   return shaped(FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a),
@@ -205,9 +211,7 @@ Outputs fused_linear_no_grad(const at::Tensor& sh, const at::Tensor& sw, const a
                              std::optional<int64_t> chunk_size) {
   const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index,
                               reduction, vocab_size, kd_weight, ce_weight, chunk_size);
-  auto [loss, div, ce, gh, gw] =
-      fused_linear_forward_op(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a, false, false);
-  return shaped({loss, div, ce}, sh, a.reduction);
+  return forward_only(sh, sw, th, tw, labels, a);
 }
 
 }  // namespace

@@ -73,21 +73,32 @@ def test_opcheck_every_op(device, shape, dtype, reduction, labels):
                           (grad_out, signs, scale, p, q, lab, -100, shape[-1], dtype, code))
 
 
+def eager_and_aot(fn, leaves, dynamic):
+    """fn(*leaves) -> loss, run eagerly and compiled with aot_eager (fullgraph), each on fresh
+    requires-grad copies of the leaves and backward with grad_output 0.5: {"eager" | "aot": (loss,
+    the leaves' gradients...)}."""
+    out = {}
+    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
+        xs = [x.clone().requires_grad_() for x in leaves]
+        loss = f(*xs)
+        loss.backward(torch.ones_like(loss) * 0.5)
+        out[name] = (loss.detach(), *(x.grad for x in xs))
+    return out
+
+
+def assert_aot_matches_eager(out):
+    for a, b in zip(out["eager"], out["aot"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same inputs
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_aot_shapes_match_eager(reduction, dynamic):
     """Forward and backward traced through the fake kernels (aot_eager: no code generation), with
     static and with symbolic shapes, give eager's numbers."""
     p, q, lab = inputs((2, 3, 300), torch.float32, "cpu")
-    fn = lambda p, q, lab: lossfns.tvd_loss(p, q, lab, -100, reduction)  # noqa: E731
-    out = {}
-    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
-        pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
-        loss = f(pg, qg, lab)
-        loss.backward(torch.ones_like(loss) * 0.5)
-        out[name] = (loss.detach(), pg.grad, qg.grad)
-    for a, b in zip(out["eager"], out["aot"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same inputs
+    out = eager_and_aot(lambda p, q: lossfns.tvd_loss(p, q, lab, -100, reduction), (p, q), dynamic)
+    assert_aot_matches_eager(out)
     ties = p == q
     assert bool((out["aot"][1][ties] == 0).all()), "a tie got a non-zero gradient"
 
@@ -283,15 +294,8 @@ def test_opcheck_distill_ops(device, shape, dtype, reduction, divergence):
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 def test_distill_aot_matches_eager(divergence, dynamic):
     s, t, lab = logits((2, 3, 300), torch.float32, "cpu", wt=280)
-    fn = lambda s, t, lab: lossfns.distill_loss(s, t, lab, divergence, temperature=2.0, vocab_size=280)  # noqa: E731
-    out = {}
-    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
-        sg = s.clone().requires_grad_()
-        loss = f(sg, t, lab)
-        loss.backward(torch.ones_like(loss) * 0.5)
-        out[name] = (loss.detach(), sg.grad)
-    for a, b in zip(out["eager"], out["aot"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    fn = lambda s: lossfns.distill_loss(s, t, lab, divergence, temperature=2.0, vocab_size=280)  # noqa: E731
+    assert_aot_matches_eager(eager_and_aot(fn, (s,), dynamic))
 
 
 def test_compile_fullgraph_distillation_step():
@@ -412,16 +416,9 @@ def test_opcheck_fused_linear_ops(device, reduction):
 @pytest.mark.parametrize("reduction", ["batchmean", "none"])
 def test_fused_linear_aot_matches_eager(reduction, dynamic):
     sh, sw, th, tw, lab = hidden_states((2, 5), torch.float32, "cpu")
-    fn = lambda sh, sw, lab: lossfns.fused_linear_distill_loss(  # noqa: E731
+    fn = lambda sh, sw: lossfns.fused_linear_distill_loss(  # noqa: E731
         sh, sw, th, tw, lab, "forward_kl", temperature=2.0, reduction=reduction, ce_weight=0.5, chunk_size=3)
-    out = {}
-    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
-        a, b = sh.clone().requires_grad_(), sw.clone().requires_grad_()
-        loss = f(a, b, lab)
-        loss.backward(torch.ones_like(loss) * 0.5)
-        out[name] = (loss.detach(), a.grad, b.grad)
-    for x, y in zip(out["eager"], out["aot"]):
-        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert_aot_matches_eager(eager_and_aot(fn, (sh, sw), dynamic))
 
 
 def test_fused_linear_errors_and_teacher_constant():
