@@ -3,7 +3,6 @@
 // -inf columns and extreme temperatures; the exactness rules; the errors. CUDA cases skip without
 // a GPU.
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -18,7 +17,7 @@
 #include "distill_reference.h"
 #include "lossfns/distill.h"
 #include "lossfns/distill_module.h"
-#include "tvd_reference.h"  // all_close
+#include "tvd_reference.h"  // all_close, error_of
 
 namespace lossfns::testing {
 namespace {
@@ -351,15 +350,6 @@ TEST(DistillLoss, ThreeDimensionalAndNonContiguousInputs) {
     lb.sum().backward();
     EXPECT_TRUE(at::equal(a.grad(), b.grad()));
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 TEST(DistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {

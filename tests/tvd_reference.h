@@ -1,7 +1,8 @@
-// Float64 reference of the TVD loss (composite ATen in double: abs's backward is 0 at 0) and the
-// element-wise comparison every TVD test uses.
+// Float64 reference of the TVD loss (composite ATen in double: abs's backward is 0 at 0), and the
+// helpers the op tests share: the element-wise comparison and the message of an expected error.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -56,6 +57,16 @@ inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::
                                            << ")";
   }
   return ::testing::AssertionSuccess();
+}
+
+// The message (without backtrace) of the c10::Error f throws; "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
 }
 
 }  // namespace lossfns::testing

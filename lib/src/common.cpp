@@ -56,7 +56,7 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
               " (convert with .to(torch::kLong))");
   TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device, "; got ", l.device());
   TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op, ": labels must have shape ",
-              dims(lead), " (", what, "'s shape without V) or (", num(rows), ",); got ", dims(l.sizes()));
+              dims(lead), " (", what, "'s shape without its last dimension) or (", num(rows), ",); got ", dims(l.sizes()));
   return l.reshape({rows}).contiguous();
 }
 

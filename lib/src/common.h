@@ -25,8 +25,8 @@ int64_t parse_reduction(std::string_view name, const char* op);
 // A (rows, V) view of x with unit stride inside a row (a copy only when no view has one).
 at::Tensor rows_view(const at::Tensor& x, int64_t rows);
 
-// labels: int64 on `device`, shape `lead` (the logits' shape without V) or (rows,); returns them as
-// a contiguous (rows,) tensor, or an undefined tensor when absent.
+// labels: int64 on `device`, shape `lead` (the input's shape without its last dimension) or
+// (rows,); returns them as a contiguous (rows,) tensor, or an undefined tensor when absent.
 at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead, int64_t rows,
                         const at::Device& device, const char* op, const char* what);
 

@@ -6,12 +6,36 @@
 
 #include "distill_common.h"
 #include "distill_internal.h"
+#include "lossfns/divergence.h"
 
 namespace lossfns::detail {
 
 std::vector<int64_t> row_shape(const at::Tensor& logits) {
   const auto sizes = logits.sizes();
   return std::vector<int64_t>(sizes.begin(), sizes.end() - 1);
+}
+
+Resolved resolve_distill_args(const char* op, std::string_view divergence, double beta, std::string_view reduction,
+                              std::optional<int64_t> vocab_size, int64_t width) {
+  const auto d = divergence_from_name(divergence);
+  TORCH_CHECK(d.has_value(), op, ": divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '",
+              std::string(divergence), "'");
+  int64_t code = static_cast<int64_t>(*d);
+  if (code == kernels::kJsd) {
+    TORCH_CHECK(beta >= 0.0 && beta <= 1.0, op, ": beta must be in [0, 1] for 'jsd'; got ", beta);
+    if (beta == 0.0) code = kernels::kForwardKl;
+    if (beta == 1.0) code = kernels::kReverseKl;
+  }
+  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or None); got ", num(*vocab_size));
+  return {code, parse_reduction(reduction, op), vocab_size ? std::min(*vocab_size, width) : width};
+}
+
+void check_temperature(const char* op, double temperature) {
+  const float t32 = static_cast<float>(temperature);
+  TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0 && std::isfinite(t32) && t32 > 0.0f &&
+                  std::isfinite(1.0f / t32),
+              op, ": temperature must be > 0 and representable with its inverse in float32 (about 3e-38 to "
+              "3e38); got ", temperature);
 }
 
 DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
@@ -39,11 +63,7 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, con
               ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ", num(divergence));
   TORCH_CHECK(divergence != kernels::kJsd || (beta > 0.0 && beta < 1.0), op,
               ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", beta);
-  const float t32 = static_cast<float>(temperature);
-  TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0 && std::isfinite(t32) && t32 > 0.0f &&
-                  std::isfinite(1.0f / t32),
-              op, ": temperature must be > 0 and representable with its inverse in float32 (about 3e-38 to "
-              "3e38); got ", temperature);
+  check_temperature(op, temperature);
   TORCH_CHECK(reduction >= kernels::kNone && reduction <= kernels::kBatchMean, op,
               ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(reduction));
 

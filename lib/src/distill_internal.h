@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <string_view>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +21,20 @@ struct DistillInputs {
   at::Tensor s, t, labels;
   int64_t rows = 0, ws = 0, wt = 0, V = 0;
 };
+
+// The public arguments of the divergence ops in kernel form: the divergence code (JSD at beta 0 /
+// 1 is forward / reverse KL, as TRL and Liger define it), the reduction code and V, the columns
+// that count (min(vocab_size, width), width: the wider vocabulary). TORCH_CHECKs the names, beta
+// and vocab_size; `op` names the caller in the errors.
+struct Resolved {
+  int64_t divergence, reduction, V;
+};
+Resolved resolve_distill_args(const char* op, std::string_view divergence, double beta, std::string_view reduction,
+                              std::optional<int64_t> vocab_size, int64_t width);
+
+// TORCH_CHECKs that the temperature is usable by the kernels (> 0, finite with its inverse in
+// float32).
+void check_temperature(const char* op, double temperature);
 
 // TORCH_CHECKs shapes, dtypes, devices, labels and the scalar options (messages name what was
 // expected and what was passed); `supported` lists the calling backend's dtypes.

@@ -59,28 +59,14 @@ using torch::autograd::variable_list;
 
 constexpr const char* kOp = "lossfns.distill_loss";
 
-// The public arguments in kernel form: the divergence code (JSD at beta 0 / 1 is forward /
-// reverse KL, as TRL and Liger define it) and V, the columns that count.
-struct Resolved {
-  int64_t divergence, reduction, V;
-};
+// The public arguments in kernel form (resolve_distill_args), V from the wider logits.
 Resolved resolve(const at::Tensor& s, const at::Tensor& t, c10::string_view divergence, double beta,
                  c10::string_view reduction, std::optional<int64_t> vocab_size) {
-  const auto d = divergence_from_name(std::string_view(divergence.data(), divergence.size()));
-  TORCH_CHECK(d.has_value(), kOp, ": divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '",
-              std::string(divergence), "'");
-  int64_t code = static_cast<int64_t>(*d);
-  if (code == kernels::kJsd) {
-    TORCH_CHECK(beta >= 0.0 && beta <= 1.0, kOp, ": beta must be in [0, 1] for 'jsd'; got ", beta);
-    if (beta == 0.0) code = kernels::kForwardKl;
-    if (beta == 1.0) code = kernels::kReverseKl;
-  }
   TORCH_CHECK(s.dim() >= 1 && t.dim() >= 1, kOp, ": the logits must be (BT, V) or (B, T, V); got ",
               dims(s.sizes()), " and ", dims(t.sizes()));
-  const int64_t width = std::max(s.size(-1), t.size(-1));
-  TORCH_CHECK(!vocab_size || *vocab_size >= 1, kOp, ": vocab_size must be >= 1 (or None); got ", num(*vocab_size));
-  return {code, parse_reduction(std::string_view(reduction.data(), reduction.size()), kOp),
-          vocab_size ? std::min(*vocab_size, width) : width};
+  return resolve_distill_args(kOp, std::string_view(divergence.data(), divergence.size()), beta,
+                              std::string_view(reduction.data(), reduction.size()), vocab_size,
+                              std::max(s.size(-1), t.size(-1)));
 }
 
 at::Tensor view_loss(const at::Tensor& loss, const at::Tensor& s, int64_t reduction) {

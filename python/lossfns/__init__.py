@@ -2,6 +2,8 @@
 
     import torch, lossfns
     loss = lossfns.distill_loss(student_logits, teacher_logits.detach(), labels, divergence="jsd")
+    loss = lossfns.fused_linear_distill_loss(hidden, lm_head.weight, t_hidden.detach(),
+                                             t_lm_head.weight.detach(), labels, divergence="jsd")
     loss = lossfns.tvd_loss(student_probs, teacher_probs, labels)   # or lossfns.TVDLoss()(...)
 
 Importing the package loads the liblossfns.so shipped beside this file (or the one named by
@@ -19,7 +21,9 @@ __library__: str = _library.load()
 __version__: str = _library.library_version(__library__)
 
 from . import _fake  # noqa: E402  (needs the ops registered by the library)
-from ._ops import Divergence, Reduction, distill_loss, tvd_loss  # noqa: E402
+from ._ops import (Divergence, FusedLinearDistillResult, Reduction, distill_loss,  # noqa: E402
+                   fused_linear_distill_loss, tvd_loss)
 from .modules import DistillLoss, TVDLoss  # noqa: E402
 
-__all__ = ["DistillLoss", "Divergence", "Reduction", "TVDLoss", "distill_loss", "tvd_loss", "__version__"]
+__all__ = ["DistillLoss", "Divergence", "FusedLinearDistillResult", "Reduction", "TVDLoss", "distill_loss",
+           "fused_linear_distill_loss", "tvd_loss", "__version__"]

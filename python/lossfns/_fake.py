@@ -125,3 +125,49 @@ def _distill_backward_fake(grad_output, s, t, labels, stats, scale, divergence, 
 @torch.library.register_fake("lossfns::_distill_rescale_grad_")
 def _distill_rescale_grad_fake(grad, grad_output, grad_scale):
     return None
+
+
+# --- lossfns.fused_linear_distill_loss (lib/src/fused_linear_op.cpp, fused_linear_driver.cpp) -------
+def _check_hidden(sh, sw, th, tw) -> None:
+    op = "lossfns.fused_linear_distill_loss"
+    torch._check(sh.dim() in (2, 3), lambda: f"{op}: student_hidden must be (BT, H_s) or (B, T, H_s); got {tuple(sh.shape)}")
+    torch._check(th.dim() == sh.dim() and th.shape[:-1] == sh.shape[:-1],
+                 lambda: f"{op}: teacher_hidden must have student_hidden's leading shape {tuple(sh.shape[:-1])}")
+    torch._check(sw.dim() == 2 and sw.shape[1] == sh.shape[-1],
+                 lambda: f"{op}: student_lm_head must be (V_s, H_s) with H_s = {sh.shape[-1]}; got {tuple(sw.shape)}")
+    torch._check(tw.dim() == 2 and tw.shape[1] == th.shape[-1],
+                 lambda: f"{op}: teacher_lm_head must be (V_t, H_t) with H_t = {th.shape[-1]}; got {tuple(tw.shape)}")
+    for x in (sw, th, tw):
+        torch._check(x.dtype == sh.dtype, lambda: f"{op}: the four inputs must have student_hidden's dtype {sh.dtype}")
+
+
+@torch.library.register_fake("lossfns::fused_linear_distill_loss")
+def _fused_linear_fake(sh, sw, th, tw, labels=None, divergence="tvd", beta=0.5, temperature=1.0, ignore_index=-100,
+                       reduction="batchmean", vocab_size=None, kd_weight=1.0, ce_weight=0.0, chunk_size=None):
+    # loss, divergence, ce: 0-dim, or the hidden states' leading shape for 'none'.
+    _check_hidden(sh, sw, th, tw)
+    shape = sh.shape[:-1] if reduction == "none" else ()
+    return tuple(sh.new_empty(shape, dtype=_acc_dtype(sh)) for _ in range(3))
+
+
+def _fused_grads(sh, sw, grad_hidden, grad_lm_head):
+    # (BT, H_s) and (V_s, H_s) when computed, else (0, H_s).
+    return (sh.new_empty((sh.shape[0] if grad_hidden else 0, sh.shape[1])),
+            sw.new_empty((sw.shape[0] if grad_lm_head else 0, sw.shape[1])))
+
+
+@torch.library.register_fake("lossfns::_fused_linear_distill_forward")
+def _fused_linear_forward_fake(sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index, reduction, V,
+                               kd_weight, ce_weight, chunk_size, grad_hidden, grad_lm_head):
+    # The gradients only for a reduced loss (kNone recomputes them in _fused_linear_distill_backward).
+    _check_hidden(sh, sw, th, tw)
+    none = reduction == _NONE
+    shape = (sh.shape[0],) if none else ()
+    losses = tuple(sh.new_empty(shape, dtype=_acc_dtype(sh)) for _ in range(3))
+    return losses + _fused_grads(sh, sw, grad_hidden and not none, grad_lm_head and not none)
+
+
+@torch.library.register_fake("lossfns::_fused_linear_distill_backward")
+def _fused_linear_backward_fake(grad_output, sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index, V,
+                                kd_weight, ce_weight, chunk_size, grad_hidden, grad_lm_head):
+    return _fused_grads(sh, sw, grad_hidden, grad_lm_head)

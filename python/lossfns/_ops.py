@@ -1,7 +1,7 @@
 """The functional API: thin typed wrappers of the registered ops (torch.ops.lossfns.*)."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import torch
 
@@ -85,3 +85,55 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, lab
     """
     return torch.ops.lossfns.distill_loss(student_logits, teacher_logits, labels, divergence, beta, temperature,
                                           ignore_index, reduction, vocab_size, grad_scale)
+
+
+class FusedLinearDistillResult(NamedTuple):
+    """The loss and its two terms (detached), as ``fused_linear_distill_loss(..., return_parts=True)``
+    returns them."""
+    loss: torch.Tensor
+    divergence: torch.Tensor
+    ce: torch.Tensor
+
+
+def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: torch.Tensor,
+                              teacher_hidden: torch.Tensor, teacher_lm_head: torch.Tensor,
+                              labels: Optional[torch.Tensor] = None, divergence: Divergence = "tvd",
+                              beta: float = 0.5, temperature: float = 1.0, ignore_index: int = DEFAULT_IGNORE_INDEX,
+                              reduction: Reduction = "batchmean", vocab_size: Optional[int] = None,
+                              kd_weight: float = 1.0, ce_weight: float = 0.0, chunk_size: Optional[int] = None,
+                              return_parts: bool = False):
+    """``distill_loss`` (+ a hard-label cross-entropy) from hidden states and lm_heads, without the
+    ``(BT, V)`` logits: the tokens are processed a chunk at a time (logits by a matmul in the input
+    dtype, the divergence by distill_loss's kernels, the cross-entropy, and the gradients of
+    ``student_hidden`` and ``student_lm_head``, all in forward; backward only scales them).
+
+    ``loss = kd_weight * D(softmax(s / T), softmax(t / T)) + ce_weight * CE(s, labels)`` with
+    ``s = student_hidden @ student_lm_head.T`` and ``t = teacher_hidden @ teacher_lm_head.T``.
+
+    Args:
+        student_hidden: ``(BT, H_s)`` or ``(B, T, H_s)``; float32 / bfloat16 / float16 (float64 on
+            the CPU). student_lm_head: ``(V_s, H_s)``, same dtype and device (no bias).
+        teacher_hidden: the student's leading shape, ``(.., H_t)``; teacher_lm_head ``(V_t, H_t)``.
+            Constants: they get no gradient, and one that requires grad is an error (``.detach()``).
+        labels: optional int64 ``(BT,)`` or ``(B, T)``: rows equal to ``ignore_index`` count
+            nowhere; the others are the cross-entropy's targets (needed when ``ce_weight != 0``).
+        divergence, beta, temperature, ignore_index, vocab_size: as ``distill_loss``. The
+            temperature applies to the divergence only, never to the cross-entropy.
+        reduction: as ``distill_loss`` for the divergence; the cross-entropy is reduced as torch's
+            ``cross_entropy`` (``"batchmean"`` and ``"mean"``: sum / rows not ignored). ``"none"``:
+            per token (its backward recomputes every chunk).
+        kd_weight, ce_weight: the terms' weights (a weight of 0 drops its term; its value is still
+            computed).
+        chunk_size: tokens per chunk; None: automatic (CUDA: min(free memory / 8, 1 GiB) of chunk
+            temporaries; CPU: 256 MiB).
+        return_parts: return ``FusedLinearDistillResult(loss, divergence, ce)`` (the terms detached,
+            for logging) instead of the loss alone.
+
+    Returns:
+        The loss, a 0-dim float32 tensor (float64 for float64 inputs) or per token for ``"none"``;
+        or the three tensors with ``return_parts=True``.
+    """
+    loss, div, ce = torch.ops.lossfns.fused_linear_distill_loss(
+        student_hidden, student_lm_head, teacher_hidden, teacher_lm_head, labels, divergence, beta, temperature,
+        ignore_index, reduction, vocab_size, kd_weight, ce_weight, chunk_size)
+    return FusedLinearDistillResult(loss, div, ce) if return_parts else loss

@@ -7,6 +7,7 @@ Run by ctest (tests/CMakeLists.txt) with PYTHONPATH=python and LOSSFNS_LIBRARY=<
 from __future__ import annotations
 
 import copy
+import math
 import os
 import site
 import subprocess
@@ -72,21 +73,32 @@ def test_opcheck_every_op(device, shape, dtype, reduction, labels):
                           (grad_out, signs, scale, p, q, lab, -100, shape[-1], dtype, code))
 
 
+def eager_and_aot(fn, leaves, dynamic):
+    """fn(*leaves) -> loss, run eagerly and compiled with aot_eager (fullgraph), each on fresh
+    requires-grad copies of the leaves and backward with grad_output 0.5: {"eager" | "aot": (loss,
+    the leaves' gradients...)}."""
+    out = {}
+    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
+        xs = [x.clone().requires_grad_() for x in leaves]
+        loss = f(*xs)
+        loss.backward(torch.ones_like(loss) * 0.5)
+        out[name] = (loss.detach(), *(x.grad for x in xs))
+    return out
+
+
+def assert_aot_matches_eager(out):
+    for a, b in zip(out["eager"], out["aot"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same inputs
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_aot_shapes_match_eager(reduction, dynamic):
     """Forward and backward traced through the fake kernels (aot_eager: no code generation), with
     static and with symbolic shapes, give eager's numbers."""
     p, q, lab = inputs((2, 3, 300), torch.float32, "cpu")
-    fn = lambda p, q, lab: lossfns.tvd_loss(p, q, lab, -100, reduction)  # noqa: E731
-    out = {}
-    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
-        pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
-        loss = f(pg, qg, lab)
-        loss.backward(torch.ones_like(loss) * 0.5)
-        out[name] = (loss.detach(), pg.grad, qg.grad)
-    for a, b in zip(out["eager"], out["aot"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same kernels on the same inputs
+    out = eager_and_aot(lambda p, q: lossfns.tvd_loss(p, q, lab, -100, reduction), (p, q), dynamic)
+    assert_aot_matches_eager(out)
     ties = p == q
     assert bool((out["aot"][1][ties] == 0).all()), "a tie got a non-zero gradient"
 
@@ -282,15 +294,8 @@ def test_opcheck_distill_ops(device, shape, dtype, reduction, divergence):
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 def test_distill_aot_matches_eager(divergence, dynamic):
     s, t, lab = logits((2, 3, 300), torch.float32, "cpu", wt=280)
-    fn = lambda s, t, lab: lossfns.distill_loss(s, t, lab, divergence, temperature=2.0, vocab_size=280)  # noqa: E731
-    out = {}
-    for name, f in [("eager", fn), ("aot", torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=dynamic))]:
-        sg = s.clone().requires_grad_()
-        loss = f(sg, t, lab)
-        loss.backward(torch.ones_like(loss) * 0.5)
-        out[name] = (loss.detach(), sg.grad)
-    for a, b in zip(out["eager"], out["aot"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    fn = lambda s: lossfns.distill_loss(s, t, lab, divergence, temperature=2.0, vocab_size=280)  # noqa: E731
+    assert_aot_matches_eager(eager_and_aot(fn, (s,), dynamic))
 
 
 def test_compile_fullgraph_distillation_step():
@@ -336,3 +341,95 @@ def test_distill_module_function_and_errors():
         lossfns.distill_loss(s, t, divergence="kl")
     with pytest.raises(RuntimeError, match="teacher_logits must not require grad"):
         lossfns.distill_loss(s.requires_grad_(), t.clone().requires_grad_())
+
+
+# --- lossfns.fused_linear_distill_loss ------------------------------------------------------------
+def hidden_states(lead, dtype, device, labels="some", hs=12, ht=10, vs=300, vt=280):
+    """Student and teacher hidden states and lm_heads (V_s 300 != V_t 280), labels with every 3rd
+    row ignored (or all, or None)."""
+    g = torch.Generator().manual_seed(0)
+    rows = math.prod(lead)
+    sh = torch.randn(*lead, hs, generator=g, dtype=torch.float64)
+    sw = torch.randn(vs, hs, generator=g, dtype=torch.float64) * 0.6
+    th = torch.randn(*lead, ht, generator=g, dtype=torch.float64)
+    tw = torch.randn(vt, ht, generator=g, dtype=torch.float64) * 0.6
+    lab = None
+    if labels is not None:
+        lab = torch.randint(0, 280, (rows,), generator=g)
+        lab[:: 3 if labels == "some" else 1] = -100
+        lab = lab.view(lead).to(device)
+    return tuple(x.to(device, dtype) for x in (sh, sw, th, tw)) + (lab,)
+
+
+def fused_composite(sh, sw, th, tw, lab, divergence, reduction, vocab_size, kd_weight, ce_weight):
+    """The unfused composite a user would write: full logits, distill_loss, cross_entropy."""
+    s, t = sh @ sw.T, th @ tw.T
+    kd = lossfns.distill_loss(s, t, lab, divergence, 0.3, 1.5, -100, reduction, vocab_size)
+    n = min(vocab_size or max(sw.shape[0], tw.shape[0]), sw.shape[0])
+    ce = torch.nn.functional.cross_entropy(s[..., :n].reshape(-1, n), lab.reshape(-1), ignore_index=-100,
+                                           reduction={"batchmean": "mean"}.get(reduction, reduction))
+    return kd_weight * kd + ce_weight * ce.view(kd.shape)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_fused_linear_matches_the_composite(divergence, reduction):
+    """float64, (B, T, H) inputs, V_s 300 != V_t 280 cut to vocab_size 280 (the student's last 20
+    columns padding), chunks of 4 rows (not dividing 14): loss, terms and both gradients within
+    float64 rounding of the composite."""
+    sh, sw, th, tw, lab = hidden_states((2, 7), torch.float64, "cpu")
+    go = torch.rand(2, 7, dtype=torch.float64) if reduction == "none" else torch.tensor(0.75, dtype=torch.float64)
+    args = (divergence, reduction, 280, 0.8, 0.4)
+    a, b = [(sh.clone().requires_grad_(), sw.clone().requires_grad_()) for _ in range(2)]
+    out = lossfns.fused_linear_distill_loss(a[0], a[1], th, tw, lab, divergence, 0.3, 1.5, -100, reduction, 280,
+                                            0.8, 0.4, chunk_size=4, return_parts=True)
+    ref = fused_composite(b[0], b[1], th, tw, lab, *args)
+    torch.testing.assert_close(out.loss, ref, rtol=1e-10, atol=1e-12)
+    assert not out.divergence.requires_grad and not out.ce.requires_grad
+    kd_only = fused_composite(sh, sw, th, tw, lab, divergence, reduction, 280, 1.0, 0.0)
+    torch.testing.assert_close(out.divergence, kd_only, rtol=1e-10, atol=1e-12)
+    out.loss.backward(go)
+    ref.backward(go)
+    for ours, theirs in zip(a, b):
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_opcheck_fused_linear_ops(device, reduction):
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    sh, sw, th, tw, lab = hidden_states((7,), dtype, device)
+    op = torch.ops.lossfns.fused_linear_distill_loss.default
+    args = (lab, "jsd", 0.3, 1.5, -100, reduction, 280, 0.8, 0.4, 3)
+    torch.library.opcheck(op, (sh.clone().requires_grad_(), sw.clone().requires_grad_(), th, tw) + args)  # autograd
+    torch.library.opcheck(op, (sh, sw, th, tw) + args)  # no grad: every check
+    code = CODES[reduction]
+    for grads in [(False, False), (True, True), (True, False)]:
+        torch.library.opcheck(torch.ops.lossfns._fused_linear_distill_forward.default,
+                              (sh, sw, th, tw, lab, 3, 0.3, 1.5, -100, code, 280, 0.8, 0.4, 3) + grads)
+    torch.library.opcheck(torch.ops.lossfns._fused_linear_distill_backward.default,
+                          (torch.rand(7, dtype=dtype, device=device), sh, sw, th, tw, lab, 3, 0.3, 1.5, -100, 280,
+                           0.8, 0.4, 3, True, True))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("reduction", ["batchmean", "none"])
+def test_fused_linear_aot_matches_eager(reduction, dynamic):
+    sh, sw, th, tw, lab = hidden_states((2, 5), torch.float32, "cpu")
+    fn = lambda sh, sw: lossfns.fused_linear_distill_loss(  # noqa: E731
+        sh, sw, th, tw, lab, "forward_kl", temperature=2.0, reduction=reduction, ce_weight=0.5, chunk_size=3)
+    assert_aot_matches_eager(eager_and_aot(fn, (sh, sw), dynamic))
+
+
+def test_fused_linear_errors_and_teacher_constant():
+    sh, sw, th, tw, lab = hidden_states((7,), torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match="teacher_hidden and teacher_lm_head must not require grad"):
+        lossfns.fused_linear_distill_loss(sh.requires_grad_(), sw, th, tw.clone().requires_grad_(), lab)
+    with pytest.raises(RuntimeError, match="ce_weight 0.5 needs labels"):
+        lossfns.fused_linear_distill_loss(sh, sw, th, tw, None, ce_weight=0.5)
+    with pytest.raises(RuntimeError, match=r"student_lm_head must be \(V_s, H_s\) with H_s = 12"):
+        lossfns.fused_linear_distill_loss(sh, sw[:, :5], th, tw, lab)
+    with pytest.raises(RuntimeError, match="divergence must be one of"):
+        lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, divergence="kl")
+    loss = lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab)
+    assert loss.shape == () and loss.dtype == torch.float32 and loss.requires_grad

@@ -4,6 +4,7 @@
 #include "lossfns/defaults.h"
 #include "lossfns/distill.h"
 #include "lossfns/distill_module.h"
+#include "lossfns/fused_linear.h"
 #include "lossfns/reduction.h"
 #include "lossfns/tvd.h"
 #include "lossfns/tvd_module.h"

@@ -1,0 +1,329 @@
+// The chunk driver of lossfns::fused_linear_distill_loss: per chunk of tokens the logits (ATen
+// matmuls in the input dtype, fp32 accumulation inside the GEMM), the divergence through
+// distill_loss's internal ops (so the device picks its kernels), the cross-entropy, and the
+// gradient w.r.t. the student's hidden states and lm_head. Device-agnostic: written with ATen ops
+// only and registered for CPU and CUDA alike. At most one chunk's logits are alive at a time.
+#include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "distill_common.h"
+#include "distill_internal.h"
+#include "fused_linear_internal.h"
+
+namespace lossfns::detail {
+namespace {
+
+// The inputs as the driver reads them: (rows, H) hidden states, (V, H) lm_heads, labels (rows,)
+// contiguous int64 (undefined when absent).
+struct FusedInputs {
+  at::Tensor sh, sw, th, tw, labels;
+  int64_t rows = 0, ws = 0, wt = 0;
+};
+
+constexpr std::initializer_list<at::ScalarType> kCpuDtypes = {at::kFloat, at::kDouble, at::kHalf,
+                                                              at::kBFloat16};
+constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf,
+                                                               at::kBFloat16};
+
+FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                               const at::Tensor& tw, const std::optional<at::Tensor>& labels,
+                               const FusedArgs& a) {
+  constexpr const char* op = kFusedOp;
+  TORCH_CHECK(sh.defined() && sw.defined() && th.defined() && tw.defined(), op,
+              ": the hidden states and lm_heads must be defined tensors");
+  TORCH_CHECK(sh.dim() == 2 && th.dim() == 2 && th.size(0) == sh.size(0), op,
+              ": the hidden states must be (BT, H_s) and (BT, H_t) here; got ", dims(sh.sizes()),
+              " and ", dims(th.sizes()));
+  TORCH_CHECK(sw.dim() == 2 && sw.size(1) == sh.size(1), op,
+              ": student_lm_head must be (V_s, H_s) with H_s = ", num(sh.size(1)),
+              " (student_hidden's last dimension); got ", dims(sw.sizes()));
+  TORCH_CHECK(tw.dim() == 2 && tw.size(1) == th.size(1), op,
+              ": teacher_lm_head must be (V_t, H_t) with H_t = ", num(th.size(1)),
+              " (teacher_hidden's last dimension); got ", dims(tw.sizes()));
+  const auto dtype = sh.scalar_type();
+  using Named = std::pair<const at::Tensor*, const char*>;
+  for (const auto& [x, name] : {Named{&sw, "student_lm_head"}, Named{&th, "teacher_hidden"},
+                                Named{&tw, "teacher_lm_head"}}) {
+    TORCH_CHECK(x->scalar_type() == dtype, op, ": ", name, " must have student_hidden's dtype ",
+                dtype, "; got ", x->scalar_type(),
+                " (convert with .to(dtype): one dtype for the four inputs)");
+    TORCH_CHECK(x->device() == sh.device(), op, ": ", name, " must be on student_hidden's device ",
+                sh.device(), "; got ", x->device());
+  }
+  const bool cpu = sh.device().is_cpu();
+  const auto supported = cpu ? kCpuDtypes : kCudaDtypes;
+  TORCH_CHECK(std::find(supported.begin(), supported.end(), dtype) != supported.end(), op, ": on ",
+              cpu ? "CPU" : "CUDA", " the inputs must be one of ", dtype_list(supported), "; got ",
+              dtype);
+  TORCH_CHECK(sw.size(0) > 0 && tw.size(0) > 0, op,
+              ": the lm_heads need at least one row (V >= 1); got ", dims(sw.sizes()), " and ",
+              dims(tw.sizes()));
+  TORCH_CHECK(a.V >= 1 && a.V <= std::max(sw.size(0), tw.size(0)), op,
+              ": the vocabulary's column count must be in [1, ",
+              num(std::max(sw.size(0), tw.size(0))), "]; got ", num(a.V));
+  TORCH_CHECK(a.divergence >= kernels::kTvd && a.divergence <= kernels::kJsd, op,
+              ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ",
+              num(a.divergence));
+  TORCH_CHECK(a.divergence != kernels::kJsd || (a.beta > 0.0 && a.beta < 1.0), op,
+              ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", a.beta);
+  check_temperature(op, a.temperature);
+  TORCH_CHECK(a.reduction >= kernels::kNone && a.reduction <= kernels::kBatchMean, op,
+              ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(a.reduction));
+  TORCH_CHECK(std::isfinite(a.kd_weight) && std::isfinite(a.ce_weight), op,
+              ": kd_weight and ce_weight must be finite; got ", a.kd_weight, " and ", a.ce_weight);
+  TORCH_CHECK(a.chunk_size >= 0, op, ": chunk_size must be >= 1 (or None: automatic); got ",
+              num(a.chunk_size));
+  FusedInputs in;
+  in.rows = sh.size(0);
+  in.ws = sw.size(0);
+  in.wt = tw.size(0);
+  in.sh = sh;
+  in.sw = sw;
+  in.th = th;
+  in.tw = tw;
+  in.labels =
+      check_labels(labels, sh.sizes().slice(0, 1), in.rows, sh.device(), op, "student_hidden");
+  TORCH_CHECK(a.ce_weight == 0.0 || in.labels.defined(), op, ": ce_weight ", a.ce_weight,
+              " needs labels (the cross-entropy's targets); pass labels or set ce_weight to 0");
+  return in;
+}
+
+at::ScalarType acc_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Bytes the chunk driver may hold per chunk: on CUDA min(free / 8, 1 GiB), free counting the
+// caching allocator's reserved but unused blocks; on the CPU a fixed 256 MiB.
+int64_t memory_budget(const at::Device& device) {
+  constexpr int64_t kCap = int64_t{1} << 30, kCpu = int64_t{256} << 20;
+  if (device.is_cpu()) return kCpu;
+  c10::DeviceAllocator* alloc = c10::getDeviceAllocator(device.type());
+  const auto free_total = alloc->getMemoryInfo(device.index());
+  const auto stats = alloc->getDeviceStats(device.index());
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t cached = stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current;
+  return std::min(static_cast<int64_t>(free_total.first) / 8 + std::max<int64_t>(cached, 0) / 8,
+                  kCap);
+}
+
+// Rows per chunk: what a chunk allocates per row (the student's and teacher's logits and the
+// logits' gradient in the input dtype; with labels, the cross-entropy's float copy of the
+// student's logits and ATen's logsumexp temporaries, three rows of float) within the budget.
+int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
+  if (a.chunk_size > 0) return std::min(a.chunk_size, std::max<int64_t>(in.rows, 1));
+  const int64_t elem = static_cast<int64_t>(in.sh.element_size());
+  const int64_t acc = in.sh.scalar_type() == at::kDouble ? 8 : 4;
+  const int64_t per_row =
+      elem * (2 * in.ws + in.wt) + (in.labels.defined() ? 3 * acc * std::min(a.V, in.ws) : 0);
+  return std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
+                             std::max<int64_t>(in.rows, 1));
+}
+
+// Whether CUDA's addmm accumulates bf16 products into a float32 matrix in place
+// (addmm.dtype_out with self = out in float32: newer Torch; older ones insist on self in the
+// inputs' dtype). Probed once, on 2x2 matrices.
+bool cuda_addmm_accumulates_in_float(const at::Device& device) {
+  static const bool ok = [&] {
+    try {
+      at::Tensor acc = at::ones({2, 2}, at::TensorOptions(device).dtype(at::kFloat));
+      const at::Tensor one = at::ones({2, 2}, at::TensorOptions(device).dtype(at::kBFloat16));
+      at::addmm_out(acc, acc, one, one, at::kFloat);
+      return acc.eq(3).all().item<bool>();
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+// acc += g^T h: acc (V_s, H_s) in the accumulation dtype (the inputs' for float32 and float64,
+// float32 for the half types), g (n, V_s), h (n, H_s) in the inputs' dtype.
+void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Tensor& h) {
+  if (acc.scalar_type() == g.scalar_type()) {
+    acc.addmm_(g.t(), h);
+  } else if (!g.is_cuda()) {
+    acc.addmm_(g.t().to(acc.scalar_type()), h.to(acc.scalar_type()));
+  } else if (cuda_addmm_accumulates_in_float(g.device())) {
+    at::addmm_out(acc, acc, g.t(), h, at::kFloat);
+  } else {
+    // A float32 product per slice of the vocabulary, added: the temporary stays <= 128 MiB.
+    const int64_t slice =
+        std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(h.size(1), 1)));
+    for (int64_t v0 = 0; v0 < acc.size(0); v0 += slice) {
+      const int64_t n = std::min(slice, acc.size(0) - v0);
+      acc.narrow(0, v0, n).add_(at::mm(g.narrow(1, v0, n).t(), h, at::kFloat));
+    }
+  }
+}
+
+// Cross-entropy of one chunk: x (n, Vce) the student's logits over the columns that count,
+// labels (n,). Writes each row's -log softmax(x)[label] into ce_rows (0 for ignored rows, +inf for
+// a label outside [0, Vce)). With `weight` (n,) defined, returns weight * (softmax(x) -
+// onehot(label)) in the accumulation dtype (0 on ignored rows), else an undefined tensor.
+at::Tensor cross_entropy_chunk(const at::Tensor& x_in, const at::Tensor& labels,
+                               int64_t ignore_index, at::Tensor ce_rows, const at::Tensor& weight) {
+  at::Tensor x =
+      x_in.to(ce_rows.scalar_type(), /*non_blocking=*/false, /*copy=*/true);  // ours to overwrite
+  const at::Tensor lse = at::logsumexp(x, {1});
+  const at::Tensor valid = labels.ne(ignore_index);
+  const at::Tensor in_range = labels.ge(0).logical_and(labels.lt(x.size(1)));
+  const at::Tensor index = at::where(in_range, labels, 0).unsqueeze(1);
+  const at::Tensor picked =
+      at::where(in_range, x.gather(1, index).squeeze(1), -std::numeric_limits<double>::infinity());
+  ce_rows.copy_(at::where(valid, lse - picked, 0));
+  if (!weight.defined()) return {};
+  const at::Tensor w = at::where(valid, weight, 0);
+  x.sub_(lse.unsqueeze(1)).exp_().mul_(w.unsqueeze(1));
+  x.scatter_add_(1, index, at::where(in_range, -w, 0).unsqueeze(1));
+  return x;
+}
+
+// The rows' weights (grad_output times the reduction's scale) of one term: a 0-dim tensor (one
+// weight for every row) or (rows,); undefined: no gradient.
+at::Tensor rows_of(const at::Tensor& w, int64_t r0, int64_t n) {
+  return w.dim() == 0 ? w.expand({n}) : w.narrow(0, r0, n);
+}
+
+struct DriverOut {
+  at::Tensor kd_rows, ce_rows;  // (rows,) in the accumulation dtype
+  at::Tensor grad_h, grad_w;    // (rows, H_s), (V_s, H_s) in the inputs' dtype, or undefined
+};
+
+// Runs every chunk. kd_w / ce_w: the rows' weights of the two terms' gradients (see rows_of);
+// both undefined: losses only.
+DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor& kd_w,
+                     const at::Tensor& ce_w, bool want_h, bool want_w) {
+  const auto acc_opts = in.sh.options().dtype(acc_dtype(in.sh));
+  const bool grad = kd_w.defined() && (want_h || want_w);
+  const bool ce = in.labels.defined();
+  const int64_t Vce = std::min(a.V, in.ws);  // the student's columns that count
+  DriverOut out;
+  out.kd_rows = at::zeros({in.rows}, acc_opts);
+  out.ce_rows = at::zeros({in.rows}, acc_opts);
+  at::Tensor acc_w;
+  if (grad && want_h) out.grad_h = at::empty({in.rows, in.sh.size(1)}, in.sh.options());
+  if (grad && want_w) acc_w = at::zeros(in.sw.sizes(), in.sw.options().dtype(acc_dtype(in.sw)));
+  const int64_t chunk = chunk_rows(in, a);
+  for (int64_t r0 = 0; r0 < in.rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, in.rows - r0);
+    const at::Tensor h = in.sh.narrow(0, r0, n);
+    const std::optional<at::Tensor> labels =
+        ce ? std::optional<at::Tensor>(in.labels.narrow(0, r0, n)) : std::nullopt;
+    const at::Tensor s = at::mm(h, in.sw.t());  // (n, V_s)
+    at::Tensor g;                               // d loss / d s, (n, V_s) in the inputs' dtype
+    {
+      const bool kd_grad = grad && a.kd_weight != 0.0;
+      const at::Tensor t = at::mm(in.th.narrow(0, r0, n), in.tw.t());  // (n, V_t)
+      auto [loss, stats, scale, unused] =
+          distill_forward_op(s, t, labels, a.divergence, a.beta, a.temperature, a.ignore_index,
+                             kernels::kNone, a.V, std::nullopt, /*save=*/kd_grad);
+      out.kd_rows.narrow(0, r0, n).copy_(loss);
+      if (kd_grad)
+        g = distill_backward_op(rows_of(kd_w, r0, n), s, t, labels, stats, scale, a.divergence,
+                                a.beta, a.temperature, a.ignore_index, kernels::kNone, a.V);
+    }
+    if (ce) {
+      const bool ce_grad = grad && a.ce_weight != 0.0;
+      const at::Tensor g_ce = cross_entropy_chunk(s.narrow(1, 0, Vce), *labels, a.ignore_index,
+                                                  out.ce_rows.narrow(0, r0, n),
+                                                  ce_grad ? rows_of(ce_w, r0, n) : at::Tensor());
+      if (g_ce.defined()) {
+        if (!g.defined()) g = at::zeros_like(s);
+        g.narrow(1, 0, Vce).add_(g_ce);
+      }
+    }
+    if (!grad) continue;
+    if (!g.defined()) {  // both weights 0: nothing flows back
+      if (want_h) out.grad_h.narrow(0, r0, n).zero_();
+      continue;
+    }
+    if (want_h) {
+      at::Tensor gh = out.grad_h.narrow(0, r0, n);
+      at::mm_out(gh, g, in.sw);
+    }
+    if (want_w) accumulate_grad_lm_head(acc_w, g, h);
+  }
+  if (acc_w.defined()) out.grad_w = acc_w.to(in.sw.scalar_type());
+  return out;
+}
+
+// The reduction's scales of the two terms as 0-dim double tensors on the device (no host sync):
+// the divergence's as distill_loss's (batchmean 1/N, mean 1/(N V), sum 1), the cross-entropy's as
+// torch's cross_entropy (batchmean and mean 1/N, sum 1); 0 when N is 0.
+std::pair<at::Tensor, at::Tensor> reduction_scales(const FusedInputs& in, const FusedArgs& a) {
+  const auto dbl = in.sh.options().dtype(at::kDouble);
+  if (a.reduction == kernels::kSum) return {at::ones({}, dbl), at::ones({}, dbl)};
+  const at::Tensor n = in.labels.defined() ? in.labels.ne(a.ignore_index).sum().to(at::kDouble)
+                                           : at::full({}, static_cast<double>(in.rows), dbl);
+  const at::Tensor inv = at::where(n > 0, n.reciprocal(), 0);
+  return {a.reduction == kernels::kMean ? inv / static_cast<double>(a.V) : inv, inv};
+}
+
+at::Tensor empty_grad(const at::Tensor& like) {
+  return at::empty({0, like.size(1)}, like.options());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_forward(
+    const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th, const at::Tensor& tw,
+    const std::optional<at::Tensor>& labels, int64_t divergence, double beta, double temperature,
+    int64_t ignore_index, int64_t reduction, int64_t V, double kd_weight, double ce_weight,
+    int64_t chunk_size, bool grad_hidden, bool grad_lm_head) {
+  const FusedArgs a{divergence, beta,      temperature, ignore_index, reduction,
+                    V,          kd_weight, ce_weight,   chunk_size};
+  const FusedInputs in = check_fused_inputs(sh, sw, th, tw, labels, a);
+  const auto acc = acc_dtype(sh);
+  const bool none = reduction == kernels::kNone;
+  const auto [kd_scale, ce_scale] = reduction_scales(in, a);
+  at::Tensor kd_w, ce_w;
+  if (!none && (grad_hidden || grad_lm_head)) {
+    kd_w = (kd_scale * kd_weight).to(acc);
+    ce_w = (ce_scale * ce_weight).to(acc);
+  }
+  DriverOut out = run_chunks(in, a, kd_w, ce_w, grad_hidden, grad_lm_head);
+  at::Tensor div = out.kd_rows, ce = out.ce_rows;
+  if (!none) {  // rows summed in double: many rows must not lose the small ones
+    div = (div.to(at::kDouble).sum() * kd_scale).to(acc);
+    ce = (ce.to(at::kDouble).sum() * ce_scale).to(acc);
+  }
+  // A weight of 0 drops its term (its value may be inf: 0 * inf would be NaN).
+  at::Tensor loss = kd_weight != 0.0 ? div * kd_weight : at::zeros_like(div);
+  if (ce_weight != 0.0) loss = loss + ce * ce_weight;
+  return {loss, div, ce, out.grad_h.defined() ? out.grad_h : empty_grad(sh),
+          out.grad_w.defined() ? out.grad_w : empty_grad(sw)};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_linear_backward(
+    const at::Tensor& grad_output, const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+    const at::Tensor& tw, const std::optional<at::Tensor>& labels, int64_t divergence, double beta,
+    double temperature, int64_t ignore_index, int64_t V, double kd_weight, double ce_weight,
+    int64_t chunk_size, bool grad_hidden, bool grad_lm_head) {
+  const FusedArgs a{divergence, beta,      temperature, ignore_index, kernels::kNone,
+                    V,          kd_weight, ce_weight,   chunk_size};
+  const FusedInputs in = check_fused_inputs(sh, sw, th, tw, labels, a);
+  TORCH_CHECK(grad_output.numel() == in.rows && grad_output.device() == sh.device(),
+              "lossfns._fused_linear_distill_backward: grad_output must have ", num(in.rows),
+              " elements (one per token) on ", sh.device(), "; got ", dims(grad_output.sizes()),
+              " on ", grad_output.device());
+  const at::Tensor go = grad_output.reshape({in.rows}).to(acc_dtype(sh));
+  DriverOut out = run_chunks(in, a, go * kd_weight, go * ce_weight, grad_hidden, grad_lm_head);
+  return {out.grad_h.defined() ? out.grad_h : empty_grad(sh),
+          out.grad_w.defined() ? out.grad_w : empty_grad(sw)};
+}
+
+}  // namespace
+
+// One implementation for every device: the driver is ATen ops and the distill ops' dispatch.
+TORCH_LIBRARY_IMPL(lossfns, CPU, m) {
+  m.impl("_fused_linear_distill_forward", &fused_linear_forward);
+  m.impl("_fused_linear_distill_backward", &fused_linear_backward);
+}
+TORCH_LIBRARY_IMPL(lossfns, CUDA, m) {
+  m.impl("_fused_linear_distill_forward", &fused_linear_forward);
+  m.impl("_fused_linear_distill_backward", &fused_linear_backward);
+}
+
+}  // namespace lossfns::detail

@@ -1,0 +1,43 @@
+// Internal glue of lossfns::fused_linear_distill_loss between its layers: the arguments the chunk
+// driver takes, and typed handles to its internal dispatcher ops. Not installed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+namespace lossfns::detail {
+
+inline constexpr const char* kFusedOp = "lossfns.fused_linear_distill_loss";
+
+// The scalar arguments of the internal ops, in kernel form (distill_internal.h's Resolved).
+// chunk_size 0: automatic.
+struct FusedArgs {
+  int64_t divergence = 0;
+  double beta = 0.5, temperature = 1.0;
+  int64_t ignore_index = 0, reduction = 0, V = 0;
+  double kd_weight = 1.0, ce_weight = 0.0;
+  int64_t chunk_size = 0;
+};
+
+// lossfns::_fused_linear_distill_forward: the hidden states as (BT, H) matrices. Returns the loss,
+// the divergence and the cross-entropy (0-dim, or (BT,) for kNone), then the gradients of the
+// loss w.r.t. student_hidden (BT, H_s) and student_lm_head (V_s, H_s) for a grad_output of 1,
+// each only when asked for and the reduction is not kNone, else (0, H_s).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_forward_op(
+    const at::Tensor& student_hidden, const at::Tensor& student_lm_head,
+    const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head,
+    const std::optional<at::Tensor>& labels, const FusedArgs& args, bool grad_hidden,
+    bool grad_lm_head);
+
+// lossfns::_fused_linear_distill_backward: kNone's backward, which recomputes every chunk with the
+// per-token grad_output (BT,) as the rows' weights. Returns the gradients as the forward does.
+std::tuple<at::Tensor, at::Tensor> fused_linear_backward_op(
+    const at::Tensor& grad_output, const at::Tensor& student_hidden,
+    const at::Tensor& student_lm_head, const at::Tensor& teacher_hidden,
+    const at::Tensor& teacher_lm_head, const std::optional<at::Tensor>& labels,
+    const FusedArgs& args, bool grad_hidden, bool grad_lm_head);
+
+}  // namespace lossfns::detail

@@ -1,0 +1,254 @@
+// Registration of lossfns::fused_linear_distill_loss with the dispatcher, and its autograd.
+//
+//   lossfns::fused_linear_distill_loss       public op (Python:
+//                                            torch.ops.lossfns.fused_linear_distill_loss)
+//   lossfns::_fused_linear_distill_forward   internal: the losses, and for a reduced loss the
+//                                            gradients for a grad_output of 1 (the chunk
+//                                            driver, fused_linear_driver.cpp)
+//   lossfns::_fused_linear_distill_backward  internal: reduction 'none' only, every chunk again
+//                                            with the per-token grad_output
+// A reduced loss's backward is two multiplications by the scalar grad_output: the (BT, H_s) and
+// (V_s, H_s) gradients are what forward keeps, never the logits.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "distill_common.h"
+#include "distill_internal.h"
+#include "fused_linear_internal.h"
+#include "lossfns/defaults.h"
+
+namespace lossfns::detail {
+
+using Opt = const std::optional<at::Tensor>&;
+using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_forward_op(
+    const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th, const at::Tensor& tw,
+    Opt labels, const FusedArgs& a, bool grad_hidden, bool grad_lm_head) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_fused_linear_distill_forward", "")
+          .typed<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         Opt, int64_t, double, double, int64_t, int64_t, int64_t, double, double,
+                         int64_t, bool, bool)>();
+  return op.call(sh, sw, th, tw, labels, a.divergence, a.beta, a.temperature, a.ignore_index,
+                 a.reduction, a.V, a.kd_weight, a.ce_weight, a.chunk_size, grad_hidden,
+                 grad_lm_head);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_linear_backward_op(
+    const at::Tensor& grad_output, const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+    const at::Tensor& tw, Opt labels, const FusedArgs& a, bool grad_hidden, bool grad_lm_head) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lossfns::_fused_linear_distill_backward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, Opt, int64_t, double, double,
+                                 int64_t, int64_t, double, double, int64_t, bool, bool)>();
+  return op.call(grad_output, sh, sw, th, tw, labels, a.divergence, a.beta, a.temperature,
+                 a.ignore_index, a.V, a.kd_weight, a.ce_weight, a.chunk_size, grad_hidden,
+                 grad_lm_head);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The public arguments in kernel form, after the checks that need the original shapes: the
+// hidden states (BT, H) or (B, T, H) with one leading shape, and the scalars.
+FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                  const at::Tensor& tw, c10::string_view divergence, double beta,
+                  double temperature, int64_t ignore_index, c10::string_view reduction,
+                  std::optional<int64_t> vocab_size, double kd_weight, double ce_weight,
+                  std::optional<int64_t> chunk_size) {
+  TORCH_CHECK(sh.dim() == 2 || sh.dim() == 3, kFusedOp,
+              ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sizes()));
+  const auto lead = sh.sizes().slice(0, sh.dim() - 1);
+  TORCH_CHECK(th.dim() == sh.dim() && th.sizes().slice(0, th.dim() - 1) == lead, kFusedOp,
+              ": teacher_hidden must have student_hidden's leading shape ", dims(lead),
+              " (the hidden sizes may differ); got ", dims(th.sizes()));
+  TORCH_CHECK(sw.dim() == 2 && tw.dim() == 2, kFusedOp,
+              ": the lm_heads must be (V_s, H_s) and (V_t, H_t); got ", dims(sw.sizes()), " and ",
+              dims(tw.sizes()));
+  TORCH_CHECK(!chunk_size || *chunk_size >= 1, kFusedOp,
+              ": chunk_size must be >= 1 (or None: automatic); got ", num(*chunk_size));
+  const Resolved r =
+      resolve_distill_args(kFusedOp, std::string_view(divergence.data(), divergence.size()), beta,
+                           std::string_view(reduction.data(), reduction.size()), vocab_size,
+                           std::max(sw.size(0), tw.size(0)));
+  return {r.divergence, beta,      temperature, ignore_index,          r.reduction,
+          r.V,          kd_weight, ce_weight,   chunk_size.value_or(0)};
+}
+
+// (BT, H) views of the hidden states; the per-token outputs go back to the leading shape.
+at::Tensor rows(const at::Tensor& x) { return x.reshape({-1, x.size(-1)}); }
+// Labels of the hidden states' leading shape (or (BT,)) as (BT,).
+std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
+  const auto lead = sh.sizes().slice(0, sh.dim() - 1);
+  const at::Tensor l = check_labels(labels, lead, c10::multiply_integers(lead), sh.device(),
+                                    kFusedOp, "student_hidden");
+  return l.defined() ? std::optional<at::Tensor>(l) : std::nullopt;
+}
+
+void check_teacher_constant(const at::Tensor& th, const at::Tensor& tw) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && (th.requires_grad() || tw.requires_grad())), kFusedOp,
+              ": teacher_hidden and teacher_lm_head must not require grad (the teacher is a "
+              "constant and gets no "
+              "gradient); pass teacher_hidden.detach() and teacher_lm_head.detach()");
+}
+
+void save_args(AutogradContext* ctx, const FusedArgs& a) {
+  ctx->saved_data["divergence"] = a.divergence;
+  ctx->saved_data["beta"] = a.beta;
+  ctx->saved_data["temperature"] = a.temperature;
+  ctx->saved_data["ignore_index"] = a.ignore_index;
+  ctx->saved_data["reduction"] = a.reduction;
+  ctx->saved_data["V"] = a.V;
+  ctx->saved_data["kd_weight"] = a.kd_weight;
+  ctx->saved_data["ce_weight"] = a.ce_weight;
+  ctx->saved_data["chunk_size"] = a.chunk_size;
+}
+
+FusedArgs saved_args(AutogradContext* ctx) {
+  auto& d = ctx->saved_data;
+  return {d["divergence"].toInt(),   d["beta"].toDouble(),      d["temperature"].toDouble(),
+          d["ignore_index"].toInt(), d["reduction"].toInt(),    d["V"].toInt(),
+          d["kd_weight"].toDouble(), d["ce_weight"].toDouble(), d["chunk_size"].toInt()};
+}
+
+// On (BT, H) hidden states. A reduced loss keeps the gradients forward computed; 'none' keeps the
+// inputs (references) and recomputes in backward with the per-token grad_output.
+class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& sh, const at::Tensor& sw,
+                               const at::Tensor& th, const at::Tensor& tw, Opt labels,
+                               const FusedArgs& a) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const bool need_h = sh.requires_grad(), need_w = sw.requires_grad();
+    const bool none = a.reduction == kernels::kNone;
+    auto [loss, div, ce, gh, gw] =
+        fused_linear_forward_op(sh, sw, th, tw, labels, a, need_h && !none, need_w && !none);
+    const at::Tensor undefined;
+    if (none)
+      ctx->save_for_backward({sh, sw, th, tw, labels ? *labels : undefined});
+    else
+      ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined});
+    ctx->saved_data["need_h"] = need_h;
+    ctx->saved_data["need_w"] = need_w;
+    save_args(ctx, a);
+    ctx->mark_non_differentiable({div, ce});
+    return {loss, div, ce};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const FusedArgs a = saved_args(ctx);
+    const bool need_h = ctx->saved_data["need_h"].toBool(),
+               need_w = ctx->saved_data["need_w"].toBool();
+    const at::Tensor& go = grad_outputs[0];
+    at::Tensor gh, gw;
+    if (go.defined() && a.reduction != kernels::kNone) {
+      if (need_h) gh = saved[0] * go;
+      if (need_w) gw = saved[1] * go;
+    } else if (go.defined()) {
+      auto opt = [](const at::Tensor& x) {
+        return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
+      };
+      std::tie(gh, gw) = fused_linear_backward_op(go, saved[0], saved[1], saved[2], saved[3],
+                                                  opt(saved[4]), a, need_h, need_w);
+      if (!need_h) gh = at::Tensor();
+      if (!need_w) gw = at::Tensor();
+    }
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+Outputs shaped(const variable_list& out, const at::Tensor& sh, int64_t reduction) {
+  if (reduction != kernels::kNone) return {out[0], out[1], out[2]};
+  const auto lead = row_shape(sh);
+  return {out[0].view(lead), out[1].view(lead), out[2].view(lead)};
+}
+
+// The losses alone (no gradient computed), shaped.
+Outputs forward_only(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                     const at::Tensor& tw, Opt labels, const FusedArgs& a) {
+  auto [loss, div, ce, gh, gw] =
+      fused_linear_forward_op(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a, false, false);
+  return shaped({loss, div, ce}, sh, a.reduction);
+}
+
+Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                              const at::Tensor& tw, Opt labels, c10::string_view divergence,
+                              double beta, double temperature, int64_t ignore_index,
+                              c10::string_view reduction, std::optional<int64_t> vocab_size,
+                              double kd_weight, double ce_weight,
+                              std::optional<int64_t> chunk_size) {
+  check_teacher_constant(th, tw);
+  const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index,
+                              reduction, vocab_size, kd_weight, ce_weight, chunk_size);
+  if (!(at::GradMode::is_enabled() && (sh.requires_grad() || sw.requires_grad()))) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_only(sh, sw, th, tw, labels, a);
+  }
+  // The reshape to rows is a differentiable view: a (B, T, H) input gets its gradient through it.
+  return shaped(FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a),
+                sh, a.reduction);
+}
+
+// Below autograd (inference mode, tensors without autograd): forward only.
+Outputs fused_linear_no_grad(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                             const at::Tensor& tw, Opt labels, c10::string_view divergence,
+                             double beta, double temperature, int64_t ignore_index,
+                             c10::string_view reduction, std::optional<int64_t> vocab_size,
+                             double kd_weight, double ce_weight,
+                             std::optional<int64_t> chunk_size) {
+  const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index,
+                              reduction, vocab_size, kd_weight, ce_weight, chunk_size);
+  return forward_only(sh, sw, th, tw, labels, a);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(lossfns, m) {
+  static const std::string schema =
+      "fused_linear_distill_loss(Tensor student_hidden, Tensor student_lm_head, Tensor "
+      "teacher_hidden, "
+      "Tensor teacher_lm_head, Tensor? labels=None, str divergence='tvd', float beta=0.5, float "
+      "temperature=1.0, "
+      "int ignore_index=" +
+      std::to_string(kDefaultIgnoreIndex) +
+      ", str reduction='batchmean', int? vocab_size=None, float kd_weight=1.0, float "
+      "ce_weight=0.0, "
+      "int? chunk_size=None) -> (Tensor loss, Tensor divergence, Tensor ce)";
+  m.def(schema.c_str());
+  m.def(
+      "_fused_linear_distill_forward(Tensor student_hidden, Tensor student_lm_head, Tensor "
+      "teacher_hidden, "
+      "Tensor teacher_lm_head, Tensor? labels, int divergence, float beta, float temperature, int "
+      "ignore_index, "
+      "int reduction, int V, float kd_weight, float ce_weight, int chunk_size, bool grad_hidden, "
+      "bool grad_lm_head) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "_fused_linear_distill_backward(Tensor grad_output, Tensor student_hidden, Tensor "
+      "student_lm_head, "
+      "Tensor teacher_hidden, Tensor teacher_lm_head, Tensor? labels, int divergence, float beta, "
+      "float temperature, int ignore_index, int V, float kd_weight, float ce_weight, int "
+      "chunk_size, "
+      "bool grad_hidden, bool grad_lm_head) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(lossfns, Autograd, m) {
+  m.impl("fused_linear_distill_loss", &fused_linear_autograd);
+}
+TORCH_LIBRARY_IMPL(lossfns, CompositeExplicitAutograd, m) {
+  m.impl("fused_linear_distill_loss", &fused_linear_no_grad);
+}
+
+}  // namespace lossfns::detail

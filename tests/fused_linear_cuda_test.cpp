@@ -1,0 +1,113 @@
+// CUDA-only behaviour of lossfns::fused_linear_distill_loss: it runs on the current (non-default)
+// stream, never waits for the device in forward or backward, and never holds more than a chunk
+// of logits. Built when the CUDA kernels are; skips without a GPU. The numbers against the
+// composite are in fused_linear_test.cpp.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+
+#include "lossfns/fused_linear.h"
+
+namespace lossfns::testing {
+namespace {
+
+struct Problem {
+  at::Tensor sh, sw, th, tw, labels;
+};
+Problem make_problem(int64_t rows, int64_t hs, int64_t ht, int64_t V, bool labels) {
+  const auto bf16 = at::TensorOptions(at::kCUDA).dtype(at::kBFloat16);
+  Problem p{at::randn({rows, hs}, bf16), at::randn({V, hs}, bf16) * 0.1,
+            at::randn({rows, ht}, bf16), at::randn({V, ht}, bf16) * 0.1, at::Tensor()};
+  if (labels) p.labels = at::randint(0, V, {rows}, at::TensorOptions(at::kCUDA).dtype(at::kLong));
+  return p;
+}
+
+FusedLinearDistillOptions jsd_with_ce(std::optional<int64_t> chunk) {
+  return FusedLinearDistillOptions()
+      .distill(DistillLossOptions().divergence(Divergence::kJsd).temperature(2.0))
+      .ce_weight(0.5)
+      .chunk_size(chunk);
+}
+
+TEST(FusedLinearCuda, RunsOnTheCurrentNonDefaultStream) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(7);
+  const Problem p = make_problem(1000, 256, 384, 32000, true);
+  auto run = [&] {
+    const at::Tensor h = p.sh.detach().requires_grad_(true), w = p.sw.detach().requires_grad_(true);
+    const at::Tensor x = h * 1.5;  // an ordinary op before, and after
+    const at::Tensor loss =
+        fused_linear_distill_loss(x, w, p.th, p.tw, p.labels, jsd_with_ce(128)).loss * 2.0;
+    const auto grads = torch::autograd::grad({loss}, {h, w});
+    return std::make_tuple(loss.detach(), grads[0], grads[1]);
+  };
+  const auto [loss0, gh0, gw0] = run();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  at::Tensor loss1, gh1, gw1;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    std::tie(loss1, gh1, gw1) = run();
+  }
+  side.synchronize();
+  EXPECT_TRUE(loss0.equal(loss1));
+  EXPECT_TRUE(gh0.equal(gh1));
+  EXPECT_TRUE(gw0.equal(gw1));
+}
+
+// With sync debug mode set to error, a synchronising call (.item(), a blocking copy) inside
+// forward or backward throws. The first call is outside: it may probe the device once (whether
+// addmm accumulates bf16 products into float32 in place: fused_linear_driver.cpp).
+TEST(FusedLinearCuda, ForwardAndBackwardDoNotSynchronise) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Problem p = make_problem(300, 128, 64, 5000, true);
+  for (const char* red : {"batchmean", "none"}) {
+    DistillLossOptions d;
+    if (std::string(red) == "none") d.reduction(torch::kNone);
+    const auto o = jsd_with_ce(std::nullopt).distill(d);
+    const at::Tensor h = p.sh.detach().requires_grad_(true), w = p.sw.detach().requires_grad_(true);
+    torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, p.labels, o).loss.sum()},
+                          {h, w});
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    EXPECT_NO_THROW({
+      const at::Tensor loss = fused_linear_distill_loss(h, w, p.th, p.tw, p.labels, o).loss.sum();
+      torch::autograd::grad({loss}, {h, w});
+    }) << red;
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+}
+
+// Forward + backward peak beyond the inputs: chunk logits, the float32 lm_head gradient and the
+// two gradients; below one (BT, V) bf16 logits tensor (the composite holds three, and a float32
+// copy for its cross-entropy).
+TEST(FusedLinearCuda, HoldsOneChunkOfLogitsNotTheWholeBatch) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = 4096, V = 32000, hs = 256;
+  const Problem p = make_problem(rows, hs, hs, V, false);
+  const at::Tensor h = p.sh.detach().requires_grad_(true), w = p.sw.detach().requires_grad_(true);
+  const auto o = FusedLinearDistillOptions().chunk_size(128);
+  torch::autograd::grad({fused_linear_distill_loss(h, w, p.th, p.tw, std::nullopt, o).loss},
+                        {h, w});  // warm-up
+  c10::cuda::device_synchronize();
+  const auto device = c10::cuda::current_device();
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t base =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[agg].current;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  {
+    const auto grads = torch::autograd::grad(
+        {fused_linear_distill_loss(h, w, p.th, p.tw, std::nullopt, o).loss}, {h, w});
+    c10::cuda::device_synchronize();
+  }
+  const int64_t peak =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[agg].peak;
+  EXPECT_LT(peak - base, rows * V * 2)
+      << "peak " << (peak - base) / (1 << 20) << " MiB beyond the inputs";
+}
+
+}  // namespace
+}  // namespace lossfns::testing
