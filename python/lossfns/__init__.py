@@ -3,6 +3,7 @@
     import torch, lossfns
     loss = lossfns.distill_loss(student_logits, teacher_logits.detach(), labels, divergence="jsd")
     loss = lossfns.tvd_loss(student_probs, teacher_probs, labels)   # or lossfns.TVDLoss()(...)
+    loss = lossfns.cross_entropy_loss(student_logits, labels)       # hard labels, fused
 
 Importing the package loads the liblossfns.so shipped beside this file (or the one named by
 $LOSSFNS_LIBRARY), which registers torch.ops.lossfns.*, and registers the ops' fake
@@ -19,7 +20,8 @@ __library__: str = _library.load()
 __version__: str = _library.library_version(__library__)
 
 from . import _fake  # noqa: E402  (needs the ops registered by the library)
-from ._ops import Divergence, Reduction, distill_loss, tvd_loss  # noqa: E402
-from .modules import DistillLoss, TVDLoss  # noqa: E402
+from ._ops import Divergence, Reduction, cross_entropy_loss, distill_loss, tvd_loss  # noqa: E402
+from .modules import CrossEntropyLoss, DistillLoss, TVDLoss  # noqa: E402
 
-__all__ = ["DistillLoss", "Divergence", "Reduction", "TVDLoss", "distill_loss", "tvd_loss", "__version__"]
+__all__ = ["CrossEntropyLoss", "DistillLoss", "Divergence", "Reduction", "TVDLoss", "cross_entropy_loss", "distill_loss",
+           "tvd_loss", "__version__"]

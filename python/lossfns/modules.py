@@ -5,7 +5,13 @@ from typing import Optional
 
 import torch
 
-from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, distill_loss, tvd_loss
+from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, cross_entropy_loss, distill_loss, tvd_loss
+
+
+def _check_reduction(module: str, reduction: str) -> None:
+    if reduction not in ("none", "sum", "mean", "batchmean"):
+        raise ValueError(f"lossfns.{module}: reduction must be one of 'none', 'sum', 'mean', 'batchmean'; "
+                         f"got {reduction!r}")
 
 
 class TVDLoss(torch.nn.Module):
@@ -19,9 +25,7 @@ class TVDLoss(torch.nn.Module):
 
     def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean") -> None:
         super().__init__()
-        if reduction not in ("none", "sum", "mean", "batchmean"):
-            raise ValueError(f"lossfns.TVDLoss: reduction must be one of 'none', 'sum', 'mean', "
-                             f"'batchmean'; got {reduction!r}")
+        _check_reduction("TVDLoss", reduction)
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
 
@@ -44,9 +48,7 @@ class DistillLoss(torch.nn.Module):
         if divergence not in ("tvd", "forward_kl", "reverse_kl", "jsd"):
             raise ValueError(f"lossfns.DistillLoss: divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', "
                              f"'jsd'; got {divergence!r}")
-        if reduction not in ("none", "sum", "mean", "batchmean"):
-            raise ValueError(f"lossfns.DistillLoss: reduction must be one of 'none', 'sum', 'mean', "
-                             f"'batchmean'; got {reduction!r}")
+        _check_reduction("DistillLoss", reduction)
         self.divergence: Divergence = divergence
         self.beta = beta
         self.temperature = temperature
@@ -64,3 +66,24 @@ class DistillLoss(torch.nn.Module):
         vocab = f", vocab_size={self.vocab_size}" if self.vocab_size is not None else ""
         return (f"divergence={self.divergence!r}{beta}, temperature={self.temperature}, "
                 f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{vocab}")
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """``lossfns.cross_entropy_loss`` as a module: ``CrossEntropyLoss(vocab_size=V)(logits, labels)``.
+    Keyword-only arguments; see ``lossfns.cross_entropy_loss`` for their meaning.
+    """
+
+    def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "mean",
+                 vocab_size: Optional[int] = None) -> None:
+        super().__init__()
+        _check_reduction("CrossEntropyLoss", reduction)
+        self.ignore_index = ignore_index
+        self.reduction: Reduction = reduction
+        self.vocab_size = vocab_size
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_loss(logits, labels, self.ignore_index, self.reduction, self.vocab_size)
+
+    def extra_repr(self) -> str:
+        vocab = f", vocab_size={self.vocab_size}" if self.vocab_size is not None else ""
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{vocab}"
