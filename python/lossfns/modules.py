@@ -5,13 +5,8 @@ from typing import Optional
 
 import torch
 
-from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, cross_entropy_loss, distill_loss, tvd_loss
-
-
-def _check_reduction(module: str, reduction: str) -> None:
-    if reduction not in ("none", "sum", "mean", "batchmean"):
-        raise ValueError(f"lossfns.{module}: reduction must be one of 'none', 'sum', 'mean', 'batchmean'; "
-                         f"got {reduction!r}")
+from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, distill_loss, tvd_loss
+from ._ops import cross_entropy_loss
 
 
 class TVDLoss(torch.nn.Module):
@@ -25,7 +20,9 @@ class TVDLoss(torch.nn.Module):
 
     def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean") -> None:
         super().__init__()
-        _check_reduction("TVDLoss", reduction)
+        if reduction not in ("none", "sum", "mean", "batchmean"):
+            raise ValueError(f"lossfns.TVDLoss: reduction must be one of 'none', 'sum', 'mean', "
+                             f"'batchmean'; got {reduction!r}")
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
 
@@ -48,7 +45,9 @@ class DistillLoss(torch.nn.Module):
         if divergence not in ("tvd", "forward_kl", "reverse_kl", "jsd"):
             raise ValueError(f"lossfns.DistillLoss: divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', "
                              f"'jsd'; got {divergence!r}")
-        _check_reduction("DistillLoss", reduction)
+        if reduction not in ("none", "sum", "mean", "batchmean"):
+            raise ValueError(f"lossfns.DistillLoss: reduction must be one of 'none', 'sum', 'mean', "
+                             f"'batchmean'; got {reduction!r}")
         self.divergence: Divergence = divergence
         self.beta = beta
         self.temperature = temperature
@@ -76,7 +75,9 @@ class CrossEntropyLoss(torch.nn.Module):
     def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "mean",
                  vocab_size: Optional[int] = None) -> None:
         super().__init__()
-        _check_reduction("CrossEntropyLoss", reduction)
+        if reduction not in ("none", "sum", "mean", "batchmean"):
+            raise ValueError(f"lossfns.CrossEntropyLoss: reduction must be one of 'none', 'sum', 'mean', "
+                             f"'batchmean'; got {reduction!r}")
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
         self.vocab_size = vocab_size
