@@ -104,6 +104,18 @@ def time_fn(fn, device, iters, warmup=3):
     return statistics.median(times)
 
 
+def extra_memory_mb(step, x):
+    """MiB of CUDA memory one step (which sets x.grad) peaks at beyond what is allocated before it
+    (the inputs) and x's gradient."""
+    x.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base - x.numel() * x.element_size()) / 2**20
+
+
 def copy_bandwidth(x, device, iters):
     """Bytes per ms of a device copy of x (read + write)."""
     y = torch.empty_like(x)
@@ -174,16 +186,7 @@ def main():
                             loss.backward(go_t)
                     try:
                         ms = time_fn(step, dev, args.iters)
-                        extra = None
-                        if dev == "cuda":
-                            s.grad = None
-                            torch.cuda.synchronize()
-                            base = torch.cuda.memory_allocated()
-                            torch.cuda.reset_peak_memory_stats()
-                            step()
-                            torch.cuda.synchronize()
-                            # beyond the inputs (already counted in base) and the gradient
-                            extra = (torch.cuda.max_memory_allocated() - base - s.numel() * elem) / 2**20
+                        extra = extra_memory_mb(step, s) if dev == "cuda" else None
                     except Exception as e:  # noqa: BLE001 (a row that cannot run says why)
                         print(f"{shape:>13} {div:>10} {go:>4} {name:>11} failed: {str(e).splitlines()[0][:80]}")
                         continue

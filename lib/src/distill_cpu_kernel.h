@@ -22,7 +22,8 @@ namespace lossfns::kernels {
 
 // exp and log for float, vectorisable (Cephes' polynomials, max relative error ~2e-7 over the
 // range the kernels use). exp: 0 below -87.3 (no subnormal results), +inf above 88.72, NaN in,
-// NaN out. log: for x > 0 (subnormals included); log(1) is exactly 0.
+// NaN out. log: for x > 0 (subnormals included); log(1) is exactly 0; +inf and NaN in, the same
+// out (the exponent-bit arithmetic alone gives ~88.7 for both: a NaN logsumexp must stay NaN).
 struct CpuMathF {
   static inline __attribute__((always_inline)) float exp(float x) {
     const float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
@@ -70,7 +71,8 @@ struct CpuMathF {
     y = y * f * z;
     y += e * -2.12194440e-4f;
     y += -0.5f * z;
-    return (f + y) + e * 0.693359375f;
+    const float out = (f + y) + e * 0.693359375f;
+    return x < std::numeric_limits<float>::infinity() ? out : x;
   }
   static inline __attribute__((always_inline)) float log_ratio(float x, float m, float bound, float /*log_bound*/) {
     const float r = m > 0.0f ? x / m : bound;

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "distill_common.h"
+#include "row_reduce.cuh"
 
 namespace lossfns::kernels {
 
@@ -113,27 +114,11 @@ __device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t j, int64_t n, b
 // floats. Safe to call back to back.
 template <bool kMax>
 __device__ __forceinline__ float2 block_reduce2(float2 v, float* shared) {
-  auto op = [](float a, float b) { return kMax ? fmaxf(a, b) : a + b; };
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    v.x = op(v.x, __shfl_xor_sync(0xffffffffu, v.x, o));
-    v.y = op(v.y, __shfl_xor_sync(0xffffffffu, v.y, o));
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = (blockDim.x + 31) / 32;
-  __syncthreads();  // the previous call's readers are done with `shared`
-  if (lane == 0) {
-    shared[warp] = v.x;
-    shared[32 + warp] = v.y;
-  }
-  __syncthreads();
+  auto op = [](float2 a, float2 b) {
+    return kMax ? make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)) : make_float2(a.x + b.x, a.y + b.y);
+  };
   const float id = kMax ? -INFINITY : 0.f;
-  float2 r{lane < warps ? shared[lane] : id, lane < warps ? shared[32 + lane] : id};
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    r.x = op(r.x, __shfl_xor_sync(0xffffffffu, r.x, o));
-    r.y = op(r.y, __shfl_xor_sync(0xffffffffu, r.y, o));
-  }
-  return r;  // every warp computed the same from the same shared values
+  return block_allreduce(v, op, make_float2(id, id), shared);
 }
 
 // A row's partial results combined over the blocks of its cluster (kCluster), in rank order, so
@@ -337,7 +322,9 @@ __global__ void distill_forward_kernel(DistillArgs<T> a, int64_t width) {
 }
 
 // The reduction's scale from the labels (before a forward that computes the gradient needs it).
-__global__ void distill_count_kernel(DistillArgs<float> a) {
+// static (as the finalize): this header is included by more than one translation unit (the
+// cross-entropy kernels use its row helpers).
+static __global__ void distill_count_kernel(DistillArgs<float> a) {
   __shared__ float red[64];
   int64_t valid = 0;
   for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
@@ -348,7 +335,7 @@ __global__ void distill_count_kernel(DistillArgs<float> a) {
 }
 
 // The loss from the rows' losses (summed in double) and the reduction's scale. One block.
-__global__ void distill_finalize_kernel(DistillArgs<float> a) {
+static __global__ void distill_finalize_kernel(DistillArgs<float> a) {
   __shared__ double sh[32];
   __shared__ long long shn[32];
   double sum = 0.0;

@@ -171,3 +171,32 @@ def _fused_linear_forward_fake(sh, sw, th, tw, labels, divergence, beta, tempera
 def _fused_linear_backward_fake(grad_output, sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index, V,
                                 kd_weight, ce_weight, chunk_size, grad_hidden, grad_lm_head):
     return _fused_grads(sh, sw, grad_hidden, grad_lm_head)
+# --- lossfns.cross_entropy_loss (lib/src/cross_entropy_op.cpp, _cpu.cpp, _cuda.cu) --------------
+_CE_STATS_PER_ROW = 2  # lib/src/cross_entropy_common.h, kCeStatsPerRow
+
+
+def _check_ce(logits: torch.Tensor, labels: torch.Tensor) -> None:
+    op = "lossfns.cross_entropy_loss"
+    torch._check(logits.dim() in (2, 3), lambda: f"{op}: logits must be (BT, V) or (B, T, V); got {tuple(logits.shape)}")
+    torch._check(labels.dtype == torch.int64, lambda: f"{op}: labels must be int64 (Long); got {labels.dtype}")
+    torch._check(labels.device == logits.device, lambda: f"{op}: labels must be on the logits' device")
+
+
+@torch.library.register_fake("lossfns::cross_entropy_loss")
+def _cross_entropy_loss_fake(logits, labels, ignore_index=-100, reduction="mean", vocab_size=None):
+    _check_ce(logits, labels)
+    return logits.new_empty(logits.shape[:-1] if reduction == "none" else (), dtype=_acc_dtype(logits))
+
+
+@torch.library.register_fake("lossfns::_cross_entropy_forward")
+def _cross_entropy_forward_fake(logits, labels, ignore_index, reduction, V):
+    # loss (rows,) for 'none' else (); stats (rows, 2); scale (1,)
+    _check_ce(logits, labels)
+    rows, acc = _rows(logits), _acc_dtype(logits)
+    loss = logits.new_empty((rows,) if reduction == _NONE else (), dtype=acc)
+    return loss, logits.new_empty((rows, _CE_STATS_PER_ROW), dtype=acc), logits.new_empty((1,), dtype=acc)
+
+
+@torch.library.register_fake("lossfns::_cross_entropy_backward")
+def _cross_entropy_backward_fake(grad_output, logits, labels, stats, scale, ignore_index, reduction, V):
+    return logits.new_empty((_rows(logits), logits.shape[-1]))

@@ -137,3 +137,28 @@ def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: tor
         student_hidden, student_lm_head, teacher_hidden, teacher_lm_head, labels, divergence, beta, temperature,
         ignore_index, reduction, vocab_size, kd_weight, ce_weight, chunk_size)
     return FusedLinearDistillResult(loss, div, ce) if return_parts else loss
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = DEFAULT_IGNORE_INDEX,
+                       reduction: Reduction = "mean", vocab_size: Optional[int] = None) -> torch.Tensor:
+    """Hard-label cross-entropy from logits, fused: ``F.cross_entropy(logits.float(), labels)``
+    without the float32 copy and the log_softmax output.
+
+    Per row ``loss = logsumexp(x) - x[label]``; the gradient ``softmax(x) - onehot(label)`` is
+    written once, in the logits' dtype. The math is in float32.
+
+    Args:
+        logits: ``(BT, V)`` or ``(B, T, V)``, float32 / bfloat16 / float16 (float64 on the CPU);
+            any strides with unit stride in V.
+        labels: int64 ``(BT,)`` or ``(B, T)`` on the logits' device: ``ignore_index`` or in
+            ``[0, V)``. Out of range: a RuntimeError on the CPU; on CUDA that row's loss and
+            gradient are NaN (no host synchronisation; torch would device-assert instead).
+        ignore_index: the label value of ignored rows (loss 0, gradient 0).
+        reduction: ``"mean"`` (default) and ``"batchmean"``: sum / rows not ignored, as torch's
+            ``cross_entropy`` ``"mean"``; ``"sum"``; ``"none"`` (per row: the logits' shape
+            without V; ignored rows 0). An all-ignored batch gives 0, not NaN.
+        vocab_size: columns at or past it are padding: left out of the softmax whatever they
+            hold, gradient 0.
+
+    Returns:
+        A 0-dim float32 tensor (float64 for float64 logits), or the per-row losses for ``"none"``.
+    """
+    return torch.ops.lossfns.cross_entropy_loss(logits, labels, ignore_index, reduction, vocab_size)

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, distill_loss, tvd_loss
+from ._ops import cross_entropy_loss
 
 
 class TVDLoss(torch.nn.Module):
@@ -64,3 +65,26 @@ class DistillLoss(torch.nn.Module):
         vocab = f", vocab_size={self.vocab_size}" if self.vocab_size is not None else ""
         return (f"divergence={self.divergence!r}{beta}, temperature={self.temperature}, "
                 f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{vocab}")
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """``lossfns.cross_entropy_loss`` as a module: ``CrossEntropyLoss(vocab_size=V)(logits, labels)``.
+    Keyword-only arguments; see ``lossfns.cross_entropy_loss`` for their meaning.
+    """
+
+    def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "mean",
+                 vocab_size: Optional[int] = None) -> None:
+        super().__init__()
+        if reduction not in ("none", "sum", "mean", "batchmean"):
+            raise ValueError(f"lossfns.CrossEntropyLoss: reduction must be one of 'none', 'sum', 'mean', "
+                             f"'batchmean'; got {reduction!r}")
+        self.ignore_index = ignore_index
+        self.reduction: Reduction = reduction
+        self.vocab_size = vocab_size
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_loss(logits, labels, self.ignore_index, self.reduction, self.vocab_size)
+
+    def extra_repr(self) -> str:
+        vocab = f", vocab_size={self.vocab_size}" if self.vocab_size is not None else ""
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{vocab}"

@@ -1,6 +1,7 @@
 // liblossfns: distillation losses for LibTorch. Include this, link lossfns::lossfns.
 #pragma once
 
+#include "lossfns/cross_entropy.h"
 #include "lossfns/defaults.h"
 #include "lossfns/distill.h"
 #include "lossfns/distill_module.h"

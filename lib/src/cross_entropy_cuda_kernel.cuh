@@ -1,0 +1,240 @@
+// Framework-free CUDA kernels of lossfns::cross_entropy_loss. Raw pointers, sizes and a
+// cudaStream_t; every launcher returns the cudaError_t of its launches. Includes nothing from
+// Torch; the adapter (cross_entropy_cuda.cu) checks inputs, maps dtypes and takes the stream.
+//
+// Data movement (memory-bound at real vocabularies): the forward reads each row once, one block
+// per row, with an online softmax (a running max and a sum of exp rescaled when the max grows:
+// one exp2 per element and one per 16-byte vector), then one scalar read of the target logit; a
+// one-block finalize sums the rows' losses in double and counts the labels on the device. The
+// backward reads the logits once more and writes the gradient once. Per element the math is
+// float, with exp2 of log2(e)-scaled logits, as distill's kernels (whose vector loads and
+// dtype conversions this file uses).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cross_entropy_common.h"
+#include "distill_cuda_kernel.cuh"
+#include "row_reduce.cuh"
+
+namespace lossfns::kernels {
+
+template <typename T>
+struct CrossEntropyArgs {
+  const T* x;      // (rows, width) logits, unit stride inside a row
+  int64_t stride;  // row stride, elements
+  int64_t width;   // columns of a row (the gradient's width)
+  int64_t V;       // columns that count (past V: padding, never read, gradient 0)
+  int64_t rows;
+  const int64_t* labels;  // (rows,)
+  int64_t ignore_index;
+  int64_t reduction;  // Reduction code
+  float* stats;       // (rows, kCeStatsPerRow): max and log2 of the sum, of log2-scaled logits
+  float* row_loss;    // (rows,): the rows' losses (the output for 'none'; ignored rows 0)
+  float* scale;       // 1 value: the reduction's scale (written by the finalize)
+  float* loss;        // 1 value: the reduced loss (written by the finalize; unused for 'none')
+  // Backward only: the gradient (rows, width) contiguous, and grad_output: 1 value (reduced) or
+  // (rows,) ('none').
+  T* grad;
+  const float* grad_output;
+  int num_sms;
+};
+
+namespace ce_detail {
+
+// Vec, load_vec, to_float, from_float, scaled, prob, kLog2e, kLn2: distill's, shared.
+using namespace distill_detail;
+
+// A running softmax normaliser of log2-scaled logits: max and sum_j exp2(x_j - max).
+struct MaxSum {
+  float max, sum;
+};
+
+// Two normalisers as one. A side whose max is the result's keeps its sum as is, so that -inf
+// maxima (no mass yet) never meet -inf - -inf; a NaN sum stays NaN.
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  return {m, (a.max == m ? a.sum : a.sum * exp2f(a.max - m)) +
+                 (b.max == m ? b.sum : b.sum * exp2f(b.max - m))};
+}
+
+// One vector of a row added to a normaliser: one rescale per vector, one exp2 per element.
+// -inf elements add exactly 0 (also while the max is -inf); a NaN element makes the sum NaN
+// (fmaxf drops NaN from the max, exp2f(NaN) keeps it in the sum); +inf makes it NaN too.
+template <typename T>
+__device__ __forceinline__ MaxSum add_vec(MaxSum ms, const Vec<T>& v) {
+  constexpr int N = Vec<T>::N;
+  float x2[N], vmax = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    x2[k] = scaled(to_float(v.v[k]), kLog2e);
+    vmax = fmaxf(vmax, x2[k]);
+  }
+  const float m = fmaxf(ms.max, vmax);
+  float s = ms.max == m ? ms.sum : ms.sum * exp2f(ms.max - m);
+#pragma unroll
+  for (int k = 0; k < N; ++k) s += x2[k] == -INFINITY ? 0.f : exp2f(x2[k] - m);
+  return {m, s};
+}
+
+// kU vectors of a row at j0, j0 + step, ...: all in flight at once. 16-byte loads when the row is
+// aligned (vx) and every vector lies inside [0, n); else element by element, -inf past n.
+template <typename T, int kU>
+__device__ __forceinline__ void load_vecs(const T* x, int64_t j0, int64_t step, int64_t n, bool vx,
+                                          Vec<T> (&v)[kU]) {
+  if (vx && j0 + (kU - 1) * step + Vec<T>::N <= n) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      v[u].raw = __ldg(reinterpret_cast<const uint4*>(x + j0 + u * step));
+  } else {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = load_vec(x, j0 + u * step, n, vx);
+  }
+}
+
+// Forward: one block per row; kU vectors per thread in flight.
+template <typename T>
+__global__ void ce_forward_kernel(CrossEntropyArgs<T> a) {
+  constexpr int N = Vec<T>::N, kU = 2;
+  __shared__ unsigned red[block_reduce_words<MaxSum>()];
+  const int64_t row = blockIdx.x, y = a.labels[row];
+  float* st = a.stats + row * kCeStatsPerRow;
+  if (y == a.ignore_index) {
+    if (threadIdx.x == 0) st[0] = st[1] = a.row_loss[row] = 0.f;
+    return;
+  }
+  const T* x = a.x + row * a.stride;
+  const bool vx = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t step = int64_t(blockDim.x) * N;
+  MaxSum ms{-INFINITY, 0.f};
+  for (int64_t j0 = int64_t(threadIdx.x) * N; j0 < a.V; j0 += kU * step) {
+    Vec<T> v[kU];
+    load_vecs(x, j0, step, a.V, vx, v);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) ms = add_vec(ms, v[u]);
+  }
+  ms = block_allreduce(
+      ms, [](MaxSum p, MaxSum q) { return combine(p, q); }, MaxSum{-INFINITY, 0.f}, red);
+  if (threadIdx.x == 0) {
+    // A label out of range: the row's loss is NaN (no read out of bounds; see
+    // cross_entropy_common.h).
+    const float xy = ce_label_in_range(y, a.V) ? scaled(to_float(x[y]), kLog2e) : NAN;
+    const float ls = log2f(ms.sum);
+    st[0] = ms.max;
+    st[1] = ls;
+    a.row_loss[row] = ((ms.max - xy) + ls) * kLn2;  // max - x_y is exact near the max
+  }
+}
+
+// Sums of the finalize: the rows' losses and the rows not ignored.
+struct LossCount {
+  double sum;
+  long long valid;
+};
+
+// The reduced loss and the reduction's scale from the rows' losses (reads no logits). One block.
+template <typename T>
+__global__ void ce_finalize_kernel(CrossEntropyArgs<T> a) {
+  __shared__ unsigned red[block_reduce_words<LossCount>()];
+  LossCount lc{0.0, 0};
+  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x) {
+    lc.sum += a.row_loss[r];
+    lc.valid += a.labels[r] != a.ignore_index ? 1 : 0;
+  }
+  lc = block_allreduce(
+      lc,
+      [](LossCount p, LossCount q) {
+        return LossCount{p.sum + q.sum, p.valid + q.valid};
+      },
+      LossCount{0.0, 0}, red);
+  if (threadIdx.x == 0) {
+    const double sc = ce_reduction_scale<double>(a.reduction, lc.valid);
+    *a.scale = static_cast<float>(sc);
+    if (a.reduction != kNone) *a.loss = static_cast<float>(lc.sum * sc);
+  }
+}
+
+// Backward: grid (rows, chunks); one pass over the logits, the gradient written once.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    ce_backward_kernel(CrossEntropyArgs<T> a, int64_t chunk_cols) {
+  constexpr int N = Vec<T>::N, kU = 2;
+  const int64_t row = blockIdx.x, y = a.labels[row];
+  const int64_t begin = int64_t(blockIdx.y) * chunk_cols;
+  const int64_t end = begin + chunk_cols < a.width ? begin + chunk_cols : a.width;
+  T* grad = a.grad + row * a.width;
+  if (y == a.ignore_index) {
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) grad[j] = from_float<T>(0.f);
+    return;
+  }
+  const T* x = a.x + row * a.stride;
+  const bool vx = reinterpret_cast<uintptr_t>(x) % 16 == 0,
+             vg = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+  const float* st = a.stats + row * kCeStatsPerRow;
+  const float mx = st[0], ls = st[1];
+  // A label out of range: the row's gradient is NaN (as its loss), no column is the target.
+  const float go = ce_label_in_range(y, a.V)
+                       ? (a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale)
+                       : NAN;
+  const int64_t step = int64_t(blockDim.x) * N;
+  for (int64_t j0 = begin + int64_t(threadIdx.x) * N; j0 < end; j0 += kU * step) {
+    Vec<T> v[kU];
+    load_vecs(x, j0, step, a.V, vx, v);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t j = j0 + u * step;
+      if (j >= end) break;
+      Vec<T> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        float p, lp;
+        prob(scaled(to_float(v[u].v[k]), kLog2e), mx, ls, p, lp);
+        const float g = go * (p - (j + k == y ? 1.f : 0.f));
+        out.v[k] = from_float<T>(j + k < a.V ? g : 0.f);  // padding: 0 whatever grad_output is
+      }
+      if (vg && j + N <= end) {
+        *reinterpret_cast<uint4*>(grad + j) = out.raw;
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+          if (j + k < end) grad[j + k] = out.v[k];
+      }
+    }
+  }
+}
+
+}  // namespace ce_detail
+
+// Forward: stats, row_loss, scale and (reduced) loss. a.rows >= 1.
+template <typename T>
+cudaError_t cross_entropy_forward(const CrossEntropyArgs<T>& a, cudaStream_t stream) {
+  using namespace ce_detail;
+  constexpr int64_t N = Vec<T>::N;
+  // ~4 vectors per thread (two loops of kU = 2), 64 to 1024 threads.
+  const int64_t vecs = (a.V + N - 1) / N;
+  const int64_t threads =
+      std::min<int64_t>(1024, std::max<int64_t>(64, ((vecs + 3) / 4 + 31) / 32 * 32));
+  ce_forward_kernel<T><<<unsigned(a.rows), unsigned(threads), 0, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  ce_finalize_kernel<T><<<1, 1024, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Backward: a.grad (rows, width) from a.grad_output and the forward's stats and scale.
+template <typename T>
+cudaError_t cross_entropy_backward(const CrossEntropyArgs<T>& a, cudaStream_t stream) {
+  using namespace ce_detail;
+  constexpr int64_t N = Vec<T>::N;
+  // Columns per block: 8 vectors per thread, fewer when there are too few rows to fill the device.
+  int64_t chunk = 256 * N * 8;
+  while (chunk > 256 * N && a.rows * ((a.width + chunk - 1) / chunk) < int64_t(a.num_sms) * 8)
+    chunk /= 2;
+  const int64_t chunks = (a.width + chunk - 1) / chunk;
+  if (chunks > 65535) return cudaErrorInvalidConfiguration;
+  ce_backward_kernel<T><<<dim3(unsigned(a.rows), unsigned(chunks)), 256, 0, stream>>>(a, chunk);
+  return cudaGetLastError();
+}
+
+}  // namespace lossfns::kernels
