@@ -213,15 +213,6 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
   }
 }
 
-TEST(HfModel, AlignLogitsMasksAndPadsWithMinusInfinity) {
-  const at::Tensor logits = at::randn({2, 3, 6});
-  const at::Tensor aligned = AlignLogits(logits, 8, 4);
-  ASSERT_EQ(aligned.size(-1), 8);
-  EXPECT_TRUE(at::equal(aligned.narrow(-1, 0, 4), logits.narrow(-1, 0, 4)));
-  EXPECT_TRUE(aligned.narrow(-1, 4, 4).isneginf().all().item<bool>());
-  EXPECT_TRUE(AlignLogits(logits, 6, 0).is_same(logits));
-}
-
 // Qwen2-style teacher and student of different logit widths (160 and 144 rows) with a
 // tokenizer of 130 tokens: the columns past 130 are exact ties at probability 0, get no
 // gradient, and training is finite.

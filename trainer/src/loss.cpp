@@ -5,26 +5,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
+#include <lossfns/cross_entropy.h>
 #include <lossfns/distill.h>
 
 namespace distill {
-
-at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size) {
-  const double neg_inf = -std::numeric_limits<double>::infinity();
-  at::Tensor out = logits;
-  const int64_t have = logits.size(-1);
-  if (vocab_size > 0 && vocab_size < have) {
-    // masked_fill's backward is zero at the masked columns: padding rows get no gradient.
-    out = out.masked_fill(at::arange(have, logits.options().dtype(at::kLong)).ge(vocab_size),
-                          neg_inf);
-  }
-  if (width > have) {
-    std::vector<int64_t> shape = logits.sizes().vec();
-    shape.back() = width - have;
-    out = at::cat({out, at::full(shape, neg_inf, out.options())}, -1);
-  }
-  return out;
-}
 
 at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
                          const at::Tensor& targets, const DistillConfig& config) {
@@ -40,13 +24,15 @@ at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& tea
 
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
                          const at::Tensor& targets, const DistillConfig& config) {
-  // Cross-entropy in fp32 (also under bf16 autocast), on the student's real vocabulary.
+  // Cross-entropy on the student's real vocabulary, straight from the logits in their own dtype
+  // (lossfns::cross_entropy_loss: fp32 math, no fp32 copy of the (BT, V) logits, no log-softmax
+  // tensor, the gradient written once in the logits' dtype).
   const int64_t width = student_logits.size(-1);
-  const at::Tensor s =
-      AlignLogits(student_logits, width, config.vocab_size).reshape({-1, width}).to(at::kFloat);
-  const at::Tensor y = targets.reshape({-1});
-  at::Tensor ce = at::cross_entropy_loss(s, y, /*weight=*/{}, at::Reduction::Sum,
-                                         config.ignore_index);
+  auto ce_options =
+      lossfns::CrossEntropyLossOptions().ignore_index(config.ignore_index).reduction(torch::kSum);
+  if (config.vocab_size > 0 && config.vocab_size < width) ce_options.vocab_size(config.vocab_size);
+  at::Tensor ce = lossfns::cross_entropy_loss(student_logits.reshape({-1, width}),
+                                              targets.reshape({-1}), ce_options);
   if (!teacher_logits.defined()) return {ce, at::zeros_like(ce), ce.detach()};
 
   // The divergence straight from the logits in their own dtype (lossfns::distill_loss: no

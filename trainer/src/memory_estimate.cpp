@@ -40,12 +40,12 @@ PerToken ActivationsPerLayer(ModelFamily family) {
   return {16, 4};
 }
 
-// fp32 copies of the (BT, V) logits alive at the loss's peak (loss.cpp): pretraining keeps the
-// log-softmax for cross-entropy and the logits' gradient; distillation keeps s / T, p, q, the
-// log-softmax and the gradients of p and of the logits. Under bf16 autocast the logits
-// themselves are bf16 and the loss makes one fp32 copy of each model's.
-constexpr double kLossCopiesPretrain = 2;
-constexpr double kLossCopiesDistill = 6;
+// (BT, V) tensors alive at the loss's peak (loss.cpp), in the logits' dtype: the fused losses
+// (lossfns::cross_entropy_loss, lossfns::distill_loss) make no fp32 copies. Pretraining: the
+// logits and their gradient; distillation: both models' logits, the cross-entropy's and the
+// divergence's gradients and their sum.
+constexpr double kLossTensorsPretrain = 2;
+constexpr double kLossTensorsDistill = 5;
 
 std::string FormatBytes(double bytes) {
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -127,12 +127,12 @@ MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
   double logits = 0;
   if (distill) {
     width = std::max(width, static_cast<double>(c.teacher.padded_vocab_size()));
-    logits = 2 * activation_bytes + 4 * (kLossCopiesDistill + (bf16 ? 2 : 0));
+    logits = activation_bytes * kLossTensorsDistill;
     logit_keys += ", teacher.vocab_size";
   } else {
-    logits = activation_bytes + 4 * (kLossCopiesPretrain + (bf16 ? 1 : 0));
+    logits = activation_bytes * kLossTensorsPretrain;
   }
-  e.terms.push_back({fmt::format("(BT, V) = ({}, {}) logits and their fp32 copies in the loss",
+  e.terms.push_back({fmt::format("(BT, V) = ({}, {}) logits and their gradients in the loss",
                                  FormatCount(tokens), FormatCount(width)),
                      tokens * width * logits, logit_keys});
   return e;

@@ -30,11 +30,6 @@ struct LossSums {
 LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
                          const at::Tensor& targets, const DistillConfig& config);
 
-// logits (..., V) -> (..., width): columns at or past vocab_size (when 0 < vocab_size < V) set
-// to -inf, then -inf columns appended up to `width` (width >= V). Returns `logits` itself when
-// there is nothing to do.
-at::Tensor AlignLogits(const at::Tensor& logits, int64_t width, int64_t vocab_size);
-
 // The divergence alone, summed over non-ignored rows, from the logits (lossfns::distill_loss with
 // config's divergence, beta, temperature, ignore_index and vocab_size).
 at::Tensor DivergenceSum(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
