@@ -67,7 +67,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.keep_checkpoints=9", "train.resume=false", "train.baseline=true",
       "train.out_dir=elsewhere", "train.export_hf=false", "train.nonfinite=skip",
       "train.max_skipped_steps=3", "data.val_path=v/*.bin",
-      "distill.vocab_size=25",
+      "distill.vocab_size=25", "distill.fused_linear=true",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
       "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",
@@ -108,6 +108,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_DOUBLE_EQ(c.data.synthetic.zipf, 0.0);
   EXPECT_DOUBLE_EQ(c.distill.temperature, 2.5);
   EXPECT_EQ(c.distill.ignore_index, -1);
+  EXPECT_TRUE(c.distill.fused_linear);
   EXPECT_DOUBLE_EQ(c.optim.betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.99);
   EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);
@@ -225,6 +226,11 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "is loaded, not pretrained), got 5"},
       {"train:\n  mode: pretrain\n  baseline: true\n",
        "x.yaml:3: train.baseline: expected false in pretrain mode, got true"},
+      {"train:\n  mode: pretrain\ndistill:\n  fused_linear: true\n",
+       "x.yaml:4: distill.fused_linear: expected false in pretrain mode (it fuses the "
+       "distillation loss; pretraining computes the cross-entropy from the logits), got true"},
+      {head + "distill:\n  fused_linear: yes please\n",
+       "x.yaml:6: distill.fused_linear: expected true or false, got \"yes please\""},
       {head + "distill:\n  ignore_index: 3\n",
        "x.yaml:6: distill.ignore_index: expected a value outside the token range [0, 64), got 3"},
       {"train:\n  mode: distill\n  device: cpu\n  precision: bf16\nteacher:\n  checkpoint: t\n",

@@ -1,11 +1,14 @@
 // CUDA + bf16 autocast: a short distillation run trains, checkpoints and resumes on the GPU.
-// Skipped (GTEST_SKIP) where no CUDA device is available.
+// distill.fused_linear matches the logits path under bf16. Skipped (GTEST_SKIP) where no CUDA
+// device is available.
 #include <cmath>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include "distill/autocast.h"
+#include "distill/model.h"
 #include "distill/trainer.h"
 #include "test_util.h"
 
@@ -41,6 +44,47 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   EXPECT_TRUE(at::equal(resumed.student().lm_head_weight(), trainer.student().lm_head_weight()));
   resumed.Train();
   EXPECT_EQ(resumed.step(), 42);
+}
+
+// distill.fused_linear under bf16 autocast: the fused op gets both lm_head operands in bf16
+// (what at::linear casts them to in forward()) and trains as the logits path does. Not rounding-
+// level here: both paths round the logits to bf16 (8 bits of mantissa, 4e-3 relative), but from
+// matmuls of different shapes (token chunks vs all tokens), whose fp32 accumulations may round
+// to neighbouring bf16 values; the loss sums average that over ~100 tokens. 2e-2 relative is
+// ~5 bf16 ulps, far below a real difference (a padded column or the CE term changes the loss
+// by tens of percent at this vocabulary).
+TEST(CudaTest, Bf16FusedLinearMatchesTheLogitsPath) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Config c = testing::TinyConfig(testing::TempRunDir());
+  c.train.device = "cuda";
+  c.train.precision = Precision::kBf16;
+  c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher", 5);
+  c.train.mode = Mode::kDistill;
+  c.distill.ce_weight = 0.5;
+  Config fused_config = c;
+  fused_config.distill.fused_linear = true;
+  fused_config.train.out_dir = c.train.out_dir + "-fused";
+  Trainer unfused(c, RunOptions{false, true});
+  Trainer fused(fused_config, RunOptions{false, true});
+
+  {
+    AutocastGuard autocast(true);
+    const at::Tensor tokens = unfused.data().TrainBatch(0).inputs.to(fused.device());
+    const LogitsOperands ops =
+        MakeLogitsOperands(fused.student(), fused.student().forward_hidden(tokens));
+    EXPECT_EQ(ops.hidden.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(ops.lm_head.scalar_type(), at::kBFloat16);
+  }
+  constexpr double kRtol = 2e-2;
+  for (int step = 1; step <= 3; ++step) {
+    const StepResult u = unfused.Step(), f = fused.Step();
+    EXPECT_NEAR(f.kd_loss, u.kd_loss, kRtol * u.kd_loss) << "step " << step;
+    EXPECT_NEAR(f.ce_loss, u.ce_loss, kRtol * u.ce_loss) << "step " << step;
+    EXPECT_NEAR(f.grad_norm, u.grad_norm, kRtol * u.grad_norm) << "step " << step;
+  }
+  const EvalResult ue = unfused.Evaluate(), fe = fused.Evaluate();
+  EXPECT_NEAR(fe.val_loss, ue.val_loss, kRtol * ue.val_loss);
+  EXPECT_NEAR(fe.val_kd, ue.val_kd, kRtol * ue.val_kd);
 }
 
 }  // namespace

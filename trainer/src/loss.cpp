@@ -5,8 +5,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <lossfns/cross_entropy.h>
 #include <lossfns/distill.h>
+#include <lossfns/fused_linear.h>
 
 namespace distill {
 
@@ -44,6 +46,30 @@ LossSums ComputeLossSums(const at::Tensor& student_logits, const at::Tensor& tea
   // Skip the CE graph when its weight is 0 (self-distillation stays exactly at the teacher).
   if (config.ce_weight != 0.0) total = total + config.ce_weight * ce;
   return {total, kd.detach(), ce.detach()};
+}
+
+LossSums ComputeFusedLossSums(const at::Tensor& student_hidden, const at::Tensor& student_lm_head,
+                              const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head,
+                              const at::Tensor& targets, const DistillConfig& config,
+                              int64_t vocab_size) {
+  const auto options =
+      lossfns::FusedLinearDistillOptions()
+          .distill(lossfns::DistillLossOptions()
+                       .divergence(config.divergence)
+                       .beta(config.jsd_beta)
+                       .temperature(config.temperature)
+                       .ignore_index(config.ignore_index)
+                       .reduction(torch::kSum)
+                       .vocab_size(vocab_size))
+          .kd_weight(config.kd_weight)
+          .ce_weight(config.ce_weight);
+  // The op picks its own dtypes (its inputs', fp32 accumulation); an enclosing autocast region
+  // (Evaluate runs under one) must not recast the matmuls inside it.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const lossfns::FusedLinearDistillResult r = lossfns::fused_linear_distill_loss(
+      student_hidden, student_lm_head, teacher_hidden.detach(), teacher_lm_head.detach(), targets,
+      options);
+  return {r.loss, r.divergence, r.ce};
 }
 
 }  // namespace distill

@@ -120,6 +120,22 @@ MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
                                  FormatCount(tokens)),
                      activations, activation_keys});
 
+  if (distill && c.distill.fused_linear) {
+    // lossfns::fused_linear_distill_loss: no (BT, V) tensor. It certainly holds both models'
+    // last hidden states, the student's hidden-state gradient and the fp32 (V_s, H_s) lm_head
+    // gradient accumulator; one token chunk's logits at a time (sized by the allocator's free
+    // memory, not counted).
+    e.terms.push_back(
+        {fmt::format("fused loss (distill.fused_linear): (BT, H) hidden states ({} tokens) and "
+                     "the fp32 (V, H) lm_head gradient",
+                     FormatCount(tokens)),
+         tokens * activation_bytes * (2.0 * s.d_model + c.teacher.d_model) +
+             4.0 * static_cast<double>(s.padded_vocab_size()) * s.d_model,
+         fmt::format("data.batch_size, data.seq_len, {0}.d_model, {0}.vocab_size, "
+                     "teacher.d_model, distill.fused_linear",
+                     student_section)});
+    return e;
+  }
   double width = static_cast<double>(s.padded_vocab_size());
   std::string logit_keys =
       fmt::format("data.batch_size, data.seq_len, {0}.vocab_size, {0}.pad_vocab_to_multiple_of",

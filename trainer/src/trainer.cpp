@@ -49,6 +49,12 @@ at::Device TrainingDevice(const Config& config, const Distributed& dist) {
   return dist.device();
 }
 
+// The token columns that are real: distill.vocab_size when set, else the student's vocabulary
+// (the teacher's is the same then; the columns padding added are not real).
+int64_t RealVocabSize(const Config& config) {
+  return config.distill.vocab_size > 0 ? config.distill.vocab_size : config.student.vocab_size;
+}
+
 }  // namespace
 
 at::Device ResolveDevice(const std::string& device) {
@@ -111,9 +117,7 @@ Trainer::Trainer(Config config, RunOptions options)
     return plan.same_run;
   });
   // Tokens must be real for every model: below distill.vocab_size when it is set.
-  const int64_t vocab = config_.distill.vocab_size > 0 ? config_.distill.vocab_size
-                                                       : config_.student.vocab_size;
-  data_ = MakeDataSource(config_.data, vocab, config_.distill.ignore_index);
+  data_ = MakeDataSource(config_.data, RealVocabSize(config_), config_.distill.ignore_index);
 
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   if (distill_) {
@@ -188,6 +192,7 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
   at::Tensor kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
   at::Tensor ce_sum = kd_sum.clone();
   StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
+  const bool fused = distill_ && config_.distill.fused_linear;
   for (const auto& batch : micro_batches) {
     at::Tensor inputs, targets;
     {
@@ -196,21 +201,33 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
       targets = ToDevice(batch.targets, device_);
     }
     at::Tensor teacher_logits, student_logits;
+    LogitsOperands teacher_head, student_head;  // distill.fused_linear: in place of the logits
     {
       PhaseScope phase(profiler, Phase::kForward);
       // Autocast covers the forward passes only; the losses are computed in fp32 and the
       // backward pass runs outside it (autograd replays the forward's dtypes).
       AutocastGuard autocast(config_.train.precision == Precision::kBf16);
-      if (distill_) {
-        torch::NoGradGuard no_grad;
-        teacher_logits = teacher_->forward(inputs);
+      if (fused) {
+        {
+          torch::NoGradGuard no_grad;
+          teacher_head = MakeLogitsOperands(*teacher_, teacher_->forward_hidden(inputs));
+        }
+        student_head = MakeLogitsOperands(*student_, student_->forward_hidden(inputs));
+      } else {
+        if (distill_) {
+          torch::NoGradGuard no_grad;
+          teacher_logits = teacher_->forward(inputs);
+        }
+        student_logits = student_->forward(inputs);
       }
-      student_logits = student_->forward(inputs);
     }
     LossSums sums;
     {
       PhaseScope phase(profiler, Phase::kLoss);
-      sums = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+      sums = fused ? ComputeFusedLossSums(student_head.hidden, student_head.lm_head,
+                                          teacher_head.hidden, teacher_head.lm_head, targets,
+                                          config_.distill, RealVocabSize(config_))
+                   : ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
     }
     PhaseScope phase(profiler, Phase::kBackward);
     (sums.total * scale).backward();
@@ -339,6 +356,20 @@ EvalResult Trainer::Evaluate() {
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
     tokens += batch.num_targets;
+    if (distill_ && config_.distill.fused_linear) {
+      // No (BT, V) logits here either; the teacher's cross-entropy is the fused op's with the
+      // teacher in both places (its divergence, 0, is computed and discarded).
+      const LogitsOperands s = MakeLogitsOperands(*student_, student_->forward_hidden(inputs));
+      const LogitsOperands t = MakeLogitsOperands(*teacher_, teacher_->forward_hidden(inputs));
+      const int64_t vocab = RealVocabSize(config_);
+      const LossSums both = ComputeFusedLossSums(s.hidden, s.lm_head, t.hidden, t.lm_head,
+                                                 targets, config_.distill, vocab);
+      ce += both.ce;
+      kd += both.kd;
+      teacher_ce += ComputeFusedLossSums(t.hidden, t.lm_head, t.hidden, t.lm_head, targets,
+                                         config_.distill, vocab).ce;
+      continue;
+    }
     const at::Tensor student_logits = student_->forward(inputs);
     if (distill_) {
       const at::Tensor teacher_logits = teacher_->forward(inputs);

@@ -1,4 +1,5 @@
-// The model seam: every model family is a CausalLM (tokens in, logits out). The trainer, the
+// The model seam: every model family is a CausalLM (tokens in, logits or last hidden states
+// out). The trainer, the
 // checkpoints, the optimizer set-up, the HF import/export and the convergence harness see only
 // this interface; a new family is one file under trainer/src/models/ and one line in the table
 // of MakeModel (models/factory.cpp).
@@ -27,6 +28,11 @@ class CausalLM : public torch::nn::Module {
   //   -> logits (B, T, logits_width()); columns of padded_mask() are exactly -inf, so a softmax
   //      gives them probability 0.0 and no gradient reaches their lm_head rows.
   virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  // tokens as forward() takes them -> the final norm's output (B, T, d_model), what forward()
+  // multiplies by lm_head_weight() before masking the padded columns. Its dtype is the norm's:
+  // fp32 on the CPU; on CUDA under bf16 autocast bf16 (the fused AddNorm kernel) or fp32 (the
+  // composite norm); LogitsOperands gives the dtype the logits' matmul runs in.
+  virtual at::Tensor forward_hidden(const at::Tensor& tokens) = 0;
   // The output projection, (logits_width(), d_model); the token embedding when tied.
   virtual at::Tensor lm_head_weight() const = 0;
 
@@ -47,6 +53,17 @@ class CausalLM : public torch::nn::Module {
 };
 
 using Model = std::shared_ptr<CausalLM>;
+
+// The two operands of the logits' matmul as forward() runs it: hidden (B, T, d_model) from
+// forward_hidden and model.lm_head_weight() (logits_width(), d_model), in one dtype: autocast's
+// for hidden's device type when autocast is on there (at::linear casts both operands to it),
+// else hidden's. Call it under the autocast state of the forward_hidden call. The casts are
+// differentiable (.to), so the gradient reaches the fp32 lm_head as it does through forward().
+// No padded-column mask: a loss on these operands cuts the columns itself (vocab_size).
+struct LogitsOperands {
+  at::Tensor hidden, lm_head;
+};
+LogitsOperands MakeLogitsOperands(const CausalLM& model, const at::Tensor& hidden);
 
 // The factory: config.family -> a freshly initialised model (weights from torch's default
 // generator: seed it first for determinism), on the CPU.

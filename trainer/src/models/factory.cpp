@@ -1,5 +1,6 @@
 // The model factory (family name -> constructor) and what every CausalLM shares.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
 #include "distill/model.h"
@@ -25,6 +26,14 @@ int64_t ModelConfig::mlp_width() const {
 
 at::Tensor CausalLM::padded_mask() const {
   return at::arange(logits_width()).ge(config_.vocab_size);
+}
+
+LogitsOperands MakeLogitsOperands(const CausalLM& model, const at::Tensor& hidden) {
+  const c10::DeviceType device = hidden.device().type();
+  const at::ScalarType dtype = at::autocast::is_autocast_enabled(device)
+                                   ? at::autocast::get_autocast_dtype(device)
+                                   : hidden.scalar_type();
+  return {hidden.to(dtype), model.lm_head_weight().to(dtype)};
 }
 
 ParameterGroups CausalLM::parameter_groups() {

@@ -105,7 +105,7 @@ class GptLM : public CausalLM {
     return config_.tie_embeddings ? token_embedding_->weight : lm_head_;
   }
 
-  at::Tensor forward(const at::Tensor& tokens) override {
+  at::Tensor forward_hidden(const at::Tensor& tokens) override {
     TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
                 "gpt model: tokens must be (B, T) int64, got ", tokens.sizes(), " ",
                 tokens.scalar_type());
@@ -117,9 +117,11 @@ class GptLM : public CausalLM {
     h = embedding_dropout_->forward(h);
     at::Tensor pending;  // the last block's MLP output, added to h by the final norm
     for (const auto& block : *blocks_) std::tie(h, pending) = block->as<Block>()->forward(h, pending);
-    const at::Tensor normed =
-        pending.defined() ? AddLayerNorm(h, pending, ln_final_).out : LayerNorm(ln_final_, h);
-    at::Tensor logits = at::linear(normed, lm_head_weight());  // (B, T, V_padded)
+    return pending.defined() ? AddLayerNorm(h, pending, ln_final_).out : LayerNorm(ln_final_, h);
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) override {
+    at::Tensor logits = at::linear(forward_hidden(tokens), lm_head_weight());  // (B, T, V_padded)
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
     // masked_fill's backward is zero at the masked columns: padded rows never get gradient.
     return logits.masked_fill(padded_mask_, -std::numeric_limits<double>::infinity());

@@ -214,7 +214,7 @@ class LlamaLM : public CausalLM {
     return names;
   }
 
-  at::Tensor forward(const at::Tensor& tokens) override {
+  at::Tensor forward_hidden(const at::Tensor& tokens) override {
     TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong,
                 "llama model: tokens must be (B, T) int64, got ", tokens.sizes(), " ",
                 tokens.scalar_type());
@@ -235,8 +235,11 @@ class LlamaLM : public CausalLM {
     for (const auto& layer : *model_->layers) {
       std::tie(h, pending) = layer->as<DecoderLayer>()->forward(h, pending, cos, sin);
     }
-    h = pending.defined() ? model_->norm->forward(h, pending).out : model_->norm->forward(h);
-    at::Tensor logits = at::linear(h, lm_head_weight());
+    return pending.defined() ? model_->norm->forward(h, pending).out : model_->norm->forward(h);
+  }
+
+  at::Tensor forward(const at::Tensor& tokens) override {
+    at::Tensor logits = at::linear(forward_hidden(tokens), lm_head_weight());
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
     return logits.masked_fill(padded_mask().to(logits.device()),
                               -std::numeric_limits<double>::infinity());

@@ -1,0 +1,161 @@
+// distill.fused_linear: the trainer's loss from the models' last hidden states and lm_heads
+// (lossfns::fused_linear_distill_loss) trains as the logits path does, on CPU in fp32, for both
+// model families, with a padded vocabulary and a cross-entropy term. The suite is named
+// Training* so that `ctest -R "distill\.Training"` runs it with the other training tests.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/utils.h>
+
+#include "distill/memory_estimate.h"
+#include "distill/model.h"
+#include "distill/run.h"
+#include "distill/run_dir.h"
+#include "distill/trainer.h"
+#include "test_util.h"
+
+namespace distill {
+namespace {
+
+using testing::Grads;
+using testing::MakeTeacher;
+using testing::TempRunDir;
+using testing::TinyConfig;
+
+// TinyConfig's models (vocab 24 padded to 32: 8 padded lm_head rows, masked to -inf by
+// forward()) in `family`, distilling with a cross-entropy term from a teacher pretrained for a
+// few steps in `<dir>-teacher`.
+Config FamilyDistillConfig(ModelFamily family, const std::string& dir) {
+  Config c = TinyConfig(dir);
+  c.student.family = family;
+  c.teacher.family = family;
+  c.train.mode = Mode::kDistill;
+  c.distill.divergence = Divergence::kForwardKl;
+  c.distill.temperature = 2.0;
+  c.distill.ce_weight = 0.5;
+  c.teacher.checkpoint = MakeTeacher(c, dir + "-teacher", 5);
+  return c;
+}
+
+// fp32 on the CPU, the same weights and data: the two paths differ only in rounding. The fused
+// op multiplies chunks of rows where forward() multiplies all of them at once (a different
+// blocking of the same dot products, ~1e-7 relative each), accumulates the lm_head gradient
+// chunk by chunk, and sums the loss in a different order. Each per-token loss term is a sum of
+// O(log V) terms that cancel (the divergence is small when the models agree), so its rounding
+// error is absolute, ~1e-7 nats whatever the divergence: kAtol = 1e-6 nats per token; kRtol =
+// 1e-5 for the rest (measured here: at most 2e-7 nats and 6e-8 relative after 3 AdamW steps,
+// whose updates move the two runs' weights apart by the same rounding; identical gradient norms
+// to the printed digits). Far below any real difference: counting a padded column, dropping the
+// temperature or the CE term changes the loss in its first or second digit.
+constexpr double kAtol = 1e-6, kRtol = 1e-5;
+
+void ExpectClose(double fused, double unfused, const std::string& what) {
+  EXPECT_NEAR(fused, unfused, kAtol + kRtol * std::abs(unfused)) << what;
+}
+
+class TrainingFusedLinearTest : public ::testing::TestWithParam<ModelFamily> {};
+
+TEST_P(TrainingFusedLinearTest, StepsMatchTheLogitsPath) {
+  Config c = FamilyDistillConfig(GetParam(), TempRunDir());
+  Config fused_config = c;
+  fused_config.distill.fused_linear = true;
+  fused_config.train.out_dir = c.train.out_dir + "-fused";
+  Trainer unfused(c, RunOptions{false, true});
+  Trainer fused(fused_config, RunOptions{false, true});
+
+  // One micro-batch's gradient, element by element, from identical weights: atol covers the
+  // entries that are rounding noise around 0 (1e-5 of the largest gradient entry).
+  const Batch batch = unfused.data().TrainBatch(0);
+  unfused.optimizer().zero_grad(true);
+  fused.optimizer().zero_grad(true);
+  const StepResult u0 = unfused.AccumulateGradients({batch});
+  const StepResult f0 = fused.AccumulateGradients({batch});
+  ExpectClose(f0.kd_loss, u0.kd_loss, "kd_loss");
+  ExpectClose(f0.ce_loss, u0.ce_loss, "ce_loss");
+  ExpectClose(f0.loss, u0.loss, "loss");
+  const auto gu = Grads(unfused.student()), gf = Grads(fused.student());
+  ASSERT_EQ(gu.size(), gf.size());
+  double max_grad = 0;
+  for (const auto& g : gu) max_grad = std::max(max_grad, g.abs().max().item<double>());
+  for (size_t i = 0; i < gu.size(); ++i) {
+    const double err = (gf[i] - gu[i]).abs().sub(gu[i].abs() * kRtol).max().item<double>();
+    EXPECT_LE(err, kRtol * max_grad) << "parameter " << i;
+  }
+  // The padded lm_head rows get no gradient in either path (the op's vocab_size cuts them).
+  const int64_t V = c.student.vocab_size;
+  const at::Tensor head_grad = fused.student().lm_head_weight().grad();
+  ASSERT_TRUE(head_grad.defined());
+  EXPECT_TRUE(head_grad.slice(0, V).eq(0).all().item<bool>());
+
+  // A few optimizer steps: the same losses and gradient norms step after step.
+  for (int step = 1; step <= 3; ++step) {
+    const StepResult u = unfused.Step(), f = fused.Step();
+    const std::string at_step = " at step " + std::to_string(step);
+    EXPECT_EQ(f.tokens, u.tokens);
+    ExpectClose(f.kd_loss, u.kd_loss, "kd_loss" + at_step);
+    ExpectClose(f.ce_loss, u.ce_loss, "ce_loss" + at_step);
+    ExpectClose(f.loss, u.loss, "loss" + at_step);
+    ExpectClose(f.grad_norm, u.grad_norm, "grad_norm" + at_step);
+  }
+  // Evaluation takes the fused path too, the teacher's cross-entropy included.
+  const EvalResult ue = unfused.Evaluate(), fe = fused.Evaluate();
+  ExpectClose(fe.val_loss, ue.val_loss, "val_loss");
+  ExpectClose(fe.val_kd, ue.val_kd, "val_kd");
+  ExpectClose(fe.teacher_val_loss, ue.teacher_val_loss, "teacher_val_loss");
+}
+
+// forward() is the logits of forward_hidden() with the padded columns masked, bit for bit: the
+// fused path sees exactly the operands that the logits path multiplies.
+TEST_P(TrainingFusedLinearTest, ForwardIsTheLogitsOfForwardHidden) {
+  ModelConfig m = TinyConfig("unused").student;
+  m.family = GetParam();
+  torch::manual_seed(0);
+  Model model = MakeModel(m);
+  const at::Tensor tokens = at::randint(m.vocab_size, {3, 7}, at::kLong);
+  const LogitsOperands ops = MakeLogitsOperands(*model, model->forward_hidden(tokens));
+  EXPECT_EQ(ops.hidden.sizes(), (at::IntArrayRef{3, 7, m.d_model}));
+  const at::Tensor expected =
+      at::linear(ops.hidden, ops.lm_head)
+          .masked_fill(model->padded_mask(), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(at::equal(model->forward(tokens), expected));
+}
+
+INSTANTIATE_TEST_SUITE_P(, TrainingFusedLinearTest,
+                         ::testing::Values(ModelFamily::kGpt, ModelFamily::kLlama),
+                         [](const auto& info) { return std::string(EnumName(info.param)); });
+
+// The key says how the loss is computed, not what: a run resumes with it switched, and the
+// pipeline's pretraining stages (teacher, baseline) turn it off.
+TEST(TrainingFusedLinearConfigTest, NotPartOfTheRunIdentityAndOffWhenPretraining) {
+  Config c = FamilyDistillConfig(ModelFamily::kGpt, TempRunDir());
+  Config fused = c;
+  fused.distill.fused_linear = true;
+  EXPECT_EQ(RunIdentity(fused), RunIdentity(c));
+  EXPECT_FALSE(TeacherStageConfig(fused).distill.fused_linear);
+  EXPECT_FALSE(BaselineStageConfig(fused).distill.fused_linear);
+  EXPECT_TRUE(StudentStageConfig(fused).distill.fused_linear);
+}
+
+// The start-up memory estimate counts no (BT, V) tensor with the fused loss: its last term is the
+// hidden states and the fp32 lm_head gradient accumulator, far below the logits at a large V.
+TEST(TrainingFusedLinearConfigTest, MemoryEstimateHasNoLogitsTerm) {
+  Config c = TinyConfig("unused");
+  c.train.mode = Mode::kDistill;
+  c.student.vocab_size = c.teacher.vocab_size = 50000;
+  c.student.pad_vocab_to_multiple_of = c.teacher.pad_vocab_to_multiple_of = 64;
+  const MemoryEstimate logits = EstimateMemory(c, c10::DeviceType::CPU);
+  c.distill.fused_linear = true;
+  const MemoryEstimate fused = EstimateMemory(c, c10::DeviceType::CPU);
+  ASSERT_EQ(fused.terms.size(), logits.terms.size());
+  const MemoryTerm& term = fused.terms.back();
+  const double tokens = 8 * 16, V = 50048, H = 32;  // TinyConfig: batch 8 x 16 tokens, d_model 32
+  EXPECT_EQ(term.bytes, tokens * 4 * (2 * H + H) + 4 * V * H);
+  EXPECT_NE(term.keys.find("distill.fused_linear"), std::string::npos) << term.keys;
+  EXPECT_LT(term.bytes, logits.terms.back().bytes / 10);
+}
+
+}  // namespace
+}  // namespace distill
