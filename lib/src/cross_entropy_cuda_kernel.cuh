@@ -29,7 +29,7 @@ struct CrossEntropyArgs {
   int64_t rows;
   const int64_t* labels;  // (rows,)
   int64_t ignore_index;
-  int64_t reduction;  // Reduction code
+  Reduction reduction;
   float* stats;       // (rows, kCeStatsPerRow): max and log2 of the sum, of log2-scaled logits
   float* row_loss;    // (rows,): the rows' losses (the output for 'none'; ignored rows 0)
   float* scale;       // 1 value: the reduction's scale (written by the finalize)

@@ -40,7 +40,7 @@ void check_cuda(cudaError_t err, const char* what) {
 
 template <typename T, typename scalar_t>
 kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, double beta, double temperature,
-                                int64_t ignore_index, int64_t reduction) {
+                                int64_t ignore_index, kernels::Reduction reduction) {
   kernels::DistillArgs<T> a{};
   a.s = reinterpret_cast<const T*>(in.s.const_data_ptr<scalar_t>());
   a.t = reinterpret_cast<const T*>(in.t.const_data_ptr<scalar_t>());
@@ -62,10 +62,10 @@ kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, dou
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels, int64_t divergence,
-    double beta, double temperature, int64_t ignore_index, int64_t reduction, int64_t V,
+    double beta, double temperature, int64_t ignore_index, int64_t reduction_code, int64_t V,
     const std::optional<at::Tensor>& grad_scale, bool save) {
-  const DistillInputs in =
-      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCudaDtypes, "CUDA");
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_forward");
+  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
   TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX}, "lossfns.distill_loss: at most 2^27 rows on CUDA; got ",
               num(in.rows));
   const c10::cuda::CUDAGuard guard(s.device());
@@ -109,17 +109,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
 at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t,
                                  const std::optional<at::Tensor>& labels, const at::Tensor& stats,
                                  const at::Tensor& scale, int64_t divergence, double beta, double temperature,
-                                 int64_t ignore_index, int64_t reduction, int64_t V) {
-  const DistillInputs in =
-      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCudaDtypes, "CUDA");
-  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows && stats.size(1) == kernels::kStatsPerRow &&
-                  stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.device() == s.device(),
-              "lossfns._distill_backward: stats must be the contiguous (", num(in.rows), ", ",
-              num(kernels::kStatsPerRow), ") float tensor from _distill_forward; got ", stats.scalar_type(), " ",
-              dims(stats.sizes()));
-  const bool none = reduction == kernels::kNone;
-  TORCH_CHECK(grad_output.numel() == (none ? in.rows : 1), "lossfns._distill_backward: grad_output must have ",
-              num(none ? in.rows : 1), " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
+                                 int64_t ignore_index, int64_t reduction_code, int64_t V) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_backward");
+  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
+  check_distill_backward(in, stats, at::kFloat, grad_output, reduction);
   const c10::cuda::CUDAGuard guard(s.device());
   at::Tensor grad = at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
   if (in.rows == 0) return grad;

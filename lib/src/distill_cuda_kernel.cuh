@@ -40,7 +40,7 @@ struct DistillArgs {
   int64_t divergence;          // Divergence code; JSD's beta in (0, 1)
   float beta;
   float inv_t;                 // 1 / temperature
-  int64_t reduction;           // Reduction code
+  Reduction reduction;
   float* stats;                // (rows, kStatsPerRow), distill_common.h's layout (log2 units)
   float* scale;                // 1 value: the reduction's scale (written by the finalize, or by the
                                // count before a forward that computes the gradient)

@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
 // non-ignored row count, the reduction's scale.
 __global__ void __launch_bounds__(kThreads)
 tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* labels, int64_t ignore_index,
-                    int64_t rows, int64_t V, int64_t reduction, float* loss, float* scale) {
+                    int64_t rows, int64_t V, Reduction reduction, float* loss, float* scale) {
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
   wait_for_previous_grid();
@@ -550,7 +550,7 @@ int64_t tvd_forward_scratch(int64_t rows, int64_t V, int num_sms) {
 // the finalize is launched while the rows pass finishes and waits on the device for its memory
 // (programmatic dependent launch: the finalize's launch latency overlaps the rows pass's tail).
 template <typename T>
-cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, float* scale, cudaStream_t stream) {
+cudaError_t tvd_forward(TvdForwardArgs<T> a, Reduction reduction, float* loss, float* scale, cudaStream_t stream) {
   const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
                    detail::aligned16(a.q, a.q_row_stride * int64_t(sizeof(T)));
   a.chunks = detail::forward_chunks<T>(a.rows, a.V, a.num_sms);
@@ -569,7 +569,7 @@ cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, flo
 // With a.pdl it may start while the kernel before it in the stream (whichever) finishes; it waits
 // for that kernel's memory before it reads grad_output, the scale or the signs.
 template <typename T, int kTh = detail::BackwardShape<T>::kTh, int kU = detail::BackwardShape<T>::kU>
-cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStream_t stream) {
+cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, Reduction reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (reduction == kNone) {
     return detail::launch<detail::tvd_backward_none_kernel<T>>(a.pdl, dim3(static_cast<unsigned>(a.rows)),
