@@ -43,7 +43,7 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, to_float, from_float, scaled, prob, kLog2e, kLn2: distill's, shared.
+// Vec, load_vec, scaled, prob, kLog2e, kLn2: distill's, shared (to_float, from_float: cuda_common.cuh).
 using namespace distill_detail;
 
 // A running softmax normaliser of log2-scaled logits: max and sum_j exp2(x_j - max).

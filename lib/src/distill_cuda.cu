@@ -1,8 +1,6 @@
-// CUDA adapter of lossfns::distill_loss: checks inputs, maps ATen dtypes to CUDA's, plans and
-// launches the framework-free kernels (distill_cuda_kernel.cuh) on the current stream, checks
-// every launch, and registers them for the CUDA dispatch key. No host-device synchronisation.
-#include <cstdlib>
-
+// CUDA adapter of lossfns::distill_loss: checks inputs, maps ATen dtypes to CUDA's, launches the
+// framework-free kernels (distill_cuda_kernel.cuh) on the current stream, checks every launch,
+// and registers them for the CUDA dispatch key. No host-device synchronisation.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -20,19 +18,6 @@ template <> struct CudaType<at::Half> { using type = __half; };
 template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
 
 constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf, at::kBFloat16};
-
-// Shared bytes per block the forward's plan may stage a row slice in. 0 (the default): every row
-// is streamed from global memory, which measured faster on the H200 than staging in a cluster's
-// shared memory (8192 x 151936 bf16, tvd: forward 4.8 ms streamed vs 8.4-8.8 ms staged at 24-96
-// KiB per block; docs/benchmarks.md). LOSSFNS_DISTILL_STAGE_BYTES=<bytes> selects the staged
-// kernels, for the benchmark and the tests of that path. Read once.
-int64_t stage_bytes() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("LOSSFNS_DISTILL_STAGE_BYTES");
-    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
-  }();
-  return v;
-}
 
 void check_cuda(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, "lossfns.distill_loss: CUDA ", what, " failed: ", cudaGetErrorString(err));
@@ -89,7 +74,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     if (!none) loss.zero_();
     return {loss, stats, scale, grad};
   }
-  const auto* props = at::cuda::getCurrentDeviceProperties();
   AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_forward_cuda", AT_WRAP([&] {
     using T = typename CudaType<scalar_t>::type;
     auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
@@ -98,10 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     a.loss = loss.mutable_data_ptr<float>();
     a.grad = grad_now ? reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()) : nullptr;
     a.grad_scale = grad_now ? gs.const_data_ptr<float>() : nullptr;
-    const int64_t n_any = std::max(std::min(in.ws, in.V), std::min(in.wt, in.V));
-    const kernels::DistillPlan plan = kernels::distill_plan<T>(n_any, props->major >= 9,
-                                                               props->sharedMemPerBlockOptin - 1024, stage_bytes());
-    check_cuda(kernels::distill_forward<T>(a, plan, at::cuda::getCurrentCUDAStream()), "forward");
+    check_cuda(kernels::distill_forward<T>(a, at::cuda::getCurrentCUDAStream()), "forward");
   }), at::kFloat, at::kHalf, at::kBFloat16);
   return {loss, stats, scale, grad};
 }
