@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Fails (exit 1) when a tracked C++/CUDA file differs from what clang-format makes of it, and
-# prints the files; `--fix` rewrites them instead. The version is pinned: formatting differs
-# between clang-format releases, so every developer (and CI, once the tree is formatted) uses
-# Debian 12's clang-format-14 (apt-get install clang-format-14).
+# The repository's one format (.clang-format; CONTRIBUTING.md), checked as CI checks it: fails
+# (exit 1) when a C++/CUDA source under lib/ trainer/ tests/ examples/ bench/ differs from what
+# clang-format makes of it, and lists the files. `--fix` rewrites them instead (scripts/format.sh).
+# The formatter is pinned, since its output differs between releases: Debian 12's clang-format-14
+# (14.0.x), installed with apt-get when missing (scripts/install_debian_packages.sh); CLANG_FORMAT
+# names another binary of the same major version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLANG_FORMAT="${CLANG_FORMAT:-clang-format-14}"
+PINNED_MAJOR=14
 if ! command -v "$CLANG_FORMAT" >/dev/null 2>&1; then
-  echo "check_format: $CLANG_FORMAT not found (apt-get install clang-format-14, or run make setup)" >&2
+  [ "$CLANG_FORMAT" = clang-format-14 ] && bash scripts/install_debian_packages.sh "clang-format-14:cmd:clang-format-14"
+  command -v "$CLANG_FORMAT" >/dev/null 2>&1 ||
+    { echo "check_format: $CLANG_FORMAT not found (apt-get install clang-format-14)" >&2; exit 2; }
+fi
+version="$("$CLANG_FORMAT" --version)"
+if ! [[ "$version" =~ version\ ${PINNED_MAJOR}\. ]]; then
+  echo "check_format: $CLANG_FORMAT is '$version'; the format is pinned to clang-format $PINNED_MAJOR" >&2
   exit 2
 fi
-mapfile -t files < <(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' '*.cpp.in' | grep -v '^tests/fixtures/')
+# The C++ and CUDA sources git tracks in the directories of our code (not the test fixtures).
+mapfile -t files < <(git ls-files -- lib trainer tests examples bench |
+                     grep -E '\.(h|cpp|cu|cuh|cpp\.in)$' | grep -v '^tests/fixtures/')
 if [ "${1:-}" = --fix ]; then
   "$CLANG_FORMAT" -i "${files[@]}"
+  echo "check_format: ${#files[@]} files formatted with $version"
   exit 0
 fi
 bad=()
@@ -20,8 +32,8 @@ for f in "${files[@]}"; do
   "$CLANG_FORMAT" --dry-run --Werror "$f" >/dev/null 2>&1 || bad+=("$f")
 done
 if ((${#bad[@]})); then
-  printf 'check_format: %d file(s) not formatted with %s (run scripts/check_format.sh --fix):\n' \
-    "${#bad[@]}" "$CLANG_FORMAT" >&2
+  printf 'check_format: %d of %d file(s) not formatted with %s (run scripts/format.sh):\n' \
+    "${#bad[@]}" "${#files[@]}" "$CLANG_FORMAT" >&2
   printf '  %s\n' "${bad[@]}" >&2
   exit 1
 fi

@@ -27,30 +27,17 @@ case "$SMOLLM2_DIR" in /*) ;; *) SMOLLM2_DIR="$PWD/$SMOLLM2_DIR" ;; esac
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- Debian packages -------------------------------------------------------------------------
-# Each package with a probe: a command on PATH or a header. Only what is missing is installed, so a
-# machine that has everything (the GPU machine, with no network) never calls apt-get.
+# Each package with a probe: a command on PATH, a header, or a python3 module. Only what is
+# missing is installed (scripts/install_debian_packages.sh), so a machine that has everything (the
+# GPU machine, with no network) never calls apt-get. (The formatter, clang-format-14, is installed
+# by scripts/check_format.sh when it first runs: a build needs none.)
 PKGS=(
   "cmake:cmd:cmake" "ninja-build:cmd:ninja" "g++:cmd:g++" "make:cmd:make" "ccache:cmd:ccache"
   "libyaml-cpp-dev:file:/usr/include/yaml-cpp/yaml.h" "libfmt-dev:file:/usr/include/fmt/format.h"
   "libgtest-dev:file:/usr/include/gtest/gtest.h" "libcli11-dev:file:/usr/include/CLI/CLI.hpp"
-  "nlohmann-json3-dev:file:/usr/include/nlohmann/json.hpp"
+  "nlohmann-json3-dev:file:/usr/include/nlohmann/json.hpp" "python3-venv:python:venv, ensurepip"
 )
-missing=()
-for entry in "${PKGS[@]}"; do
-  IFS=: read -r pkg kind probe <<<"$entry"
-  if [ "$kind" = cmd ]; then command -v "$probe" >/dev/null 2>&1 || missing+=("$pkg")
-  else [ -e "$probe" ] || missing+=("$pkg"); fi
-done
-python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
-if ((${#missing[@]})); then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  log "installing Debian packages: ${missing[*]}"
-  if ! { $SUDO apt-get update -qq &&
-         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
-    log "error: could not install ${missing[*]} with apt-get; install them by hand and re-run"
-    exit 1
-  fi
-fi
+bash "$ROOT/scripts/install_debian_packages.sh" "${PKGS[@]}"
 
 # --- LibTorch --------------------------------------------------------------------------------
 torch_ok() {  # $1: python; true if it imports torch $TORCH_VERSION (any local build suffix)

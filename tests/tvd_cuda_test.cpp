@@ -74,7 +74,7 @@ TEST(TvdCuda, CapturedInACudaGraphReplaysOnNewInputs) {
   const at::Tensor p = probs({BT, V}, at::kBFloat16).requires_grad_(true);
   const at::Tensor q = probs({BT, V}, at::kBFloat16);
   const at::Tensor rows = at::arange(BT, at::kLong);
-  const at::Tensor labels = (rows % 5).masked_fill(rows % 3 == 0, -100).to(at::kCUDA);
+  const at::Tensor labels = (rows % 5).masked_fill(rows % 3 == 0, kDefaultIgnoreIndex).to(at::kCUDA);
   const at::Tensor grad_out = at::full({}, 0.5, at::TensorOptions().device(at::kCUDA));
   auto step = [&] {
     const at::Tensor loss = tvd_loss(p, q, TVDLossOptions(), labels);

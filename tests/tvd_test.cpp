@@ -11,7 +11,7 @@
 #include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "tvd_common.h"    // kernels::Reduction
+#include "kernels_common.h"  // kernels::Reduction
 #include "tvd_internal.h"  // the internal ops' typed handles
 #include "lossfns/tvd.h"
 #include "tvd_reference.h"
@@ -93,7 +93,7 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
   std::optional<at::Tensor> labels;
   if (with_labels) {  // every third row ignored
     at::Tensor l = at::arange(BT, at::TensorOptions().dtype(at::kLong)) % 5;
-    l.index_put_({at::arange(0, BT, 3)}, -100);
+    l.index_put_({at::arange(0, BT, 3)}, kDefaultIgnoreIndex);
     labels = l.reshape(p.sizes().slice(0, p.dim() - 1)).to(p.device());
   }
   p = p.detach().requires_grad_(true);
@@ -104,7 +104,7 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
   const at::Tensor qd = q.detach().to(at::kCPU, at::kDouble).requires_grad_(q_grad);
   std::optional<at::Tensor> labels_cpu;
   if (labels) labels_cpu = labels->cpu();
-  const at::Tensor ref = reference_tvd(pd, qd, labels_cpu, -100, reduction);
+  const at::Tensor ref = reference_tvd(pd, qd, labels_cpu, kDefaultIgnoreIndex, reduction);
 
   ASSERT_EQ(loss.sizes(), ref.sizes());
   const auto expected_loss_dtype = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -286,7 +286,7 @@ TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
     at::Tensor q = at::softmax(2.0 * at::randn({BT, V}, opts), -1).to(dtype());
     if (r % 2) q = at::where(at::rand({BT, V}, opts) < 0.002, p, q);  // some ties
     at::Tensor l = at::arange(BT, at::TensorOptions().dtype(at::kLong)) % 7;
-    l.index_put_({at::arange(0, BT, r + 2)}, -100);  // every (r+2)-th row ignored: a scale per round
+    l.index_put_({at::arange(0, BT, r + 2)}, kDefaultIgnoreIndex);  // every (r+2)-th row ignored: a scale per round
     ps.push_back(p);
     qs.push_back(q);
     labels.emplace_back(l.to(device()));
@@ -294,13 +294,13 @@ TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
     gos.push_back(reduction(r) == kNone ? (at::rand({BT, V}, f32) + 0.25) * weights[r] : at::full({}, weights[r], f32));
   }
   auto run = [&](int64_t r, bool sync) {
-    auto [loss, signs, scale] = detail::tvd_forward_op(ps[r], qs[r], labels[r], -100, reduction(r), true);
+    auto [loss, signs, scale] = detail::tvd_forward_op(ps[r], qs[r], labels[r], kDefaultIgnoreIndex, reduction(r), true);
     if (sync && cuda) torch::cuda::synchronize();
     const bool recompute = signs.size(0) != BT;  // the CPU saves no signs
     const std::optional<at::Tensor> none;
     at::Tensor grad = detail::tvd_backward_op(gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
                                               recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
-                                              -100, V, dtype(), reduction(r));
+                                              kDefaultIgnoreIndex, V, dtype(), reduction(r));
     if (sync && cuda) torch::cuda::synchronize();
     return std::make_pair(loss, grad);
   };

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "distill/loss.h"
 #include "experiments.h"
 #include "harness.h"
 
@@ -32,10 +33,10 @@ struct DivergenceResult {
 
 // Example 5. For each divergence (tvd, forward_kl, reverse_kl, jsd with beta 0.5), the same
 // student (same initial weights, same batches) distilled from the same pretrained teacher twice:
-// with lossfns::distill_loss on the logits in the loss dtype (reduction sum, padded columns
-// masked by vocab_size, temperature 2, grad_scale = kd_weight / tokens, so that on CUDA
-// the forward-computed gradient is the one trained with), and with its float64 reference (ReferenceLogitDivergence: log_softmax in double, the
-// definitions, autograd). The same student is also trained on hard labels only (the trainer's
+// with lossfns::distill_loss on the logits in the loss dtype, called as the trainer calls it
+// (distill::DivergenceSum: reduction sum, padded columns masked by distill.vocab_size,
+// temperature 2), and with its float64 reference (ReferenceDivergenceSum: log_softmax in
+// double, the definitions, autograd). The same student is also trained on hard labels only (the trainer's
 // baseline stage: CE alone) for the same steps.
 //
 // Tolerances, and why (on the per-token divergence kd, the op's output):
@@ -98,9 +99,9 @@ int Divergences(const Options& o) {
                                       lossfns::Divergence::kReverseKl, lossfns::Divergence::kJsd}) {
     distill::Config cd = c;
     cd.distill.divergence = d;
-    Loop op(cd, teacher, Clone(init, true), o.loss_dtype(), OpLogitDivergence(cd.distill, vocab));
-    Loop ref(cd, teacher, Clone(init, true), o.loss_dtype(),
-             ReferenceLogitDivergence(cd.distill, vocab));
+    cd.distill.vocab_size = vocab;  // the padded columns are masked, as distill.vocab_size does
+    Loop op(cd, teacher, Clone(init, true), o.loss_dtype(), distill::DivergenceSum);
+    Loop ref(cd, teacher, Clone(init, true), o.loss_dtype(), ReferenceDivergenceSum);
     DivergenceResult r{d};
     for (int64_t i = 1; i <= steps; ++i) {
       const StepMetrics a = op.Step(), b = ref.Step();

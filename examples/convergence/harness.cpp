@@ -4,7 +4,6 @@
 #include <lossfns/distill.h>
 #include <lossfns/tvd.h>
 #include <torch/autograd.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
 #include <cmath>
@@ -13,6 +12,8 @@
 #include <stdexcept>
 
 #include "distill/autocast.h"
+#include "distill/optimizer.h"
+#include "distill/run.h"
 #include "distill/trainer.h"
 
 namespace convergence {
@@ -54,12 +55,8 @@ distill::Config BaseConfig(const Options& o, const std::string& run_dir) {
 
 distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
                                        int64_t steps) {
-  distill::Config c = config;
-  distill::SetArchitecture(c.student, config.teacher);
-  c.student.init_from_teacher = false;
-  c.train.mode = distill::Mode::kPretrain;
+  distill::Config c = distill::TeacherStageConfig(config);
   c.train.precision = distill::Precision::kFp32;
-  c.train.baseline = false;
   c.train.steps = steps;
   c.train.out_dir = run_dir;
   distill::Trainer trainer(c, distill::RunOptions{/*fresh=*/true, /*quiet=*/true});
@@ -103,53 +100,35 @@ at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q, const a
   return (0.5 * (p.to(at::kFloat) - q.to(at::kFloat)).abs().sum(-1) * mask).sum();
 }
 
-LogitDivergence OpLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size) {
-  const auto options = lossfns::DistillLossOptions()
-                           .divergence(config.divergence)
-                           .beta(config.jsd_beta)
-                           .temperature(config.temperature)
-                           .reduction(torch::kSum)
-                           .vocab_size(vocab_size);
-  return [options](const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
-                   int64_t ignore_index, double grad_scale) {
-    auto o = options;
-    o.ignore_index(ignore_index);
-    o.grad_scale(at::full({1}, grad_scale, s.options().dtype(at::kFloat)));
-    return lossfns::distill_loss(s, t.detach(), o, targets);
-  };
-}
-
-LogitDivergence ReferenceLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size) {
+at::Tensor ReferenceDivergenceSum(const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
+                                  const distill::DistillConfig& config) {
   const lossfns::Divergence divergence = config.divergence;
   const double beta = config.jsd_beta, T = config.temperature;
-  return [=](const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
-             int64_t ignore_index, double /*grad_scale*/) {
-    // The padded columns are left out: the same as -inf in both (probability 0, no gradient),
-    // without the 0 * (-inf) of the KL terms there.
-    const at::Tensor lp = at::log_softmax(s.narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
-    const at::Tensor lq =
-        at::log_softmax(t.detach().narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
-    const at::Tensor p = lp.exp(), q = lq.exp();
-    auto kl = [](const at::Tensor& a, const at::Tensor& la, const at::Tensor& lb) {
-      return (a * (la - lb)).sum(-1);  // KL(a || b) per row
-    };
-    at::Tensor rows;
-    const bool forward = divergence == lossfns::Divergence::kForwardKl ||
-                         (divergence == lossfns::Divergence::kJsd && beta == 0.0);
-    const bool reverse = divergence == lossfns::Divergence::kReverseKl ||
-                         (divergence == lossfns::Divergence::kJsd && beta == 1.0);
-    if (divergence == lossfns::Divergence::kTvd) {
-      rows = 0.5 * (p - q).abs().sum(-1);  // abs' gradient: sign(x), sign(0) = 0, as the op's
-    } else if (forward) {
-      rows = kl(q, lq, lp);
-    } else if (reverse) {
-      rows = kl(p, lp, lq);
-    } else {  // JSD(beta): log m = logaddexp(log beta + log q, log(1 - beta) + log p)
-      const at::Tensor lm = at::logaddexp(lq + std::log(beta), lp + std::log1p(-beta));
-      rows = beta * kl(q, lq, lm) + (1 - beta) * kl(p, lp, lm);
-    }
-    return at::where(targets.ne(ignore_index), rows, at::zeros_like(rows)).sum();
+  const int64_t vocab_size = config.vocab_size > 0 ? config.vocab_size : s.size(-1);
+  // The padded columns are left out: the same as -inf in both (probability 0, no gradient),
+  // without the 0 * (-inf) of the KL terms there.
+  const at::Tensor lp = at::log_softmax(s.narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
+  const at::Tensor lq = at::log_softmax(t.detach().narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
+  const at::Tensor p = lp.exp(), q = lq.exp();
+  auto kl = [](const at::Tensor& a, const at::Tensor& la, const at::Tensor& lb) {
+    return (a * (la - lb)).sum(-1);  // KL(a || b) per row
   };
+  at::Tensor rows;
+  const bool forward = divergence == lossfns::Divergence::kForwardKl ||
+                       (divergence == lossfns::Divergence::kJsd && beta == 0.0);
+  const bool reverse = divergence == lossfns::Divergence::kReverseKl ||
+                       (divergence == lossfns::Divergence::kJsd && beta == 1.0);
+  if (divergence == lossfns::Divergence::kTvd) {
+    rows = 0.5 * (p - q).abs().sum(-1);  // abs' gradient: sign(x), sign(0) = 0, as the op's
+  } else if (forward) {
+    rows = kl(q, lq, lp);
+  } else if (reverse) {
+    rows = kl(p, lp, lq);
+  } else {  // JSD(beta): log m = logaddexp(log beta + log q, log(1 - beta) + log p)
+    const at::Tensor lm = at::logaddexp(lq + std::log(beta), lp + std::log1p(-beta));
+    rows = beta * kl(q, lq, lm) + (1 - beta) * kl(p, lp, lm);
+  }
+  return at::where(targets.ne(config.ignore_index), rows, at::zeros_like(rows)).sum();
 }
 
 namespace {
@@ -233,8 +212,7 @@ StepMetrics Loop::Step() {
   if (hard_labels) {
     kd = at::zeros({}, s.options());
   } else if (logit_divergence_) {
-    kd = logit_divergence_(s.to(loss_dtype_), t.to(loss_dtype_), y, ignore,
-                           config_.distill.kd_weight * scale);
+    kd = logit_divergence_(s.to(loss_dtype_), t.to(loss_dtype_), y, config_.distill);
   } else {
     kd = divergence_(p, q, y, ignore);
   }
@@ -248,7 +226,7 @@ StepMetrics Loop::Step() {
   }
   (total * scale).backward();
   const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
-  m.grad_norm = torch::nn::utils::clip_grad_norm_(student_->parameters(), max_norm);
+  m.grad_norm = distill::ClipGradNorm(student_->parameters(), max_norm);  // as Trainer::Step
   optimizer_->step();
   ++step_;
 

@@ -1,12 +1,13 @@
 // The shared machinery of the convergence examples: options, configs, a minimal distillation
 // loop with a swappable divergence, tie statistics, CSV output and PASS/FAIL checks.
 //
-// The loop (Loop) is distill::Trainer::Step stripped to one micro-batch per step, with two
-// differences the experiments need: the divergence is a parameter (the lossfns op, a composite
-// LibTorch reference, or the legacy two-way sign), and the probabilities are cast to the loss
-// dtype (fp32 or bf16) before the divergence sees them. Or the divergence takes the logits, cast
-// to the loss dtype (lossfns::distill_loss or its float64 reference), as the trainer's does.
-// Same AdamW groups (decay on matrices only), schedule (distill::LearningRate), clipping and
+// The loop (Loop) is distill::Trainer::Step for one micro-batch per step, built from the
+// trainer's own pieces: distill::MakeOptimizer (fused AdamW, decay on matrices only), the
+// schedule (distill::LearningRate), the clipping (distill::ClipGradNorm), and for a divergence on
+// the logits the trainer's call itself, distill::DivergenceSum. What the experiments vary is a parameter:
+// the divergence (on probabilities: the lossfns op, a composite LibTorch reference, or the legacy
+// two-way sign; on logits: DivergenceSum or its float64 reference) and the loss dtype (fp32 or
+// bf16) that the probabilities or logits are cast to before the divergence sees them. Same
 // per-token normalisation as the trainer; train.mode pretrain trains on hard labels only.
 #pragma once
 
@@ -40,8 +41,9 @@ struct Options {
 // --small, a 2/3-layer d=64/128 pair otherwise. `run_dir` is where Trainer-based stages write.
 distill::Config BaseConfig(const Options& options, const std::string& run_dir);
 
-// Pretrains config.teacher's architecture for `steps` steps with distill::Trainer (quietly, from
-// scratch, into `run_dir`) and returns the model (frozen: eval mode, no grad) on the device.
+// Pretrains config.teacher's architecture for `steps` steps with distill::Trainer (the pipeline's
+// teacher stage, distill::TeacherStageConfig, in fp32; quietly, from scratch, into `run_dir`) and
+// returns the model (frozen: eval mode, no grad) on the device.
 distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
                                        int64_t steps);
 
@@ -64,21 +66,17 @@ at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
                                 const at::Tensor& targets, int64_t ignore_index);  // sign(0)=-1
 
 // Sum over the non-ignored rows of a divergence computed from the logits: s, t (N, V) in the loss
-// dtype (the columns at or past the real vocabulary are padding), targets (N,). grad_scale: the
-// grad_output its backward will bring (kd_weight / tokens): a hint the op honours on CUDA (the
-// trainer does not pass it; the example does, so the forward-computed gradient is exercised).
-// Returns a 0-dim tensor (fp32 or fp64) differentiable w.r.t. s. (Five arguments, so that a
-// Divergence and a LogitDivergence never convert into each other in Loop's constructors.)
+// dtype, targets (N,); config: the divergence, jsd_beta, temperature, ignore_index and
+// vocab_size (columns at or past it are padding). Returns a 0-dim tensor (fp32 or fp64)
+// differentiable w.r.t. s. The op is the trainer's distill::DivergenceSum (lossfns::distill_loss).
 using LogitDivergence =
     std::function<at::Tensor(const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
-                             int64_t ignore_index, double grad_scale)>;
-// lossfns::distill_loss with config's divergence, jsd_beta and temperature, reduction sum,
-// vocab_size = `vocab_size`: the trainer's call (distill::DivergenceSum).
-LogitDivergence OpLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size);
+                             const distill::DistillConfig& config)>;
 // The same divergence in float64 from ATen ops: the logits' first vocab_size columns widened to
 // double, log_softmax, the definitions of docs/distill.md, autograd for the gradient (cast back
 // to the logits' dtype by the widening's backward). The loss is returned in float64.
-LogitDivergence ReferenceLogitDivergence(const distill::DistillConfig& config, int64_t vocab_size);
+at::Tensor ReferenceDivergenceSum(const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
+                                  const distill::DistillConfig& config);
 
 struct StepMetrics {
   double loss = 0, kd = 0, ce = 0, grad_norm = 0, lr = 0;

@@ -12,13 +12,13 @@ namespace lossfns {
 const char* version() { return LOSSFNS_VERSION; }
 
 const char* reduction_name(const Reduction& reduction) {
-  struct Name {
-    const char* operator()(torch::enumtype::kNone) const { return "none"; }
-    const char* operator()(torch::enumtype::kBatchMean) const { return "batchmean"; }
-    const char* operator()(torch::enumtype::kSum) const { return "sum"; }
-    const char* operator()(torch::enumtype::kMean) const { return "mean"; }
+  struct Code {
+    kernels::Reduction operator()(torch::enumtype::kNone) const { return kernels::kNone; }
+    kernels::Reduction operator()(torch::enumtype::kBatchMean) const { return kernels::kBatchMean; }
+    kernels::Reduction operator()(torch::enumtype::kSum) const { return kernels::kSum; }
+    kernels::Reduction operator()(torch::enumtype::kMean) const { return kernels::kMean; }
   };
-  return std::visit(Name{}, reduction);
+  return kernels::kReductionNames[std::visit(Code{}, reduction)];
 }
 
 namespace detail {
@@ -35,12 +35,24 @@ std::string dims(c10::IntArrayRef sizes) {
   return out + "]";
 }
 
-int64_t parse_reduction(std::string_view name, const char* op) {
-  if (name == "none") return kernels::kNone;
-  if (name == "sum") return kernels::kSum;
-  if (name == "mean") return kernels::kMean;
-  if (name == "batchmean") return kernels::kBatchMean;
-  TORCH_CHECK(false, op, ": reduction must be one of 'none', 'sum', 'mean', 'batchmean'; got '", name, "'");
+namespace {
+std::string reduction_list() {  // 'none', 'sum', 'mean', 'batchmean'
+  std::string out;
+  for (const char* name : kernels::kReductionNames) out += (out.empty() ? "'" : ", '") + std::string(name) + "'";
+  return out;
+}
+}  // namespace
+
+kernels::Reduction parse_reduction(std::string_view name, const char* op) {
+  for (int64_t code = 0; code < kernels::kNumReductions; ++code)
+    if (name == kernels::kReductionNames[code]) return static_cast<kernels::Reduction>(code);
+  TORCH_CHECK(false, op, ": reduction must be one of ", reduction_list(), "; got '", name, "'");
+}
+
+kernels::Reduction reduction_from_code(int64_t code, const char* op) {
+  TORCH_CHECK(code >= 0 && code < kernels::kNumReductions, op, ": reduction code must be 0..",
+              num(kernels::kNumReductions - 1), " (", reduction_list(), "); got ", num(code));
+  return static_cast<kernels::Reduction>(code);
 }
 
 at::Tensor rows_view(const at::Tensor& x, int64_t rows) {

@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels_common.h"
+
 namespace lossfns::detail {
 
 // Shapes and integers for error messages, formatted without std::ostream's integer insertion: in
@@ -18,9 +20,12 @@ std::string dims(c10::IntArrayRef sizes);
 inline std::string num(int64_t v) { return std::to_string(v); }
 std::string dtype_list(std::initializer_list<at::ScalarType> types);
 
-// Parses "none" | "sum" | "mean" | "batchmean" into kernels::Reduction; `op` names the caller
-// in the error ("lossfns.tvd_loss").
-int64_t parse_reduction(std::string_view name, const char* op);
+// The public ops' reduction name ("none" | "sum" | "mean" | "batchmean") as the internal ops take
+// it; `op` names the caller in the error ("lossfns.tvd_loss").
+kernels::Reduction parse_reduction(std::string_view name, const char* op);
+// An internal op's `int reduction`, checked (it comes from our own public op unless someone calls
+// the internal op directly).
+kernels::Reduction reduction_from_code(int64_t code, const char* op);
 
 // A (rows, V) view of x with unit stride inside a row (a copy only when no view has one).
 at::Tensor rows_view(const at::Tensor& x, int64_t rows);

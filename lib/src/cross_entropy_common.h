@@ -34,7 +34,7 @@ LOSSFNS_HOST_DEVICE bool ce_label_in_range(int64_t y, int64_t V) { return y >= 0
 // ignored; 0 when no row counts (loss 0 and gradient 0, where torch gives NaN); 'none' and 'sum'
 // keep the rows' losses (scale 1).
 template <typename Acc>
-LOSSFNS_HOST_DEVICE Acc ce_reduction_scale(int64_t reduction, int64_t n_valid_rows) {
+LOSSFNS_HOST_DEVICE Acc ce_reduction_scale(Reduction reduction, int64_t n_valid_rows) {
   if (reduction == kNone) return Acc(1);
   return reduction_scale<Acc>(reduction, n_valid_rows, /*V=*/1);
 }

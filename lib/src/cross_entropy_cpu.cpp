@@ -61,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_cpu(const a
           sum += static_cast<double>(rl[r]);
           valid += l[r] == ignore_index ? 0 : 1;
         }
-        const double sc = kernels::ce_reduction_scale<double>(reduction, valid);
+        const double sc = kernels::ce_reduction_scale<double>(in.reduction, valid);
         scale.fill_(sc);
         loss = reduction == kernels::kNone ? row_loss : at::scalar_tensor(sum * sc, acc_opts);
       });

@@ -37,8 +37,7 @@ void check_cuda(cudaError_t err, const char* what) {
 }
 
 template <typename T, typename scalar_t>
-kernels::CrossEntropyArgs<T> args_of(const CrossEntropyInputs& in, int64_t ignore_index,
-                                     int64_t reduction) {
+kernels::CrossEntropyArgs<T> args_of(const CrossEntropyInputs& in, int64_t ignore_index) {
   kernels::CrossEntropyArgs<T> a{};
   a.x = reinterpret_cast<const T*>(in.x.const_data_ptr<scalar_t>());
   a.stride = in.x.stride(0);
@@ -47,7 +46,7 @@ kernels::CrossEntropyArgs<T> args_of(const CrossEntropyInputs& in, int64_t ignor
   a.rows = in.rows;
   a.labels = in.labels.const_data_ptr<int64_t>();
   a.ignore_index = ignore_index;
-  a.reduction = reduction;
+  a.reduction = in.reduction;
   a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return a;
 }
@@ -68,13 +67,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_cuda(const 
   at::Tensor scale = at::empty({1}, f32);
   at::Tensor loss = none ? row_loss : at::empty({}, f32);
   if (in.rows == 0) {  // nothing to launch: as the CPU does
-    scale.fill_(kernels::ce_reduction_scale<double>(reduction, 0));
+    scale.fill_(kernels::ce_reduction_scale<double>(in.reduction, 0));
     if (!none) loss.zero_();
     return {loss, stats, scale};
   }
   AT_DISPATCH_V2(logits.scalar_type(), "lossfns_ce_forward_cuda", AT_WRAP([&] {
                    using T = typename CudaType<scalar_t>::type;
-                   auto a = args_of<T, scalar_t>(in, ignore_index, reduction);
+                   auto a = args_of<T, scalar_t>(in, ignore_index);
                    a.stats = stats.mutable_data_ptr<float>();
                    a.row_loss = row_loss.mutable_data_ptr<float>();
                    a.scale = scale.mutable_data_ptr<float>();
@@ -102,7 +101,7 @@ at::Tensor cross_entropy_backward_cuda(const at::Tensor& grad_output, const at::
   AT_DISPATCH_V2(
       logits.scalar_type(), "lossfns_ce_backward_cuda", AT_WRAP([&] {
         using T = typename CudaType<scalar_t>::type;
-        auto a = args_of<T, scalar_t>(in, ignore_index, reduction);
+        auto a = args_of<T, scalar_t>(in, ignore_index);
         a.stats = const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
         a.scale = const_cast<float*>(sc.const_data_ptr<float>());
         a.grad_output = go.const_data_ptr<float>();

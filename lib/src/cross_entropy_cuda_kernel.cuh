@@ -29,7 +29,7 @@ struct CrossEntropyArgs {
   int64_t rows;
   const int64_t* labels;  // (rows,)
   int64_t ignore_index;
-  int64_t reduction;  // Reduction code
+  Reduction reduction;
   float* stats;       // (rows, kCeStatsPerRow): max and log2 of the sum, of log2-scaled logits
   float* row_loss;    // (rows,): the rows' losses (the output for 'none'; ignored rows 0)
   float* scale;       // 1 value: the reduction's scale (written by the finalize)
@@ -43,7 +43,7 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, to_float, from_float, scaled, prob, kLog2e, kLn2: distill's, shared.
+// Vec, load_vec, scaled, prob, kLog2e, kLn2: distill's, shared (to_float, from_float: cuda_common.cuh).
 using namespace distill_detail;
 
 // A running softmax normaliser of log2-scaled logits: max and sum_j exp2(x_j - max).

@@ -17,6 +17,7 @@ namespace lossfns::detail {
 struct CrossEntropyInputs {
   at::Tensor x, labels;
   int64_t rows = 0, width = 0, V = 0;
+  kernels::Reduction reduction = kernels::kNone;  // the internal op's code, checked
 };
 
 // TORCH_CHECKs the logits' shape and dtype, the labels' dtype, device and shape, and the codes

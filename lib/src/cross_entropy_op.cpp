@@ -39,9 +39,8 @@ CrossEntropyInputs check_ce_inputs(const at::Tensor& logits, const at::Tensor& l
   TORCH_CHECK(logits.size(-1) > 0, kOp,
               ": the vocabulary dimension (last) of the logits must be > 0; got ",
               dims(logits.sizes()));
-  TORCH_CHECK(reduction >= kernels::kNone && reduction <= kernels::kBatchMean, kOp,
-              ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(reduction));
   CrossEntropyInputs in;
+  in.reduction = reduction_from_code(reduction, kOp);
   in.width = logits.size(-1);
   TORCH_CHECK(V >= 1 && V <= in.width, kOp, ": the vocabulary's column count must be in [1, ",
               num(in.width), "]; got ", num(V));

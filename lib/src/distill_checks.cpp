@@ -39,8 +39,8 @@ void check_temperature(const char* op, double temperature) {
 }
 
 DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
-                                   int64_t divergence, double beta, double temperature, int64_t reduction,
-                                   int64_t V, std::initializer_list<at::ScalarType> supported, const char* backend) {
+                                   int64_t divergence, double beta, double temperature, int64_t V,
+                                   std::initializer_list<at::ScalarType> supported, const char* backend) {
   constexpr const char* op = "lossfns.distill_loss";
   TORCH_CHECK(s.defined() && t.defined(), op, ": student_logits and teacher_logits must be defined tensors");
   TORCH_CHECK(s.dim() == 2 || s.dim() == 3, op, ": student_logits must be (BT, V) or (B, T, V); got shape ",
@@ -64,8 +64,6 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, con
   TORCH_CHECK(divergence != kernels::kJsd || (beta > 0.0 && beta < 1.0), op,
               ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", beta);
   check_temperature(op, temperature);
-  TORCH_CHECK(reduction >= kernels::kNone && reduction <= kernels::kBatchMean, op,
-              ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(reduction));
 
   DistillInputs in;
   in.ws = s.size(-1);
@@ -78,6 +76,18 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, con
   in.t = rows_view(t, in.rows);
   in.labels = check_labels(labels, lead, in.rows, s.device(), op, "student_logits");
   return in;
+}
+
+void check_distill_backward(const DistillInputs& in, const at::Tensor& stats, at::ScalarType stats_dtype,
+                            const at::Tensor& grad_output, kernels::Reduction reduction) {
+  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows && stats.size(1) == kernels::kStatsPerRow &&
+                  stats.scalar_type() == stats_dtype && stats.is_contiguous() && stats.device() == in.s.device(),
+              "lossfns._distill_backward: stats must be the contiguous (", num(in.rows), ", ",
+              num(kernels::kStatsPerRow), ") ", stats_dtype, " tensor from _distill_forward; got ",
+              stats.scalar_type(), " ", dims(stats.sizes()), " on ", stats.device());
+  const int64_t n = reduction == kernels::kNone ? in.rows : 1;
+  TORCH_CHECK(grad_output.numel() == n, "lossfns._distill_backward: grad_output must have ", num(n),
+              " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
 }
 
 }  // namespace lossfns::detail

@@ -21,12 +21,18 @@
 #include <cstdint>
 
 #include "kernels_common.h"
+#include "lossfns/divergence.h"
 
 namespace lossfns::kernels {
 
-// The divergence, in the integer form the internal ops take. The public names are in
-// lossfns/distill.h (kDivergenceNames), in this order.
-enum Divergence : int64_t { kTvd = 0, kForwardKl = 1, kReverseKl = 2, kJsd = 3 };
+// The divergence in the integer form the internal ops and the kernels take: the codes of the
+// public lossfns::Divergence (lossfns/divergence.h, which also holds their names).
+enum Divergence : int64_t {
+  kTvd = static_cast<int64_t>(lossfns::Divergence::kTvd),
+  kForwardKl = static_cast<int64_t>(lossfns::Divergence::kForwardKl),
+  kReverseKl = static_cast<int64_t>(lossfns::Divergence::kReverseKl),
+  kJsd = static_cast<int64_t>(lossfns::Divergence::kJsd),
+};
 
 // Whether the gradient needs the row constant sum_k p_k g_k (saved by the forward).
 LOSSFNS_HOST_DEVICE bool needs_row_constant(int64_t divergence) { return divergence != kForwardKl; }
@@ -99,7 +105,7 @@ LOSSFNS_HOST_DEVICE Acc divergence_grad(int64_t divergence, Acc p, Acc q, Acc g,
 // all-ignored batch gives loss 0 and gradient 0). 'mean' divides by rows * V as torch's kl_div
 // does (V: the vocabulary's columns, padding excluded); 'none' keeps per-row losses (scale 1).
 template <typename Acc>
-LOSSFNS_HOST_DEVICE Acc distill_reduction_scale(int64_t reduction, int64_t n_valid_rows, int64_t V) {
+LOSSFNS_HOST_DEVICE Acc distill_reduction_scale(Reduction reduction, int64_t n_valid_rows, int64_t V) {
   if (reduction == kNone) return Acc(1);
   return reduction_scale<Acc>(reduction, n_valid_rows, V);
 }

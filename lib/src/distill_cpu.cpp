@@ -44,10 +44,10 @@ kernels::CpuRow<scalar_t> row_of(const DistillInputs& in, int64_t r) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cpu(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels, int64_t divergence,
-    double beta, double temperature, int64_t ignore_index, int64_t reduction, int64_t V,
+    double beta, double temperature, int64_t ignore_index, int64_t reduction_code, int64_t V,
     const std::optional<at::Tensor>& /*grad_scale: the CPU recomputes in backward*/, bool /*save*/) {
-  const DistillInputs in =
-      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCpuDtypes, "CPU");
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_forward");
+  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCpuDtypes, "CPU");
   const auto acc_dtype = s.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto acc_opts = s.options().dtype(acc_dtype);
   at::Tensor stats = at::empty({in.rows, kernels::kStatsPerRow}, acc_opts);
@@ -87,18 +87,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cpu(
 at::Tensor distill_backward_cpu(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t,
                                 const std::optional<at::Tensor>& labels, const at::Tensor& stats,
                                 const at::Tensor& scale, int64_t divergence, double beta, double temperature,
-                                int64_t ignore_index, int64_t reduction, int64_t V) {
-  const DistillInputs in =
-      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCpuDtypes, "CPU");
+                                int64_t ignore_index, int64_t reduction_code, int64_t V) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_backward");
+  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCpuDtypes, "CPU");
   const auto acc_dtype = s.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows && stats.size(1) == kernels::kStatsPerRow &&
-                  stats.scalar_type() == acc_dtype && stats.is_contiguous(),
-              "lossfns._distill_backward: stats must be the contiguous (", num(in.rows), ", ",
-              num(kernels::kStatsPerRow), ") ", acc_dtype, " tensor from _distill_forward; got ",
-              stats.scalar_type(), " ", dims(stats.sizes()));
+  check_distill_backward(in, stats, acc_dtype, grad_output, reduction);
   const bool none = reduction == kernels::kNone;
-  TORCH_CHECK(grad_output.numel() == (none ? in.rows : 1), "lossfns._distill_backward: grad_output must have ",
-              num(none ? in.rows : 1), " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
   at::Tensor grad = at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t* l = in.labels.defined() ? in.labels.const_data_ptr<int64_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.scalar_type(), "lossfns_distill_backward_cpu", [&] {

@@ -1,8 +1,6 @@
-// CUDA adapter of lossfns::distill_loss: checks inputs, maps ATen dtypes to CUDA's, plans and
-// launches the framework-free kernels (distill_cuda_kernel.cuh) on the current stream, checks
-// every launch, and registers them for the CUDA dispatch key. No host-device synchronisation.
-#include <cstdlib>
-
+// CUDA adapter of lossfns::distill_loss: checks inputs, maps ATen dtypes to CUDA's, launches the
+// framework-free kernels (distill_cuda_kernel.cuh) on the current stream, checks every launch,
+// and registers them for the CUDA dispatch key. No host-device synchronisation.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -21,26 +19,13 @@ template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
 
 constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf, at::kBFloat16};
 
-// Shared bytes per block the forward's plan may stage a row slice in. 0 (the default): every row
-// is streamed from global memory, which measured faster on the H200 than staging in a cluster's
-// shared memory (8192 x 151936 bf16, tvd: forward 4.8 ms streamed vs 8.4-8.8 ms staged at 24-96
-// KiB per block; docs/benchmarks.md). LOSSFNS_DISTILL_STAGE_BYTES=<bytes> selects the staged
-// kernels, for the benchmark and the tests of that path. Read once.
-int64_t stage_bytes() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("LOSSFNS_DISTILL_STAGE_BYTES");
-    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
-  }();
-  return v;
-}
-
 void check_cuda(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, "lossfns.distill_loss: CUDA ", what, " failed: ", cudaGetErrorString(err));
 }
 
 template <typename T, typename scalar_t>
 kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, double beta, double temperature,
-                                int64_t ignore_index, int64_t reduction) {
+                                int64_t ignore_index, kernels::Reduction reduction) {
   kernels::DistillArgs<T> a{};
   a.s = reinterpret_cast<const T*>(in.s.const_data_ptr<scalar_t>());
   a.t = reinterpret_cast<const T*>(in.t.const_data_ptr<scalar_t>());
@@ -62,10 +47,10 @@ kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, dou
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels, int64_t divergence,
-    double beta, double temperature, int64_t ignore_index, int64_t reduction, int64_t V,
+    double beta, double temperature, int64_t ignore_index, int64_t reduction_code, int64_t V,
     const std::optional<at::Tensor>& grad_scale, bool save) {
-  const DistillInputs in =
-      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCudaDtypes, "CUDA");
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_forward");
+  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
   TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX}, "lossfns.distill_loss: at most 2^27 rows on CUDA; got ",
               num(in.rows));
   const c10::cuda::CUDAGuard guard(s.device());
@@ -89,7 +74,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     if (!none) loss.zero_();
     return {loss, stats, scale, grad};
   }
-  const auto* props = at::cuda::getCurrentDeviceProperties();
   AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_forward_cuda", AT_WRAP([&] {
     using T = typename CudaType<scalar_t>::type;
     auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
@@ -98,10 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     a.loss = loss.mutable_data_ptr<float>();
     a.grad = grad_now ? reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()) : nullptr;
     a.grad_scale = grad_now ? gs.const_data_ptr<float>() : nullptr;
-    const int64_t n_any = std::max(std::min(in.ws, in.V), std::min(in.wt, in.V));
-    const kernels::DistillPlan plan = kernels::distill_plan<T>(n_any, props->major >= 9,
-                                                               props->sharedMemPerBlockOptin - 1024, stage_bytes());
-    check_cuda(kernels::distill_forward<T>(a, plan, at::cuda::getCurrentCUDAStream()), "forward");
+    check_cuda(kernels::distill_forward<T>(a, at::cuda::getCurrentCUDAStream()), "forward");
   }), at::kFloat, at::kHalf, at::kBFloat16);
   return {loss, stats, scale, grad};
 }
@@ -109,17 +90,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
 at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t,
                                  const std::optional<at::Tensor>& labels, const at::Tensor& stats,
                                  const at::Tensor& scale, int64_t divergence, double beta, double temperature,
-                                 int64_t ignore_index, int64_t reduction, int64_t V) {
-  const DistillInputs in =
-      check_distill_inputs(s, t, labels, divergence, beta, temperature, reduction, V, kCudaDtypes, "CUDA");
-  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows && stats.size(1) == kernels::kStatsPerRow &&
-                  stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.device() == s.device(),
-              "lossfns._distill_backward: stats must be the contiguous (", num(in.rows), ", ",
-              num(kernels::kStatsPerRow), ") float tensor from _distill_forward; got ", stats.scalar_type(), " ",
-              dims(stats.sizes()));
-  const bool none = reduction == kernels::kNone;
-  TORCH_CHECK(grad_output.numel() == (none ? in.rows : 1), "lossfns._distill_backward: grad_output must have ",
-              num(none ? in.rows : 1), " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
+                                 int64_t ignore_index, int64_t reduction_code, int64_t V) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_backward");
+  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
+  check_distill_backward(in, stats, at::kFloat, grad_output, reduction);
   const c10::cuda::CUDAGuard guard(s.device());
   at::Tensor grad = at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
   if (in.rows == 0) return grad;

@@ -39,8 +39,14 @@ void check_temperature(const char* op, double temperature);
 // TORCH_CHECKs shapes, dtypes, devices, labels and the scalar options (messages name what was
 // expected and what was passed); `supported` lists the calling backend's dtypes.
 DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
-                                   int64_t divergence, double beta, double temperature, int64_t reduction,
-                                   int64_t V, std::initializer_list<at::ScalarType> supported, const char* backend);
+                                   int64_t divergence, double beta, double temperature, int64_t V,
+                                   std::initializer_list<at::ScalarType> supported, const char* backend);
+
+// Checks of _distill_backward's own inputs (they come from our forward unless someone calls the
+// internal op directly): stats, the (rows, kStatsPerRow) `stats_dtype` tensor _distill_forward
+// returned on the logits' device, and grad_output, one value per row for 'none', else one.
+void check_distill_backward(const DistillInputs& in, const at::Tensor& stats, at::ScalarType stats_dtype,
+                            const at::Tensor& grad_output, kernels::Reduction reduction);
 
 // Output shape of a 'none' loss: the logits' shape without V.
 std::vector<int64_t> row_shape(const at::Tensor& logits);

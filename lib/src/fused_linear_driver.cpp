@@ -71,8 +71,7 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
   TORCH_CHECK(a.divergence != kernels::kJsd || (a.beta > 0.0 && a.beta < 1.0), op,
               ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", a.beta);
   check_temperature(op, a.temperature);
-  TORCH_CHECK(a.reduction >= kernels::kNone && a.reduction <= kernels::kBatchMean, op,
-              ": reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(a.reduction));
+  reduction_from_code(a.reduction, op);  // throws on a code that is no reduction
   TORCH_CHECK(std::isfinite(a.kd_weight) && std::isfinite(a.ce_weight), op,
               ": kd_weight and ce_weight must be finite; got ", a.kd_weight, " and ", a.ce_weight);
   TORCH_CHECK(a.chunk_size >= 0, op, ": chunk_size must be >= 1 (or None: automatic); got ",

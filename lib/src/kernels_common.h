@@ -1,6 +1,6 @@
 // Framework-free pieces every kernel of liblossfns shares: the host/device qualifier, the
-// reduction codes the internal ops take, and the reduction's scale. Includes nothing from Torch
-// or CUDA.
+// reduction as the internal ops and kernels take it, and the reduction's scale. Includes nothing
+// from Torch or CUDA.
 #pragma once
 
 #include <cstdint>
@@ -16,13 +16,19 @@
 
 namespace lossfns::kernels {
 
-// Reductions, in the integer form the internal ops take (parsed once: detail::parse_reduction).
+// The reduction below the public ops: the internal ops' `int reduction` is this code, and the
+// kernels take it as this type. The only place the codes are written; their names are
+// kReductionNames, in this order (the public ops' `str reduction`, lossfns::reduction_name).
+// Conversions, each in one place (common.h): name -> code (parse_reduction), an internal op's
+// integer -> code (reduction_from_code, checked).
 enum Reduction : int64_t { kNone = 0, kSum = 1, kMean = 2, kBatchMean = 3 };
+inline constexpr int64_t kNumReductions = 4;
+inline constexpr const char* kReductionNames[kNumReductions] = {"none", "sum", "mean", "batchmean"};
 
 // Scale that turns the summed loss into the reduced one; 0 when no row counts, so an all-ignored
 // batch gives loss 0 and gradient 0, not NaN.
 template <typename Acc>
-LOSSFNS_HOST_DEVICE Acc reduction_scale(int64_t reduction, int64_t n_valid_rows, int64_t V) {
+LOSSFNS_HOST_DEVICE Acc reduction_scale(Reduction reduction, int64_t n_valid_rows, int64_t V) {
   if (reduction == kSum) return Acc(1);
   if (n_valid_rows == 0) return Acc(0);
   const Acc denom = reduction == kMean ? Acc(n_valid_rows) * Acc(V) : Acc(n_valid_rows);

@@ -9,7 +9,7 @@
 namespace lossfns::detail {
 
 FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
-                             const std::optional<at::Tensor>& labels, int64_t reduction,
+                             const std::optional<at::Tensor>& labels,
                              std::initializer_list<at::ScalarType> supported, const char* backend) {
   TORCH_CHECK(p.defined() && q.defined(), "lossfns.tvd_loss: p and q must be defined tensors");
   TORCH_CHECK(p.dim() == 2 || p.dim() == 3,
@@ -24,8 +24,6 @@ FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
   for (auto t : supported) dtype_ok = dtype_ok || t == p.scalar_type();
   TORCH_CHECK(dtype_ok, "lossfns.tvd_loss: on ", backend, " p and q must be one of ", dtype_list(supported),
               "; got ", p.scalar_type());
-  TORCH_CHECK(reduction >= kernels::kNone && reduction <= kernels::kBatchMean,
-              "lossfns.tvd_loss: reduction code must be 0..3 (none, sum, mean, batchmean); got ", num(reduction));
 
   FlatInputs in;
   in.V = p.size(-1);
@@ -40,7 +38,7 @@ FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
 }
 
 void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows, int64_t V,
-                           int64_t reduction) {
+                           kernels::Reduction reduction) {
   if (reduction == kernels::kNone) {
     TORCH_CHECK(grad_output.numel() == rows * V, "lossfns._tvd_backward: grad_output must have ", num(rows * V),
                 " elements (the loss's shape) for reduction 'none'; got ", dims(grad_output.sizes()));

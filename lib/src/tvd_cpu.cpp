@@ -67,8 +67,9 @@ void forward_rows(const FlatInputs& in, int64_t ignore_index, acc_t* elem, acc_t
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cpu(
     const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
-    int64_t ignore_index, int64_t reduction, bool /*save_signs: the CPU recomputes them*/) {
-  const FlatInputs in = check_and_flatten(p, q, labels, reduction, kCpuDtypes, "CPU");
+    int64_t ignore_index, int64_t reduction_code, bool /*save_signs: the CPU recomputes them*/) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._tvd_forward");
+  const FlatInputs in = check_and_flatten(p, q, labels, kCpuDtypes, "CPU");
   const auto acc_dtype = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const bool none = reduction == kernels::kNone;
   at::Tensor signs = at::empty({0, kernels::sign_row_pitch(in.V)}, p.options().dtype(at::kByte));
@@ -101,10 +102,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cpu(
 at::Tensor tvd_backward_cpu(const at::Tensor& grad_output, const at::Tensor& /*signs: CUDA only*/,
                             const at::Tensor& scale, const std::optional<at::Tensor>& p_opt,
                             const std::optional<at::Tensor>& q_opt, const std::optional<at::Tensor>& labels,
-                            int64_t ignore_index, int64_t V, at::ScalarType dtype, int64_t reduction) {
+                            int64_t ignore_index, int64_t V, at::ScalarType dtype, int64_t reduction_code) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._tvd_backward");
   TORCH_CHECK(p_opt && q_opt && p_opt->defined() && q_opt->defined(),
               "lossfns._tvd_backward: on CPU, p and q (the forward's inputs) are required");
-  const FlatInputs in = check_and_flatten(*p_opt, *q_opt, labels, reduction, kCpuDtypes, "CPU");
+  const FlatInputs in = check_and_flatten(*p_opt, *q_opt, labels, kCpuDtypes, "CPU");
   TORCH_CHECK(in.V == V && in.p.scalar_type() == dtype, "lossfns._tvd_backward: V ", num(V), " and dtype ", dtype,
               " must match p's (", num(in.V), ", ", in.p.scalar_type(), ")");
   check_backward_inputs(grad_output, scale, in.rows, V, reduction);

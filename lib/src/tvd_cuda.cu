@@ -25,9 +25,9 @@ void check_cuda(cudaError_t err, const char* what) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
     const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
-    int64_t ignore_index, int64_t reduction, bool save_signs) {
-  const FlatInputs in =
-      check_and_flatten(p, q, labels, reduction, {at::kFloat, at::kHalf, at::kBFloat16}, "CUDA");
+    int64_t ignore_index, int64_t reduction_code, bool save_signs) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._tvd_forward");
+  const FlatInputs in = check_and_flatten(p, q, labels, {at::kFloat, at::kHalf, at::kBFloat16}, "CUDA");
   TORCH_CHECK(in.rows <= int64_t{INT32_MAX}, "lossfns.tvd_loss: at most 2^31-1 rows on CUDA; got ", num(in.rows));
   const c10::cuda::CUDAGuard guard(p.device());
   const auto f32 = p.options().dtype(at::kFloat);
@@ -72,7 +72,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
 at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& signs, const at::Tensor& scale,
                              const std::optional<at::Tensor>& /*p*/, const std::optional<at::Tensor>& /*q*/,
                              const std::optional<at::Tensor>& /*labels: zero signs already*/,
-                             int64_t /*ignore_index*/, int64_t V, at::ScalarType dtype, int64_t reduction) {
+                             int64_t /*ignore_index*/, int64_t V, at::ScalarType dtype, int64_t reduction_code) {
+  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._tvd_backward");
   TORCH_CHECK(signs.dim() == 2 && signs.scalar_type() == at::kByte && signs.is_contiguous() &&
                   signs.size(1) == sign_row_pitch(V) && signs.is_cuda(),
               "lossfns._tvd_backward: signs must be contiguous CUDA uint8 (rows, ", num(sign_row_pitch(V)),

@@ -6,27 +6,24 @@
 // (tvd_common.h: 1 bit per element plus a byte per 256-element tile, tie bits only for tiles
 // with ties) and one float per block; backward reads the signs and writes grad once. Loads
 // and stores are 16 bytes wide when rows are 16-byte aligned, with several in flight per thread.
+//
+// Cache choices, each the winner of bench/tvd_kernel_variants on an H200 (docs/benchmarks.md,
+// "Kernel workshop"), which keeps the alternatives as its own knobs: forward loads of p and q
+// evict-first; sign stores plain (an L2 evict-last policy on them was no faster at (4096, 32000)
+// and at the two large shapes); backward rows in reverse order (the signs the forward wrote
+// last are read first), plain sign loads and evict-first gradient stores (+0-3 points of the
+// full pass: +3 at (4096, 32000) fp32, +2 in bf16, within 1 at the two large shapes).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_common.cuh"
 #include "tvd_common.h"
 
 namespace lossfns::kernels {
-
-// Cache knobs, timed against each other by bench/tvd_kernel_variants on an H200: sign stores
-// with an L2 evict-last policy (forward); rows in reverse order, so that the first signs read are
-// the ones the forward wrote last and that are likeliest still in L2, evict-first sign loads and
-// evict-first gradient stores (backward). The defaults are what measured best there (reverse
-// rows and evict-first gradient stores: +0-5% on the full pass); the rest changed nothing.
-enum CacheHint : int { kKeepSignsInL2 = 1, kReverseRows = 2, kStreamSignLoads = 4, kStreamGradStores = 8 };
-constexpr int kDefaultForwardHints = 0;
-constexpr int kDefaultBackwardHints = kReverseRows | kStreamGradStores;
 
 template <typename T>
 struct TvdForwardArgs {
@@ -44,7 +41,6 @@ struct TvdForwardArgs {
                               // nullptr ('none'); tvd_forward_scratch floats
   float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
   uint8_t* signs;             // (rows, sign_row_pitch(V)) packed signs (tvd_common.h), or nullptr
-  int cache_hints = kDefaultForwardHints;  // CacheHint flags
   bool pdl = false;           // allow programmatic dependent launch of the finalize (used where the
                               // kernel was built for sm_90+: see detail::launch)
 };
@@ -58,7 +54,6 @@ struct TvdBackwardArgs {
   const float* scale;         // 1 value from the forward's finalize (unused for 'none')
   T* grad;                    // (rows, V) contiguous
   int num_sms;                // multiprocessors of the device (sizes the grid)
-  int cache_hints = kDefaultBackwardHints;  // CacheHint flags
   bool pdl = false;           // allow programmatic dependent launch (used where the kernel was built
                               // for sm_90+): it may start while the previous kernel finishes
 };
@@ -99,16 +94,6 @@ inline int64_t chunks_per_row(int64_t rows, int64_t tiles, int64_t min_tiles, in
 template <typename T>
 int64_t forward_chunks(int64_t rows, int64_t V, int num_sms) {
   return chunks_per_row(rows, sign_tiles(V), TileShape<T>::kChunkTiles, num_sms);
-}
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
 }
 
 // Tiles [begin, end) of a row that chunk `chunk` of `chunks` handles; chunks start on multiples
@@ -177,19 +162,6 @@ __device__ __forceinline__ void let_next_grid_launch() {
 #endif
 }
 
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ void store_byte(uint8_t* ptr, uint32_t v, bool keep, uint64_t policy) {
-  if (keep)
-    asm volatile("st.global.L2::cache_hint.b8 [%0], %1, %2;" ::"l"(ptr), "h"(static_cast<unsigned short>(v)), "l"(policy)
-                 : "memory");
-  else
-    *ptr = static_cast<uint8_t>(v);
-}
-
 // The flag of a tile from each lane's packed tie byte (byte lane_byte<R>(lane) of the tile's 32),
 // and whether the tile needs its tie bits stored. Warp-collective; every lane gets the same.
 template <int R>
@@ -212,7 +184,7 @@ __device__ __forceinline__ uint32_t tile_flag(uint32_t tie_byte, int lane, bool&
 // Warp-collective.
 template <int R, int N>
 __device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, uint8_t* srow, int64_t V,
-                                          int64_t tile, int lane, bool keep = false, uint64_t policy = 0) {
+                                          int64_t tile, int lane) {
   uint32_t pos = 0, tie = 0;
 #pragma unroll
   for (int i = 0; i < R * N; ++i) {
@@ -224,9 +196,9 @@ __device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, u
   bool store_ties;
   const uint32_t flag = tile_flag<R>(tie_byte, lane, store_ties);
   const int64_t b = tile * kTileBytes + lane_byte<R>(lane);
-  store_byte(srow + b, pack_lane_bits<R>(pos, lane), keep, policy);
-  if (store_ties) store_byte(srow + sign_tie_offset(V) + b, tie_byte, keep, policy);
-  if (lane == 0) store_byte(srow + sign_flag_offset(V) + tile, flag, keep, policy);
+  srow[b] = static_cast<uint8_t>(pack_lane_bits<R>(pos, lane));
+  if (store_ties) srow[sign_tie_offset(V) + b] = static_cast<uint8_t>(tie_byte);
+  if (lane == 0) srow[sign_flag_offset(V) + tile] = static_cast<uint8_t>(flag);
 }
 
 // Rows pass of the forward: grid (rows, chunks), kThreads per block, warp w of a block taking
@@ -258,8 +230,6 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
 
   const T* prow = a.p + row * a.p_row_stride;
   const T* qrow = a.q + row * a.q_row_stride;
-  const bool keep = a.cache_hints & kKeepSignsInL2;
-  const uint64_t policy = keep ? l2_evict_last_policy() : 0;
   float acc = 0.f;
   // One tile's differences d (0 past V): the element losses ('none'), the signs, |d|.
   auto finish = [&](int64_t tile, const float (&d)[R * N]) {
@@ -274,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
       }
     }
     if constexpr (kSaveSigns) {
-      emit_tile<R, N>(d, acc, srow, V, tile, lane, keep, policy);
+      emit_tile<R, N>(d, acc, srow, V, tile, lane);
     } else {
 #pragma unroll
       for (int i = 0; i < R * N; ++i) acc += fabsf(d[i]);
@@ -345,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
 // non-ignored row count, the reduction's scale.
 __global__ void __launch_bounds__(kThreads)
 tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* labels, int64_t ignore_index,
-                    int64_t rows, int64_t V, int64_t reduction, float* loss, float* scale) {
+                    int64_t rows, int64_t V, Reduction reduction, float* loss, float* scale) {
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
   wait_for_previous_grid();
@@ -374,20 +344,18 @@ struct Decoder {
 
 // The tie byte a lane needs (byte `lane` of the tile's 32) for a tile with this flag: loaded only
 // for kSomeTies, made from the flag for kOneTie + i.
-__device__ __forceinline__ uint32_t load_byte(const uint8_t* ptr, bool stream) { return stream ? __ldcs(ptr) : *ptr; }
-__device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int64_t tile, uint32_t flag, int lane,
-                                             bool stream = false) {
-  if (flag == kSomeTies) return load_byte(srow + sign_tie_offset(V) + tile * kTileBytes + lane, stream);
+__device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int64_t tile, uint32_t flag, int lane) {
+  if (flag == kSomeTies) return srow[sign_tie_offset(V) + tile * kTileBytes + lane];
   if (flag >= kOneTie) return ((flag - kOneTie) >> 3) == uint32_t(lane) ? 1u << ((flag - kOneTie) & 7u) : 0u;
   return flag == kAllTies ? 0xFFu : 0u;
 }
 
 // Writes one tile of gradient from the pos and tie bytes a lane loaded (byte `lane` of the
 // tile's). Warp-collective. With kVec (rows of grad 16-byte aligned, so V % N == 0) a vector is
-// either wholly inside the row or wholly past it.
+// either wholly inside the row or wholly past it, and is stored evict-first.
 template <typename T, bool kVec>
 __device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uint32_t pos_byte, uint32_t tie_byte,
-                                           const Decoder<T>& dec, int lane, bool stream = false) {
+                                           const Decoder<T>& dec, int lane) {
   constexpr int N = TileShape<T>::N, R = TileShape<T>::R;
   const uint32_t pos = unpack_lane_bits<R>(pos_byte, lane), tie = unpack_lane_bits<R>(tie_byte, lane);
 #pragma unroll
@@ -399,8 +367,7 @@ __device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uin
         T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
         for (int k = 0; k < N; ++k) o[k] = dec((pos >> (r * N + k)) & 1u, (tie >> (r * N + k)) & 1u);
-        if (stream) __stcs(reinterpret_cast<uint4*>(grow) + e / N, out);
-        else reinterpret_cast<uint4*>(grow)[e / N] = out;
+        __stcs(reinterpret_cast<uint4*>(grow) + e / N, out);
       }
     } else {
 #pragma unroll
@@ -410,17 +377,15 @@ __device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uin
   }
 }
 
-// Backward of a reduced loss: grid (rows, chunks), kTh threads, each warp taking tiles of its
-// chunk with kU of them in flight (their flag and pos bytes, then the tie bytes of tiles that
-// have some ties, all loaded before any store). The
-// launcher's kTh and kU were measured on an H200 with bench/tvd_kernel_variants.
+// Backward of a reduced loss: grid (rows, chunks), rows in reverse order, kTh threads, each warp
+// taking tiles of its chunk with kU of them in flight (their flag and pos bytes, then the tie
+// bytes of tiles that have some ties, all loaded before any store). The launcher's kTh and kU
+// were measured on an H200 with bench/tvd_kernel_variants.
 template <typename T, bool kVec, int kTh, int kU>
 __global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a) {
   constexpr int W = kTh / 32;
   wait_for_previous_grid();
-  const bool rev = a.cache_hints & kReverseRows, sl = a.cache_hints & kStreamSignLoads,
-             sg = a.cache_hints & kStreamGradStores;
-  const int64_t row = rev ? a.rows - 1 - blockIdx.x : blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
+  const int64_t row = a.rows - 1 - blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint8_t* srow = a.signs + row * sign_row_pitch(V);
@@ -434,17 +399,16 @@ __global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a)
     uint32_t flag[kU], pos[kU], tie[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      flag[u] = load_byte(flags + t + u * W, sl);
-      pos[u] = load_byte(srow + (t + u * W) * kTileBytes + lane, sl);
+      flag[u] = flags[t + u * W];
+      pos[u] = srow[(t + u * W) * kTileBytes + lane];
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) tie[u] = tie_byte(srow, V, t + u * W, flag[u], lane, sl);  // all before any store
+    for (int u = 0; u < kU; ++u) tie[u] = tie_byte(srow, V, t + u * W, flag[u], lane);  // all before any store
 #pragma unroll
-    for (int u = 0; u < kU; ++u) write_tile<T, kVec>(grow, V, t + u * W, pos[u], tie[u], dec, lane, sg);
+    for (int u = 0; u < kU; ++u) write_tile<T, kVec>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
   }
   for (; t < range.end; t += W)
-    write_tile<T, kVec>(grow, V, t, load_byte(srow + t * kTileBytes + lane, sl),
-                        tie_byte(srow, V, t, load_byte(flags + t, sl), lane, sl), dec, lane, sg);
+    write_tile<T, kVec>(grow, V, t, srow[t * kTileBytes + lane], tie_byte(srow, V, t, flags[t], lane), dec, lane);
 }
 
 // Backward of 'none': grad_ij = sign_ij * 0.5 * grad_output_ij, element by element.
@@ -550,7 +514,7 @@ int64_t tvd_forward_scratch(int64_t rows, int64_t V, int num_sms) {
 // the finalize is launched while the rows pass finishes and waits on the device for its memory
 // (programmatic dependent launch: the finalize's launch latency overlaps the rows pass's tail).
 template <typename T>
-cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, float* scale, cudaStream_t stream) {
+cudaError_t tvd_forward(TvdForwardArgs<T> a, Reduction reduction, float* loss, float* scale, cudaStream_t stream) {
   const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
                    detail::aligned16(a.q, a.q_row_stride * int64_t(sizeof(T)));
   a.chunks = detail::forward_chunks<T>(a.rows, a.V, a.num_sms);
@@ -569,7 +533,7 @@ cudaError_t tvd_forward(TvdForwardArgs<T> a, int64_t reduction, float* loss, flo
 // With a.pdl it may start while the kernel before it in the stream (whichever) finishes; it waits
 // for that kernel's memory before it reads grad_output, the scale or the signs.
 template <typename T, int kTh = detail::BackwardShape<T>::kTh, int kU = detail::BackwardShape<T>::kU>
-cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, int64_t reduction, cudaStream_t stream) {
+cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, Reduction reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (reduction == kNone) {
     return detail::launch<detail::tvd_backward_none_kernel<T>>(a.pdl, dim3(static_cast<unsigned>(a.rows)),

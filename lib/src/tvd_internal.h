@@ -24,13 +24,13 @@ struct FlatInputs {
 // TORCH_CHECKs shape, dtype, device and label agreement (messages name what was expected and what
 // was passed); `supported` lists the dtypes of the calling backend, `backend` names it.
 FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
-                             const std::optional<at::Tensor>& labels, int64_t reduction,
+                             const std::optional<at::Tensor>& labels,
                              std::initializer_list<at::ScalarType> supported, const char* backend);
 
 // Checks of _tvd_backward's grad_output and scale (they come from our own forward unless someone
 // calls the internal op directly); rows: the forward's row count.
 void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows, int64_t V,
-                           int64_t reduction);
+                           kernels::Reduction reduction);
 
 // The internal ops, through the dispatcher (so CPU/CUDA kernels are picked by device).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(

@@ -12,8 +12,9 @@ from typing import Optional
 
 import torch
 
-# Reduction codes of the internal ops (lib/src/tvd_common.h, kernels::Reduction).
-_NONE = 0
+from ._ops import DEFAULT_IGNORE_INDEX, REDUCTIONS
+
+_NONE = REDUCTIONS.index("none")  # the internal ops' code of reduction 'none'
 
 
 def sign_row_pitch(V):
@@ -40,7 +41,7 @@ def _check_inputs(p: torch.Tensor, q: torch.Tensor) -> None:
 
 @torch.library.register_fake("lossfns::tvd_loss")
 def _tvd_loss_fake(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None,
-                   ignore_index: int = -100, reduction: str = "batchmean") -> torch.Tensor:
+                   ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: str = "batchmean") -> torch.Tensor:
     _check_inputs(p, q)
     # 'none': the per-element loss, p's shape, contiguous; else a 0-dim loss.
     return p.new_empty(p.shape if reduction == "none" else (), dtype=_acc_dtype(p))
@@ -96,8 +97,8 @@ def _rows(s: torch.Tensor):
 
 
 @torch.library.register_fake("lossfns::distill_loss")
-def _distill_loss_fake(s, t, labels=None, divergence="tvd", beta=0.5, temperature=1.0, ignore_index=-100,
-                       reduction="batchmean", vocab_size=None, grad_scale=None):
+def _distill_loss_fake(s, t, labels=None, divergence="tvd", beta=0.5, temperature=1.0,
+                       ignore_index=DEFAULT_IGNORE_INDEX, reduction="batchmean", vocab_size=None, grad_scale=None):
     _check_logits(s, t)
     return s.new_empty(s.shape[:-1] if reduction == "none" else (), dtype=_acc_dtype(s))
 
@@ -142,8 +143,8 @@ def _check_hidden(sh, sw, th, tw) -> None:
 
 
 @torch.library.register_fake("lossfns::fused_linear_distill_loss")
-def _fused_linear_fake(sh, sw, th, tw, labels=None, divergence="tvd", beta=0.5, temperature=1.0, ignore_index=-100,
-                       reduction="batchmean", vocab_size=None, kd_weight=1.0, ce_weight=0.0, chunk_size=None):
+def _fused_linear_fake(sh, sw, th, tw, labels=None, divergence="tvd", beta=0.5, temperature=1.0,
+                       ignore_index=DEFAULT_IGNORE_INDEX, reduction="batchmean", vocab_size=None, kd_weight=1.0, ce_weight=0.0, chunk_size=None):
     # loss, divergence, ce: 0-dim, or the hidden states' leading shape for 'none'.
     _check_hidden(sh, sw, th, tw)
     shape = sh.shape[:-1] if reduction == "none" else ()
@@ -183,7 +184,7 @@ def _check_ce(logits: torch.Tensor, labels: torch.Tensor) -> None:
 
 
 @torch.library.register_fake("lossfns::cross_entropy_loss")
-def _cross_entropy_loss_fake(logits, labels, ignore_index=-100, reduction="mean", vocab_size=None):
+def _cross_entropy_loss_fake(logits, labels, ignore_index=DEFAULT_IGNORE_INDEX, reduction="mean", vocab_size=None):
     _check_ce(logits, labels)
     return logits.new_empty(logits.shape[:-1] if reduction == "none" else (), dtype=_acc_dtype(logits))
 

@@ -6,10 +6,24 @@ from typing import Literal, NamedTuple, Optional
 import torch
 
 Reduction = Literal["none", "sum", "mean", "batchmean"]
+Divergence = Literal["tvd", "forward_kl", "reverse_kl", "jsd"]
+
+# The names, in the order of the internal ops' integer codes (lib/src/kernels_common.h's
+# kReductionNames, lib/include/lossfns/divergence.h's kDivergenceNames): a name's index is its
+# code. tests/python/test_package.py checks both orders against the library.
+REDUCTIONS = ("none", "sum", "mean", "batchmean")
+DIVERGENCES = ("tvd", "forward_kl", "reverse_kl", "jsd")
 
 # The library's one default (lossfns/defaults.h), read from the registered op's schema.
 DEFAULT_IGNORE_INDEX: int = next(a.default_value for a in torch.ops.lossfns.tvd_loss.default._schema.arguments
                                  if a.name == "ignore_index")
+
+
+def check_name(op: str, what: str, value: str, names: tuple) -> None:
+    """Raises ValueError unless ``value`` is one of ``names`` (a module's argument, checked when it
+    is built rather than at its first call)."""
+    if value not in names:
+        raise ValueError(f"{op}: {what} must be one of {', '.join(repr(n) for n in names)}; got {value!r}")
 
 
 def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None,
@@ -40,8 +54,6 @@ def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = 
     """
     return torch.ops.lossfns.tvd_loss(p, q, labels, ignore_index, reduction)
 
-
-Divergence = Literal["tvd", "forward_kl", "reverse_kl", "jsd"]
 
 
 def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: Optional[torch.Tensor] = None,

@@ -5,8 +5,8 @@ from typing import Optional
 
 import torch
 
-from ._ops import DEFAULT_IGNORE_INDEX, Divergence, Reduction, distill_loss, tvd_loss
-from ._ops import cross_entropy_loss
+from ._ops import (DEFAULT_IGNORE_INDEX, DIVERGENCES, REDUCTIONS, Divergence, Reduction, check_name,
+                   cross_entropy_loss, distill_loss, tvd_loss)
 
 
 class TVDLoss(torch.nn.Module):
@@ -20,9 +20,7 @@ class TVDLoss(torch.nn.Module):
 
     def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean") -> None:
         super().__init__()
-        if reduction not in ("none", "sum", "mean", "batchmean"):
-            raise ValueError(f"lossfns.TVDLoss: reduction must be one of 'none', 'sum', 'mean', "
-                             f"'batchmean'; got {reduction!r}")
+        check_name("lossfns.TVDLoss", "reduction", reduction, REDUCTIONS)
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
 
@@ -42,12 +40,8 @@ class DistillLoss(torch.nn.Module):
                  ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean",
                  vocab_size: Optional[int] = None) -> None:
         super().__init__()
-        if divergence not in ("tvd", "forward_kl", "reverse_kl", "jsd"):
-            raise ValueError(f"lossfns.DistillLoss: divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', "
-                             f"'jsd'; got {divergence!r}")
-        if reduction not in ("none", "sum", "mean", "batchmean"):
-            raise ValueError(f"lossfns.DistillLoss: reduction must be one of 'none', 'sum', 'mean', "
-                             f"'batchmean'; got {reduction!r}")
+        check_name("lossfns.DistillLoss", "divergence", divergence, DIVERGENCES)
+        check_name("lossfns.DistillLoss", "reduction", reduction, REDUCTIONS)
         self.divergence: Divergence = divergence
         self.beta = beta
         self.temperature = temperature
@@ -75,9 +69,7 @@ class CrossEntropyLoss(torch.nn.Module):
     def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "mean",
                  vocab_size: Optional[int] = None) -> None:
         super().__init__()
-        if reduction not in ("none", "sum", "mean", "batchmean"):
-            raise ValueError(f"lossfns.CrossEntropyLoss: reduction must be one of 'none', 'sum', 'mean', "
-                             f"'batchmean'; got {reduction!r}")
+        check_name("lossfns.CrossEntropyLoss", "reduction", reduction, REDUCTIONS)
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
         self.vocab_size = vocab_size

@@ -12,9 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import lossfns
-
-REDUCTIONS = ["none", "sum", "mean", "batchmean"]
-CODES = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}  # lib/src/kernels_common.h, kernels::Reduction
+from lossfns._ops import REDUCTIONS
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 
 
@@ -86,11 +84,11 @@ def test_opcheck(device, reduction):
     op = torch.ops.lossfns.cross_entropy_loss.default
     torch.library.opcheck(op, (x.clone().requires_grad_(), lab, -100, reduction, 290))  # autograd
     torch.library.opcheck(op, (x, lab, -100, reduction, 290))  # no grad: every check
-    torch.library.opcheck(torch.ops.lossfns._cross_entropy_forward.default, (x, lab, -100, CODES[reduction], 290))
-    loss, stats, scale = torch.ops.lossfns._cross_entropy_forward(x, lab, -100, CODES[reduction], 290)
+    torch.library.opcheck(torch.ops.lossfns._cross_entropy_forward.default, (x, lab, -100, REDUCTIONS.index(reduction), 290))
+    loss, stats, scale = torch.ops.lossfns._cross_entropy_forward(x, lab, -100, REDUCTIONS.index(reduction), 290)
     go = torch.rand_like(loss) if reduction == "none" else torch.tensor(0.75, device=device)
     torch.library.opcheck(torch.ops.lossfns._cross_entropy_backward.default,
-                          (go, x, lab, stats, scale, -100, CODES[reduction], 290))
+                          (go, x, lab, stats, scale, -100, REDUCTIONS.index(reduction), 290))
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -20,10 +20,9 @@ import torch
 
 import lossfns
 from lossfns import _fake
+from lossfns._ops import DIVERGENCES, REDUCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REDUCTIONS = ["none", "sum", "mean", "batchmean"]
-CODES = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}  # lib/src/tvd_common.h, kernels::Reduction
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 
 
@@ -60,7 +59,7 @@ def test_opcheck_every_op(device, shape, dtype, reduction, labels):
     pg, qg = p.clone().requires_grad_(), q.clone().requires_grad_()
     torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (pg, qg, lab, -100, reduction))  # autograd
     torch.library.opcheck(torch.ops.lossfns.tvd_loss.default, (p, q, lab, -100, reduction))  # no grad: all checks
-    code = CODES[reduction]
+    code = REDUCTIONS.index(reduction)
     # The CUDA forward's packed signs leave bytes unwritten by design (the tie bits of tiles
     # without ties, the padding of each region): backward never reads them, but they make the
     # signs output differ between two calls, which opcheck's eager-vs-AOT comparison rejects.
@@ -103,11 +102,30 @@ def test_aot_shapes_match_eager(reduction, dynamic):
     assert bool((out["aot"][1][ties] == 0).all()), "a tie got a non-zero gradient"
 
 
+def test_code_order_matches_library():
+    # The internal ops take a reduction's and a divergence's index in lossfns._ops.REDUCTIONS /
+    # DIVERGENCES as its integer code: each code must compute what the public op computes for
+    # its name (the four reductions and the four divergences all give different values here).
+    g = torch.Generator().manual_seed(1)
+    p = torch.rand(3, 7, generator=g, dtype=torch.float64).softmax(-1)
+    q = torch.rand(3, 7, generator=g, dtype=torch.float64).softmax(-1)
+    for code, name in enumerate(REDUCTIONS):
+        want = lossfns.tvd_loss(p, q, reduction=name)
+        got = torch.ops.lossfns._tvd_forward(p, q, None, -100, code, False)[0].view(want.shape)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"reduction code {code} is not {name!r}")
+    s, t = torch.randn(3, 7, generator=g, dtype=torch.float64), torch.randn(3, 7, generator=g, dtype=torch.float64)
+    for code, name in enumerate(DIVERGENCES):
+        want = lossfns.distill_loss(s, t, divergence=name, beta=0.3, reduction="sum")
+        got = torch.ops.lossfns._distill_forward(s, t, None, code, 0.3, 1.0, -100, REDUCTIONS.index("sum"), 7,
+                                                 None, False)[0]
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"divergence code {code} is not {name!r}")
+
+
 def test_fake_sign_pitch_matches_library():
     # The CPU forward returns (0, sign_row_pitch(V)) signs: the library's own pitch for any V.
     for V in [1, 7, 128, 255, 256, 257, 300, 4096, 32000, 32768, 50257, 128256, 151936]:
         p = torch.full((1, V), 1.0 / V)
-        _, signs, _ = torch.ops.lossfns._tvd_forward(p, p, None, -100, 3, True)
+        _, signs, _ = torch.ops.lossfns._tvd_forward(p, p, None, -100, REDUCTIONS.index("batchmean"), True)
         assert signs.shape == (0, _fake.sign_row_pitch(V)), V
 
 
@@ -240,8 +258,6 @@ def test_pip_install_into_fresh_virtualenv(tmp_path):
 
 
 # --- lossfns.distill_loss -----------------------------------------------------------------------
-DIVERGENCES = ["tvd", "forward_kl", "reverse_kl", "jsd"]
-DIV_CODES = {"tvd": 0, "forward_kl": 1, "reverse_kl": 2, "jsd": 3}  # lib/src/distill_common.h
 
 
 def logits(shape, dtype, device, labels="some", wt=None):
@@ -279,7 +295,7 @@ def test_opcheck_distill_ops(device, shape, dtype, reduction, divergence):
     torch.library.opcheck(op, (s, t) + args)  # no grad: every check
     gs = torch.tensor([0.75], device=device)
     torch.library.opcheck(op, (sg, t) + args + (gs,))  # the gradient computed in forward on CUDA
-    code, red = DIV_CODES[divergence], CODES[reduction]
+    code, red = DIVERGENCES.index(divergence), REDUCTIONS.index(reduction)
     for grad_scale in (None, gs):
         for save in (False, True):
             torch.library.opcheck(torch.ops.lossfns._distill_forward.default,
@@ -403,12 +419,12 @@ def test_opcheck_fused_linear_ops(device, reduction):
     args = (lab, "jsd", 0.3, 1.5, -100, reduction, 280, 0.8, 0.4, 3)
     torch.library.opcheck(op, (sh.clone().requires_grad_(), sw.clone().requires_grad_(), th, tw) + args)  # autograd
     torch.library.opcheck(op, (sh, sw, th, tw) + args)  # no grad: every check
-    code = CODES[reduction]
+    code, jsd = REDUCTIONS.index(reduction), DIVERGENCES.index("jsd")
     for grads in [(False, False), (True, True), (True, False)]:
         torch.library.opcheck(torch.ops.lossfns._fused_linear_distill_forward.default,
-                              (sh, sw, th, tw, lab, 3, 0.3, 1.5, -100, code, 280, 0.8, 0.4, 3) + grads)
+                              (sh, sw, th, tw, lab, jsd, 0.3, 1.5, -100, code, 280, 0.8, 0.4, 3) + grads)
     torch.library.opcheck(torch.ops.lossfns._fused_linear_distill_backward.default,
-                          (torch.rand(7, dtype=dtype, device=device), sh, sw, th, tw, lab, 3, 0.3, 1.5, -100, 280,
+                          (torch.rand(7, dtype=dtype, device=device), sh, sw, th, tw, lab, jsd, 0.3, 1.5, -100, 280,
                            0.8, 0.4, 3, True, True))
 
 

@@ -56,18 +56,15 @@ inline Config TinyConfig(const std::string& out_dir) {
 
 }  // namespace distill::testing
 
+#include "distill/run.h"
 #include "distill/trainer.h"
 
 namespace distill::testing {
 
-// Pretrains the teacher architecture of `config` for `steps` steps into `dir`; returns `dir`
-// (a run directory usable as teacher.checkpoint).
+// Pretrains the teacher architecture of `config` for `steps` steps into `dir` (the pipeline's
+// teacher stage); returns `dir` (a run directory usable as teacher.checkpoint).
 inline std::string MakeTeacher(const Config& config, const std::string& dir, int64_t steps = 5) {
-  Config c = config;
-  SetArchitecture(c.student, config.teacher);
-  c.student.init_from_teacher = false;
-  c.train.mode = Mode::kPretrain;
-  c.train.baseline = false;
+  Config c = TeacherStageConfig(config);
   c.train.steps = steps;
   c.train.out_dir = dir;
   Trainer(c, RunOptions{false, true}).TrainUntil(steps);
