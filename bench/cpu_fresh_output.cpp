@@ -16,12 +16,12 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <optional>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -69,12 +69,13 @@ void BackwardRows(const at::Tensor& p, const at::Tensor& q, at::Tensor& g) {
   const float* pp = p.const_data_ptr<float>();
   const float* qp = q.const_data_ptr<float>();
   float* gp = g.mutable_data_ptr<float>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 16) / V), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      lossfns::kernels::tvd_row_backward_cpu<false>(pp + r * V, qp + r * V, V, 0.5f,
-                                                    static_cast<const float*>(nullptr), gp + r * V);
-    }
-  });
+  at::parallel_for(
+      0, rows, std::max<int64_t>(1, (int64_t{1} << 16) / V), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          lossfns::kernels::tvd_row_backward_cpu<false>(
+              pp + r * V, qp + r * V, V, 0.5f, static_cast<const float*>(nullptr), gp + r * V);
+        }
+      });
 }
 
 struct Sample {
@@ -90,7 +91,8 @@ Sample Time(const std::function<void()>& fn, int reps) {
     const long f0 = MinorFaults();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     faults += MinorFaults() - f0;
   }
   std::sort(ms.begin(), ms.end());
@@ -105,9 +107,12 @@ int main(int argc, char** argv) {
   std::vector<int> threads = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--rows") rows = std::stoll(v);
-    else if (a == "--V") V = std::stoll(v);
-    else if (a == "--reps") reps = std::stoi(v);
+    if (a == "--rows")
+      rows = std::stoll(v);
+    else if (a == "--V")
+      V = std::stoll(v);
+    else if (a == "--reps")
+      reps = std::stoi(v);
     else if (a == "--threads") {
       threads.clear();
       std::stringstream s(v);
@@ -117,8 +122,9 @@ int main(int argc, char** argv) {
   std::printf("THP enabled: %s\nTHP defrag:  %s\n",
               ReadFirstLine("/sys/kernel/mm/transparent_hugepage/enabled").c_str(),
               ReadFirstLine("/sys/kernel/mm/transparent_hugepage/defrag").c_str());
-  std::printf("(%lld, %lld) fp32, %.0f MB out; median ms of %d calls (minor page faults per call)\n",
-              static_cast<long long>(rows), static_cast<long long>(V), rows * V * 4 / 1e6, reps);
+  std::printf(
+      "(%lld, %lld) fp32, %.0f MB out; median ms of %d calls (minor page faults per call)\n",
+      static_cast<long long>(rows), static_cast<long long>(V), rows * V * 4 / 1e6, reps);
   at::manual_seed(0);
   const bool softmax = std::getenv("SOFTMAX") != nullptr;
   const at::Tensor p = softmax ? at::softmax(at::randn({rows, V}), -1) : at::rand({rows, V});
@@ -128,7 +134,8 @@ int main(int argc, char** argv) {
   BackwardRows(p, q, reused);
   {
     at::Tensor probe = at::empty({rows, V});
-    std::printf("MADV_POPULATE_WRITE: %s\n", Advise(probe, MADV_POPULATE_WRITE) ? "works" : "refused");
+    std::printf("MADV_POPULATE_WRITE: %s\n",
+                Advise(probe, MADV_POPULATE_WRITE) ? "works" : "refused");
   }
   std::printf("%8s %16s %16s %16s %16s %16s %16s %16s %16s\n", "threads", "hint", "none", "nohuge",
               "populate", "hint+pop", "reused", "torch fill_", "op backward");
@@ -153,11 +160,13 @@ int main(int argc, char** argv) {
     const Sample fill = Time([&] { at::empty({rows, V}).fill_(0); }, reps);
     using Opt = const std::optional<at::Tensor>&;
     static const auto bwd_op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("lossfns::_tvd_backward", "").typed<at::Tensor(
-            const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt, int64_t, int64_t,
-            at::ScalarType, int64_t)>();
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("lossfns::_tvd_backward", "")
+            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt,
+                              Opt, int64_t, int64_t, at::ScalarType, int64_t)>();
     const at::Tensor go = at::ones({}), scale = at::full({1}, 1.0 / rows), no_signs;
-    const Sample op = Time([&] { bwd_op.call(go, no_signs, scale, p, q, {}, -100, V, at::kFloat, 3); }, reps);
+    const Sample op =
+        Time([&] { bwd_op.call(go, no_signs, scale, p, q, {}, -100, V, at::kFloat, 3); }, reps);
 
     auto cell = [](const Sample& s) {
       static char buf[64];

@@ -48,7 +48,7 @@ struct Result {
   Case c;
   double ours_fwd, ours_bwd, ours_full, ref_fwd, ref_bwd, ref_full;  // median ms
   double kernels_full;  // the op's internal forward + backward ops, no autograd (median ms)
-  double limit_ms;  // three streams at the copy bandwidth (CUDA only)
+  double limit_ms;      // three streams at the copy bandwidth (CUDA only)
 };
 
 // Median milliseconds of one call of fn, over `reps` samples after `warmup` calls. On CUDA a
@@ -74,7 +74,8 @@ double time_ms(const std::string& device, const std::function<void()>& fn, int w
     for (int i = 0; i < reps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       fn();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   std::sort(ms.begin(), ms.end());
@@ -82,16 +83,19 @@ double time_ms(const std::string& device, const std::function<void()>& fn, int w
 }
 
 // The composite reference the issue names: (p - q).abs().sum() / (2*BT), autograd through ATen.
-at::Tensor composite(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels) {
+at::Tensor composite(const at::Tensor& p, const at::Tensor& q,
+                     const std::optional<at::Tensor>& labels) {
   if (!labels) return (p - q).abs().sum() / (2.0 * p.size(0));
   const at::Tensor keep = labels->ne(-100);
-  return ((p - q).abs() * keep.unsqueeze(1).to(p.scalar_type())).sum() / (2.0 * keep.sum().clamp_min(1));
+  return ((p - q).abs() * keep.unsqueeze(1).to(p.scalar_type())).sum() /
+         (2.0 * keep.sum().clamp_min(1));
 }
 
 Result run_case(const Case& c, int warmup, int reps) {
   at::manual_seed(0);
   const auto opts = at::TensorOptions().device(c.device == "cuda" ? at::kCUDA : at::kCPU);
-  const at::Tensor p = at::softmax(at::randn({c.BT, c.V}, opts), -1).to(c.dtype).requires_grad_(true);
+  const at::Tensor p =
+      at::softmax(at::randn({c.BT, c.V}, opts), -1).to(c.dtype).requires_grad_(true);
   const at::Tensor q = at::softmax(at::randn({c.BT, c.V}, opts), -1).to(c.dtype);
   std::optional<at::Tensor> labels;
   if (c.labels) labels = at::where(at::arange(c.BT, opts.dtype(at::kLong)) % 7 == 0, -100, 1);
@@ -102,12 +106,16 @@ Result run_case(const Case& c, int warmup, int reps) {
   auto measure = [&](const LossFn& loss_fn, double& fwd, double& bwd, double& full) {
     {
       c10::AutoGradMode no_grad(false);
-      fwd = time_ms(c.device, [&] { loss_fn(); }, warmup, reps);
+      fwd = time_ms(
+          c.device, [&] { loss_fn(); }, warmup, reps);
     }
     const at::Tensor loss = loss_fn();
     const at::Tensor g = go.to(loss.scalar_type());
-    bwd = time_ms(c.device, [&] { torch::autograd::grad({loss}, {p}, {g}, /*retain_graph=*/true); }, warmup, reps);
-    full = time_ms(c.device, [&] { torch::autograd::grad({loss_fn()}, {p}, {g}); }, warmup, reps);
+    bwd = time_ms(
+        c.device, [&] { torch::autograd::grad({loss}, {p}, {g}, /*retain_graph=*/true); }, warmup,
+        reps);
+    full = time_ms(
+        c.device, [&] { torch::autograd::grad({loss_fn()}, {p}, {g}); }, warmup, reps);
   };
   // Forward alone is timed with grad mode off for both (no signs saved, no graph built).
   measure([&] { return lossfns::tvd_loss(p, q, {}, labels); }, r.ours_fwd, r.ours_bwd, r.ours_full);
@@ -117,16 +125,23 @@ Result run_case(const Case& c, int warmup, int reps) {
   // lossfns::_tvd_backward through the dispatcher. The gap to ours_full is autograd's host cost.
   using Opt = const std::optional<at::Tensor>&;
   static const auto fwd_op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("lossfns::_tvd_forward", "").typed<
-          std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, Opt, int64_t, int64_t, bool)>();
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_tvd_forward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, Opt, int64_t, int64_t, bool)>();
   static const auto bwd_op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("lossfns::_tvd_backward", "").typed<at::Tensor(
-          const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt, int64_t, int64_t, at::ScalarType, int64_t)>();
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_tvd_backward", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt,
+                            int64_t, int64_t, at::ScalarType, int64_t)>();
   const at::Tensor pd = p.detach();
-  r.kernels_full = time_ms(c.device, [&] {
-    auto [loss, signs, scale] = fwd_op.call(pd, q, labels, -100, /*batchmean*/ 3, true);
-    bwd_op.call(go, signs, scale, pd, q, labels, -100, c.V, c.dtype, 3);
-  }, 2, c.device == "cuda" ? 15 : 5);
+  r.kernels_full = time_ms(
+      c.device,
+      [&] {
+        auto [loss, signs, scale] = fwd_op.call(pd, q, labels, -100, /*batchmean*/ 3, true);
+        bwd_op.call(go, signs, scale, pd, q, labels, -100, c.V, c.dtype, 3);
+      },
+      2, c.device == "cuda" ? 15 : 5);
   return r;
 }
 
@@ -142,14 +157,28 @@ Bandwidth measure_bandwidth() {
   at::Tensor dst = at::empty_like(src);
   const double bytes = 4.0 * n;
   Bandwidth bw{};
-  bw.copy = 2 * bytes / (time_ms("cuda", [&] { dst.copy_(src); }, 3, 10) * 1e-3) / 1e9;
-  bw.read = bytes / (time_ms("cuda", [&] { src.sum(); }, 3, 10) * 1e-3) / 1e9;
-  bw.write = bytes / (time_ms("cuda", [&] { dst.fill_(1.0); }, 3, 10) * 1e-3) / 1e9;
+  bw.copy = 2 * bytes /
+            (time_ms(
+                 "cuda", [&] { dst.copy_(src); }, 3, 10) *
+             1e-3) /
+            1e9;
+  bw.read = bytes /
+            (time_ms(
+                 "cuda", [&] { src.sum(); }, 3, 10) *
+             1e-3) /
+            1e9;
+  bw.write = bytes /
+             (time_ms(
+                  "cuda", [&] { dst.fill_(1.0); }, 3, 10) *
+              1e-3) /
+             1e9;
   return bw;
 }
 #endif
 
-std::string dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : (t == at::kHalf ? "fp16" : "fp32"); }
+std::string dtype_name(at::ScalarType t) {
+  return t == at::kBFloat16 ? "bf16" : (t == at::kHalf ? "fp16" : "fp32");
+}
 
 }  // namespace
 
@@ -159,15 +188,17 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {at::get_num_threads()};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--cpu-only") cpu_only = true;
-    else if (a == "--quick") quick = true;
+    if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--cpu-only")
+      cpu_only = true;
+    else if (a == "--quick")
+      quick = true;
     else if (a == "--threads" && i + 1 < argc) {
       thread_counts.clear();
       std::stringstream list(argv[++i]);
       for (std::string t; std::getline(list, t, ',');) thread_counts.push_back(std::stoi(t));
-    }
-    else {
+    } else {
       const bool help = a == "--help" || a == "-h";
       std::fprintf(help ? stdout : stderr,
                    "usage: tvd_bench [--json FILE] [--cpu-only] [--quick] [--threads 1,4,16]\n"
@@ -198,8 +229,11 @@ int main(int argc, char** argv) {
     write_bw = b.write;
     device_name = at::cuda::getCurrentDeviceProperties()->name;
     const std::vector<std::tuple<int64_t, int64_t, at::ScalarType>> shapes = {
-        {4096, 32000, at::kBFloat16}, {4096, 32000, at::kFloat}, {8192, 128256, at::kBFloat16},
-        {16384, 131072, at::kFloat}, {512, 32000, at::kBFloat16}};
+        {4096, 32000, at::kBFloat16},
+        {4096, 32000, at::kFloat},
+        {8192, 128256, at::kBFloat16},
+        {16384, 131072, at::kFloat},
+        {512, 32000, at::kBFloat16}};
     for (const auto& [BT, V, dt] : shapes)
       for (double g : {1.0, 0.5})
         for (bool l : {false, true}) cases.push_back({"cuda", 0, BT, V, dt, g, l});
@@ -211,13 +245,15 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   if (bw > 0)
-    std::printf("device: %s; copy bandwidth %.0f GB/s (read+write); read-only %.0f GB/s; write-only %.0f GB/s\n\n",
-                device_name.c_str(), bw, read_bw, write_bw);
+    std::printf(
+        "device: %s; copy bandwidth %.0f GB/s (read+write); read-only %.0f GB/s; write-only %.0f "
+        "GB/s\n\n",
+        device_name.c_str(), bw, read_bw, write_bw);
   else  // no CUDA case: nothing measured a bandwidth, and no row has a limit to compare with
     std::printf("device: %s\n\n", device_name.c_str());
-  std::printf("%-5s %3s %6s %7s %4s %4s %3s | %9s %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev", "thr", "BT", "V", "dt",
-              "g", "ign", "fwd ms", "bwd ms", "full ms", "kernels", "ref fwd", "ref bwd", "ref full", "speedup",
-              "of limit");
+  std::printf("%-5s %3s %6s %7s %4s %4s %3s | %9s %9s %9s %9s | %9s %9s %9s | %7s %8s\n", "dev",
+              "thr", "BT", "V", "dt", "g", "ign", "fwd ms", "bwd ms", "full ms", "kernels",
+              "ref fwd", "ref bwd", "ref full", "speedup", "of limit");
   for (const Case& c : cases) {
     const bool cuda = c.device == "cuda";
     const int reps = quick ? 3 : (cuda ? 15 : 7);
@@ -225,12 +261,15 @@ int main(int argc, char** argv) {
     Result r = run_case(c, cuda ? 5 : 2, reps);
     const double bytes = 3.0 * c.BT * c.V * at::elementSize(c.dtype);
     r.limit_ms = cuda && bw > 0 ? bytes / (bw * 1e9) * 1e3 : 0;
-    std::printf("%-5s %3s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx %7s\n",
-                c.device.c_str(), cuda ? "-" : std::to_string(c.threads).c_str(), (long long)c.BT, (long long)c.V, dtype_name(c.dtype).c_str(), c.grad_output,
-                c.labels ? "yes" : "no", r.ours_fwd, r.ours_bwd, r.ours_full, r.kernels_full, r.ref_fwd, r.ref_bwd,
-                r.ref_full,
-                r.ref_full / r.ours_full,
-                r.limit_ms > 0 ? (std::to_string(int(100 * r.limit_ms / r.ours_full + 0.5)) + "%").c_str() : "-");
+    std::printf(
+        "%-5s %3s %6lld %7lld %4s %4.1f %3s | %9.3f %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %6.1fx "
+        "%7s\n",
+        c.device.c_str(), cuda ? "-" : std::to_string(c.threads).c_str(), (long long)c.BT,
+        (long long)c.V, dtype_name(c.dtype).c_str(), c.grad_output, c.labels ? "yes" : "no",
+        r.ours_fwd, r.ours_bwd, r.ours_full, r.kernels_full, r.ref_fwd, r.ref_bwd, r.ref_full,
+        r.ref_full / r.ours_full,
+        r.limit_ms > 0 ? (std::to_string(int(100 * r.limit_ms / r.ours_full + 0.5)) + "%").c_str()
+                       : "-");
     std::fflush(stdout);
     results.push_back(r);
     if (cuda) c10::cuda::CUDACachingAllocator::emptyCache();
@@ -243,12 +282,15 @@ int main(int argc, char** argv) {
      << ",\n  \"cases\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    js << "    {\"device\": \"" << r.c.device << "\", \"threads\": " << r.c.threads << ", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""
-       << dtype_name(r.c.dtype) << "\", \"grad_output\": " << r.c.grad_output << ", \"ignored_rows\": "
-       << (r.c.labels ? "true" : "false") << ", \"ours_fwd_ms\": " << r.ours_fwd << ", \"ours_bwd_ms\": "
-       << r.ours_bwd << ", \"ours_full_ms\": " << r.ours_full << ", \"kernels_full_ms\": " << r.kernels_full << ", \"ref_fwd_ms\": " << r.ref_fwd
-       << ", \"ref_bwd_ms\": " << r.ref_bwd << ", \"ref_full_ms\": " << r.ref_full << ", \"limit_ms\": " << r.limit_ms
-       << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    js << "    {\"device\": \"" << r.c.device << "\", \"threads\": " << r.c.threads
+       << ", \"BT\": " << r.c.BT << ", \"V\": " << r.c.V << ", \"dtype\": \""
+       << dtype_name(r.c.dtype) << "\", \"grad_output\": " << r.c.grad_output
+       << ", \"ignored_rows\": " << (r.c.labels ? "true" : "false")
+       << ", \"ours_fwd_ms\": " << r.ours_fwd << ", \"ours_bwd_ms\": " << r.ours_bwd
+       << ", \"ours_full_ms\": " << r.ours_full << ", \"kernels_full_ms\": " << r.kernels_full
+       << ", \"ref_fwd_ms\": " << r.ref_fwd << ", \"ref_bwd_ms\": " << r.ref_bwd
+       << ", \"ref_full_ms\": " << r.ref_full << ", \"limit_ms\": " << r.limit_ms << "}"
+       << (i + 1 < results.size() ? "," : "") << "\n";
   }
   js << "  ]\n}\n";
   js.close();

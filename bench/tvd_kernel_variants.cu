@@ -5,9 +5,10 @@
 // CUDA kernels are built; docs/benchmarks.md ("Kernel workshop") has the numbers.
 // Usage: tvd_kernel_variants [--pipelines] [--pdl] [--l2] [--profile]
 // (--profile: every row once, untimed, on two shapes, for Nsight Compute's counters: ncu
-// --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum tvd_kernel_variants --profile)
-// (The 2-bit design's variants and the column-blocked sign layouts of earlier sessions are gone:
-// docs/benchmarks.md has their numbers, git history their code, bench/ at commit 749f0e4.)
+// --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum tvd_kernel_variants
+// --profile) (The 2-bit design's variants and the column-blocked sign layouts of earlier sessions
+// are gone: docs/benchmarks.md has their numbers, git history their code, bench/ at commit
+// 749f0e4.)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -24,7 +25,8 @@ bool g_pdl = false;        // --pdl: programmatic dependent launch of the finali
 bool g_l2 = false;         // --l2: an L2 set-aside for persisting lines with the keep-signs hint
 
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16;
+       i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
 }
 
@@ -53,7 +55,8 @@ struct Shape {
   Reference refs[kNumData];
   bool have_ref[kNumData] = {};
 
-  Shape(int64_t BT_, int64_t V_, int sms_) : BT(BT_), V(V_), sms(sms_), n(size_t(BT_) * V_), bytes(n * sizeof(T)) {
+  Shape(int64_t BT_, int64_t V_, int sms_)
+      : BT(BT_), V(V_), sms(sms_), n(size_t(BT_) * V_), bytes(n * sizeof(T)) {
     limit = 3.0 * bytes;
     sign_bytes = double(BT) * (V / 8.0 + double(sign_tiles(V)));
     sign_buf = size_t(BT) * sign_row_pitch(V);
@@ -70,13 +73,17 @@ struct Shape {
     const float one = 1.f;
     CHECK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
     data_p[kNoTies] = p;
-    for (int d = kAllTies; d < kNumData; ++d) {  // separate buffers: the same buffer twice is read once
+    for (int d = kAllTies; d < kNumData;
+         ++d) {  // separate buffers: the same buffer twice is read once
       CHECK(cudaMalloc(&data_p[d], bytes));
-      if (d == kAllTies) CHECK(cudaMemcpy(data_p[d], q, bytes, cudaMemcpyDeviceToDevice));
-      else tie_pattern<T><<<sms * 8, 256>>>(data_p[d], q, int64_t(n), kTiesPer65536[d]);
+      if (d == kAllTies)
+        CHECK(cudaMemcpy(data_p[d], q, bytes, cudaMemcpyDeviceToDevice));
+      else
+        tie_pattern<T><<<sms * 8, 256>>>(data_p[d], q, int64_t(n), kTiesPer65536[d]);
     }
     CHECK(cudaGetLastError());
-    fa.p = p, fa.q = q, fa.p_row_stride = V, fa.q_row_stride = V, fa.labels = nullptr, fa.ignore_index = -100;
+    fa.p = p, fa.q = q, fa.p_row_stride = V, fa.q_row_stride = V, fa.labels = nullptr,
+    fa.ignore_index = -100;
     fa.rows = BT, fa.V = V, fa.num_sms = sms, fa.row_loss = row_loss, fa.signs = signs;
     ba = TvdBackwardArgs<T>{signs, BT, V, go, scale, grad, sms};
     int major = 0;  // as the library's adapter launches: programmatic dependent launch on sm_90+
@@ -85,7 +92,8 @@ struct Shape {
   }
   ~Shape() {
     for (int d = kAllTies; d < kNumData; ++d) CHECK(cudaFree(data_p[d]));
-    for (void* ptr : {(void*)p, (void*)q, (void*)grad, (void*)signs, (void*)row_loss, (void*)loss, (void*)scale, (void*)go})
+    for (void* ptr : {(void*)p, (void*)q, (void*)grad, (void*)signs, (void*)row_loss, (void*)loss,
+                      (void*)scale, (void*)go})
       CHECK(cudaFree(ptr));
   }
 
@@ -123,10 +131,13 @@ struct Shape {
 // full-pass rows is 1.5 copies: p and q read, grad written, at copy speed).
 template <typename T>
 void DeviceSpeed(Shape<T>& s) {
-  s.row_rw("fill (write-only, 16B stores)", time_ms([&] { fill_kernel<<<s.sms * 8, 256>>>((uint4*)s.grad, s.bytes / 16); }),
+  s.row_rw("fill (write-only, 16B stores)",
+           time_ms([&] { fill_kernel<<<s.sms * 8, 256>>>((uint4*)s.grad, s.bytes / 16); }),
            s.bytes);
-  s.row_rw("cudaMemsetAsync (write-only)", time_ms([&] { CHECK(cudaMemsetAsync(s.grad, 0, s.bytes)); }), s.bytes);
-  s.copy_ms = time_ms([&] { CHECK(cudaMemcpyAsync(s.grad, s.p, s.bytes, cudaMemcpyDeviceToDevice)); });
+  s.row_rw("cudaMemsetAsync (write-only)",
+           time_ms([&] { CHECK(cudaMemsetAsync(s.grad, 0, s.bytes)); }), s.bytes);
+  s.copy_ms =
+      time_ms([&] { CHECK(cudaMemcpyAsync(s.grad, s.p, s.bytes, cudaMemcpyDeviceToDevice)); });
   s.row_rw("cudaMemcpy D2D (read+write)", s.copy_ms, 2.0 * s.bytes);
 }
 
@@ -136,20 +147,24 @@ template <typename T>
 void LibraryKernels(Shape<T>& s) {
   TvdForwardArgs<T> nosigns = s.fa;
   nosigns.signs = nullptr;
-  s.row_rw("forward, no signs (+finalize)", time_ms([&] { CHECK(tvd_forward(nosigns, kBatchMean, s.loss, s.scale, 0)); }),
+  s.row_rw("forward, no signs (+finalize)",
+           time_ms([&] { CHECK(tvd_forward(nosigns, kBatchMean, s.loss, s.scale, 0)); }),
            2.0 * s.bytes);
-  s.row_rw("forward, signs (+finalize)", time_ms([&] { s.forward(kNoTies); }), 2.0 * s.bytes + s.sign_bytes);
+  s.row_rw("forward, signs (+finalize)", time_ms([&] { s.forward(kNoTies); }),
+           2.0 * s.bytes + s.sign_bytes);
   auto rows_pass = [&](TvdForwardArgs<T> f) {
     f.chunks = detail::forward_chunks<T>(s.BT, s.V, s.sms);
     CHECK((detail::launch_forward_sel<T, true>(f, 0)));
   };
-  s.row_rw("forward rows pass only (no signs, no finalize)", time_ms([&] { rows_pass(nosigns); }), 2.0 * s.bytes);
+  s.row_rw("forward rows pass only (no signs, no finalize)", time_ms([&] { rows_pass(nosigns); }),
+           2.0 * s.bytes);
   s.row_rw("forward rows pass only (signs, no finalize)", time_ms([&] { rows_pass(s.fa); }),
            2.0 * s.bytes + s.sign_bytes);
   s.forward(kNoTies);
   s.row_rw("backward (library)", time_ms([&] { s.backward(); }), s.bytes + s.sign_bytes);
-  const char* names[kNumData] = {"full: library", "full: library, q equal to p (every tile all ties)",
-                                 "full: library, 0.16% of elements tied", "full: library, 4.40% of elements tied"};
+  const char* names[kNumData] = {
+      "full: library", "full: library, q equal to p (every tile all ties)",
+      "full: library, 0.16% of elements tied", "full: library, 4.40% of elements tied"};
   for (Data d : {kNoTies, kAllTies, kTies016, kTies44}) {
     s.row_full(names[d], time_ms([&] {
                  s.forward(d);
@@ -206,7 +221,8 @@ void BackwardProbes(Shape<T>& s) {
     char what[96];
     std::snprintf(what, sizeof what, "  backward with signs of %lld rows (%.1f MB)", (long long)k,
                   k * sign_row_pitch(s.V) / 1e6);
-    s.row_rw(what, time_ms([&] { backward_l2_signs<T, kTh, kU><<<rows, kTh>>>(s.ba, k - 1); }), s.bytes);
+    s.row_rw(what, time_ms([&] { backward_l2_signs<T, kTh, kU><<<rows, kTh>>>(s.ba, k - 1); }),
+             s.bytes);
   }
   // After a forward: does the backward find the signs the forward just wrote in L2?
   const size_t flush_bytes = size_t(256) << 20;  // more than the L2
@@ -227,8 +243,10 @@ void BackwardProbes(Shape<T>& s) {
     flush();
     s.backward();
   });
-  s.row_rw("  backward right after a forward (fwd+bwd - fwd)", fb_ms - f_ms, s.bytes + s.sign_bytes);
-  s.row_rw("  backward after a forward and a 256 MB memset (difference)", ffb_ms - ff_ms, s.bytes + s.sign_bytes);
+  s.row_rw("  backward right after a forward (fwd+bwd - fwd)", fb_ms - f_ms,
+           s.bytes + s.sign_bytes);
+  s.row_rw("  backward after a forward and a 256 MB memset (difference)", ffb_ms - ff_ms,
+           s.bytes + s.sign_bytes);
   CHECK(cudaFree(flush_buf));
 }
 
@@ -236,12 +254,14 @@ void BackwardProbes(Shape<T>& s) {
 // its kernels: each combination timed on tie-free data and checked on the 4.4%-ties data.
 template <typename T>
 void CacheHints(Shape<T>& s) {
-  const int combos[] = {kLibraryHints, 0, kReverseRows, kStreamGradStores, kKeepSignsInL2,
-                        kKeepSignsInL2 | kLibraryHints | kStreamSignLoads};
+  const int combos[] = {kLibraryHints,  0,
+                        kReverseRows,   kStreamGradStores,
+                        kKeepSignsInL2, kKeepSignsInL2 | kLibraryHints | kStreamSignLoads};
   for (int hints : combos) {
     char what[112];
     std::snprintf(what, sizeof what, "full: hints%s%s%s%s%s%s", hints == 0 ? " none" : "",
-                  hints & kKeepSignsInL2 ? " keep-signs-in-L2" : "", hints & kReverseRows ? " reverse-rows" : "",
+                  hints & kKeepSignsInL2 ? " keep-signs-in-L2" : "",
+                  hints & kReverseRows ? " reverse-rows" : "",
                   hints & kStreamSignLoads ? " stream-sign-loads" : "",
                   hints & kStreamGradStores ? " stream-grad-stores" : "",
                   hints == kLibraryHints ? " (the library's)" : "");
@@ -262,21 +282,29 @@ void Phased(Shape<T>& s) {
     const int64_t G = int64_t(s.sms) * B, fit = (220 * 1024 / B) / st;
     return int(std::min<int64_t>({fit, (s.BT + G - 1) / G, int64_t(kmax)}));
   };
-  CHECK(cudaFuncSetAttribute(forward_phased<T, 1024, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
-  CHECK(cudaFuncSetAttribute(forward_phased<T, 512, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 * 1024));
-  CHECK(cudaFuncSetAttribute(backward_phased<T, 1024, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 * 1024));
-  CHECK(cudaFuncSetAttribute(backward_phased<T, 512, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 55 * 1024));
+  CHECK(cudaFuncSetAttribute(forward_phased<T, 1024, 1>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+  CHECK(cudaFuncSetAttribute(forward_phased<T, 512, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             110 * 1024));
+  CHECK(cudaFuncSetAttribute(backward_phased<T, 1024, 2>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, 110 * 1024));
+  CHECK(cudaFuncSetAttribute(backward_phased<T, 512, 4>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, 55 * 1024));
   auto fwd = [&](const TvdForwardArgs<T>& f, int th, int kmax) {
     const int B = th == 1024 ? 1 : 2, k = rows_per_block(B, kmax);
     const size_t smem = size_t(k) * st;
-    if (th == 1024) forward_phased<T, 1024, 1><<<unsigned(s.sms * B), 1024, smem>>>(f, k, s.row_loss);
-    else forward_phased<T, 512, 2><<<unsigned(s.sms * B), 512, smem>>>(f, k, s.row_loss);
+    if (th == 1024)
+      forward_phased<T, 1024, 1><<<unsigned(s.sms * B), 1024, smem>>>(f, k, s.row_loss);
+    else
+      forward_phased<T, 512, 2><<<unsigned(s.sms * B), 512, smem>>>(f, k, s.row_loss);
   };
   auto bwd = [&](int th, int kmax) {
     const int B = th == 1024 ? 2 : 4, k = rows_per_block(B, kmax);
     const size_t smem = size_t(k) * st;
-    if (th == 1024) backward_phased<T, 1024, 2><<<unsigned(s.sms * B), 1024, smem>>>(s.ba, k);
-    else backward_phased<T, 512, 4><<<unsigned(s.sms * B), 512, smem>>>(s.ba, k);
+    if (th == 1024)
+      backward_phased<T, 1024, 2><<<unsigned(s.sms * B), 1024, smem>>>(s.ba, k);
+    else
+      backward_phased<T, 512, 4><<<unsigned(s.sms * B), 512, smem>>>(s.ba, k);
   };
   auto phases = [&](int B, int kmax) {
     const int64_t G = int64_t(s.sms) * B, k = rows_per_block(B, kmax);
@@ -287,11 +315,11 @@ void Phased(Shape<T>& s) {
   for (int th : {1024, 512}) {
     for (int kmax : {big, 2}) {
       const int Bf = th == 1024 ? 1 : 2, Bb = th == 1024 ? 2 : 4;
-      std::snprintf(what, sizeof what, "forward phased %d x %d/SM, %d rows/block/phase, %d phases", th, Bf,
-                    rows_per_block(Bf, kmax), phases(Bf, kmax));
+      std::snprintf(what, sizeof what, "forward phased %d x %d/SM, %d rows/block/phase, %d phases",
+                    th, Bf, rows_per_block(Bf, kmax), phases(Bf, kmax));
       s.row_rw(what, time_ms([&] { fwd(s.fa, th, kmax); }), 2.0 * s.bytes + s.sign_bytes);
-      std::snprintf(what, sizeof what, "backward phased %d x %d/SM, %d rows/block/phase, %d phases", th, Bb,
-                    rows_per_block(Bb, kmax), phases(Bb, kmax));
+      std::snprintf(what, sizeof what, "backward phased %d x %d/SM, %d rows/block/phase, %d phases",
+                    th, Bb, rows_per_block(Bb, kmax), phases(Bb, kmax));
       s.row_rw(what, time_ms([&] { bwd(th, kmax); }), s.bytes + s.sign_bytes);
       std::snprintf(what, sizeof what, "full: phased fwd + phased bwd (%d threads, %s)", th,
                     kmax == big ? "rows that fit" : "2 rows");
@@ -332,17 +360,23 @@ void Pipelines(Shape<T>& s) {
   const int stage = int(sign_tie_offset(s.V) + round_up_128(sign_tiles(s.V)));
   auto staged = [&](int th, int per_sm) {
     const unsigned g = unsigned(std::min<int64_t>(s.BT, int64_t(s.sms) * per_sm));
-    if (th == 512) backward_staged<T, 512><<<g, 512, 2 * stage>>>(s.ba, stage);
-    else backward_staged<T, 256><<<g, 256, 2 * stage>>>(s.ba, stage);
+    if (th == 512)
+      backward_staged<T, 512><<<g, 512, 2 * stage>>>(s.ba, stage);
+    else
+      backward_staged<T, 256><<<g, 256, 2 * stage>>>(s.ba, stage);
   };
   s.forward(kNoTies);
   s.row_rw("backward ahead (loads one step ahead) 512 x 2, 4 blocks/SM",
-           time_ms([&] { backward_ahead<T, 512, 2, 4><<<rows, 512>>>(s.ba); }), s.bytes + s.sign_bytes);
-  s.row_rw("backward ahead 512 x 2, 2 blocks/SM", time_ms([&] { backward_ahead<T, 512, 2, 2><<<rows, 512>>>(s.ba); }),
+           time_ms([&] { backward_ahead<T, 512, 2, 4><<<rows, 512>>>(s.ba); }),
            s.bytes + s.sign_bytes);
-  s.row_rw("backward ahead 512 x 1, 4 blocks/SM", time_ms([&] { backward_ahead<T, 512, 1, 4><<<rows, 512>>>(s.ba); }),
+  s.row_rw("backward ahead 512 x 2, 2 blocks/SM",
+           time_ms([&] { backward_ahead<T, 512, 2, 2><<<rows, 512>>>(s.ba); }),
            s.bytes + s.sign_bytes);
-  s.row_rw("backward ahead 256 x 4, 8 blocks/SM", time_ms([&] { backward_ahead<T, 256, 4, 8><<<rows, 256>>>(s.ba); }),
+  s.row_rw("backward ahead 512 x 1, 4 blocks/SM",
+           time_ms([&] { backward_ahead<T, 512, 1, 4><<<rows, 512>>>(s.ba); }),
+           s.bytes + s.sign_bytes);
+  s.row_rw("backward ahead 256 x 4, 8 blocks/SM",
+           time_ms([&] { backward_ahead<T, 256, 4, 8><<<rows, 256>>>(s.ba); }),
            s.bytes + s.sign_bytes);
   s.row_full("full: library forward + backward ahead 512 x 2, 4/SM", time_ms([&] {
                s.forward(kNoTies);
@@ -353,9 +387,11 @@ void Pipelines(Shape<T>& s) {
       if (size_t(2 * stage) * per_sm > 200 * 1024 || th * per_sm > 2048) continue;
       char what[96];
       s.forward(kNoTies);
-      std::snprintf(what, sizeof what, "backward staged (cp.async, next row ahead) %d x %d/SM", th, per_sm);
+      std::snprintf(what, sizeof what, "backward staged (cp.async, next row ahead) %d x %d/SM", th,
+                    per_sm);
       s.row_rw(what, time_ms([&] { staged(th, per_sm); }), s.bytes + s.sign_bytes);
-      std::snprintf(what, sizeof what, "full: library forward + backward staged %d x %d/SM", th, per_sm);
+      std::snprintf(what, sizeof what, "full: library forward + backward staged %d x %d/SM", th,
+                    per_sm);
       s.row_full(what, time_ms([&] {
                    s.forward(kNoTies);
                    staged(th, per_sm);
@@ -395,16 +431,19 @@ void ProgrammaticLaunch(Shape<T>& s) {
   TvdForwardArgs<T> f = s.fa;
   f.chunks = detail::forward_chunks<T>(s.BT, s.V, s.sms);
   const dim3 fgrid(unsigned(s.BT), unsigned(f.chunks));
-  const dim3 bgrid(unsigned(s.BT), unsigned(detail::chunks_per_row(s.BT, sign_tiles(s.V), (kTh / 32) * kU, s.sms)));
+  const dim3 bgrid(unsigned(s.BT),
+                   unsigned(detail::chunks_per_row(s.BT, sign_tiles(s.V), (kTh / 32) * kU, s.sms)));
   auto finalize = [&](cudaStream_t st, bool pdl) {
-    CHECK(detail::launch<detail::tvd_finalize_kernel>(pdl, dim3(1), dim3(detail::kThreads), st, (const float*)s.row_loss,
-                                                      int64_t(s.BT * f.chunks), (const int64_t*)nullptr, int64_t(-100),
-                                                      int64_t(s.BT), int64_t(s.V), kBatchMean, s.loss, s.scale));
+    CHECK(detail::launch<detail::tvd_finalize_kernel>(
+        pdl, dim3(1), dim3(detail::kThreads), st, (const float*)s.row_loss,
+        int64_t(s.BT * f.chunks), (const int64_t*)nullptr, int64_t(-100), int64_t(s.BT),
+        int64_t(s.V), kBatchMean, s.loss, s.scale));
   };
   auto chain = [&](cudaStream_t st, bool pdl_fin, bool pdl_bwd) {
     detail::tvd_forward_kernel<T, true, true, false><<<fgrid, detail::kThreads, 0, st>>>(f);
     finalize(st, pdl_fin);
-    CHECK((detail::launch<detail::tvd_backward_kernel<T, true, kTh, kU>>(pdl_bwd, bgrid, dim3(kTh), st, s.ba)));
+    CHECK((detail::launch<detail::tvd_backward_kernel<T, true, kTh, kU>>(pdl_bwd, bgrid, dim3(kTh),
+                                                                         st, s.ba)));
   };
   cudaStream_t own;
   CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
@@ -446,8 +485,8 @@ void L2SetAside(Shape<T>& s) {
   int l2 = 0, max_persist = 0;
   CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
   CHECK(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, 0));
-  std::printf("  L2 %.1f MB, persisting set-aside up to %.1f MB; signs %.1f MB\n", l2 / 1e6, max_persist / 1e6,
-              s.sign_bytes / 1e6);
+  std::printf("  L2 %.1f MB, persisting set-aside up to %.1f MB; signs %.1f MB\n", l2 / 1e6,
+              max_persist / 1e6, s.sign_bytes / 1e6);
   const size_t flush_bytes = size_t(256) << 20;
   void* flush_buf;
   CHECK(cudaMalloc(&flush_buf, flush_bytes));
@@ -457,13 +496,15 @@ void L2SetAside(Shape<T>& s) {
     CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, aside));
     size_t got_aside = 0;
     CHECK(cudaDeviceGetLimit(&got_aside, cudaLimitPersistingL2CacheSize));
-    for (int hints : {kLibraryHints, kKeepSignsInL2 | kLibraryHints, kKeepSignsInL2 | kLibraryHints | kStreamSignLoads,
-                      kKeepSignsInL2 | kStreamGradStores}) {
+    for (int hints :
+         {kLibraryHints, kKeepSignsInL2 | kLibraryHints,
+          kKeepSignsInL2 | kLibraryHints | kStreamSignLoads, kKeepSignsInL2 | kStreamGradStores}) {
       auto fwd = [&] { CHECK(forward_with_knobs(hints, s.fa, s.loss, s.scale, 0)); };
       auto bwd = [&] { CHECK(backward_with_knobs(hints, s.ba, 0)); };
       std::printf("  set-aside %.1f MB, fwd%s, bwd%s%s\n", got_aside / 1e6,
                   hints & kKeepSignsInL2 ? " keep" : " default",
-                  hints & kReverseRows ? " reverse" : " forward-order", hints & kStreamSignLoads ? " stream-sign-loads" : "");
+                  hints & kReverseRows ? " reverse" : " forward-order",
+                  hints & kStreamSignLoads ? " stream-sign-loads" : "");
       s.row_full("  full, back to back", time_ms([&] {
                    fwd();
                    bwd();
@@ -478,8 +519,10 @@ void L2SetAside(Shape<T>& s) {
         flush();
       });
       s.row_full("  full, L2 flushed after each (flush time taken off)", full_flush - flush_ms);
-      s.row_rw("  its backward (fwd+bwd+flush - fwd+flush)", full_flush - fwd_flush, s.bytes + s.sign_bytes);
-      s.row_rw("  its forward (fwd+flush - flush)", fwd_flush - flush_ms, 2.0 * s.bytes + s.sign_bytes);
+      s.row_rw("  its backward (fwd+bwd+flush - fwd+flush)", full_flush - fwd_flush,
+               s.bytes + s.sign_bytes);
+      s.row_rw("  its forward (fwd+flush - flush)", fwd_flush - flush_ms,
+               2.0 * s.bytes + s.sign_bytes);
     }
     CHECK(cudaCtxResetPersistingL2Cache());
   }
@@ -490,7 +533,8 @@ void L2SetAside(Shape<T>& s) {
 template <typename T>
 void RunShape(int64_t BT, int64_t V, const char* name, int sms) {
   Shape<T> s(BT, V, sms);
-  std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V, s.limit / 1e6);
+  std::printf("\n%s (%lld, %lld): 3 streams = %.0f MB\n", name, (long long)BT, (long long)V,
+              s.limit / 1e6);
   DeviceSpeed(s);
   LibraryKernels(s);
   BackwardShapes(s);
@@ -507,10 +551,14 @@ void RunShape(int64_t BT, int64_t V, const char* name, int sms) {
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--profile") g_profile = true;
-    else if (arg == "--pipelines") g_pipelines = true;
-    else if (arg == "--pdl") g_pdl = true;
-    else if (arg == "--l2") g_l2 = true;
+    if (arg == "--profile")
+      g_profile = true;
+    else if (arg == "--pipelines")
+      g_pipelines = true;
+    else if (arg == "--pdl")
+      g_pdl = true;
+    else if (arg == "--l2")
+      g_l2 = true;
     else {
       std::fprintf(stderr, "usage: tvd_kernel_variants [--pipelines] [--pdl] [--l2] [--profile]\n");
       return 2;
@@ -528,6 +576,7 @@ int main(int argc, char** argv) {
     RunShape<float>(16384, 131072, "fp32", sms);
     RunShape<__nv_bfloat16>(512, 32000, "bf16", sms);
   }
-  std::printf("\n%s\n", g_failed ? "FAIL: a check differs from the float64 reference" : "every check ok");
+  std::printf("\n%s\n",
+              g_failed ? "FAIL: a check differs from the float64 reference" : "every check ok");
   return g_failed ? 1 : 0;
 }

@@ -20,7 +20,12 @@ using namespace lossfns::kernels;
 //   kReverseRows       backward: rows in reverse order, the signs the forward wrote last first
 //   kStreamSignLoads   backward: evict-first sign loads (library: plain)
 //   kStreamGradStores  backward: evict-first gradient stores
-enum CacheHint : int { kKeepSignsInL2 = 1, kReverseRows = 2, kStreamSignLoads = 4, kStreamGradStores = 8 };
+enum CacheHint : int {
+  kKeepSignsInL2 = 1,
+  kReverseRows = 2,
+  kStreamSignLoads = 4,
+  kStreamGradStores = 8
+};
 constexpr int kLibraryHints = kReverseRows | kStreamGradStores;
 
 __device__ __forceinline__ uint64_t l2_evict_last_policy() {
@@ -31,22 +36,25 @@ __device__ __forceinline__ uint64_t l2_evict_last_policy() {
 template <bool kKeep>
 __device__ __forceinline__ void store_byte(uint8_t* ptr, uint32_t v, uint64_t policy) {
   if constexpr (kKeep)
-    asm volatile("st.global.L2::cache_hint.b8 [%0], %1, %2;" ::"l"(ptr), "h"(static_cast<unsigned short>(v)),
-                 "l"(policy)
+    asm volatile("st.global.L2::cache_hint.b8 [%0], %1, %2;" ::"l"(ptr),
+                 "h"(static_cast<unsigned short>(v)), "l"(policy)
                  : "memory");
   else
     *ptr = static_cast<uint8_t>(v);
 }
 template <bool kStream>
 __device__ __forceinline__ uint32_t load_byte(const uint8_t* ptr) {
-  if constexpr (kStream) return __ldcs(ptr);
-  else return *ptr;
+  if constexpr (kStream)
+    return __ldcs(ptr);
+  else
+    return *ptr;
 }
 
 // detail::emit_tile with the sign stores' policy as a knob.
 template <int R, int N, bool kKeep>
-__device__ __forceinline__ void emit_tile_knobs(const float (&d)[R * N], float& acc, uint8_t* srow, int64_t V,
-                                                int64_t tile, int lane, uint64_t policy) {
+__device__ __forceinline__ void emit_tile_knobs(const float (&d)[R * N], float& acc, uint8_t* srow,
+                                                int64_t V, int64_t tile, int lane,
+                                                uint64_t policy) {
   uint32_t pos = 0, tie = 0;
 #pragma unroll
   for (int i = 0; i < R * N; ++i) {
@@ -69,7 +77,8 @@ __device__ __forceinline__ void emit_tile_knobs(const float (&d)[R * N], float& 
 template <typename T, bool kKeep>
 __global__ void __launch_bounds__(detail::kThreads) forward_knobs(TvdForwardArgs<T> a) {
   using detail::TileShape;
-  constexpr int N = TileShape<T>::N, R = TileShape<T>::R, U = TileShape<T>::kForwardTiles, W = detail::kWarps;
+  constexpr int N = TileShape<T>::N, R = TileShape<T>::R, U = TileShape<T>::kForwardTiles,
+                W = detail::kWarps;
   __shared__ float shared[W];
   const int64_t row = blockIdx.x, V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -79,7 +88,8 @@ __global__ void __launch_bounds__(detail::kThreads) forward_knobs(TvdForwardArgs
   const uint4* q4 = reinterpret_cast<const uint4*>(a.q + row * a.q_row_stride);
   const uint64_t policy = kKeep ? l2_evict_last_policy() : 0;
   float acc = 0.f;
-  for (int64_t t = range.begin + warp; t < range.end; t += U * W) {  // t is the same for a whole warp
+  for (int64_t t = range.begin + warp; t < range.end;
+       t += U * W) {  // t is the same for a whole warp
     uint4 pv[U][R], qv[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -97,7 +107,8 @@ __global__ void __launch_bounds__(detail::kThreads) forward_knobs(TvdForwardArgs
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int k = 0; k < N; ++k)
-          d[r * N + k] = to_float(reinterpret_cast<const T*>(&pv[u][r])[k]) - to_float(reinterpret_cast<const T*>(&qv[u][r])[k]);
+          d[r * N + k] = to_float(reinterpret_cast<const T*>(&pv[u][r])[k]) -
+                         to_float(reinterpret_cast<const T*>(&qv[u][r])[k]);
       emit_tile_knobs<R, N, kKeep>(d, acc, srow, V, t + u * W, lane, policy);
     }
   }
@@ -108,10 +119,12 @@ __global__ void __launch_bounds__(detail::kThreads) forward_knobs(TvdForwardArgs
 
 // detail::write_tile for aligned rows, with the gradient stores' policy as a knob.
 template <typename T, bool kStream>
-__device__ __forceinline__ void write_tile_knobs(T* grow, int64_t V, int64_t tile, uint32_t pos_byte, uint32_t tie_byte,
+__device__ __forceinline__ void write_tile_knobs(T* grow, int64_t V, int64_t tile,
+                                                 uint32_t pos_byte, uint32_t tie_byte,
                                                  const detail::Decoder<T>& dec, int lane) {
   constexpr int N = detail::TileShape<T>::N, R = detail::TileShape<T>::R;
-  const uint32_t pos = detail::unpack_lane_bits<R>(pos_byte, lane), tie = detail::unpack_lane_bits<R>(tie_byte, lane);
+  const uint32_t pos = detail::unpack_lane_bits<R>(pos_byte, lane),
+                 tie = detail::unpack_lane_bits<R>(tie_byte, lane);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t e = detail::lane_elem(tile, lane, r, N);
@@ -120,8 +133,10 @@ __device__ __forceinline__ void write_tile_knobs(T* grow, int64_t V, int64_t til
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
     for (int k = 0; k < N; ++k) o[k] = dec((pos >> (r * N + k)) & 1u, (tie >> (r * N + k)) & 1u);
-    if constexpr (kStream) __stcs(reinterpret_cast<uint4*>(grow) + e / N, out);
-    else reinterpret_cast<uint4*>(grow)[e / N] = out;
+    if constexpr (kStream)
+      __stcs(reinterpret_cast<uint4*>(grow) + e / N, out);
+    else
+      reinterpret_cast<uint4*>(grow)[e / N] = out;
   }
 }
 
@@ -130,7 +145,8 @@ __device__ __forceinline__ void write_tile_knobs(T* grow, int64_t V, int64_t til
 template <typename T, int kTh, int kU, int kHints>
 __global__ void __launch_bounds__(kTh) backward_knobs(TvdBackwardArgs<T> a) {
   constexpr int W = kTh / 32;
-  constexpr bool kRev = kHints & kReverseRows, kSl = kHints & kStreamSignLoads, kSg = kHints & kStreamGradStores;
+  constexpr bool kRev = kHints & kReverseRows, kSl = kHints & kStreamSignLoads,
+                 kSg = kHints & kStreamGradStores;
   detail::wait_for_previous_grid();
   const int64_t row = kRev ? a.rows - 1 - blockIdx.x : blockIdx.x, V = a.V;
   const int lane = threadIdx.x % 32;
@@ -139,7 +155,8 @@ __global__ void __launch_bounds__(kTh) backward_knobs(TvdBackwardArgs<T> a) {
   T* grow = a.grad + row * V;
   const float h = 0.5f * a.grad_output[0] * a.scale[0];
   const detail::Decoder<T> dec{from_float<T>(h), from_float<T>(-h), from_float<T>(0.f * h)};
-  auto tie_of = [&](int64_t tile, uint32_t flag) {  // the library's tie_byte, its one load as a knob
+  auto tie_of = [&](int64_t tile,
+                    uint32_t flag) {  // the library's tie_byte, its one load as a knob
     return flag == kSomeTies ? load_byte<kSl>(srow + sign_tie_offset(V) + tile * kTileBytes + lane)
                              : detail::tie_byte(srow, V, tile, flag, lane);
   };
@@ -155,40 +172,53 @@ __global__ void __launch_bounds__(kTh) backward_knobs(TvdBackwardArgs<T> a) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) tie[u] = tie_of(t + u * W, flag[u]);  // all before any store
 #pragma unroll
-    for (int u = 0; u < kU; ++u) write_tile_knobs<T, kSg>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
+    for (int u = 0; u < kU; ++u)
+      write_tile_knobs<T, kSg>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
   }
   for (; t < range.end; t += W)
-    write_tile_knobs<T, kSg>(grow, V, t, load_byte<kSl>(srow + t * kTileBytes + lane), tie_of(t, load_byte<kSl>(flags + t)),
-                             dec, lane);
+    write_tile_knobs<T, kSg>(grow, V, t, load_byte<kSl>(srow + t * kTileBytes + lane),
+                             tie_of(t, load_byte<kSl>(flags + t)), dec, lane);
 }
 
 // A forward (library finalize included) and a backward with the given knobs, launched as the
 // library launches its kernels (programmatic dependent launch where a.pdl).
 template <typename T>
-cudaError_t forward_with_knobs(int hints, TvdForwardArgs<T> a, float* loss, float* scale, cudaStream_t stream) {
+cudaError_t forward_with_knobs(int hints, TvdForwardArgs<T> a, float* loss, float* scale,
+                               cudaStream_t stream) {
   a.chunks = detail::forward_chunks<T>(a.rows, a.V, a.num_sms);
   const dim3 grid(unsigned(a.rows), unsigned(a.chunks));
-  if (hints & kKeepSignsInL2) forward_knobs<T, true><<<grid, detail::kThreads, 0, stream>>>(a);
-  else forward_knobs<T, false><<<grid, detail::kThreads, 0, stream>>>(a);
+  if (hints & kKeepSignsInL2)
+    forward_knobs<T, true><<<grid, detail::kThreads, 0, stream>>>(a);
+  else
+    forward_knobs<T, false><<<grid, detail::kThreads, 0, stream>>>(a);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return detail::launch<detail::tvd_finalize_kernel>(a.pdl, dim3(1), dim3(detail::kThreads), stream, a.row_loss,
-                                                    a.rows * a.chunks, a.labels, a.ignore_index, a.rows, a.V,
-                                                    kBatchMean, loss, scale);
+  return detail::launch<detail::tvd_finalize_kernel>(
+      a.pdl, dim3(1), dim3(detail::kThreads), stream, a.row_loss, a.rows * a.chunks, a.labels,
+      a.ignore_index, a.rows, a.V, kBatchMean, loss, scale);
 }
 template <typename T>
 cudaError_t backward_with_knobs(int hints, const TvdBackwardArgs<T>& a, cudaStream_t stream) {
   constexpr int kTh = detail::BackwardShape<T>::kTh, kU = detail::BackwardShape<T>::kU;
-  const dim3 grid(unsigned(a.rows), unsigned(detail::chunks_per_row(a.rows, sign_tiles(a.V), (kTh / 32) * kU, a.num_sms)));
+  const dim3 grid(unsigned(a.rows), unsigned(detail::chunks_per_row(a.rows, sign_tiles(a.V),
+                                                                    (kTh / 32) * kU, a.num_sms)));
   switch (hints & ~kKeepSignsInL2) {  // the combinations the workshop times
-    case 0: return detail::launch<backward_knobs<T, kTh, kU, 0>>(a.pdl, grid, dim3(kTh), stream, a);
-    case kReverseRows: return detail::launch<backward_knobs<T, kTh, kU, kReverseRows>>(a.pdl, grid, dim3(kTh), stream, a);
+    case 0:
+      return detail::launch<backward_knobs<T, kTh, kU, 0>>(a.pdl, grid, dim3(kTh), stream, a);
+    case kReverseRows:
+      return detail::launch<backward_knobs<T, kTh, kU, kReverseRows>>(a.pdl, grid, dim3(kTh),
+                                                                      stream, a);
     case kStreamGradStores:
-      return detail::launch<backward_knobs<T, kTh, kU, kStreamGradStores>>(a.pdl, grid, dim3(kTh), stream, a);
-    case kLibraryHints: return detail::launch<backward_knobs<T, kTh, kU, kLibraryHints>>(a.pdl, grid, dim3(kTh), stream, a);
+      return detail::launch<backward_knobs<T, kTh, kU, kStreamGradStores>>(a.pdl, grid, dim3(kTh),
+                                                                           stream, a);
+    case kLibraryHints:
+      return detail::launch<backward_knobs<T, kTh, kU, kLibraryHints>>(a.pdl, grid, dim3(kTh),
+                                                                       stream, a);
     case kLibraryHints | kStreamSignLoads:
-      return detail::launch<backward_knobs<T, kTh, kU, kLibraryHints | kStreamSignLoads>>(a.pdl, grid, dim3(kTh), stream, a);
-    default: return cudaErrorInvalidValue;
+      return detail::launch<backward_knobs<T, kTh, kU, kLibraryHints | kStreamSignLoads>>(
+          a.pdl, grid, dim3(kTh), stream, a);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -197,7 +227,8 @@ cudaError_t backward_with_knobs(int hints, const TvdBackwardArgs<T>& a, cudaStre
 // value that differs from q.
 template <typename T>
 __global__ void tie_pattern(T* p, const T* q, int64_t n, uint32_t tie_per_65536) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const uint32_t h = uint32_t(i) * 2654435761u;
     p[i] = (h >> 16) < tie_per_65536 ? q[i] : from_float<T>(to_float(q[i]) * 1.5f + 1e-3f);
   }
@@ -239,7 +270,8 @@ __global__ void __launch_bounds__(kTh) backward_no_loads(TvdBackwardArgs<T> a) {
 // The library backward reading every row's signs from one of 8 rows (which stay in L2): what the
 // backward costs when its sign loads hit L2.
 template <typename T, int kTh, int kU>
-__global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a, int64_t row_mask = 7) {
+__global__ void __launch_bounds__(kTh)
+    backward_l2_signs(TvdBackwardArgs<T> a, int64_t row_mask = 7) {
   constexpr int W = kTh / 32;
   const int64_t row = blockIdx.x, V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -259,10 +291,12 @@ __global__ void __launch_bounds__(kTh) backward_l2_signs(TvdBackwardArgs<T> a, i
 #pragma unroll
     for (int u = 0; u < kU; ++u) tie[u] = detail::tie_byte(srow, V, t + u * W, flag[u], lane);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) write_tile_knobs<T, false>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
+    for (int u = 0; u < kU; ++u)
+      write_tile_knobs<T, false>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
   }
   for (; t < tiles; t += W)
-    write_tile_knobs<T, false>(grow, V, t, srow[t * kTileBytes + lane], detail::tie_byte(srow, V, t, flags[t], lane), dec, lane);
+    write_tile_knobs<T, false>(grow, V, t, srow[t * kTileBytes + lane],
+                               detail::tie_byte(srow, V, t, flags[t], lane), dec, lane);
 }
 
 // Backward with its sign loads one step ahead of its stores (software pipelining in registers):
@@ -289,7 +323,8 @@ __global__ void __launch_bounds__(kTh, kMinBlocks) backward_ahead(TvdBackwardArg
   for (; t < tiles; t += kU * W) {
     uint32_t tie[kU], nflag[kU], npos[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) tie[u] = t + u * W < tiles ? detail::tie_byte(srow, V, t + u * W, flag[u], lane) : 0u;
+    for (int u = 0; u < kU; ++u)
+      tie[u] = t + u * W < tiles ? detail::tie_byte(srow, V, t + u * W, flag[u], lane) : 0u;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t tt = t + (kU + u) * W;
@@ -298,7 +333,8 @@ __global__ void __launch_bounds__(kTh, kMinBlocks) backward_ahead(TvdBackwardArg
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
-      if (t + u * W < tiles) detail::write_tile<T, true>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
+      if (t + u * W < tiles)
+        detail::write_tile<T, true>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       flag[u] = nflag[u];
@@ -315,9 +351,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 template <typename T, int kTh>
 __global__ void __launch_bounds__(kTh) backward_staged(TvdBackwardArgs<T> a, int stage_bytes) {
@@ -327,7 +367,8 @@ __global__ void __launch_bounds__(kTh) backward_staged(TvdBackwardArgs<T> a, int
   const int64_t pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const detail::Decoder<T> dec = library_decoder(a);
-  uint8_t* buf[2] = {reinterpret_cast<uint8_t*>(smem4), reinterpret_cast<uint8_t*>(smem4) + stage_bytes};
+  uint8_t* buf[2] = {reinterpret_cast<uint8_t*>(smem4),
+                     reinterpret_cast<uint8_t*>(smem4) + stage_bytes};
   auto stage = [&](int64_t row, uint8_t* dst) {  // pos plane then flags, 16 B per thread per copy
     const uint8_t* srow = a.signs + row * pitch;
     for (int64_t j = threadIdx.x * 16; j < pos_bytes + flag_bytes; j += kTh * 16)
@@ -352,8 +393,8 @@ __global__ void __launch_bounds__(kTh) backward_staged(TvdBackwardArgs<T> a, int
     T* grow = a.grad + r * V;
     for (int64_t t = warp; t < tiles; t += W) {
       const uint32_t flag = sf[t];
-      detail::write_tile<T, true>(grow, V, t, sp[t * kTileBytes + lane], detail::tie_byte(srow, V, t, flag, lane), dec,
-                                  lane);
+      detail::write_tile<T, true>(grow, V, t, sp[t * kTileBytes + lane],
+                                  detail::tie_byte(srow, V, t, flag, lane), dec, lane);
     }
     __syncthreads();  // the buffer is refilled next step
   }
@@ -368,12 +409,15 @@ __global__ void __launch_bounds__(kTh) backward_staged(TvdBackwardArgs<T> a, int
 // the forward writes its signs at its very end, the backward reads them at its very start.)
 // Workshop: V % 256 == 0, 16-byte aligned rows; tie bits go to/come from global memory directly.
 template <typename T, int kTh, int kMinB>
-__global__ void __launch_bounds__(kTh, kMinB) forward_phased(TvdForwardArgs<T> a, int k, float* partial) {
-  constexpr int N = detail::TileShape<T>::N, R = detail::TileShape<T>::R, U = detail::TileShape<T>::kForwardTiles, W = kTh / 32;
+__global__ void __launch_bounds__(kTh, kMinB)
+    forward_phased(TvdForwardArgs<T> a, int k, float* partial) {
+  constexpr int N = detail::TileShape<T>::N, R = detail::TileShape<T>::R,
+                U = detail::TileShape<T>::kForwardTiles, W = kTh / 32;
   extern __shared__ uint4 smem4[];
   __shared__ float red[32];
   uint8_t* sm = reinterpret_cast<uint8_t*>(smem4);
-  const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
+  const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V),
+                flag_bytes = round_up_128(tiles);
   const int64_t stage = pos_bytes + flag_bytes, pitch = sign_row_pitch(V), G = gridDim.x, P = G * k;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float acc = 0.f;
@@ -427,7 +471,8 @@ __global__ void __launch_bounds__(kTh, kMinB) forward_phased(TvdForwardArgs<T> a
       uint8_t* srow = a.signs + (r0 + j) * pitch;
       for (int64_t i = threadIdx.x; i < stage / 16; i += kTh) {
         const int64_t off = i * 16;
-        *reinterpret_cast<uint4*>(off < pos_bytes ? srow + off : srow + sign_flag_offset(V) + (off - pos_bytes)) = s4[i];
+        *reinterpret_cast<uint4*>(
+            off < pos_bytes ? srow + off : srow + sign_flag_offset(V) + (off - pos_bytes)) = s4[i];
       }
     }
     __syncthreads();
@@ -447,7 +492,8 @@ __global__ void __launch_bounds__(kTh, kMinB) backward_phased(TvdBackwardArgs<T>
   constexpr int W = kTh / 32;
   extern __shared__ uint4 smem4[];
   uint8_t* sm = reinterpret_cast<uint8_t*>(smem4);
-  const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V), flag_bytes = round_up_128(tiles);
+  const int64_t V = a.V, tiles = sign_tiles(V), pos_bytes = sign_tie_offset(V),
+                flag_bytes = round_up_128(tiles);
   const int64_t stage = pos_bytes + flag_bytes, pitch = sign_row_pitch(V), G = gridDim.x, P = G * k;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const detail::Decoder<T> dec = library_decoder(a);
@@ -458,7 +504,8 @@ __global__ void __launch_bounds__(kTh, kMinB) backward_phased(TvdBackwardArgs<T>
       const uint8_t* srow = a.signs + (r0 + j) * pitch;
       for (int64_t i = threadIdx.x; i < stage / 16; i += kTh) {
         const int64_t off = i * 16;
-        cp_async16(sm + j * stage + off, off < pos_bytes ? srow + off : srow + sign_flag_offset(V) + (off - pos_bytes));
+        cp_async16(sm + j * stage + off,
+                   off < pos_bytes ? srow + off : srow + sign_flag_offset(V) + (off - pos_bytes));
       }
     }
     cp_async_commit();
@@ -469,15 +516,17 @@ __global__ void __launch_bounds__(kTh, kMinB) backward_phased(TvdBackwardArgs<T>
       const uint8_t* srow = a.signs + (r0 + j) * pitch;
       T* grow = a.grad + (r0 + j) * V;
       for (int64_t t = warp; t < tiles; t += W)
-        detail::write_tile<T, true>(grow, V, t, s[t * kTileBytes + lane], detail::tie_byte(srow, V, t, s[pos_bytes + t], lane),
-                                    dec, lane);
+        detail::write_tile<T, true>(grow, V, t, s[t * kTileBytes + lane],
+                                    detail::tie_byte(srow, V, t, s[pos_bytes + t], lane), dec,
+                                    lane);
     }
     __syncthreads();
   }
 }
 
 __global__ void fill_kernel(uint4* dst, int64_t n16) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n16;
+       i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = make_uint4(1, 2, 3, 4);
 }
 

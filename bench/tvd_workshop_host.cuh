@@ -16,13 +16,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
+#define CHECK(x)                                                                       \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 namespace tvd_workshop {
@@ -66,8 +66,10 @@ inline float host_to_float(float x) { return x; }
 inline float host_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T>
 T host_from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return __float2bfloat16_rn(x);
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return __float2bfloat16_rn(x);
 }
 
 // The float64 CPU reference of a full pass (grad_output 1, reduction batchmean, no labels) on
@@ -104,7 +106,8 @@ Reference MakeReference(const T* p, const T* q, int64_t BT, int64_t V) {
           const int64_t s = slot[r0 + r];
           double row = 0.0;
           for (int64_t j = 0; j < V; ++j) {
-            const double d = double(host_to_float(hp[r * V + j])) - double(host_to_float(hq[r * V + j]));
+            const double d =
+                double(host_to_float(hp[r * V + j])) - double(host_to_float(hq[r * V + j]));
             row += std::fabs(d);
             if (s >= 0) ref.signs[s * V + j] = int8_t((d > 0) - (d < 0));
           }
@@ -131,7 +134,8 @@ void CheckPass(const char* what, const Reference& ref, const T* grad, const floa
   std::vector<T> row(ref.V);
   int64_t wrong = 0;
   for (size_t i = 0; i < ref.rows.size(); ++i) {
-    CHECK(cudaMemcpy(row.data(), grad + ref.rows[i] * ref.V, ref.V * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(row.data(), grad + ref.rows[i] * ref.V, ref.V * sizeof(T),
+                     cudaMemcpyDeviceToHost));
     for (int64_t j = 0; j < ref.V; ++j)
       wrong += std::memcmp(&row[j], &value[ref.signs[i * ref.V + j] + 1], sizeof(T)) != 0;
   }
@@ -143,11 +147,13 @@ void CheckPass(const char* what, const Reference& ref, const T* grad, const floa
     const double rel = std::fabs(double(got) - ref.loss) / std::max(std::fabs(ref.loss), 1e-30);
     ok = ok && rel <= 1e-4;
     char text[96];
-    std::snprintf(text, sizeof text, "loss %.7g against %.7g (rel %.1e), ", double(got), ref.loss, rel);
+    std::snprintf(text, sizeof text, "loss %.7g against %.7g (rel %.1e), ", double(got), ref.loss,
+                  rel);
     loss_text = text;
   }
-  std::printf("  check %s: %sgradient of %zu rows: %s\n", what, loss_text.c_str(), ref.rows.size(),
-              ok ? "ok" : (wrong ? (std::to_string(wrong) + " elements differ: FAIL").c_str() : "FAIL"));
+  std::printf(
+      "  check %s: %sgradient of %zu rows: %s\n", what, loss_text.c_str(), ref.rows.size(),
+      ok ? "ok" : (wrong ? (std::to_string(wrong) + " elements differ: FAIL").c_str() : "FAIL"));
   g_failed = g_failed || !ok;
 }
 

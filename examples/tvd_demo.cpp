@@ -20,15 +20,18 @@ int main() {
   torch::Tensor p = torch::softmax(student_logits, -1);
   torch::Tensor loss = lossfns::tvd_loss(p, teacher);
   loss.backward();
-  std::cout << "1) TVD(student, teacher), batchmean over " << BT << " rows: " << loss.item<float>() << "\n"
-            << "   grad norm w.r.t. the student logits: " << student_logits.grad().norm().item<float>() << "\n\n";
+  std::cout << "1) TVD(student, teacher), batchmean over " << BT << " rows: " << loss.item<float>()
+            << "\n"
+            << "   grad norm w.r.t. the student logits: "
+            << student_logits.grad().norm().item<float>() << "\n\n";
 
   // 2) Self-distillation at step 0: the student equals the teacher, every element a tie.
   torch::Tensor p_leaf = teacher.clone().requires_grad_(true);
   torch::Tensor tie_loss = lossfns::tvd_loss(p_leaf, teacher);
   tie_loss.backward();
   std::cout << "2) student == teacher: loss " << tie_loss.item<float>() << ", max |grad| "
-            << p_leaf.grad().abs().max().item<float>() << " (exactly 0: d|x|/dx at 0 is taken as 0)\n\n";
+            << p_leaf.grad().abs().max().item<float>()
+            << " (exactly 0: d|x|/dx at 0 is taken as 0)\n\n";
 
   // 3) Padded vocabulary: trailing slots are 0.0 in both distributions; they get no gradient.
   torch::Tensor pad = torch::zeros({BT, 4}, opts);
@@ -38,9 +41,13 @@ int main() {
   lossfns::TVDLoss loss_fn(lossfns::TVDLossOptions().reduction(torch::kSum));
   torch::Tensor padded_loss = loss_fn(pp, qq, labels);
   padded_loss.backward();
-  std::cout << "3) " << *loss_fn << " with row 2 ignored: loss " << padded_loss.item<float>() << "\n"
-            << "   grad of padded slots: max |grad| " << pp.grad().slice(1, V).abs().max().item<float>()
-            << "; grad of the ignored row: max |grad| " << pp.grad()[2].abs().max().item<float>() << "\n"
-            << "   grad of row 0 (+-0.5 where p != q):\n" << pp.grad()[0].view({1, -1}) << "\n";
+  std::cout << "3) " << *loss_fn << " with row 2 ignored: loss " << padded_loss.item<float>()
+            << "\n"
+            << "   grad of padded slots: max |grad| "
+            << pp.grad().slice(1, V).abs().max().item<float>()
+            << "; grad of the ignored row: max |grad| " << pp.grad()[2].abs().max().item<float>()
+            << "\n"
+            << "   grad of row 0 (+-0.5 where p != q):\n"
+            << pp.grad()[0].view({1, -1}) << "\n";
   return 0;
 }

@@ -22,8 +22,9 @@ struct RefResult {
 // s: (rows, ws), t: (rows, wt) (any dtype: taken as their double values). V: the columns that
 // count (min(vocab_size, max(ws, wt))). row_weight: (rows,) double, the factor on each row's
 // gradient (grad_output * reduction scale); ignored rows are masked by `valid` (rows,) bool.
-inline RefResult reference_distill(const at::Tensor& s_in, const at::Tensor& t_in, Divergence div, double beta,
-                                   double T, int64_t V, const at::Tensor& valid, const at::Tensor& row_weight) {
+inline RefResult reference_distill(const at::Tensor& s_in, const at::Tensor& t_in, Divergence div,
+                                   double beta, double T, int64_t V, const at::Tensor& valid,
+                                   const at::Tensor& row_weight) {
   const auto dbl = at::TensorOptions().dtype(at::kDouble);
   const int64_t rows = s_in.size(0), ws = s_in.size(1), wt = t_in.size(1), W = std::max(ws, wt);
   const double ninf = -std::numeric_limits<double>::infinity();
@@ -54,7 +55,8 @@ inline RefResult reference_distill(const at::Tensor& s_in, const at::Tensor& t_i
       break;
     case Divergence::kJsd: {
       const at::Tensor m = p + beta * (q - p);
-      const at::Tensor lpm = at::where(p > 0, (p / m).log(), zero), lqm = at::where(q > 0, (q / m).log(), zero);
+      const at::Tensor lpm = at::where(p > 0, (p / m).log(), zero),
+                       lqm = at::where(q > 0, (q / m).log(), zero);
       term = beta * q * lqm + (1 - beta) * p * lpm;
       g = (1 - beta) * lpm;
       break;
@@ -63,8 +65,10 @@ inline RefResult reference_distill(const at::Tensor& s_in, const at::Tensor& t_i
   if (!grad_a.defined()) grad_a = p * (g - (p * g).sum(1, true));
   const at::Tensor keep = valid.to(at::kCPU, at::kBool);
   RefResult r;
-  r.row_loss = at::where(keep, term.sum(1), zero);  // where, not a product: an ignored row may be inf
-  r.grad = at::where(keep.unsqueeze(1), grad_a / T * row_weight.to(at::kCPU, at::kDouble).unsqueeze(1), zero)
+  r.row_loss =
+      at::where(keep, term.sum(1), zero);  // where, not a product: an ignored row may be inf
+  r.grad = at::where(keep.unsqueeze(1),
+                     grad_a / T * row_weight.to(at::kCPU, at::kDouble).unsqueeze(1), zero)
                .narrow(1, 0, ws)
                .contiguous();
   return r;

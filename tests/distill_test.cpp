@@ -22,8 +22,8 @@
 namespace lossfns::testing {
 namespace {
 
-constexpr std::array<Divergence, 4> kAll = {Divergence::kTvd, Divergence::kForwardKl, Divergence::kReverseKl,
-                                            Divergence::kJsd};
+constexpr std::array<Divergence, 4> kAll = {Divergence::kTvd, Divergence::kForwardKl,
+                                            Divergence::kReverseKl, Divergence::kJsd};
 const double kInf = std::numeric_limits<double>::infinity();
 
 std::vector<at::Device> devices() {
@@ -49,8 +49,9 @@ struct Case {
 };
 std::string describe(const Case& c) {
   std::ostringstream o;
-  o << c.rows << "x(" << c.ws << "," << c.wt << ") vocab " << (c.vocab_size ? std::to_string(*c.vocab_size) : "-")
-    << " " << c.pattern << " T=" << c.temperature << (c.strided ? " strided" : "") << (c.labels ? " labels" : "");
+  o << c.rows << "x(" << c.ws << "," << c.wt << ") vocab "
+    << (c.vocab_size ? std::to_string(*c.vocab_size) : "-") << " " << c.pattern
+    << " T=" << c.temperature << (c.strided ? " strided" : "") << (c.labels ? " labels" : "");
   return o.str();
 }
 
@@ -111,15 +112,21 @@ struct Tol {
 };
 Tol tolerance(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return {1e-10, 1e-12, 1e-9, 1e-13};
-    case at::kFloat: return {2e-4, 2e-6, 2e-4, 2e-5};
-    case at::kHalf: return {2e-4, 2e-6, 2e-3, 2e-4};
-    default: return {2e-4, 2e-6, 1.6e-2, 1e-3};  // bfloat16: one rounding of the gradient
+    case at::kDouble:
+      return {1e-10, 1e-12, 1e-9, 1e-13};
+    case at::kFloat:
+      return {2e-4, 2e-6, 2e-4, 2e-5};
+    case at::kHalf:
+      return {2e-4, 2e-6, 2e-3, 2e-4};
+    default:
+      return {2e-4, 2e-6, 1.6e-2, 1e-3};  // bfloat16: one rounding of the gradient
   }
 }
 
-void run_case(const Case& c, Divergence div, const at::Device& dev, at::ScalarType dtype, const std::string& red) {
-  SCOPED_TRACE(describe(c) + " " + divergence_name(div) + " " + c10::toString(dtype) + " " + dev.str() + " " + red);
+void run_case(const Case& c, Divergence div, const at::Device& dev, at::ScalarType dtype,
+              const std::string& red) {
+  SCOPED_TRACE(describe(c) + " " + divergence_name(div) + " " + c10::toString(dtype) + " " +
+               dev.str() + " " + red);
   auto [s64, t64] = make_logits(c);
   at::Tensor s = place(s64, dtype, dev, c.strided), t = place(t64, dtype, dev, c.strided);
   at::Tensor labels, valid = at::ones({c.rows}, at::kBool);
@@ -134,34 +141,42 @@ void run_case(const Case& c, Divergence div, const at::Device& dev, at::ScalarTy
   const double beta = 0.3;
   DistillLossOptions o;
   o.divergence(div).beta(beta).temperature(c.temperature).vocab_size(c.vocab_size);
-  at::Tensor go = red == "none" ? at::rand({c.rows}, at::kDouble) + 0.5 : at::full({}, 0.75, at::kDouble);
+  at::Tensor go =
+      red == "none" ? at::rand({c.rows}, at::kDouble) + 0.5 : at::full({}, 0.75, at::kDouble);
   double scale = 1.0;
   if (red == "sum") o.reduction(torch::kSum);
-  if (red == "mean") o.reduction(torch::kMean), scale = n_valid ? 1.0 / (double(n_valid) * double(V)) : 0.0;
-  if (red == "batchmean") o.reduction(torch::kBatchMean), scale = n_valid ? 1.0 / double(n_valid) : 0.0;
+  if (red == "mean")
+    o.reduction(torch::kMean), scale = n_valid ? 1.0 / (double(n_valid) * double(V)) : 0.0;
+  if (red == "batchmean")
+    o.reduction(torch::kBatchMean), scale = n_valid ? 1.0 / double(n_valid) : 0.0;
   if (red == "none") o.reduction(torch::kNone);
 
   // The reference on the values the op sees (after rounding to dtype).
   const at::Tensor weight = red == "none" ? go : go.expand({c.rows}) * scale;
-  const RefResult ref = reference_distill(s.cpu(), t.cpu(), div, beta, c.temperature, V, valid, weight);
+  const RefResult ref =
+      reference_distill(s.cpu(), t.cpu(), div, beta, c.temperature, V, valid, weight);
 
   at::Tensor sl = leaf(s);
-  at::Tensor loss = distill_loss(sl, t, o, c.labels ? std::optional<at::Tensor>(labels) : std::nullopt);
+  at::Tensor loss =
+      distill_loss(sl, t, o, c.labels ? std::optional<at::Tensor>(labels) : std::nullopt);
   const Tol tol = tolerance(dtype);
   const at::Tensor ref_loss = red == "none" ? ref.row_loss : ref.row_loss.sum() * scale;
   EXPECT_EQ(loss.scalar_type(), dtype == at::kDouble ? at::kDouble : at::kFloat);
   EXPECT_EQ(loss.dim(), red == "none" ? 1 : 0);
-  EXPECT_TRUE(all_close(loss, ref_loss, tol.loss_rtol, tol.loss_atol * std::max<double>(1.0, c.rows)));
+  EXPECT_TRUE(
+      all_close(loss, ref_loss, tol.loss_rtol, tol.loss_atol * std::max<double>(1.0, c.rows)));
   loss.backward(go.to(loss.options()));
   // The gradient's natural scale: the row weight / T, times kappa, the logits' magnitude after
   // the temperature (lp = a - logsumexp(a) loses |a| * eps absolutely: T = 1e-3 or logits of
   // +-300 cost that many digits in any float implementation, the composite included).
-  const double kappa = std::max(1.0, s64.abs().nan_to_num(0, 0, 0).max().item<double>() / c.temperature / 10);
+  const double kappa =
+      std::max(1.0, s64.abs().nan_to_num(0, 0, 0).max().item<double>() / c.temperature / 10);
   const double gscale = weight.abs().max().item<double>() / c.temperature * kappa;
   EXPECT_EQ(sl.grad().scalar_type(), dtype);
   // fp16 gradients below 2^-14 are subnormal, spaced 2^-24: rounding there is absolute.
   const double subnormal = dtype == at::kHalf ? 0x1p-24 : 0.0;
-  EXPECT_TRUE(all_close(sl.grad(), ref.grad, tol.grad_rtol * kappa, tol.grad_atol_rel * gscale + subnormal));
+  EXPECT_TRUE(all_close(sl.grad(), ref.grad, tol.grad_rtol * kappa,
+                        tol.grad_atol_rel * gscale + subnormal));
   if (c.pattern == "tied" || c.pattern == "probtie") {  // exactly 0, not merely small
     EXPECT_EQ(loss.abs().max().item<double>(), 0.0);
     EXPECT_EQ(sl.grad().abs().max().item<double>(), 0.0);
@@ -183,9 +198,10 @@ TEST(DistillReference, GradientIsTheLossDerivative) {
         at::Tensor sp = s.clone(), sm = s.clone();
         sp[i][j] += h;
         sm[i][j] -= h;
-        const double fd = (reference_distill(sp, t, div, 0.3, 1.7, 8, valid, w).row_loss.sum().item<double>() -
-                           reference_distill(sm, t, div, 0.3, 1.7, 8, valid, w).row_loss.sum().item<double>()) /
-                          (2 * h);
+        const double fd =
+            (reference_distill(sp, t, div, 0.3, 1.7, 8, valid, w).row_loss.sum().item<double>() -
+             reference_distill(sm, t, div, 0.3, 1.7, 8, valid, w).row_loss.sum().item<double>()) /
+            (2 * h);
         EXPECT_NEAR(r.grad[i][j].item<double>(), fd, 1e-7) << "row " << i << " column " << j;
       }
     }
@@ -198,7 +214,7 @@ TEST(DistillLoss, MatchesTheFloat64ReferenceAcrossTheSweep) {
       {1, 1, 1, std::nullopt, "random"},
       {13, 7, 7, std::nullopt, "random", 1.0, false, true},
       {5, 255, 255, std::nullopt, "random", 2.0, true, false},
-      {6, 256, 256, 200, "random", 1.0, false, true},   // padded vocabulary
+      {6, 256, 256, 200, "random", 1.0, false, true},    // padded vocabulary
       {7, 300, 260, std::nullopt, "random"},             // the teacher is narrower
       {3, 1000, 1200, 1100, "random", 0.5, true, true},  // wider teacher, padding past 1100
       {4, 64, 64, std::nullopt, "tied"},
@@ -215,7 +231,8 @@ TEST(DistillLoss, MatchesTheFloat64ReferenceAcrossTheSweep) {
       for (const Case& c : cases)
         for (Divergence div : kAll)
           for (const char* red : {"sum", "batchmean", "mean", "none"}) {
-            if (c.rows * std::max(c.ws, c.wt) > 100000 && (std::string(red) != "batchmean" || dtype == at::kHalf))
+            if (c.rows * std::max(c.ws, c.wt) > 100000 &&
+                (std::string(red) != "batchmean" || dtype == at::kHalf))
               continue;  // the big shapes once per dtype and divergence
             run_case(c, div, dev, dtype, red);
           }
@@ -232,10 +249,15 @@ TEST(DistillLoss, NegativeInfinityColumnsAreExactlyZeroAndNeverNaN) {
         run_case(c, div, dev, dtype, "sum");
         auto [s64, t64] = make_logits(c);
         at::Tensor s = leaf(s64.to(dev, dtype));
-        distill_loss(s, t64.to(dev, dtype), DistillLossOptions().divergence(div).reduction(torch::kSum)).backward();
+        distill_loss(s, t64.to(dev, dtype),
+                     DistillLossOptions().divergence(div).reduction(torch::kSum))
+            .backward();
         const at::Tensor g = s.grad().cpu().to(at::kDouble);
         EXPECT_FALSE(g.isnan().any().item<bool>());
-        EXPECT_EQ(g.index({at::indexing::Slice(), at::indexing::Slice(0, at::indexing::None, 3)}).abs().max().item<double>(),
+        EXPECT_EQ(g.index({at::indexing::Slice(), at::indexing::Slice(0, at::indexing::None, 3)})
+                      .abs()
+                      .max()
+                      .item<double>(),
                   0.0);
       }
 }
@@ -248,7 +270,9 @@ TEST(DistillLoss, ReverseKlIsInfiniteWhereOnlyTheTeacherIsNegativeInfinity) {
     const auto o = DistillLossOptions().divergence(Divergence::kReverseKl);
     EXPECT_EQ(distill_loss(s, t, o).item<double>(), kInf);
     // ... and forward KL is +inf where only the student is -inf.
-    EXPECT_EQ(distill_loss(t, s, DistillLossOptions().divergence(Divergence::kForwardKl)).item<double>(), kInf);
+    EXPECT_EQ(
+        distill_loss(t, s, DistillLossOptions().divergence(Divergence::kForwardKl)).item<double>(),
+        kInf);
   }
 }
 
@@ -257,13 +281,16 @@ TEST(DistillLoss, PaddingColumnsAreNeverRead) {
   at::manual_seed(3);
   for (const auto& dev : devices())
     for (Divergence div : kAll) {
-      at::Tensor s = at::randn({5, 40}, at::TensorOptions(dev)), t = at::randn({5, 40}, at::TensorOptions(dev));
+      at::Tensor s = at::randn({5, 40}, at::TensorOptions(dev)),
+                 t = at::randn({5, 40}, at::TensorOptions(dev));
       at::Tensor sn = s.clone(), tn = t.clone();
       sn.narrow(1, 33, 7).fill_(std::nan(""));
       tn.narrow(1, 33, 7).fill_(std::nan(""));
       const auto o = DistillLossOptions().divergence(div).vocab_size(33);
       at::Tensor a = leaf(sn), b = leaf(s.narrow(1, 0, 33));
-      at::Tensor la = distill_loss(a, tn, o), lb = distill_loss(b, t.narrow(1, 0, 33), DistillLossOptions(o).vocab_size(std::nullopt));
+      at::Tensor la = distill_loss(a, tn, o),
+                 lb = distill_loss(b, t.narrow(1, 0, 33),
+                                   DistillLossOptions(o).vocab_size(std::nullopt));
       EXPECT_EQ(la.item<double>(), lb.item<double>()) << divergence_name(div);
       la.backward();
       lb.backward();
@@ -279,7 +306,8 @@ TEST(DistillLoss, IdenticalRowsGiveExactlyZeroForEveryDivergenceDtypeAndTemperat
       for (Divergence div : kAll)
         for (double T : {1e-3, 0.7, 1.0, 100.0}) {
           at::Tensor s = leaf((at::randn({9, 3001}) * 3).to(dev, dtype));
-          at::Tensor loss = distill_loss(s, s.detach().clone(), DistillLossOptions().divergence(div).temperature(T));
+          at::Tensor loss = distill_loss(s, s.detach().clone(),
+                                         DistillLossOptions().divergence(div).temperature(T));
           loss.backward();
           EXPECT_EQ(loss.item<double>(), 0.0) << divergence_name(div) << " T=" << T;
           EXPECT_EQ(s.grad().abs().max().item<double>(), 0.0) << divergence_name(div) << " T=" << T;
@@ -301,7 +329,8 @@ TEST(DistillLoss, AllIgnoredAndEmptyBatchesGiveZeroNotNaN) {
     for (Divergence div : kAll)
       for (auto red : std::vector<Reduction>{torch::kSum, torch::kMean, torch::kBatchMean}) {
         at::Tensor s = leaf(at::randn({3, 20}, at::TensorOptions(dev)));
-        at::Tensor labels = at::full({3}, kDefaultIgnoreIndex, at::TensorOptions(dev).dtype(at::kLong));
+        at::Tensor labels =
+            at::full({3}, kDefaultIgnoreIndex, at::TensorOptions(dev).dtype(at::kLong));
         at::Tensor loss = distill_loss(s, at::randn({3, 20}, at::TensorOptions(dev)),
                                        DistillLossOptions().divergence(div).reduction(red), labels);
         loss.backward();
@@ -328,7 +357,8 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
         at::Tensor a = leaf(s0), b = leaf(s0);
         const auto o = DistillLossOptions().divergence(div);
         distill_loss(a, t, o).backward(at::full({}, go, at::TensorOptions(dev)));
-        distill_loss(b, t, DistillLossOptions(o).grad_scale(at::full({1}, 0.25, at::TensorOptions(dev))))
+        distill_loss(b, t,
+                     DistillLossOptions(o).grad_scale(at::full({1}, 0.25, at::TensorOptions(dev))))
             .backward(at::full({}, go, at::TensorOptions(dev)));
         EXPECT_TRUE(all_close(b.grad(), a.grad(), go == 0.25 ? 0.0 : 1.6e-2, 0.0))
             << divergence_name(div) << " " << dev << " grad_output " << go;
@@ -338,7 +368,8 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
 TEST(DistillLoss, ThreeDimensionalAndNonContiguousInputs) {
   at::manual_seed(7);
   for (const auto& dev : devices()) {
-    at::Tensor s = at::randn({5, 3, 70}, at::TensorOptions(dev)).transpose(0, 1);  // (3, 5, 70), not a view of rows
+    at::Tensor s = at::randn({5, 3, 70}, at::TensorOptions(dev))
+                       .transpose(0, 1);  // (3, 5, 70), not a view of rows
     at::Tensor t = at::randn({3, 5, 70}, at::TensorOptions(dev));
     at::Tensor labels = at::randint(0, 5, {3, 5}, at::TensorOptions(dev).dtype(at::kLong));
     at::Tensor a = leaf(s), b = leaf(s.contiguous());
@@ -355,17 +386,23 @@ TEST(DistillLoss, ThreeDimensionalAndNonContiguousInputs) {
 TEST(DistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
   const at::Tensor s = at::randn({4, 10}), t = at::randn({4, 10});
   auto err = [&](const at::Tensor& a, const at::Tensor& b, DistillLossOptions o = {},
-                 std::optional<at::Tensor> l = std::nullopt) { return error_of([&] { distill_loss(a, b, o, l); }); };
+                 std::optional<at::Tensor> l = std::nullopt) {
+    return error_of([&] { distill_loss(a, b, o, l); });
+  };
   EXPECT_NE(err(s, at::randn({5, 10})).find("leading shape [4]"), std::string::npos);
   EXPECT_NE(err(s, t.to(at::kBFloat16)).find("BFloat16"), std::string::npos);
   EXPECT_NE(err(s.to(at::kInt), t.to(at::kInt)).find("Int"), std::string::npos);
   EXPECT_NE(err(s, t, DistillLossOptions().temperature(0)).find("temperature"), std::string::npos);
-  EXPECT_NE(err(s, t, DistillLossOptions().temperature(1e-40)).find("temperature"), std::string::npos);
-  EXPECT_NE(err(s, t, DistillLossOptions().temperature(kInf)).find("temperature"), std::string::npos);
-  EXPECT_NE(err(s, t, DistillLossOptions().divergence(Divergence::kJsd).beta(1.5)).find("beta"), std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().temperature(1e-40)).find("temperature"),
+            std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().temperature(kInf)).find("temperature"),
+            std::string::npos);
+  EXPECT_NE(err(s, t, DistillLossOptions().divergence(Divergence::kJsd).beta(1.5)).find("beta"),
+            std::string::npos);
   EXPECT_NE(err(s, t, DistillLossOptions().vocab_size(0)).find("vocab_size"), std::string::npos);
   EXPECT_NE(err(s, t, {}, at::zeros({4}, at::kInt)).find("int64"), std::string::npos);
-  EXPECT_NE(err(s, t, {}, at::zeros({3}, at::kLong)).find("labels must have shape"), std::string::npos);
+  EXPECT_NE(err(s, t, {}, at::zeros({3}, at::kLong)).find("labels must have shape"),
+            std::string::npos);
   EXPECT_NE(err(s, leaf(t)).find("teacher_logits must not require grad"), std::string::npos);
   EXPECT_EQ(err(s, t, DistillLossOptions().reduction(torch::kSum)), "");  // and a good call is none
 }
@@ -374,8 +411,9 @@ TEST(DistillLoss, ModuleWrapperCallsTheOp) {
   DistillLoss fn(DistillLossOptions().divergence(Divergence::kJsd).beta(0.25).vocab_size(8));
   std::ostringstream o;
   o << *fn;
-  EXPECT_EQ(o.str(), "lossfns::DistillLoss(divergence=jsd, beta=0.25, temperature=1, reduction=batchmean, "
-                     "ignore_index=-100, vocab_size=8)");
+  EXPECT_EQ(o.str(),
+            "lossfns::DistillLoss(divergence=jsd, beta=0.25, temperature=1, reduction=batchmean, "
+            "ignore_index=-100, vocab_size=8)");
   const at::Tensor s = at::randn({2, 10}), t = at::randn({2, 10});
   EXPECT_EQ(fn(s, t).item<double>(), distill_loss(s, t, fn->options).item<double>());
 }

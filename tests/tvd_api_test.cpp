@@ -7,8 +7,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 
 #include "lossfns/lossfns.h"
 #include "tvd_reference.h"
@@ -24,34 +24,58 @@ void expect_error(Fn&& fn, std::initializer_list<const char*> fragments) {
     ADD_FAILURE() << "expected an error mentioning '" << *fragments.begin() << "'";
   } catch (const c10::Error& e) {
     const std::string msg = e.what_without_backtrace();
-    for (const char* f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+    for (const char* f : fragments)
+      EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
   }
 }
 
-at::Tensor probs(std::vector<int64_t> shape, at::ScalarType dtype = at::kFloat, at::Device dev = at::kCPU) {
+at::Tensor probs(std::vector<int64_t> shape, at::ScalarType dtype = at::kFloat,
+                 at::Device dev = at::kCPU) {
   return at::softmax(at::randn(shape), -1).to(dev, dtype);
 }
 
 TEST(TvdErrors, ShapesDtypesAndLabelsAreCheckedWithBothSidesNamed) {
   const at::Tensor p = probs({4, 10}), q = probs({4, 10});
-  expect_error([&] { tvd_loss(probs({10}), probs({10})); }, {"p must be (BT, V) or (B, T, V)", "[10]"});
-  expect_error([&] { tvd_loss(probs({2, 2, 2, 3}), probs({2, 2, 2, 3})); }, {"(B, T, V)", "[2, 2, 2, 3]"});
-  expect_error([&] { tvd_loss(p, probs({4, 11})); }, {"q must have p's shape [4, 10]", "got [4, 11]"});
-  expect_error([&] { tvd_loss(p, q.to(at::kDouble)); }, {"q must have p's dtype Float", "got Double"});
-  expect_error([&] { tvd_loss(p.to(at::kInt), q.to(at::kInt)); }, {"on CPU p and q must be one of", "got Int"});
+  expect_error([&] { tvd_loss(probs({10}), probs({10})); },
+               {"p must be (BT, V) or (B, T, V)", "[10]"});
+  expect_error(
+      [&] {
+        tvd_loss(probs({2, 2, 2, 3}), probs({2, 2, 2, 3}));
+      },
+      {"(B, T, V)", "[2, 2, 2, 3]"});
+  expect_error(
+      [&] {
+        tvd_loss(p, probs({4, 11}));
+      },
+      {"q must have p's shape [4, 10]", "got [4, 11]"});
+  expect_error([&] { tvd_loss(p, q.to(at::kDouble)); },
+               {"q must have p's dtype Float", "got Double"});
+  expect_error([&] { tvd_loss(p.to(at::kInt), q.to(at::kInt)); },
+               {"on CPU p and q must be one of", "got Int"});
   expect_error([&] { tvd_loss(at::empty({4, 0}), at::empty({4, 0})); }, {"V", "must be > 0"});
   const auto opts = TVDLossOptions();
-  expect_error([&] { tvd_loss(p, q, opts, at::zeros({4}, at::kInt)); }, {"labels must be int64", "got Int"});
-  expect_error([&] { tvd_loss(p, q, opts, at::zeros({5}, at::kLong)); }, {"labels must have shape [4]", "got [5]"});
-  expect_error([&] { tvd_loss(probs({2, 3, 10}), probs({2, 3, 10}), opts, at::zeros({3, 2}, at::kLong)); },
-               {"labels must have shape [2, 3]", "got [3, 2]"});
+  expect_error([&] { tvd_loss(p, q, opts, at::zeros({4}, at::kInt)); },
+               {"labels must be int64", "got Int"});
+  expect_error([&] { tvd_loss(p, q, opts, at::zeros({5}, at::kLong)); },
+               {"labels must have shape [4]", "got [5]"});
+  expect_error(
+      [&] {
+        tvd_loss(probs({2, 3, 10}), probs({2, 3, 10}), opts, at::zeros({3, 2}, at::kLong));
+      },
+      {"labels must have shape [2, 3]", "got [3, 2]"});
 }
 
 TEST(TvdErrors, BadReductionNameThroughTheDispatcherOp) {
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("lossfns::tvd_loss", "").typed<at::Tensor(
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
-  expect_error([&] { op.call(probs({2, 5}), probs({2, 5}), std::nullopt, -100, "avg"); },
-               {"reduction must be one of 'none', 'sum', 'mean', 'batchmean'", "got 'avg'"});
+  const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::tvd_loss", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            int64_t, c10::string_view)>();
+  expect_error(
+      [&] {
+        op.call(probs({2, 5}), probs({2, 5}), std::nullopt, -100, "avg");
+      },
+      {"reduction must be one of 'none', 'sum', 'mean', 'batchmean'", "got 'avg'"});
 }
 
 TEST(TvdErrors, CudaDevicesAndDtypesMustAgree) {
@@ -60,7 +84,8 @@ TEST(TvdErrors, CudaDevicesAndDtypesMustAgree) {
   expect_error([&] { tvd_loss(p, probs({4, 10})); }, {"q must be on p's device cuda:0", "got cpu"});
   expect_error([&] { tvd_loss(p, p.clone(), {}, at::zeros({4}, at::kLong)); },
                {"labels must be on p's device cuda:0", "got cpu"});
-  expect_error([&] { tvd_loss(p.to(at::kDouble), p.to(at::kDouble)); }, {"on CUDA p and q must be one of", "got Double"});
+  expect_error([&] { tvd_loss(p.to(at::kDouble), p.to(at::kDouble)); },
+               {"on CUDA p and q must be one of", "got Double"});
 }
 
 // An empty batch (0 rows, e.g. (0, V) or (B, 0, V)): the loss is 0 (kNone: an empty tensor) and
@@ -118,9 +143,9 @@ TEST(TvdModule, MatchesTheFunctionAndPrintsItsOptions) {
 
 TEST(TvdVersion, HeaderAndLibraryAgree) {
   EXPECT_STREQ(lossfns::version(), LOSSFNS_VERSION);
-  EXPECT_EQ(std::string(LOSSFNS_VERSION),
-            std::to_string(LOSSFNS_VERSION_MAJOR) + "." + std::to_string(LOSSFNS_VERSION_MINOR) + "." +
-                std::to_string(LOSSFNS_VERSION_PATCH));
+  EXPECT_EQ(std::string(LOSSFNS_VERSION), std::to_string(LOSSFNS_VERSION_MAJOR) + "." +
+                                              std::to_string(LOSSFNS_VERSION_MINOR) + "." +
+                                              std::to_string(LOSSFNS_VERSION_PATCH));
 }
 
 }  // namespace

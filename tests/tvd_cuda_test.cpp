@@ -8,8 +8,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 
 #include "lossfns/tvd.h"
 
@@ -25,7 +25,8 @@ at::Tensor probs(std::vector<int64_t> shape, at::ScalarType dtype) {
 TEST(TvdCuda, RunsOnTheCurrentNonDefaultStream) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   at::manual_seed(7);
-  const at::Tensor logits = at::randn({512, 32000}, at::kCUDA), teacher = probs({512, 32000}, at::kFloat);
+  const at::Tensor logits = at::randn({512, 32000}, at::kCUDA),
+                   teacher = probs({512, 32000}, at::kFloat);
   auto run = [&] {
     const at::Tensor x = logits.detach().requires_grad_(true);
     const at::Tensor loss = tvd_loss(at::softmax(x * 1.5, -1), teacher) * 2.0;
@@ -74,7 +75,8 @@ TEST(TvdCuda, CapturedInACudaGraphReplaysOnNewInputs) {
   const at::Tensor p = probs({BT, V}, at::kBFloat16).requires_grad_(true);
   const at::Tensor q = probs({BT, V}, at::kBFloat16);
   const at::Tensor rows = at::arange(BT, at::kLong);
-  const at::Tensor labels = (rows % 5).masked_fill(rows % 3 == 0, kDefaultIgnoreIndex).to(at::kCUDA);
+  const at::Tensor labels =
+      (rows % 5).masked_fill(rows % 3 == 0, kDefaultIgnoreIndex).to(at::kCUDA);
   const at::Tensor grad_out = at::full({}, 0.5, at::TensorOptions().device(at::kCUDA));
   auto step = [&] {
     const at::Tensor loss = tvd_loss(p, q, TVDLossOptions(), labels);
@@ -99,8 +101,8 @@ TEST(TvdCuda, CapturedInACudaGraphReplaysOnNewInputs) {
     }
     graph.replay();
     const auto [loss_e, grad_e] = step();
-    EXPECT_TRUE(loss_g.equal(loss_e)) << "round " << round << ": " << loss_g.item<float>() << " against "
-                                      << loss_e.item<float>();
+    EXPECT_TRUE(loss_g.equal(loss_e))
+        << "round " << round << ": " << loss_g.item<float>() << " against " << loss_e.item<float>();
     EXPECT_TRUE(grad_g.equal(grad_e)) << "round " << round;
     EXPECT_TRUE(grad_e[1].ne(0).any().item<bool>()) << "row 1 counts: its gradient is not all zero";
   }

@@ -22,8 +22,9 @@ inline TVDLossOptions::reduction_t reduction_from(const std::string& name) {
 }
 
 // loss = 0.5*|p - q| masked by non-ignored rows, reduced; p, q: (..., V) leaves in double.
-inline at::Tensor reference_tvd(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
-                                int64_t ignore_index, const std::string& reduction) {
+inline at::Tensor reference_tvd(const at::Tensor& p, const at::Tensor& q,
+                                const std::optional<at::Tensor>& labels, int64_t ignore_index,
+                                const std::string& reduction) {
   const int64_t V = p.size(-1);
   at::Tensor elem = (p - q).abs() * 0.5;
   at::Tensor mask = at::ones(p.sizes().slice(0, p.dim() - 1), p.options());
@@ -40,8 +41,8 @@ inline at::Tensor reference_tvd(const at::Tensor& p, const at::Tensor& q, const 
 
 // Every element: equal, or |actual - expected| <= atol + rtol*|expected|, and NaN exactly where
 // expected has NaN. Reports the first offending index.
-inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double rtol,
-                                            double atol) {
+inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected,
+                                            double rtol, double atol) {
   const at::Tensor a = actual.detach().to(at::kCPU, at::kDouble).reshape(-1).contiguous();
   const at::Tensor e = expected.detach().to(at::kCPU, at::kDouble).reshape(-1).contiguous();
   if (a.numel() != e.numel())
@@ -52,9 +53,9 @@ inline ::testing::AssertionResult all_close(const at::Tensor& actual, const at::
     if (ap[i] == ep[i]) continue;  // equal, infinities included
     const bool an = std::isnan(ap[i]), en = std::isnan(ep[i]);
     if (an != en || (!en && !(std::abs(ap[i] - ep[i]) <= atol + rtol * std::abs(ep[i]))))
-      return ::testing::AssertionFailure() << "element " << i << " of " << a.numel() << ": got " << ap[i]
-                                           << ", expected " << ep[i] << " (rtol " << rtol << ", atol " << atol
-                                           << ")";
+      return ::testing::AssertionFailure()
+             << "element " << i << " of " << a.numel() << ": got " << ap[i] << ", expected "
+             << ep[i] << " (rtol " << rtol << ", atol " << atol << ")";
   }
   return ::testing::AssertionSuccess();
 }

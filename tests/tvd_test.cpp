@@ -8,12 +8,12 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
-#include <torch/cuda.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 
 #include "kernels_common.h"  // kernels::Reduction
-#include "tvd_internal.h"  // the internal ops' typed handles
 #include "lossfns/tvd.h"
+#include "tvd_internal.h"  // the internal ops' typed handles
 #include "tvd_reference.h"
 
 namespace lossfns::testing {
@@ -33,29 +33,40 @@ struct Tol {
 };
 Tol tolerance(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return {1e-12, 0.0, 1e-12, 1e-15};
-    case at::kFloat: return {1e-6, 0.0, 1e-4, 1e-6};
-    case at::kHalf: return {1e-3, 0x1p-25, 1e-4, 1e-6};
-    default: return {8e-3, 0.0, 1e-4, 1e-6};  // bfloat16
+    case at::kDouble:
+      return {1e-12, 0.0, 1e-12, 1e-15};
+    case at::kFloat:
+      return {1e-6, 0.0, 1e-4, 1e-6};
+    case at::kHalf:
+      return {1e-3, 0x1p-25, 1e-4, 1e-6};
+    default:
+      return {8e-3, 0.0, 1e-4, 1e-6};  // bfloat16
   }
 }
 
 enum class Ties { kNone, kAll, kPaddedHalf, kPartial, kSparse };
 const char* name(Ties t) {
   switch (t) {
-    case Ties::kNone: return "no ties";
-    case Ties::kAll: return "q == p (self-distillation)";
-    case Ties::kPaddedHalf: return "trailing half of V exactly 0.0 in both (padded vocabulary)";
-    case Ties::kPartial: return "half of the elements tied";
-    default: return "1 in 500 elements tied (tiles with and without ties in one row)";
+    case Ties::kNone:
+      return "no ties";
+    case Ties::kAll:
+      return "q == p (self-distillation)";
+    case Ties::kPaddedHalf:
+      return "trailing half of V exactly 0.0 in both (padded vocabulary)";
+    case Ties::kPartial:
+      return "half of the elements tied";
+    default:
+      return "1 in 500 elements tied (tiles with and without ties in one row)";
   }
 }
 
 // p, q: (BT, V) probabilities in dtype on device, with the requested tie pattern.
-std::pair<at::Tensor, at::Tensor> make_inputs(int64_t BT, int64_t V, Ties ties, at::ScalarType dtype,
-                                              at::Device device) {
+std::pair<at::Tensor, at::Tensor> make_inputs(int64_t BT, int64_t V, Ties ties,
+                                              at::ScalarType dtype, at::Device device) {
   const auto opts = at::TensorOptions().dtype(at::kDouble);
-  auto softmax_rows = [&](int64_t cols) { return at::softmax(at::randn({BT, cols}, opts) * 2, -1); };
+  auto softmax_rows = [&](int64_t cols) {
+    return at::softmax(at::randn({BT, cols}, opts) * 2, -1);
+  };
   at::Tensor p, q;
   if (ties == Ties::kPaddedHalf) {
     const int64_t real = (V + 1) / 2;
@@ -77,17 +88,20 @@ std::pair<at::Tensor, at::Tensor> make_inputs(int64_t BT, int64_t V, Ties ties, 
 class TvdSweep : public ::testing::TestWithParam<std::tuple<std::string, at::ScalarType>> {
  protected:
   void SetUp() override {
-    if (std::get<0>(GetParam()) == "cuda" && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    if (std::get<0>(GetParam()) == "cuda" && !torch::cuda::is_available())
+      GTEST_SKIP() << "no CUDA device";
     at::manual_seed(1234);
   }
-  at::Device device() const { return std::get<0>(GetParam()) == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU); }
+  at::Device device() const {
+    return std::get<0>(GetParam()) == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  }
   at::ScalarType dtype() const { return std::get<1>(GetParam()); }
 };
 
 // One case: forward and backward of the op against the reference; grad_output g (scalar, or a
 // random tensor for 'none'); optionally labels with some rows ignored.
-void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double g, bool with_labels,
-                bool q_grad) {
+void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double g,
+                bool with_labels, bool q_grad) {
   const Tol tol = tolerance(p.scalar_type());
   const int64_t BT = p.numel() / p.size(-1);
   std::optional<at::Tensor> labels;
@@ -98,7 +112,8 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
   }
   p = p.detach().requires_grad_(true);
   q = q.detach().requires_grad_(q_grad);
-  const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction_from(reduction)), labels);
+  const at::Tensor loss =
+      tvd_loss(p, q, TVDLossOptions().reduction(reduction_from(reduction)), labels);
 
   const at::Tensor pd = p.detach().to(at::kCPU, at::kDouble).requires_grad_(true);
   const at::Tensor qd = q.detach().to(at::kCPU, at::kDouble).requires_grad_(q_grad);
@@ -109,7 +124,8 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
   ASSERT_EQ(loss.sizes(), ref.sizes());
   const auto expected_loss_dtype = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   EXPECT_EQ(loss.scalar_type(), expected_loss_dtype);
-  EXPECT_TRUE(all_close(loss, ref, reduction == "none" ? tol.elem_rtol : tol.loss_rtol, 0.0)) << "loss";
+  EXPECT_TRUE(all_close(loss, ref, reduction == "none" ? tol.elem_rtol : tol.loss_rtol, 0.0))
+      << "loss";
 
   at::Tensor grad_out = reduction == "none" ? at::rand(loss.sizes(), loss.options()) + 0.25
                                             : at::full({}, g, loss.options());
@@ -124,7 +140,8 @@ void check_case(at::Tensor p, at::Tensor q, const std::string& reduction, double
   EXPECT_TRUE(all_close(grads[0], ref_grads[0], tol.grad_rtol, tol.grad_atol)) << "grad p";
   // The tie rule, stated directly: where p == q the gradient is exactly 0.0.
   const at::Tensor ties = p.detach().eq(q.detach());
-  EXPECT_TRUE(grads[0].masked_select(ties).eq(0).all().item<bool>()) << "a tie got a non-zero gradient";
+  EXPECT_TRUE(grads[0].masked_select(ties).eq(0).all().item<bool>())
+      << "a tie got a non-zero gradient";
   if (q_grad) {
     EXPECT_TRUE(grads[1].equal(grads[0].neg())) << "grad q must be -grad p";
   }
@@ -160,11 +177,14 @@ TEST_P(TvdSweep, EveryRowIgnoredGivesZeroLossAndZeroGradient) {
   for (int64_t V : {300, 32000}) {  // 32000: rows split into several chunks on CUDA
     auto [p, q] = make_inputs(5, V, Ties::kNone, dtype(), device());
     p.requires_grad_(true);
-    const at::Tensor labels = at::full({5}, -1, at::TensorOptions().dtype(at::kLong).device(device()));
-    for (auto reduction : {TVDLossOptions::reduction_t(torch::kBatchMean), TVDLossOptions::reduction_t(torch::kMean),
-                           TVDLossOptions::reduction_t(torch::kSum), TVDLossOptions::reduction_t(torch::kNone)}) {
+    const at::Tensor labels =
+        at::full({5}, -1, at::TensorOptions().dtype(at::kLong).device(device()));
+    for (auto reduction :
+         {TVDLossOptions::reduction_t(torch::kBatchMean), TVDLossOptions::reduction_t(torch::kMean),
+          TVDLossOptions::reduction_t(torch::kSum), TVDLossOptions::reduction_t(torch::kNone)}) {
       SCOPED_TRACE(::testing::Message() << "V=" << V << " " << reduction_name(reduction));
-      const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(reduction).ignore_index(-1), labels);
+      const at::Tensor loss =
+          tvd_loss(p, q, TVDLossOptions().reduction(reduction).ignore_index(-1), labels);
       const at::Tensor grad = torch::autograd::grad({loss}, {p}, {at::ones_like(loss)})[0];
       EXPECT_TRUE(loss.eq(0).all().item<bool>());
       EXPECT_TRUE(grad.eq(0).all().item<bool>());
@@ -179,7 +199,8 @@ TEST_P(TvdSweep, ManyChunkRowsWithIgnoredRowsAndPartialTiles) {
   for (int64_t V : {32264, 50257})
     for (Ties ties : {Ties::kSparse, Ties::kPaddedHalf, Ties::kAll})
       for (const char* reduction : {"batchmean", "sum", "mean", "none"}) {
-        SCOPED_TRACE(::testing::Message() << "V=" << V << " " << name(ties) << " reduction=" << reduction);
+        SCOPED_TRACE(::testing::Message()
+                     << "V=" << V << " " << name(ties) << " reduction=" << reduction);
         auto [p, q] = make_inputs(7, V, ties, dtype(), device());
         check_case(p, q, reduction, 0.5, /*with_labels=*/true, /*q_grad=*/true);
       }
@@ -202,8 +223,10 @@ TEST_P(TvdSweep, OneTieAtEveryPlaceInATile) {
     }
   mask.index_put_({2, 5 * 256 + 9}, true);  // a second tie in that tile
   // Values in [0.05, 0.95]: normal numbers in every dtype, so halving or doubling is exact.
-  const at::Tensor p = (at::rand({BT, V}, at::TensorOptions().dtype(at::kDouble)) * 0.9 + 0.05).to(device(), dtype());
-  const at::Tensor factor = at::where(at::rand({BT, V}, p.options()) < 0.5, 0.5, 2.0).to(p.scalar_type());
+  const at::Tensor p = (at::rand({BT, V}, at::TensorOptions().dtype(at::kDouble)) * 0.9 + 0.05)
+                           .to(device(), dtype());
+  const at::Tensor factor =
+      at::where(at::rand({BT, V}, p.options()) < 0.5, 0.5, 2.0).to(p.scalar_type());
   const at::Tensor q = at::where(mask.to(device()), p, p * factor);
   ASSERT_EQ(p.eq(q).sum().item<int64_t>(), mask.sum().item<int64_t>());
   for (const char* reduction : {"batchmean", "sum", "none"}) {
@@ -216,7 +239,8 @@ TEST_P(TvdSweep, NaNAndInfInsideWholeTiles) {
   // Row 0: one NaN inside an otherwise tie-free whole tile (the only "tie" of its tile).
   // Row 1: a whole tile of NaN. Row 2: +inf in both p and q (inf - inf is NaN: gradient 0).
   auto [p, q] = make_inputs(3, 1024, Ties::kNone, dtype(), device());
-  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN(),
+               inf = std::numeric_limits<double>::infinity();
   p.index_put_({0, 300}, nan);
   p.index_put_({1, at::indexing::Slice(256, 512)}, nan);
   p.index_put_({2, 600}, inf);
@@ -281,26 +305,31 @@ TEST_P(TvdSweep, InternalOpsBackToBackSeeEachOthersResults) {
   std::vector<at::Tensor> ps, qs, gos;
   std::vector<std::optional<at::Tensor>> labels;
   const auto opts = at::TensorOptions().device(device());
-  for (int64_t r = 0; r < rounds; ++r) {  // made on the device: the CPU would take seconds per round
+  for (int64_t r = 0; r < rounds;
+       ++r) {  // made on the device: the CPU would take seconds per round
     const at::Tensor p = at::softmax(2.0 * at::randn({BT, V}, opts), -1).to(dtype());
     at::Tensor q = at::softmax(2.0 * at::randn({BT, V}, opts), -1).to(dtype());
     if (r % 2) q = at::where(at::rand({BT, V}, opts) < 0.002, p, q);  // some ties
     at::Tensor l = at::arange(BT, at::TensorOptions().dtype(at::kLong)) % 7;
-    l.index_put_({at::arange(0, BT, r + 2)}, kDefaultIgnoreIndex);  // every (r+2)-th row ignored: a scale per round
+    l.index_put_({at::arange(0, BT, r + 2)},
+                 kDefaultIgnoreIndex);  // every (r+2)-th row ignored: a scale per round
     ps.push_back(p);
     qs.push_back(q);
     labels.emplace_back(l.to(device()));
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device());
-    gos.push_back(reduction(r) == kNone ? (at::rand({BT, V}, f32) + 0.25) * weights[r] : at::full({}, weights[r], f32));
+    gos.push_back(reduction(r) == kNone ? (at::rand({BT, V}, f32) + 0.25) * weights[r]
+                                        : at::full({}, weights[r], f32));
   }
   auto run = [&](int64_t r, bool sync) {
-    auto [loss, signs, scale] = detail::tvd_forward_op(ps[r], qs[r], labels[r], kDefaultIgnoreIndex, reduction(r), true);
+    auto [loss, signs, scale] =
+        detail::tvd_forward_op(ps[r], qs[r], labels[r], kDefaultIgnoreIndex, reduction(r), true);
     if (sync && cuda) torch::cuda::synchronize();
     const bool recompute = signs.size(0) != BT;  // the CPU saves no signs
     const std::optional<at::Tensor> none;
-    at::Tensor grad = detail::tvd_backward_op(gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
-                                              recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
-                                              kDefaultIgnoreIndex, V, dtype(), reduction(r));
+    at::Tensor grad = detail::tvd_backward_op(
+        gos[r], signs, scale, recompute ? std::optional<at::Tensor>(ps[r]) : none,
+        recompute ? std::optional<at::Tensor>(qs[r]) : none, recompute ? labels[r] : none,
+        kDefaultIgnoreIndex, V, dtype(), reduction(r));
     if (sync && cuda) torch::cuda::synchronize();
     return std::make_pair(loss, grad);
   };
@@ -321,11 +350,13 @@ std::string param_name(const ::testing::TestParamInfo<TvdSweep::ParamType>& info
 
 INSTANTIATE_TEST_SUITE_P(Cpu, TvdSweep,
                          ::testing::Combine(::testing::Values("cpu"),
-                                            ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16)),
+                                            ::testing::Values(at::kFloat, at::kDouble, at::kHalf,
+                                                              at::kBFloat16)),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Cuda, TvdSweep,
                          ::testing::Combine(::testing::Values("cuda"),
-                                            ::testing::Values(at::kFloat, at::kHalf, at::kBFloat16)),
+                                            ::testing::Values(at::kFloat, at::kHalf,
+                                                              at::kBFloat16)),
                          param_name);
 
 }  // namespace

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
 
 #include "distill/config.h"
 #include "distill/distributed.h"
@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
                "train even when the start-up memory estimate exceeds the device's memory");
   std::string export_run, export_out;
   CLI::App* export_cmd = app.add_subcommand(
-      "export", "write the student of a finished (or checkpointed) run as a Hugging Face "
-                "directory (config.json + model.safetensors + the teacher's tokenizer files)");
+      "export",
+      "write the student of a finished (or checkpointed) run as a Hugging Face "
+      "directory (config.json + model.safetensors + the teacher's tokenizer files)");
   export_cmd->add_option("run_dir", export_run, "the run's train.out_dir")->required();
   export_cmd->add_option("out_dir", export_out, "a new directory to write")->required();
   app.footer("Config keys (key = default, meaning, accepted values):\n" + distill::ConfigHelp());
@@ -70,10 +71,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     const distill::Config config =
-        config_path.empty()
-            ? distill::ParseConfig(distill::QuickstartYaml(), "configs/quickstart.yaml (embedded)",
-                                   overrides)
-            : distill::LoadConfigFile(config_path, overrides);
+        config_path.empty() ? distill::ParseConfig(distill::QuickstartYaml(),
+                                                   "configs/quickstart.yaml (embedded)", overrides)
+                            : distill::LoadConfigFile(config_path, overrides);
     if (print_config) {
       std::cout << distill::ConfigToYaml(config);
       return 0;

@@ -36,8 +36,8 @@ struct DivergenceResult {
 // with lossfns::distill_loss on the logits in the loss dtype, called as the trainer calls it
 // (distill::DivergenceSum: reduction sum, padded columns masked by distill.vocab_size,
 // temperature 2), and with its float64 reference (ReferenceDivergenceSum: log_softmax in
-// double, the definitions, autograd). The same student is also trained on hard labels only (the trainer's
-// baseline stage: CE alone) for the same steps.
+// double, the definitions, autograd). The same student is also trained on hard labels only (the
+// trainer's baseline stage: CE alone) for the same steps.
 //
 // Tolerances, and why (on the per-token divergence kd, the op's output):
 // - Step 1, both dtypes: the same weights and the same logits (bf16 logits are the same bf16

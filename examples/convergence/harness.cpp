@@ -54,7 +54,7 @@ distill::Config BaseConfig(const Options& o, const std::string& run_dir) {
 }
 
 distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
-                                       int64_t steps) {
+                               int64_t steps) {
   distill::Config c = distill::TeacherStageConfig(config);
   c.train.precision = distill::Precision::kFp32;
   c.train.steps = steps;
@@ -70,7 +70,7 @@ distill::Model PretrainTeacher(const distill::Config& config, const std::string&
 }
 
 distill::Model MakeModel(const distill::ModelConfig& config, int64_t seed,
-                                 const at::Device& device) {
+                         const at::Device& device) {
   torch::manual_seed(static_cast<uint64_t>(seed));
   distill::Model model = distill::MakeModel(config);
   model->to(device);
@@ -100,15 +100,16 @@ at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q, const a
   return (0.5 * (p.to(at::kFloat) - q.to(at::kFloat)).abs().sum(-1) * mask).sum();
 }
 
-at::Tensor ReferenceDivergenceSum(const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
-                                  const distill::DistillConfig& config) {
+at::Tensor ReferenceDivergenceSum(const at::Tensor& s, const at::Tensor& t,
+                                  const at::Tensor& targets, const distill::DistillConfig& config) {
   const lossfns::Divergence divergence = config.divergence;
   const double beta = config.jsd_beta, T = config.temperature;
   const int64_t vocab_size = config.vocab_size > 0 ? config.vocab_size : s.size(-1);
   // The padded columns are left out: the same as -inf in both (probability 0, no gradient),
   // without the 0 * (-inf) of the KL terms there.
   const at::Tensor lp = at::log_softmax(s.narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
-  const at::Tensor lq = at::log_softmax(t.detach().narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
+  const at::Tensor lq =
+      at::log_softmax(t.detach().narrow(-1, 0, vocab_size).to(at::kDouble) / T, -1);
   const at::Tensor p = lp.exp(), q = lq.exp();
   auto kl = [](const at::Tensor& a, const at::Tensor& la, const at::Tensor& lb) {
     return (a * (la - lb)).sum(-1);  // KL(a || b) per row
@@ -155,18 +156,21 @@ struct LegacySignTvd : public torch::autograd::Function<LegacySignTvd> {
 
 }  // namespace
 
-at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
-                                const at::Tensor& targets, int64_t ignore_index) {
+at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
+                                int64_t ignore_index) {
   return LegacySignTvd::apply(p, q, targets.ne(ignore_index).to(at::kFloat));
 }
 
-Loop::Loop(const distill::Config& config, distill::Model teacher,
-           distill::Model student, at::ScalarType loss_dtype, Divergence divergence)
-    : config_(config), device_(distill::ResolveDevice(config.train.device)),
-      loss_dtype_(loss_dtype), divergence_(std::move(divergence)),
+Loop::Loop(const distill::Config& config, distill::Model teacher, distill::Model student,
+           at::ScalarType loss_dtype, Divergence divergence)
+    : config_(config),
+      device_(distill::ResolveDevice(config.train.device)),
+      loss_dtype_(loss_dtype),
+      divergence_(std::move(divergence)),
       data_(distill::MakeDataSource(config.data, config.student.vocab_size,
                                     config.distill.ignore_index)),
-      teacher_(std::move(teacher)), student_(std::move(student)) {
+      teacher_(std::move(teacher)),
+      student_(std::move(student)) {
   student_->train();
   optimizer_ = distill::MakeOptimizer(config_.optim, *student_);  // the Trainer's own AdamW set-up
 }
@@ -290,7 +294,8 @@ Csv::Csv(const std::string& path, const std::vector<std::string>& columns)
 
 void Csv::Row(const std::vector<double>& values) {
   if (values.size() != columns_) throw std::logic_error("Csv::Row: wrong number of values");
-  for (size_t i = 0; i < values.size(); ++i) out_ << (i ? "," : "") << fmt::format("{:.9g}", values[i]);
+  for (size_t i = 0; i < values.size(); ++i)
+    out_ << (i ? "," : "") << fmt::format("{:.9g}", values[i]);
   out_ << "\n";
   out_.flush();
 }

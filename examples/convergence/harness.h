@@ -4,10 +4,10 @@
 // The loop (Loop) is distill::Trainer::Step for one micro-batch per step, built from the
 // trainer's own pieces: distill::MakeOptimizer (fused AdamW, decay on matrices only), the
 // schedule (distill::LearningRate), the clipping (distill::ClipGradNorm), and for a divergence on
-// the logits the trainer's call itself, distill::DivergenceSum. What the experiments vary is a parameter:
-// the divergence (on probabilities: the lossfns op, a composite LibTorch reference, or the legacy
-// two-way sign; on logits: DivergenceSum or its float64 reference) and the loss dtype (fp32 or
-// bf16) that the probabilities or logits are cast to before the divergence sees them. Same
+// the logits the trainer's call itself, distill::DivergenceSum. What the experiments vary is a
+// parameter: the divergence (on probabilities: the lossfns op, a composite LibTorch reference, or
+// the legacy two-way sign; on logits: DivergenceSum or its float64 reference) and the loss dtype
+// (fp32 or bf16) that the probabilities or logits are cast to before the divergence sees them. Same
 // per-token normalisation as the trainer; train.mode pretrain trains on hard labels only.
 #pragma once
 
@@ -45,11 +45,11 @@ distill::Config BaseConfig(const Options& options, const std::string& run_dir);
 // teacher stage, distill::TeacherStageConfig, in fp32; quietly, from scratch, into `run_dir`) and
 // returns the model (frozen: eval mode, no grad) on the device.
 distill::Model PretrainTeacher(const distill::Config& config, const std::string& run_dir,
-                                       int64_t steps);
+                               int64_t steps);
 
 // A fresh model of `config` initialised from torch's generator seeded with `seed`.
 distill::Model MakeModel(const distill::ModelConfig& config, int64_t seed,
-                                 const at::Device& device);
+                         const at::Device& device);
 
 // A deep copy of `from` on its device, trainable or frozen.
 distill::Model Clone(distill::Model& from, bool trainable);
@@ -59,11 +59,11 @@ distill::Model Clone(distill::Model& from, bool trainable);
 using Divergence = std::function<at::Tensor(const at::Tensor& p, const at::Tensor& q,
                                             const at::Tensor& targets, int64_t ignore_index)>;
 at::Tensor OpDivergence(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
-                        int64_t ignore_index);         // lossfns::tvd_loss, reduction sum
-at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q,
-                               const at::Tensor& targets, int64_t ignore_index);  // ATen ops
-at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q,
-                                const at::Tensor& targets, int64_t ignore_index);  // sign(0)=-1
+                        int64_t ignore_index);  // lossfns::tvd_loss, reduction sum
+at::Tensor ReferenceDivergence(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
+                               int64_t ignore_index);  // ATen ops
+at::Tensor LegacySignDivergence(const at::Tensor& p, const at::Tensor& q, const at::Tensor& targets,
+                                int64_t ignore_index);  // sign(0)=-1
 
 // Sum over the non-ignored rows of a divergence computed from the logits: s, t (N, V) in the loss
 // dtype, targets (N,); config: the divergence, jsd_beta, temperature, ignore_index and
@@ -75,8 +75,8 @@ using LogitDivergence =
 // The same divergence in float64 from ATen ops: the logits' first vocab_size columns widened to
 // double, log_softmax, the definitions of docs/distill.md, autograd for the gradient (cast back
 // to the logits' dtype by the widening's backward). The loss is returned in float64.
-at::Tensor ReferenceDivergenceSum(const at::Tensor& s, const at::Tensor& t, const at::Tensor& targets,
-                                  const distill::DistillConfig& config);
+at::Tensor ReferenceDivergenceSum(const at::Tensor& s, const at::Tensor& t,
+                                  const at::Tensor& targets, const distill::DistillConfig& config);
 
 struct StepMetrics {
   double loss = 0, kd = 0, ce = 0, grad_norm = 0, lr = 0;
@@ -84,15 +84,15 @@ struct StepMetrics {
 };
 
 struct ValMetrics {
-  double ce = 0;  // student cross-entropy, nats per token
+  double ce = 0;   // student cross-entropy, nats per token
   double tvd = 0;  // mean TVD(student, teacher) per token (fp32 probabilities)
 };
 
 class Loop {
  public:
   // Takes `student` as is (it is trained in place) and `teacher` frozen.
-  Loop(const distill::Config& config, distill::Model teacher,
-       distill::Model student, at::ScalarType loss_dtype, Divergence divergence);
+  Loop(const distill::Config& config, distill::Model teacher, distill::Model student,
+       at::ScalarType loss_dtype, Divergence divergence);
   Loop(const distill::Config& config, distill::Model teacher, distill::Model student,
        at::ScalarType loss_dtype, LogitDivergence divergence);
   StepMetrics Step();

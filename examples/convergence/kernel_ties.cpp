@@ -66,15 +66,16 @@ int KernelVsReference(const Options& o) {
     diff = CompareWeights(op.student(), ref.student());
     csv.Row({double(i), a.loss, b.loss, a.kd, b.kd, rel, diff.max_abs});
     if (i == 1 || i % (steps / 8) == 0) {
-      std::printf("%6lld %12.6f %12.6f %10.2e %11.2e\n", static_cast<long long>(i), a.loss,
-                  b.loss, rel, diff.max_abs);
+      std::printf("%6lld %12.6f %12.6f %10.2e %11.2e\n", static_cast<long long>(i), a.loss, b.loss,
+                  rel, diff.max_abs);
     }
   }
   const ValMetrics va = op.Validate(c.train.eval_batches), vb = ref.Validate(c.train.eval_batches);
   std::printf("final val CE: op %.6f  ref %.6f\n", va.ce, vb.ce);
   Checks checks;
-  checks.Expect(max_rel <= loss_tol,
-                fmt::format("per-step loss: max relative difference {:.2e} <= {:.0e}", max_rel, loss_tol));
+  checks.Expect(
+      max_rel <= loss_tol,
+      fmt::format("per-step loss: max relative difference {:.2e} <= {:.0e}", max_rel, loss_tol));
   checks.Expect(diff.max_abs <= weight_tol,
                 fmt::format("final weights: max |op - ref| {:.2e} <= {:.0e} (max |w| {:.3f})",
                             diff.max_abs, weight_tol, diff.max_weight));
@@ -130,11 +131,13 @@ int Ties(const Options& o) {
           at::scalar_tensor(-0.5 * scale, at::kDouble).to(o.loss_dtype()).item<double>();
       if (!legacy) {
         checks.Expect(tie_frac == 1.0, "step 0 of self-distillation: every real element is a tie");
-        checks.Expect(max_dp == 0.0, "op: dL/dp is exactly 0 at every tie (also the padded columns)");
+        checks.Expect(max_dp == 0.0,
+                      "op: dL/dp is exactly 0 at every tie (also the padded columns)");
         checks.Expect(max_dlogits == 0.0, "op: dL/dlogits is exactly 0 (nothing moves)");
       } else {
-        checks.Expect(max_dp == std::abs(legacy_value) && min_dp == legacy_value,
-                      fmt::format("legacy: dL/dp = -0.5*scale = {:.3e} at every tie", legacy_value));
+        checks.Expect(
+            max_dp == std::abs(legacy_value) && min_dp == legacy_value,
+            fmt::format("legacy: dL/dp = -0.5*scale = {:.3e} at every tie", legacy_value));
         // Through the softmax a constant gradient cancels (J^T 1 = p (1 - sum p) = 0) except
         // for the rounding of sum p: tiny, but not exactly 0. Reported, not asserted.
       }
@@ -161,10 +164,9 @@ int Ties(const Options& o) {
   Loop legacy(shifted, teacher, Clone(teacher, true), o.loss_dtype(), LegacySignDivergence);
   Loop pure_op(pure, teacher, Clone(teacher, true), o.loss_dtype(), OpDivergence);
   Loop pure_legacy(pure, teacher, Clone(teacher, true), o.loss_dtype(), LegacySignDivergence);
-  Csv csv(o.CsvPath("ties"),
-          {"step", "loss_op", "loss_legacy", "ties_op", "ties_legacy", "val_ce_op",
-           "val_ce_legacy", "val_tvd_op", "val_tvd_legacy", "pure_drift_op", "pure_drift_legacy",
-           "pure_val_tvd_legacy"});
+  Csv csv(o.CsvPath("ties"), {"step", "loss_op", "loss_legacy", "ties_op", "ties_legacy",
+                              "val_ce_op", "val_ce_legacy", "val_tvd_op", "val_tvd_legacy",
+                              "pure_drift_op", "pure_drift_legacy", "pure_val_tvd_legacy"});
   std::printf("%6s %9s %9s %9s %10s %10s %10s %10s %11s\n", "step", "ties op", "ties leg",
               "val CE op", "val CE leg", "TVD op", "TVD leg", "pure op", "pure leg");
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -211,9 +213,10 @@ int Ties(const Options& o) {
                                                   100 * later_ties));
   }
   const double ce_gap = std::abs(last_op.ce - last_legacy.ce);
-  std::printf("shifted data, final: val CE op %.5f legacy %.5f (|diff| %.2e); TVD to the teacher "
-              "op %.5f legacy %.5f; min tie fraction (op run) %.4f\n",
-              last_op.ce, last_legacy.ce, ce_gap, last_op.tvd, last_legacy.tvd, min_ties);
+  std::printf(
+      "shifted data, final: val CE op %.5f legacy %.5f (|diff| %.2e); TVD to the teacher "
+      "op %.5f legacy %.5f; min tie fraction (op run) %.4f\n",
+      last_op.ce, last_legacy.ce, ce_gap, last_op.tvd, last_legacy.tvd, min_ties);
   return checks.Finish("ties " + o.dtype);
 }
 

@@ -105,8 +105,8 @@ int Padded(const Options& o) {
   std::printf("padded (%s, %s): vocabulary %lld -> %lld columns, %lld steps\n", o.device.c_str(),
               o.dtype.c_str(), static_cast<long long>(V), static_cast<long long>(Vp),
               static_cast<long long>(steps));
-  std::printf("%6s %12s %12s %10s %11s %8s\n", "step", "unpadded", "padded", "rel diff",
-              "max|dw|", "pad rows");
+  std::printf("%6s %12s %12s %10s %11s %8s\n", "step", "unpadded", "padded", "rel diff", "max|dw|",
+              "pad rows");
   double max_rel = 0, weight_diff = 0, early_rel = 0, early_weight_diff = 0;
   bool rows_identical = true;
   const double weight_decay = cp.optim.weight_decay;
@@ -145,8 +145,10 @@ int Padded(const Options& o) {
                 fmt::format("step {}: real weights max |padded - unpadded| {:.2e} <= {:.0e}", early,
                             early_weight_diff, weight_tol));
   checks.Expect(val_rel <= val_tol, fmt::format("final validation loss: relative difference "
-                                                "{:.2e} <= {:.0e}", val_rel, val_tol));
-  checks.Expect(rows_identical, "padded lm_head rows bit-identical to init x weight decay, every step");
+                                                "{:.2e} <= {:.0e}",
+                                                val_rel, val_tol));
+  checks.Expect(rows_identical,
+                "padded lm_head rows bit-identical to init x weight decay, every step");
   // Not vacuous: with weight decay the rows did change (only by the decay).
   checks.Expect(weight_decay == 0 || !at::equal(expected, initial),
                 "the replayed decay changed the padded rows (the comparison can fail)");
@@ -180,8 +182,8 @@ int DistillWorks(const Options& o) {
 
   Csv csv(o.CsvPath("distill_works"), {"step", "val_distilled", "val_hard_labels", "val_teacher",
                                        "entropy_floor", "train_loss_distilled", "train_ce_hard"});
-  std::printf("distill_works (%s, %s): teacher %lld steps, students %lld steps\n",
-              o.device.c_str(), o.dtype.c_str(), static_cast<long long>(tc.train.steps),
+  std::printf("distill_works (%s, %s): teacher %lld steps, students %lld steps\n", o.device.c_str(),
+              o.dtype.c_str(), static_cast<long long>(tc.train.steps),
               static_cast<long long>(steps));
   std::printf("%6s %11s %11s %9s %9s\n", "step", "distilled", "hard lbl", "teacher", "floor");
   double val_s = student.Evaluate().val_loss, val_b = baseline.Evaluate().val_loss;
@@ -201,7 +203,8 @@ int DistillWorks(const Options& o) {
               teacher_val - floor, val_s - floor, val_b - floor);
   Checks checks;
   checks.Expect(val_s < val_b, fmt::format("distilled student {:.4f} < hard-label student {:.4f} "
-                                           "after {} steps", val_s, val_b, steps));
+                                           "after {} steps",
+                                           val_s, val_b, steps));
   return checks.Finish("distill_works " + o.dtype);
 }
 

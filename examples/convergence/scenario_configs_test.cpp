@@ -61,9 +61,9 @@ TEST(ScenarioConfigs, SelfDistillRunsAndStartsAtExactTies) {
   Config teacher = LoadConfigFile(ConfigPath("self_distill_teacher.yaml"),
                                   {"train.steps=3", "train.out_dir=" + teacher_dir});
   Trainer(teacher, RunOptions{true, true}).TrainUntil(3);
-  Config c = LoadConfigFile(ConfigPath("self_distill.yaml"),
-                            {"train.steps=3", "teacher.checkpoint=" + teacher_dir,
-                             "train.out_dir=" + dir + "/student"});
+  Config c = LoadConfigFile(
+      ConfigPath("self_distill.yaml"),
+      {"train.steps=3", "teacher.checkpoint=" + teacher_dir, "train.out_dir=" + dir + "/student"});
   Trainer student(c, RunOptions{true, true});
   const StepResult first = student.Step();
   EXPECT_EQ(first.kd_loss, 0.0);

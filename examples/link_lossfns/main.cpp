@@ -14,7 +14,8 @@ int main() {
 
   torch::Tensor loss = lossfns::tvd_loss(p, teacher);  // batchmean
   loss.backward();
-  std::printf("tvd_loss = %.6f, |grad logits| = %.6f\n", loss.item<double>(), logits.grad().norm().item<double>());
+  std::printf("tvd_loss = %.6f, |grad logits| = %.6f\n", loss.item<double>(),
+              logits.grad().norm().item<double>());
 
   lossfns::TVDLoss module(lossfns::TVDLossOptions().reduction(torch::kSum));
   torch::Tensor p_leaf = teacher.clone().requires_grad_(true);

@@ -38,7 +38,8 @@ std::string dims(c10::IntArrayRef sizes) {
 namespace {
 std::string reduction_list() {  // 'none', 'sum', 'mean', 'batchmean'
   std::string out;
-  for (const char* name : kernels::kReductionNames) out += (out.empty() ? "'" : ", '") + std::string(name) + "'";
+  for (const char* name : kernels::kReductionNames)
+    out += (out.empty() ? "'" : ", '") + std::string(name) + "'";
   return out;
 }
 }  // namespace
@@ -60,15 +61,17 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows) {
   return r.stride(1) == 1 ? r : r.contiguous();
 }
 
-at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead, int64_t rows,
-                        const at::Device& device, const char* op, const char* what) {
+at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
+                        int64_t rows, const at::Device& device, const char* op, const char* what) {
   if (!labels.has_value() || !labels->defined()) return at::Tensor();
   const at::Tensor& l = *labels;
-  TORCH_CHECK(l.scalar_type() == at::kLong, op, ": labels must be int64 (Long); got ", l.scalar_type(),
-              " (convert with .to(torch::kLong))");
-  TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device, "; got ", l.device());
-  TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op, ": labels must have shape ",
-              dims(lead), " (", what, "'s shape without its last dimension) or (", num(rows), ",); got ", dims(l.sizes()));
+  TORCH_CHECK(l.scalar_type() == at::kLong, op, ": labels must be int64 (Long); got ",
+              l.scalar_type(), " (convert with .to(torch::kLong))");
+  TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device,
+              "; got ", l.device());
+  TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op,
+              ": labels must have shape ", dims(lead), " (", what,
+              "'s shape without its last dimension) or (", num(rows), ",); got ", dims(l.sizes()));
   return l.reshape({rows}).contiguous();
 }
 

@@ -32,7 +32,7 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows);
 
 // labels: int64 on `device`, shape `lead` (the input's shape without its last dimension) or
 // (rows,); returns them as a contiguous (rows,) tensor, or an undefined tensor when absent.
-at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead, int64_t rows,
-                        const at::Device& device, const char* op, const char* what);
+at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
+                        int64_t rows, const at::Device& device, const char* op, const char* what);
 
 }  // namespace lossfns::detail

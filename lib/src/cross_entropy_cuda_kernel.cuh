@@ -30,10 +30,10 @@ struct CrossEntropyArgs {
   const int64_t* labels;  // (rows,)
   int64_t ignore_index;
   Reduction reduction;
-  float* stats;       // (rows, kCeStatsPerRow): max and log2 of the sum, of log2-scaled logits
-  float* row_loss;    // (rows,): the rows' losses (the output for 'none'; ignored rows 0)
-  float* scale;       // 1 value: the reduction's scale (written by the finalize)
-  float* loss;        // 1 value: the reduced loss (written by the finalize; unused for 'none')
+  float* stats;     // (rows, kCeStatsPerRow): max and log2 of the sum, of log2-scaled logits
+  float* row_loss;  // (rows,): the rows' losses (the output for 'none'; ignored rows 0)
+  float* scale;     // 1 value: the reduction's scale (written by the finalize)
+  float* loss;      // 1 value: the reduced loss (written by the finalize; unused for 'none')
   // Backward only: the gradient (rows, width) contiguous, and grad_output: 1 value (reduced) or
   // (rows,) ('none').
   T* grad;
@@ -43,7 +43,8 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, scaled, prob, kLog2e, kLn2: distill's, shared (to_float, from_float: cuda_common.cuh).
+// Vec, load_vec, scaled, prob, kLog2e, kLn2: distill's, shared (to_float, from_float:
+// cuda_common.cuh).
 using namespace distill_detail;
 
 // A running softmax normaliser of log2-scaled logits: max and sum_j exp2(x_j - max).

@@ -15,10 +15,12 @@ std::vector<int64_t> row_shape(const at::Tensor& logits) {
   return std::vector<int64_t>(sizes.begin(), sizes.end() - 1);
 }
 
-Resolved resolve_distill_args(const char* op, std::string_view divergence, double beta, std::string_view reduction,
-                              std::optional<int64_t> vocab_size, int64_t width) {
+Resolved resolve_distill_args(const char* op, std::string_view divergence, double beta,
+                              std::string_view reduction, std::optional<int64_t> vocab_size,
+                              int64_t width) {
   const auto d = divergence_from_name(divergence);
-  TORCH_CHECK(d.has_value(), op, ": divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '",
+  TORCH_CHECK(d.has_value(), op,
+              ": divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '",
               std::string(divergence), "'");
   int64_t code = static_cast<int64_t>(*d);
   if (code == kernels::kJsd) {
@@ -26,41 +28,51 @@ Resolved resolve_distill_args(const char* op, std::string_view divergence, doubl
     if (beta == 0.0) code = kernels::kForwardKl;
     if (beta == 1.0) code = kernels::kReverseKl;
   }
-  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or None); got ", num(*vocab_size));
+  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or None); got ",
+              num(*vocab_size));
   return {code, parse_reduction(reduction, op), vocab_size ? std::min(*vocab_size, width) : width};
 }
 
 void check_temperature(const char* op, double temperature) {
   const float t32 = static_cast<float>(temperature);
-  TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0 && std::isfinite(t32) && t32 > 0.0f &&
-                  std::isfinite(1.0f / t32),
-              op, ": temperature must be > 0 and representable with its inverse in float32 (about 3e-38 to "
-              "3e38); got ", temperature);
+  TORCH_CHECK(
+      std::isfinite(temperature) && temperature > 0.0 && std::isfinite(t32) && t32 > 0.0f &&
+          std::isfinite(1.0f / t32),
+      op,
+      ": temperature must be > 0 and representable with its inverse in float32 (about 3e-38 to "
+      "3e38); got ",
+      temperature);
 }
 
-DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
-                                   int64_t divergence, double beta, double temperature, int64_t V,
-                                   std::initializer_list<at::ScalarType> supported, const char* backend) {
+DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,
+                                   const std::optional<at::Tensor>& labels, int64_t divergence,
+                                   double beta, double temperature, int64_t V,
+                                   std::initializer_list<at::ScalarType> supported,
+                                   const char* backend) {
   constexpr const char* op = "lossfns.distill_loss";
-  TORCH_CHECK(s.defined() && t.defined(), op, ": student_logits and teacher_logits must be defined tensors");
-  TORCH_CHECK(s.dim() == 2 || s.dim() == 3, op, ": student_logits must be (BT, V) or (B, T, V); got shape ",
-              dims(s.sizes()));
+  TORCH_CHECK(s.defined() && t.defined(), op,
+              ": student_logits and teacher_logits must be defined tensors");
+  TORCH_CHECK(s.dim() == 2 || s.dim() == 3, op,
+              ": student_logits must be (BT, V) or (B, T, V); got shape ", dims(s.sizes()));
   const auto lead = s.sizes().slice(0, s.dim() - 1);
   TORCH_CHECK(t.dim() == s.dim() && t.sizes().slice(0, t.dim() - 1) == lead, op,
               ": teacher_logits must have the student's leading shape ", dims(lead),
               " (the vocabulary sizes may differ); got ", dims(t.sizes()));
-  TORCH_CHECK(t.scalar_type() == s.scalar_type(), op, ": teacher_logits must have the student's dtype ",
-              s.scalar_type(), "; got ", t.scalar_type(), " (convert one with .to(dtype))");
-  TORCH_CHECK(t.device() == s.device(), op, ": teacher_logits must be on the student's device ", s.device(),
-              "; got ", t.device());
+  TORCH_CHECK(t.scalar_type() == s.scalar_type(), op,
+              ": teacher_logits must have the student's dtype ", s.scalar_type(), "; got ",
+              t.scalar_type(), " (convert one with .to(dtype))");
+  TORCH_CHECK(t.device() == s.device(), op, ": teacher_logits must be on the student's device ",
+              s.device(), "; got ", t.device());
   bool dtype_ok = false;
   for (auto d : supported) dtype_ok = dtype_ok || d == s.scalar_type();
-  TORCH_CHECK(dtype_ok, op, ": on ", backend, " the logits must be one of ", dtype_list(supported), "; got ",
-              s.scalar_type());
-  TORCH_CHECK(s.size(-1) > 0 && t.size(-1) > 0, op, ": the vocabulary dimension (last) must be > 0; got ",
-              dims(s.sizes()), " and ", dims(t.sizes()));
+  TORCH_CHECK(dtype_ok, op, ": on ", backend, " the logits must be one of ", dtype_list(supported),
+              "; got ", s.scalar_type());
+  TORCH_CHECK(s.size(-1) > 0 && t.size(-1) > 0, op,
+              ": the vocabulary dimension (last) must be > 0; got ", dims(s.sizes()), " and ",
+              dims(t.sizes()));
   TORCH_CHECK(divergence >= kernels::kTvd && divergence <= kernels::kJsd, op,
-              ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ", num(divergence));
+              ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ",
+              num(divergence));
   TORCH_CHECK(divergence != kernels::kJsd || (beta > 0.0 && beta < 1.0), op,
               ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", beta);
   check_temperature(op, temperature);
@@ -68,8 +80,9 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, con
   DistillInputs in;
   in.ws = s.size(-1);
   in.wt = t.size(-1);
-  TORCH_CHECK(V >= 1 && V <= std::max(in.ws, in.wt), op, ": the vocabulary's column count must be in [1, ",
-              num(std::max(in.ws, in.wt)), "]; got ", num(V));
+  TORCH_CHECK(V >= 1 && V <= std::max(in.ws, in.wt), op,
+              ": the vocabulary's column count must be in [1, ", num(std::max(in.ws, in.wt)),
+              "]; got ", num(V));
   in.V = V;
   in.rows = c10::multiply_integers(lead);
   in.s = rows_view(s, in.rows);
@@ -78,10 +91,12 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t, con
   return in;
 }
 
-void check_distill_backward(const DistillInputs& in, const at::Tensor& stats, at::ScalarType stats_dtype,
-                            const at::Tensor& grad_output, kernels::Reduction reduction) {
-  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows && stats.size(1) == kernels::kStatsPerRow &&
-                  stats.scalar_type() == stats_dtype && stats.is_contiguous() && stats.device() == in.s.device(),
+void check_distill_backward(const DistillInputs& in, const at::Tensor& stats,
+                            at::ScalarType stats_dtype, const at::Tensor& grad_output,
+                            kernels::Reduction reduction) {
+  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == in.rows &&
+                  stats.size(1) == kernels::kStatsPerRow && stats.scalar_type() == stats_dtype &&
+                  stats.is_contiguous() && stats.device() == in.s.device(),
               "lossfns._distill_backward: stats must be the contiguous (", num(in.rows), ", ",
               num(kernels::kStatsPerRow), ") ", stats_dtype, " tensor from _distill_forward; got ",
               stats.scalar_type(), " ", dims(stats.sizes()), " on ", stats.device());

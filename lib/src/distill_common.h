@@ -57,8 +57,12 @@ struct JsdConstants {
   Acc max_p_over_m, log_max_p_over_m;  // 1 / (1 - beta) and its log: p/m never exceeds it
   Acc max_q_over_m, log_max_q_over_m;  // 1 / beta and its log (m >= beta q)
   LOSSFNS_HOST_DEVICE explicit JsdConstants(double b = 0.5)
-      : beta(Acc(b)), one_minus_beta(Acc(1.0 - b)), max_p_over_m(Acc(1.0 / (1.0 - b))),
-        log_max_p_over_m(Acc(-log1p(-b))), max_q_over_m(Acc(1.0 / b)), log_max_q_over_m(Acc(-log(b))) {}
+      : beta(Acc(b)),
+        one_minus_beta(Acc(1.0 - b)),
+        max_p_over_m(Acc(1.0 / (1.0 - b))),
+        log_max_p_over_m(Acc(-log1p(-b))),
+        max_q_over_m(Acc(1.0 / b)),
+        log_max_q_over_m(Acc(-log(b))) {}
 };
 
 // One element's contribution to the row loss (term) and g (d loss_row / d p_j, up to a row
@@ -73,8 +77,8 @@ struct JsdConstants {
 // The logs of the ratios are clamped to their mathematical bounds (p/m <= 1/(1 - beta), q/m <=
 // 1/beta), so that rounding in m never turns a tiny probability into an infinite log.
 template <typename Acc, typename Math>
-LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstants<Acc>& jsd, Acc p, Acc q,
-                                            Acc lp, Acc lq, Acc& term, Acc& g) {
+LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstants<Acc>& jsd, Acc p,
+                                            Acc q, Acc lp, Acc lq, Acc& term, Acc& g) {
   if (divergence == kTvd) {
     const Acc d = p - q;
     term = Acc(0.5) * (d < Acc(0) ? -d : d);
@@ -88,8 +92,10 @@ LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstan
     g = r;
   } else {
     const Acc m = p + jsd.beta * (q - p);
-    const Acc lpm = p > Acc(0) ? Math::log_ratio(p, m, jsd.max_p_over_m, jsd.log_max_p_over_m) : Acc(0);
-    const Acc lqm = q > Acc(0) ? Math::log_ratio(q, m, jsd.max_q_over_m, jsd.log_max_q_over_m) : Acc(0);
+    const Acc lpm =
+        p > Acc(0) ? Math::log_ratio(p, m, jsd.max_p_over_m, jsd.log_max_p_over_m) : Acc(0);
+    const Acc lqm =
+        q > Acc(0) ? Math::log_ratio(q, m, jsd.max_q_over_m, jsd.log_max_q_over_m) : Acc(0);
     term = jsd.beta * q * lqm + jsd.one_minus_beta * p * lpm;
     g = jsd.one_minus_beta * lpm;
   }
@@ -105,7 +111,8 @@ LOSSFNS_HOST_DEVICE Acc divergence_grad(int64_t divergence, Acc p, Acc q, Acc g,
 // all-ignored batch gives loss 0 and gradient 0). 'mean' divides by rows * V as torch's kl_div
 // does (V: the vocabulary's columns, padding excluded); 'none' keeps per-row losses (scale 1).
 template <typename Acc>
-LOSSFNS_HOST_DEVICE Acc distill_reduction_scale(Reduction reduction, int64_t n_valid_rows, int64_t V) {
+LOSSFNS_HOST_DEVICE Acc distill_reduction_scale(Reduction reduction, int64_t n_valid_rows,
+                                                int64_t V) {
   if (reduction == kNone) return Acc(1);
   return reduction_scale<Acc>(reduction, n_valid_rows, V);
 }

@@ -39,7 +39,8 @@ struct CpuMathF {
     p = p * r + 5.0000001201e-1f;
     const float y = p * r * r + r + 1.0f;
     // 2^n from its exponent bits; n in [-126, 128], shifted as unsigned (no signed-shift UB).
-    const int32_t bits = static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(fn) + 127) << 23);
+    const int32_t bits =
+        static_cast<int32_t>(static_cast<uint32_t>(static_cast<int32_t>(fn) + 127) << 23);
     float two_n;
     std::memcpy(&two_n, &bits, sizeof(float));
     const float out = y * two_n;
@@ -74,7 +75,8 @@ struct CpuMathF {
     const float out = (f + y) + e * 0.693359375f;
     return x < std::numeric_limits<float>::infinity() ? out : x;
   }
-  static inline __attribute__((always_inline)) float log_ratio(float x, float m, float bound, float /*log_bound*/) {
+  static inline __attribute__((always_inline)) float log_ratio(float x, float m, float bound,
+                                                               float /*log_bound*/) {
     const float r = m > 0.0f ? x / m : bound;
     return log(r < bound ? r : bound);
   }
@@ -142,7 +144,8 @@ inline void log_prob(Acc a, const LogSumExp<Acc>& lse, Acc& lp, Acc& p) {
 
 // Forward of one row: stats[0..kStatsPerRow) as distill_common.h lays them out (natural logs).
 template <int64_t kDiv, typename T, typename Acc>
-void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd, Acc* stats) {
+void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd,
+                             Acc* stats) {
   using M = CpuMath<Acc>;
   const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
   const auto lse_s = cpu_detail::row_logsumexp<T, Acc>(row.s, ns, inv_t);
@@ -180,8 +183,8 @@ void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants
 // Backward of one row: grad[j] = scale * d loss_row / d s_j for the student's ws columns, where
 // scale = grad_output * reduction scale (the caller's) / T. Columns at or past V get 0.
 template <int64_t kDiv, typename T, typename Acc>
-void distill_row_backward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd, const Acc* stats,
-                              Acc scale, T* grad) {
+void distill_row_backward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants<Acc>& jsd,
+                              const Acc* stats, Acc scale, T* grad) {
   using M = CpuMath<Acc>;
   const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
   const int64_t n = ns < nt ? ns : nt;

@@ -13,19 +13,31 @@
 namespace lossfns::detail {
 namespace {
 
-template <typename T> struct CudaType { using type = T; };
-template <> struct CudaType<at::Half> { using type = __half; };
-template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
+template <typename T>
+struct CudaType {
+  using type = T;
+};
+template <>
+struct CudaType<at::Half> {
+  using type = __half;
+};
+template <>
+struct CudaType<at::BFloat16> {
+  using type = __nv_bfloat16;
+};
 
-constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf, at::kBFloat16};
+constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf,
+                                                               at::kBFloat16};
 
 void check_cuda(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, "lossfns.distill_loss: CUDA ", what, " failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "lossfns.distill_loss: CUDA ", what,
+              " failed: ", cudaGetErrorString(err));
 }
 
 template <typename T, typename scalar_t>
-kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, double beta, double temperature,
-                                int64_t ignore_index, kernels::Reduction reduction) {
+kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, double beta,
+                                double temperature, int64_t ignore_index,
+                                kernels::Reduction reduction) {
   kernels::DistillArgs<T> a{};
   a.s = reinterpret_cast<const T*>(in.s.const_data_ptr<scalar_t>());
   a.t = reinterpret_cast<const T*>(in.t.const_data_ptr<scalar_t>());
@@ -46,13 +58,15 @@ kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, dou
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
-    const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels, int64_t divergence,
-    double beta, double temperature, int64_t ignore_index, int64_t reduction_code, int64_t V,
-    const std::optional<at::Tensor>& grad_scale, bool save) {
-  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_forward");
-  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
-  TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX}, "lossfns.distill_loss: at most 2^27 rows on CUDA; got ",
-              num(in.rows));
+    const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
+    int64_t divergence, double beta, double temperature, int64_t ignore_index,
+    int64_t reduction_code, int64_t V, const std::optional<at::Tensor>& grad_scale, bool save) {
+  const kernels::Reduction reduction =
+      reduction_from_code(reduction_code, "lossfns._distill_forward");
+  const DistillInputs in =
+      check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
+  TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX},
+              "lossfns.distill_loss: at most 2^27 rows on CUDA; got ", num(in.rows));
   const c10::cuda::CUDAGuard guard(s.device());
   const auto f32 = s.options().dtype(at::kFloat);
   const bool none = reduction == kernels::kNone;
@@ -60,71 +74,87 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
   const bool grad_now = save && grad_scale.has_value() && grad_scale->defined() && !none;
   at::Tensor gs;
   if (grad_now) {
-    TORCH_CHECK(grad_scale->numel() == 1 && grad_scale->device() == s.device(),
-                "lossfns.distill_loss: grad_scale must be a 1-element tensor on the logits' device ", s.device(),
-                "; got ", dims(grad_scale->sizes()), " on ", grad_scale->device());
+    TORCH_CHECK(
+        grad_scale->numel() == 1 && grad_scale->device() == s.device(),
+        "lossfns.distill_loss: grad_scale must be a 1-element tensor on the logits' device ",
+        s.device(), "; got ", dims(grad_scale->sizes()), " on ", grad_scale->device());
     gs = grad_scale->to(at::kFloat).contiguous();
   }
   at::Tensor stats = at::empty({in.rows, kernels::kStatsPerRow}, f32);
   at::Tensor scale = at::empty({1}, f32);
   at::Tensor loss = none ? at::empty({in.rows}, f32) : at::empty({}, f32);
-  at::Tensor grad = at::empty({grad_now ? in.rows : 0, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor grad = at::empty({grad_now ? in.rows : 0, in.ws},
+                              s.options().memory_format(at::MemoryFormat::Contiguous));
   if (in.rows == 0) {  // nothing to launch: as the CPU does
     scale.fill_(kernels::distill_reduction_scale<double>(reduction, 0, in.V));
     if (!none) loss.zero_();
     return {loss, stats, scale, grad};
   }
-  AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_forward_cuda", AT_WRAP([&] {
-    using T = typename CudaType<scalar_t>::type;
-    auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
-    a.stats = stats.mutable_data_ptr<float>();
-    a.scale = scale.mutable_data_ptr<float>();
-    a.loss = loss.mutable_data_ptr<float>();
-    a.grad = grad_now ? reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()) : nullptr;
-    a.grad_scale = grad_now ? gs.const_data_ptr<float>() : nullptr;
-    check_cuda(kernels::distill_forward<T>(a, at::cuda::getCurrentCUDAStream()), "forward");
-  }), at::kFloat, at::kHalf, at::kBFloat16);
+  AT_DISPATCH_V2(
+      s.scalar_type(), "lossfns_distill_forward_cuda", AT_WRAP([&] {
+        using T = typename CudaType<scalar_t>::type;
+        auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
+        a.stats = stats.mutable_data_ptr<float>();
+        a.scale = scale.mutable_data_ptr<float>();
+        a.loss = loss.mutable_data_ptr<float>();
+        a.grad = grad_now ? reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()) : nullptr;
+        a.grad_scale = grad_now ? gs.const_data_ptr<float>() : nullptr;
+        check_cuda(kernels::distill_forward<T>(a, at::cuda::getCurrentCUDAStream()), "forward");
+      }),
+      at::kFloat, at::kHalf, at::kBFloat16);
   return {loss, stats, scale, grad};
 }
 
-at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t,
-                                 const std::optional<at::Tensor>& labels, const at::Tensor& stats,
-                                 const at::Tensor& scale, int64_t divergence, double beta, double temperature,
+at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor& s,
+                                 const at::Tensor& t, const std::optional<at::Tensor>& labels,
+                                 const at::Tensor& stats, const at::Tensor& scale,
+                                 int64_t divergence, double beta, double temperature,
                                  int64_t ignore_index, int64_t reduction_code, int64_t V) {
-  const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._distill_backward");
-  const DistillInputs in = check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
+  const kernels::Reduction reduction =
+      reduction_from_code(reduction_code, "lossfns._distill_backward");
+  const DistillInputs in =
+      check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
   check_distill_backward(in, stats, at::kFloat, grad_output, reduction);
   const c10::cuda::CUDAGuard guard(s.device());
-  at::Tensor grad = at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor grad =
+      at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
   if (in.rows == 0) return grad;
   const at::Tensor go = grad_output.reshape({-1}).to(at::kFloat).contiguous();
   const at::Tensor sc = scale.to(at::kFloat).contiguous();
-  AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_backward_cuda", AT_WRAP([&] {
-    using T = typename CudaType<scalar_t>::type;
-    auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
-    a.stats = const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
-    a.scale = const_cast<float*>(sc.const_data_ptr<float>());
-    a.grad_output = go.const_data_ptr<float>();
-    a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
-    check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), "backward");
-  }), at::kFloat, at::kHalf, at::kBFloat16);
+  AT_DISPATCH_V2(
+      s.scalar_type(), "lossfns_distill_backward_cuda", AT_WRAP([&] {
+        using T = typename CudaType<scalar_t>::type;
+        auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index, reduction);
+        a.stats = const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
+        a.scale = const_cast<float*>(sc.const_data_ptr<float>());
+        a.grad_output = go.const_data_ptr<float>();
+        a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
+        check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), "backward");
+      }),
+      at::kFloat, at::kHalf, at::kBFloat16);
   return grad;
 }
 
-void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output, const at::Tensor& grad_scale) {
+void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output,
+                               const at::Tensor& grad_scale) {
   TORCH_CHECK(grad.is_contiguous() && grad_output.numel() == 1 && grad_scale.numel() == 1,
-              "lossfns._distill_rescale_grad_: a contiguous gradient and 1-element grad_output and grad_scale");
+              "lossfns._distill_rescale_grad_: a contiguous gradient and 1-element grad_output and "
+              "grad_scale");
   if (grad.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
-  const at::Tensor go = grad_output.to(at::kFloat).contiguous(), gs = grad_scale.to(at::kFloat).contiguous();
+  const at::Tensor go = grad_output.to(at::kFloat).contiguous(),
+                   gs = grad_scale.to(at::kFloat).contiguous();
   AT_DISPATCH_V2(grad.scalar_type(), "lossfns_distill_rescale_cuda", AT_WRAP([&] {
-    using T = typename CudaType<scalar_t>::type;
-    check_cuda(kernels::distill_rescale<T>(reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()), grad.numel(),
-                                           go.const_data_ptr<float>(), gs.const_data_ptr<float>(),
-                                           at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
-                                           at::cuda::getCurrentCUDAStream()),
-               "rescale");
-  }), at::kFloat, at::kHalf, at::kBFloat16);
+                   using T = typename CudaType<scalar_t>::type;
+                   check_cuda(
+                       kernels::distill_rescale<T>(
+                           reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()), grad.numel(),
+                           go.const_data_ptr<float>(), gs.const_data_ptr<float>(),
+                           at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+                           at::cuda::getCurrentCUDAStream()),
+                       "rescale");
+                 }),
+                 at::kFloat, at::kHalf, at::kBFloat16);
 }
 
 }  // namespace

@@ -31,16 +31,16 @@ struct DistillArgs {
   int64_t ws, wt;              // widths (columns past a width are -inf in that distribution)
   int64_t V;                   // columns that count (past V: padding, -inf in both, gradient 0)
   int64_t rows;
-  const int64_t* labels;       // (rows,) or nullptr
+  const int64_t* labels;  // (rows,) or nullptr
   int64_t ignore_index;
-  int64_t divergence;          // Divergence code; JSD's beta in (0, 1)
+  int64_t divergence;  // Divergence code; JSD's beta in (0, 1)
   float beta;
-  float inv_t;                 // 1 / temperature
+  float inv_t;  // 1 / temperature
   Reduction reduction;
-  float* stats;                // (rows, kStatsPerRow), distill_common.h's layout (log2 units)
-  float* scale;                // 1 value: the reduction's scale (written by the finalize, or by the
-                               // count before a forward that computes the gradient)
-  float* loss;                 // 1 value (reduced) or (rows,) ('none'): written by the finalize
+  float* stats;  // (rows, kStatsPerRow), distill_common.h's layout (log2 units)
+  float* scale;  // 1 value: the reduction's scale (written by the finalize, or by the
+                 // count before a forward that computes the gradient)
+  float* loss;   // 1 value (reduced) or (rows,) ('none'): written by the finalize
   // The gradient (rows, ws) contiguous, written by a forward that computes it (else nullptr), for
   // a grad_output of *grad_scale.
   T* grad;
@@ -58,7 +58,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 // log(x / m) as a difference of two hardware log2s (no division; bit-identical x and m give
 // exactly 0), clamped to its bound.
 struct CudaMath {
-  static __device__ __forceinline__ float log_ratio(float x, float m, float /*bound*/, float log_bound) {
+  static __device__ __forceinline__ float log_ratio(float x, float m, float /*bound*/,
+                                                    float log_bound) {
     return fminf((__log2f(x) - __log2f(m)) * kLn2, log_bound);
   }
 };
@@ -68,7 +69,10 @@ struct CudaMath {
 // product's rounding error, |x2| * 2^-24, and at |x2| ~ 1e4 that error shifts p by 5e-4).
 __device__ __forceinline__ float scaled(float x, float k2) { return __fmul_rn(x, k2); }
 
-template <typename T> __device__ __forceinline__ T neg_inf() { return from_float<T>(-INFINITY); }
+template <typename T>
+__device__ __forceinline__ T neg_inf() {
+  return from_float<T>(-INFINITY);
+}
 
 // 16 bytes of T.
 template <typename T>
@@ -118,10 +122,11 @@ __device__ __forceinline__ void prob(float x2, float mx, float ls, float& p, flo
 // The element loop every pass shares: f(j, s_j, t_j) over the row's columns [0, n), N at a time
 // (s, t: the row; columns at or past ns / nt are -inf).
 template <typename T, typename F>
-__device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns, int64_t nt, bool vs, bool vt,
-                                             int64_t n, F&& f) {
+__device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns, int64_t nt,
+                                             bool vs, bool vt, int64_t n, F&& f) {
   constexpr int N = Vec<T>::N;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += int64_t(blockDim.x) * N) f(j, load_vec(s, j, ns, vs), load_vec(t, j, nt, vt));
+  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += int64_t(blockDim.x) * N)
+    f(j, load_vec(s, j, ns, vs), load_vec(t, j, nt, vt));
 }
 
 // Forward of one row per block, over its columns [0, max(ns, nt)); with kGrad, the gradient too.
@@ -142,7 +147,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a) {
     return;
   }
   const float k2 = a.inv_t * kLog2e;  // logits to log2-scaled
-  const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0, vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
+  const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0,
+             vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
 
   // Pass 1: the maxima, then the sums of exp2, of both rows.
   float2 mx{-INFINITY, -INFINITY};
@@ -165,7 +171,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a) {
   sum = block_reduce2<false>(sum, red);
   const float mx_s = mx.x, mx_t = mx.y;
   // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0).
-  const float ls_s = mx.x == -INFINITY ? 0.f : log2f(sum.x), ls_t = mx.y == -INFINITY ? 0.f : log2f(sum.y);
+  const float ls_s = mx.x == -INFINITY ? 0.f : log2f(sum.x),
+              ls_t = mx.y == -INFINITY ? 0.f : log2f(sum.y);
 
   // Pass 2: the row's loss and its row constant sum_j p_j g_j.
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
@@ -207,7 +214,8 @@ __global__ void distill_forward_kernel(DistillArgs<T> a) {
         prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
         prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
-        out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));  // 0 past ns: p = 0, q = 0
+        out.v[k] =
+            from_float<T>(row_scale * divergence_grad(div, p, q, g, c));  // 0 past ns: p = 0, q = 0
       }
       if (vg && j + N <= gend) {
         *reinterpret_cast<uint4*>(grad + j) = out.raw;
@@ -230,7 +238,8 @@ static __global__ void distill_count_kernel(DistillArgs<float> a) {
   int64_t valid = 0;
   for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
     valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
-  const float2 v = block_reduce2<false>(make_float2(float(valid), 0.f), red);  // exact below 2^24 rows
+  const float2 v =
+      block_reduce2<false>(make_float2(float(valid), 0.f), red);  // exact below 2^24 rows
   if (threadIdx.x == 0)
     *a.scale = distill_reduction_scale<float>(a.reduction, static_cast<int64_t>(v.x), a.V);
 }
@@ -272,7 +281,8 @@ static __global__ void distill_finalize_kernel(DistillArgs<float> a) {
 
 // Backward: grid (rows, chunks); one pass over the logits, the gradient written once.
 template <typename T>
-__global__ void __launch_bounds__(256) distill_backward_kernel(DistillArgs<T> a, int64_t chunk_cols) {
+__global__ void __launch_bounds__(256)
+    distill_backward_kernel(DistillArgs<T> a, int64_t chunk_cols) {
   constexpr int N = Vec<T>::N;
   const int64_t row = blockIdx.x;
   const int64_t begin = int64_t(blockIdx.y) * chunk_cols;
@@ -286,7 +296,8 @@ __global__ void __launch_bounds__(256) distill_backward_kernel(DistillArgs<T> a,
   const int64_t ns = a.ws < a.V ? a.ws : a.V, nt = a.wt < a.V ? a.wt : a.V;
   const T* s = a.s + row * a.s_stride;
   const T* t = a.t + row * a.t_stride;
-  const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0, vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
+  const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0,
+             vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
   const float* st = a.stats + row * kStatsPerRow;
   const float mx_s = st[0], ls_s = st[1], mx_t = st[2], ls_t = st[3], c = st[4];
   const float go = a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale;
@@ -337,11 +348,13 @@ __global__ void __launch_bounds__(256) distill_backward_kernel(DistillArgs<T> a,
 // A forward-computed gradient made right for the grad_output backward brings: nothing when it is
 // the grad_scale the forward used (every block reads both and returns), else grad *= go / gs.
 template <typename T>
-__global__ void distill_rescale_kernel(T* grad, int64_t n, const float* grad_output, const float* grad_scale) {
+__global__ void distill_rescale_kernel(T* grad, int64_t n, const float* grad_output,
+                                       const float* grad_scale) {
   const float go = *grad_output, gs = *grad_scale;
   if (go == gs) return;
   const float f = go / gs;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     grad[i] = from_float<T>(to_float(grad[i]) * f);
 }
 
@@ -385,8 +398,10 @@ cudaError_t distill_forward(const DistillArgs<T>& a, cudaStream_t stream) {
   }
   const int64_t ns = a.ws < a.V ? a.ws : a.V, nt = a.wt < a.V ? a.wt : a.V;
   const dim3 grid(unsigned(a.rows)), block(unsigned(distill_forward_threads<T>(ns > nt ? ns : nt)));
-  if (grad) distill_forward_kernel<T, true><<<grid, block, 0, stream>>>(a);
-  else distill_forward_kernel<T, false><<<grid, block, 0, stream>>>(a);
+  if (grad)
+    distill_forward_kernel<T, true><<<grid, block, 0, stream>>>(a);
+  else
+    distill_forward_kernel<T, false><<<grid, block, 0, stream>>>(a);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   distill_finalize_kernel<<<1, 1024, 0, stream>>>(as_float_args(a));
   return cudaGetLastError();
@@ -399,19 +414,22 @@ cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream) {
   constexpr int64_t N = Vec<T>::N;
   // Columns per block: 8 vectors per thread, fewer when there are too few rows to fill the device.
   int64_t chunk = 256 * N * 8;
-  while (chunk > 256 * N && a.rows * ((a.ws + chunk - 1) / chunk) < int64_t(a.num_sms) * 8) chunk /= 2;
+  while (chunk > 256 * N && a.rows * ((a.ws + chunk - 1) / chunk) < int64_t(a.num_sms) * 8)
+    chunk /= 2;
   const int64_t chunks = (a.ws + chunk - 1) / chunk;
   if (chunks > 65535) return cudaErrorInvalidConfiguration;
-  distill_backward_kernel<T><<<dim3(unsigned(a.rows), unsigned(chunks)), 256, 0, stream>>>(a, chunk);
+  distill_backward_kernel<T>
+      <<<dim3(unsigned(a.rows), unsigned(chunks)), 256, 0, stream>>>(a, chunk);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t distill_rescale(T* grad, int64_t n, const float* grad_output, const float* grad_scale, int num_sms,
-                            cudaStream_t stream) {
-  const int64_t blocks = (n + 255) / 256 < int64_t(num_sms) * 8 ? (n + 255) / 256 : int64_t(num_sms) * 8;
-  distill_detail::distill_rescale_kernel<T><<<unsigned(blocks > 0 ? blocks : 1), 256, 0, stream>>>(
-      grad, n, grad_output, grad_scale);
+cudaError_t distill_rescale(T* grad, int64_t n, const float* grad_output, const float* grad_scale,
+                            int num_sms, cudaStream_t stream) {
+  const int64_t blocks =
+      (n + 255) / 256 < int64_t(num_sms) * 8 ? (n + 255) / 256 : int64_t(num_sms) * 8;
+  distill_detail::distill_rescale_kernel<T>
+      <<<unsigned(blocks > 0 ? blocks : 1), 256, 0, stream>>>(grad, n, grad_output, grad_scale);
   return cudaGetLastError();
 }
 

@@ -23,29 +23,35 @@ namespace lossfns::detail {
 using Opt = const std::optional<at::Tensor>&;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_op(
-    const at::Tensor& s, const at::Tensor& t, Opt labels, int64_t divergence, double beta, double temperature,
-    int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale, bool save) {
+    const at::Tensor& s, const at::Tensor& t, Opt labels, int64_t divergence, double beta,
+    double temperature, int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale,
+    bool save) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lossfns::_distill_forward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, Opt, int64_t, double, double,
+                                 int64_t, int64_t, int64_t, Opt, bool)>();
+  return op.call(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V,
+                 grad_scale, save);
+}
+
+at::Tensor distill_backward_op(const at::Tensor& grad_output, const at::Tensor& s,
+                               const at::Tensor& t, Opt labels, const at::Tensor& stats,
+                               const at::Tensor& scale, int64_t divergence, double beta,
+                               double temperature, int64_t ignore_index, int64_t reduction,
+                               int64_t V) {
   static const auto op =
       c10::Dispatcher::singleton()
-          .findSchemaOrThrow("lossfns::_distill_forward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, Opt, int64_t, double, double, int64_t, int64_t, int64_t, Opt,
-              bool)>();
-  return op.call(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale, save);
+          .findSchemaOrThrow("lossfns::_distill_backward", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt,
+                            const at::Tensor&, const at::Tensor&, int64_t, double, double, int64_t,
+                            int64_t, int64_t)>();
+  return op.call(grad_output, s, t, labels, stats, scale, divergence, beta, temperature,
+                 ignore_index, reduction, V);
 }
 
-at::Tensor distill_backward_op(const at::Tensor& grad_output, const at::Tensor& s, const at::Tensor& t, Opt labels,
-                               const at::Tensor& stats, const at::Tensor& scale, int64_t divergence, double beta,
-                               double temperature, int64_t ignore_index, int64_t reduction, int64_t V) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lossfns::_distill_backward", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt,
-                                               const at::Tensor&, const at::Tensor&, int64_t, double, double,
-                                               int64_t, int64_t, int64_t)>();
-  return op.call(grad_output, s, t, labels, stats, scale, divergence, beta, temperature, ignore_index, reduction, V);
-}
-
-void distill_rescale_grad_op(at::Tensor& grad, const at::Tensor& grad_output, const at::Tensor& grad_scale) {
+void distill_rescale_grad_op(at::Tensor& grad, const at::Tensor& grad_output,
+                             const at::Tensor& grad_scale) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("lossfns::_distill_rescale_grad_", "")
                              .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&)>();
@@ -78,21 +84,21 @@ at::Tensor view_loss(const at::Tensor& loss, const at::Tensor& s, int64_t reduct
 // scale it was computed for.
 class DistillFunction : public torch::autograd::Function<DistillFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s, const at::Tensor& t, Opt labels,
-                            int64_t divergence, double beta, double temperature, int64_t ignore_index,
-                            int64_t reduction, int64_t V, Opt grad_scale) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s, const at::Tensor& t,
+                            Opt labels, int64_t divergence, double beta, double temperature,
+                            int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, stats, scale, grad] =
-        distill_forward_op(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale,
-                           /*save=*/true);
+    auto [loss, stats, scale, grad] = distill_forward_op(
+        s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale,
+        /*save=*/true);
     const at::Tensor none;
     // Whether the forward computed the gradient: the CUDA forward does when given grad_scale for
     // a reduced loss (distill_cuda.cu); decided from the arguments, not from sizes, which are
     // symbolic under torch.compile.
     const bool saved_grad = s.is_cuda() && grad_scale.has_value() && grad_scale->defined() &&
                             reduction != kernels::kNone;
-    ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none, stats, scale,
-                            grad, grad_scale ? *grad_scale : none});
+    ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none,
+                            stats, scale, grad, grad_scale ? *grad_scale : none});
     ctx->saved_data["saved_grad"] = saved_grad;
     ctx->saved_data["divergence"] = divergence;
     ctx->saved_data["beta"] = beta;
@@ -112,45 +118,51 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
       grad = saved[5];
       distill_rescale_grad_op(grad, grad_outputs[0], saved[6]);
     } else {
-      auto opt = [](const at::Tensor& x) { return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt; };
-      grad = distill_backward_op(grad_outputs[0], saved[0], saved[1], opt(saved[2]), saved[3], saved[4],
-                                 ctx->saved_data["divergence"].toInt(), ctx->saved_data["beta"].toDouble(),
-                                 ctx->saved_data["temperature"].toDouble(), ctx->saved_data["ignore_index"].toInt(),
-                                 ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
+      auto opt = [](const at::Tensor& x) {
+        return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
+      };
+      grad = distill_backward_op(
+          grad_outputs[0], saved[0], saved[1], opt(saved[2]), saved[3], saved[4],
+          ctx->saved_data["divergence"].toInt(), ctx->saved_data["beta"].toDouble(),
+          ctx->saved_data["temperature"].toDouble(), ctx->saved_data["ignore_index"].toInt(),
+          ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
     }
-    return {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(),     at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 void check_teacher_constant(const at::Tensor& t) {
-  TORCH_CHECK(!(at::GradMode::is_enabled() && t.requires_grad()), kOp,
-              ": teacher_logits must not require grad (the teacher is a constant and gets no gradient); "
-              "pass teacher_logits.detach()");
+  TORCH_CHECK(
+      !(at::GradMode::is_enabled() && t.requires_grad()), kOp,
+      ": teacher_logits must not require grad (the teacher is a constant and gets no gradient); "
+      "pass teacher_logits.detach()");
 }
 
-at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt labels, c10::string_view divergence,
-                                 double beta, double temperature, int64_t ignore_index, c10::string_view reduction,
+at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt labels,
+                                 c10::string_view divergence, double beta, double temperature,
+                                 int64_t ignore_index, c10::string_view reduction,
                                  std::optional<int64_t> vocab_size, Opt grad_scale) {
   check_teacher_constant(t);
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
   if (!(at::GradMode::is_enabled() && s.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index, r.reduction, r.V,
-                                  std::nullopt, false);
+    auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index,
+                                  r.reduction, r.V, std::nullopt, false);
     return view_loss(std::get<0>(out), s, r.reduction);
   }
-  return DistillFunction::apply(s, t, labels, r.divergence, beta, temperature, ignore_index, r.reduction, r.V,
-                                grad_scale);
+  return DistillFunction::apply(s, t, labels, r.divergence, beta, temperature, ignore_index,
+                                r.reduction, r.V, grad_scale);
 }
 
 // Below autograd (inference mode, tensors without autograd): forward only.
-at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt labels, c10::string_view divergence,
-                                double beta, double temperature, int64_t ignore_index, c10::string_view reduction,
+at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt labels,
+                                c10::string_view divergence, double beta, double temperature,
+                                int64_t ignore_index, c10::string_view reduction,
                                 std::optional<int64_t> vocab_size, Opt /*grad_scale*/) {
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
-  auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index, r.reduction, r.V,
-                                std::nullopt, false);
+  auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index,
+                                r.reduction, r.V, std::nullopt, false);
   return view_loss(std::get<0>(out), s, r.reduction);
 }
 
@@ -158,21 +170,30 @@ at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt la
 
 TORCH_LIBRARY_FRAGMENT(lossfns, m) {
   static const std::string schema =
-      "distill_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, str divergence='tvd', "
+      "distill_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, str "
+      "divergence='tvd', "
       "float beta=0.5, float temperature=1.0, int ignore_index=" +
       std::to_string(kDefaultIgnoreIndex) +
       ", str reduction='batchmean', int? vocab_size=None, Tensor? grad_scale=None) -> Tensor";
   m.def(schema.c_str());
-  m.def("_distill_forward(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int divergence, "
-        "float beta, float temperature, int ignore_index, int reduction, int V, Tensor? grad_scale, bool save) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("_distill_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, "
-        "Tensor stats, Tensor scale, int divergence, float beta, float temperature, int ignore_index, "
-        "int reduction, int V) -> Tensor");
+  m.def(
+      "_distill_forward(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int "
+      "divergence, "
+      "float beta, float temperature, int ignore_index, int reduction, int V, Tensor? grad_scale, "
+      "bool save) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "_distill_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? "
+      "labels, "
+      "Tensor stats, Tensor scale, int divergence, float beta, float temperature, int "
+      "ignore_index, "
+      "int reduction, int V) -> Tensor");
   m.def("_distill_rescale_grad_(Tensor(a!) grad, Tensor grad_output, Tensor grad_scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lossfns, Autograd, m) { m.impl("distill_loss", &distill_loss_autograd); }
-TORCH_LIBRARY_IMPL(lossfns, CompositeExplicitAutograd, m) { m.impl("distill_loss", &distill_loss_no_grad); }
+TORCH_LIBRARY_IMPL(lossfns, CompositeExplicitAutograd, m) {
+  m.impl("distill_loss", &distill_loss_no_grad);
+}
 
 }  // namespace lossfns::detail

@@ -8,10 +8,11 @@ namespace lossfns {
 
 at::Tensor tvd_loss(const at::Tensor& p, const at::Tensor& q, const TVDLossOptions& options,
                     const std::optional<at::Tensor>& labels) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lossfns::tvd_loss", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                                               const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::tvd_loss", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            int64_t, c10::string_view)>();
   return op.call(p, q, labels, options.ignore_index(), reduction_name(options.reduction()));
 }
 

@@ -38,9 +38,13 @@ constexpr uint32_t kOneTieMaxIndex = 255 - kOneTie;  // a single tie past it goe
 
 LOSSFNS_HOST_DEVICE int64_t round_up_128(int64_t n) { return (n + 127) / 128 * 128; }
 LOSSFNS_HOST_DEVICE int64_t sign_tiles(int64_t V) { return (V + kTileElems - 1) / kTileElems; }
-LOSSFNS_HOST_DEVICE int64_t sign_tie_offset(int64_t V) { return round_up_128(sign_tiles(V) * kTileBytes); }
+LOSSFNS_HOST_DEVICE int64_t sign_tie_offset(int64_t V) {
+  return round_up_128(sign_tiles(V) * kTileBytes);
+}
 LOSSFNS_HOST_DEVICE int64_t sign_flag_offset(int64_t V) { return 2 * sign_tie_offset(V); }
-LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) { return sign_flag_offset(V) + round_up_128(sign_tiles(V)); }
+LOSSFNS_HOST_DEVICE int64_t sign_row_pitch(int64_t V) {
+  return sign_flag_offset(V) + round_up_128(sign_tiles(V));
+}
 
 // The code of element j from a packed row (what the element-wise paths read).
 LOSSFNS_HOST_DEVICE uint32_t sign_code_at(const uint8_t* srow, int64_t V, int64_t j) {

@@ -19,7 +19,8 @@
 namespace lossfns::detail {
 namespace {
 
-constexpr std::initializer_list<at::ScalarType> kCpuDtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+constexpr std::initializer_list<at::ScalarType> kCpuDtypes = {at::kFloat, at::kDouble, at::kHalf,
+                                                              at::kBFloat16};
 
 // Rows per parallel task: about 64K elements each, so small V does not drown in task overhead.
 int64_t grain_rows(int64_t V) { return std::max<int64_t>(1, (int64_t{1} << 16) / V); }
@@ -60,7 +61,8 @@ void forward_rows(const FlatInputs& in, int64_t ignore_index, acc_t* elem, acc_t
         row_loss[r] = acc_t(0);
         continue;
       }
-      row_loss[r] = kernels::tvd_row_forward_cpu<kElem>(p + r * ps, q + r * qs, V, kElem ? elem + r * V : nullptr);
+      row_loss[r] = kernels::tvd_row_forward_cpu<kElem>(p + r * ps, q + r * qs, V,
+                                                        kElem ? elem + r * V : nullptr);
     }
   });
 }
@@ -77,48 +79,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cpu(
   if (none) advise_huge_pages(loss);
   at::Tensor scale = at::empty({none ? 0 : 1}, p.options().dtype(acc_dtype));
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.scalar_type(), "lossfns_tvd_forward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;  // float for half/bfloat16/float, double for double
-    std::vector<acc_t> row_loss(static_cast<size_t>(in.rows));
-    if (none) {
-      forward_rows<scalar_t, acc_t, true>(in, ignore_index, loss.mutable_data_ptr<acc_t>(), row_loss.data());
-      return;
-    }
-    forward_rows<scalar_t, acc_t, false>(in, ignore_index, nullptr, row_loss.data());
-    double sum = 0.0;  // rows summed in double: BT*V terms must not lose the small ones
-    int64_t valid = 0;
-    const int64_t* l = in.labels.defined() ? in.labels.const_data_ptr<int64_t>() : nullptr;
-    for (int64_t r = 0; r < in.rows; ++r) {
-      sum += static_cast<double>(row_loss[r]);
-      valid += ignored(l, r, ignore_index) ? 0 : 1;
-    }
-    const double sc = kernels::reduction_scale<double>(reduction, valid, in.V);
-    loss = at::scalar_tensor(0.5 * sum * sc, p.options().dtype(acc_dtype));
-    scale.fill_(sc);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, p.scalar_type(), "lossfns_tvd_forward_cpu", [&] {
+        using acc_t =
+            at::opmath_type<scalar_t>;  // float for half/bfloat16/float, double for double
+        std::vector<acc_t> row_loss(static_cast<size_t>(in.rows));
+        if (none) {
+          forward_rows<scalar_t, acc_t, true>(in, ignore_index, loss.mutable_data_ptr<acc_t>(),
+                                              row_loss.data());
+          return;
+        }
+        forward_rows<scalar_t, acc_t, false>(in, ignore_index, nullptr, row_loss.data());
+        double sum = 0.0;  // rows summed in double: BT*V terms must not lose the small ones
+        int64_t valid = 0;
+        const int64_t* l = in.labels.defined() ? in.labels.const_data_ptr<int64_t>() : nullptr;
+        for (int64_t r = 0; r < in.rows; ++r) {
+          sum += static_cast<double>(row_loss[r]);
+          valid += ignored(l, r, ignore_index) ? 0 : 1;
+        }
+        const double sc = kernels::reduction_scale<double>(reduction, valid, in.V);
+        loss = at::scalar_tensor(0.5 * sum * sc, p.options().dtype(acc_dtype));
+        scale.fill_(sc);
+      });
   return {loss, signs, scale};
 }
 
 at::Tensor tvd_backward_cpu(const at::Tensor& grad_output, const at::Tensor& /*signs: CUDA only*/,
                             const at::Tensor& scale, const std::optional<at::Tensor>& p_opt,
-                            const std::optional<at::Tensor>& q_opt, const std::optional<at::Tensor>& labels,
-                            int64_t ignore_index, int64_t V, at::ScalarType dtype, int64_t reduction_code) {
+                            const std::optional<at::Tensor>& q_opt,
+                            const std::optional<at::Tensor>& labels, int64_t ignore_index,
+                            int64_t V, at::ScalarType dtype, int64_t reduction_code) {
   const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._tvd_backward");
   TORCH_CHECK(p_opt && q_opt && p_opt->defined() && q_opt->defined(),
               "lossfns._tvd_backward: on CPU, p and q (the forward's inputs) are required");
   const FlatInputs in = check_and_flatten(*p_opt, *q_opt, labels, kCpuDtypes, "CPU");
-  TORCH_CHECK(in.V == V && in.p.scalar_type() == dtype, "lossfns._tvd_backward: V ", num(V), " and dtype ", dtype,
-              " must match p's (", num(in.V), ", ", in.p.scalar_type(), ")");
+  TORCH_CHECK(in.V == V && in.p.scalar_type() == dtype, "lossfns._tvd_backward: V ", num(V),
+              " and dtype ", dtype, " must match p's (", num(in.V), ", ", in.p.scalar_type(), ")");
   check_backward_inputs(grad_output, scale, in.rows, V, reduction);
-  at::Tensor grad = at::empty({in.rows, V}, in.p.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor grad =
+      at::empty({in.rows, V}, in.p.options().memory_format(at::MemoryFormat::Contiguous));
   advise_huge_pages(grad);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "lossfns_tvd_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
     const bool none = reduction == kernels::kNone;
-    const at::Tensor go = none ? grad_output.reshape({in.rows, V}).to(acc_dtype).contiguous() : at::Tensor();
+    const at::Tensor go =
+        none ? grad_output.reshape({in.rows, V}).to(acc_dtype).contiguous() : at::Tensor();
     const acc_t h = none ? acc_t(0)
-                         : acc_t(0.5) * grad_output.to(acc_dtype).item<acc_t>() * scale.to(acc_dtype).item<acc_t>();
+                         : acc_t(0.5) * grad_output.to(acc_dtype).item<acc_t>() *
+                               scale.to(acc_dtype).item<acc_t>();
     const scalar_t* p = in.p.const_data_ptr<scalar_t>();
     const scalar_t* q = in.q.const_data_ptr<scalar_t>();
     const int64_t* l = in.labels.defined() ? in.labels.const_data_ptr<int64_t>() : nullptr;

@@ -44,7 +44,8 @@ Acc tvd_row_forward_cpu(const T* p, const T* q, int64_t V, Acc* elem_loss) {
 // Backward of one row: grad_j = sign(p_j - q_j) * h_j, sign(0) = 0, where h_j = h (a reduced loss:
 // 0.5 * scale * grad_output) or 0.5 * grad_output_j ('none': grad_output is a row of V values).
 template <bool kElementwise, typename T, typename Acc>
-void tvd_row_backward_cpu(const T* p, const T* q, int64_t V, Acc h, const Acc* grad_output, T* grad) {
+void tvd_row_backward_cpu(const T* p, const T* q, int64_t V, Acc h, const Acc* grad_output,
+                          T* grad) {
   for (int64_t j = 0; j < V; ++j) {
     const Acc hj = kElementwise ? Acc(0.5) * grad_output[j] : h;
     const Acc d = static_cast<Acc>(p[j]) - static_cast<Acc>(q[j]);

@@ -27,35 +27,35 @@ namespace lossfns::kernels {
 
 template <typename T>
 struct TvdForwardArgs {
-  const T* p;                 // (rows, V), unit stride inside a row
-  const T* q;                 // (rows, V), unit stride inside a row
-  int64_t p_row_stride;       // elements
-  int64_t q_row_stride;       // elements
-  const int64_t* labels;      // (rows,) contiguous, or nullptr: every row counts
+  const T* p;             // (rows, V), unit stride inside a row
+  const T* q;             // (rows, V), unit stride inside a row
+  int64_t p_row_stride;   // elements
+  int64_t q_row_stride;   // elements
+  const int64_t* labels;  // (rows,) contiguous, or nullptr: every row counts
   int64_t ignore_index;
   int64_t rows;
   int64_t V;
-  int64_t chunks;             // blocks per row (set by tvd_forward from num_sms; >= 1)
-  int num_sms;                // multiprocessors of the device (sizes the grid)
-  float* row_loss;            // (rows, chunks) partial sums of |p - q| (0 for ignored rows), or
-                              // nullptr ('none'); tvd_forward_scratch floats
-  float* elem_loss;           // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
-  uint8_t* signs;             // (rows, sign_row_pitch(V)) packed signs (tvd_common.h), or nullptr
-  bool pdl = false;           // allow programmatic dependent launch of the finalize (used where the
-                              // kernel was built for sm_90+: see detail::launch)
+  int64_t chunks;    // blocks per row (set by tvd_forward from num_sms; >= 1)
+  int num_sms;       // multiprocessors of the device (sizes the grid)
+  float* row_loss;   // (rows, chunks) partial sums of |p - q| (0 for ignored rows), or
+                     // nullptr ('none'); tvd_forward_scratch floats
+  float* elem_loss;  // (rows, V) contiguous 0.5*|p - q| ('none'), or nullptr
+  uint8_t* signs;    // (rows, sign_row_pitch(V)) packed signs (tvd_common.h), or nullptr
+  bool pdl = false;  // allow programmatic dependent launch of the finalize (used where the
+                     // kernel was built for sm_90+: see detail::launch)
 };
 
 template <typename T>
 struct TvdBackwardArgs {
-  const uint8_t* signs;       // (rows, sign_row_pitch(V))
+  const uint8_t* signs;  // (rows, sign_row_pitch(V))
   int64_t rows;
   int64_t V;
-  const float* grad_output;   // 1 value (reduced loss), or (rows, V) contiguous ('none')
-  const float* scale;         // 1 value from the forward's finalize (unused for 'none')
-  T* grad;                    // (rows, V) contiguous
-  int num_sms;                // multiprocessors of the device (sizes the grid)
-  bool pdl = false;           // allow programmatic dependent launch (used where the kernel was built
-                              // for sm_90+): it may start while the previous kernel finishes
+  const float* grad_output;  // 1 value (reduced loss), or (rows, V) contiguous ('none')
+  const float* scale;        // 1 value from the forward's finalize (unused for 'none')
+  T* grad;                   // (rows, V) contiguous
+  int num_sms;               // multiprocessors of the device (sizes the grid)
+  bool pdl = false;          // allow programmatic dependent launch (used where the kernel was built
+                             // for sm_90+): it may start while the previous kernel finishes
 };
 
 namespace detail {
@@ -73,7 +73,8 @@ template <typename T>
 struct TileShape {
   static constexpr int N = 16 / int(sizeof(T));
   static constexpr int R = int(kTileElems) / (32 * N);
-  static constexpr int kForwardTiles = 4 / R;  // forward: tiles per warp in flight (4 loads per tensor)
+  static constexpr int kForwardTiles =
+      4 / R;  // forward: tiles per warp in flight (4 loads per tensor)
   static constexpr int kChunkTiles = kWarps * kForwardTiles;  // forward: tiles per block step
 };
 __device__ __forceinline__ int64_t lane_elem(int64_t tile, int lane, int r, int N) {
@@ -169,7 +170,8 @@ __device__ __forceinline__ uint32_t tile_flag(uint32_t tie_byte, int lane, bool&
   const uint32_t lanes = __ballot_sync(0xffffffffu, tie_byte != 0u);
   const bool all = __all_sync(0xffffffffu, tie_byte == 0xFFu);
   // Exactly one tie: one lane with one bit. Its index in the tile is byte * 8 + bit.
-  const bool one = __popc(lanes) == 1 && __popc(__shfl_sync(0xffffffffu, tie_byte, __ffs(lanes) - 1)) == 1;
+  const bool one =
+      __popc(lanes) == 1 && __popc(__shfl_sync(0xffffffffu, tie_byte, __ffs(lanes) - 1)) == 1;
   const uint32_t index = uint32_t(lane_byte<R>(lane)) * 8u + uint32_t(__ffs(tie_byte) - 1);
   const uint32_t one_index = one ? __shfl_sync(0xffffffffu, index, __ffs(lanes) - 1) : 0u;
   const bool inline_one = one && one_index <= kOneTieMaxIndex;
@@ -183,8 +185,8 @@ __device__ __forceinline__ uint32_t tile_flag(uint32_t tie_byte, int lane, bool&
 // the tile's pos bits, its tie bits if its flag does not say where its ties are, and its flag.
 // Warp-collective.
 template <int R, int N>
-__device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, uint8_t* srow, int64_t V,
-                                          int64_t tile, int lane) {
+__device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, uint8_t* srow,
+                                          int64_t V, int64_t tile, int lane) {
   uint32_t pos = 0, tie = 0;
 #pragma unroll
   for (int i = 0; i < R * N; ++i) {
@@ -222,7 +224,8 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
         if (lane == 0) srow[sign_flag_offset(V) + t] = kAllTies;
       }
       if constexpr (kElemLoss)
-        for (int64_t j = t * kTileElems + lane; j < (t + 1) * kTileElems && j < V; j += 32) erow[j] = 0.f;
+        for (int64_t j = t * kTileElems + lane; j < (t + 1) * kTileElems && j < V; j += 32)
+          erow[j] = 0.f;
     }
     if (a.row_loss != nullptr && threadIdx.x == 0) a.row_loss[row * chunks + chunk] = 0.f;
     return;
@@ -232,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   const T* qrow = a.q + row * a.q_row_stride;
   float acc = 0.f;
   // One tile's differences d (0 past V): the element losses ('none'), the signs, |d|.
-  auto finish = [&](int64_t tile, const float (&d)[R * N]) {
+  auto finish = [&](int64_t tile, const float(&d)[R * N]) {
     if constexpr (kElemLoss) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -252,12 +255,13 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
   };
   const uint4* p4 = reinterpret_cast<const uint4*>(prow);
   const uint4* q4 = reinterpret_cast<const uint4*>(qrow);
-  auto vec_diff = [&](const uint4 (&pv)[R], const uint4 (&qv)[R], float (&d)[R * N]) {
+  auto vec_diff = [&](const uint4(&pv)[R], const uint4(&qv)[R], float(&d)[R * N]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int k = 0; k < N; ++k)
-        d[r * N + k] = to_float(reinterpret_cast<const T*>(&pv[r])[k]) - to_float(reinterpret_cast<const T*>(&qv[r])[k]);
+        d[r * N + k] = to_float(reinterpret_cast<const T*>(&pv[r])[k]) -
+                       to_float(reinterpret_cast<const T*>(&qv[r])[k]);
   };
   const int64_t full_tiles = V / kTileElems;
   int64_t t = range.begin + warp;
@@ -314,8 +318,9 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
 // One block: total loss (in double) from the forward's partial sums (one per block), the
 // non-ignored row count, the reduction's scale.
 __global__ void __launch_bounds__(kThreads)
-tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* labels, int64_t ignore_index,
-                    int64_t rows, int64_t V, Reduction reduction, float* loss, float* scale) {
+    tvd_finalize_kernel(const float* partials, int64_t n_partials, const int64_t* labels,
+                        int64_t ignore_index, int64_t rows, int64_t V, Reduction reduction,
+                        float* loss, float* scale) {
   __shared__ double shared_sum[kThreads / 32];
   __shared__ double shared_cnt[kThreads / 32];
   wait_for_previous_grid();
@@ -344,9 +349,11 @@ struct Decoder {
 
 // The tie byte a lane needs (byte `lane` of the tile's 32) for a tile with this flag: loaded only
 // for kSomeTies, made from the flag for kOneTie + i.
-__device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int64_t tile, uint32_t flag, int lane) {
+__device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int64_t tile,
+                                             uint32_t flag, int lane) {
   if (flag == kSomeTies) return srow[sign_tie_offset(V) + tile * kTileBytes + lane];
-  if (flag >= kOneTie) return ((flag - kOneTie) >> 3) == uint32_t(lane) ? 1u << ((flag - kOneTie) & 7u) : 0u;
+  if (flag >= kOneTie)
+    return ((flag - kOneTie) >> 3) == uint32_t(lane) ? 1u << ((flag - kOneTie) & 7u) : 0u;
   return flag == kAllTies ? 0xFFu : 0u;
 }
 
@@ -354,10 +361,11 @@ __device__ __forceinline__ uint32_t tie_byte(const uint8_t* srow, int64_t V, int
 // tile's). Warp-collective. With kVec (rows of grad 16-byte aligned, so V % N == 0) a vector is
 // either wholly inside the row or wholly past it, and is stored evict-first.
 template <typename T, bool kVec>
-__device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uint32_t pos_byte, uint32_t tie_byte,
-                                           const Decoder<T>& dec, int lane) {
+__device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uint32_t pos_byte,
+                                           uint32_t tie_byte, const Decoder<T>& dec, int lane) {
   constexpr int N = TileShape<T>::N, R = TileShape<T>::R;
-  const uint32_t pos = unpack_lane_bits<R>(pos_byte, lane), tie = unpack_lane_bits<R>(tie_byte, lane);
+  const uint32_t pos = unpack_lane_bits<R>(pos_byte, lane),
+                 tie = unpack_lane_bits<R>(tie_byte, lane);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t e = lane_elem(tile, lane, r, N);
@@ -366,7 +374,8 @@ __device__ __forceinline__ void write_tile(T* grow, int64_t V, int64_t tile, uin
         uint4 out;
         T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-        for (int k = 0; k < N; ++k) o[k] = dec((pos >> (r * N + k)) & 1u, (tie >> (r * N + k)) & 1u);
+        for (int k = 0; k < N; ++k)
+          o[k] = dec((pos >> (r * N + k)) & 1u, (tie >> (r * N + k)) & 1u);
         __stcs(reinterpret_cast<uint4*>(grow) + e / N, out);
       }
     } else {
@@ -403,12 +412,14 @@ __global__ void __launch_bounds__(kTh) tvd_backward_kernel(TvdBackwardArgs<T> a)
       pos[u] = srow[(t + u * W) * kTileBytes + lane];
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) tie[u] = tie_byte(srow, V, t + u * W, flag[u], lane);  // all before any store
+    for (int u = 0; u < kU; ++u)
+      tie[u] = tie_byte(srow, V, t + u * W, flag[u], lane);  // all before any store
 #pragma unroll
     for (int u = 0; u < kU; ++u) write_tile<T, kVec>(grow, V, t + u * W, pos[u], tie[u], dec, lane);
   }
   for (; t < range.end; t += W)
-    write_tile<T, kVec>(grow, V, t, srow[t * kTileBytes + lane], tie_byte(srow, V, t, flags[t], lane), dec, lane);
+    write_tile<T, kVec>(grow, V, t, srow[t * kTileBytes + lane],
+                        tie_byte(srow, V, t, flags[t], lane), dec, lane);
 }
 
 // Backward of 'none': grad_ij = sign_ij * 0.5 * grad_output_ij, element by element.
@@ -418,8 +429,8 @@ __global__ void __launch_bounds__(kThreads) tvd_backward_none_kernel(TvdBackward
   const int64_t row = blockIdx.x;
   const uint8_t* srow = a.signs + row * sign_row_pitch(a.V);
   for (int64_t j = threadIdx.x; j < a.V; j += kThreads)
-    a.grad[row * a.V + j] =
-        from_float<T>(sign_value<float>(sign_code_at(srow, a.V, j)) * (0.5f * a.grad_output[row * a.V + j]));
+    a.grad[row * a.V + j] = from_float<T>(sign_value<float>(sign_code_at(srow, a.V, j)) *
+                                          (0.5f * a.grad_output[row * a.V + j]));
 }
 
 // Threads per block and tiles in flight per warp of the backward, per element size.
@@ -469,7 +480,8 @@ cudaError_t launch(bool pdl, dim3 grid, dim3 block, cudaStream_t stream, Args...
   cfg.attrs = attr;
   cfg.numAttrs = pdl && waits_for_previous_grid<Kernel>() ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, Kernel, args...);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // reported by the return value, not left pending
+  if (err != cudaSuccess)
+    (void)cudaGetLastError();  // reported by the return value, not left pending
   return err;
 }
 
@@ -495,8 +507,9 @@ cudaError_t launch_forward_sel(const TvdForwardArgs<T>& a, cudaStream_t stream) 
 
 template <typename T, bool kVec, int kTh, int kU>
 cudaError_t launch_backward(const TvdBackwardArgs<T>& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.rows),
-                  static_cast<unsigned>(chunks_per_row(a.rows, sign_tiles(a.V), (kTh / 32) * kU, a.num_sms)));
+  const dim3 grid(
+      static_cast<unsigned>(a.rows),
+      static_cast<unsigned>(chunks_per_row(a.rows, sign_tiles(a.V), (kTh / 32) * kU, a.num_sms)));
   return launch<tvd_backward_kernel<T, kVec, kTh, kU>>(a.pdl, grid, dim3(kTh), stream, a);
 }
 
@@ -514,7 +527,8 @@ int64_t tvd_forward_scratch(int64_t rows, int64_t V, int num_sms) {
 // the finalize is launched while the rows pass finishes and waits on the device for its memory
 // (programmatic dependent launch: the finalize's launch latency overlaps the rows pass's tail).
 template <typename T>
-cudaError_t tvd_forward(TvdForwardArgs<T> a, Reduction reduction, float* loss, float* scale, cudaStream_t stream) {
+cudaError_t tvd_forward(TvdForwardArgs<T> a, Reduction reduction, float* loss, float* scale,
+                        cudaStream_t stream) {
   const bool vec = detail::aligned16(a.p, a.p_row_stride * int64_t(sizeof(T))) &&
                    detail::aligned16(a.q, a.q_row_stride * int64_t(sizeof(T)));
   a.chunks = detail::forward_chunks<T>(a.rows, a.V, a.num_sms);
@@ -524,22 +538,24 @@ cudaError_t tvd_forward(TvdForwardArgs<T> a, Reduction reduction, float* loss, f
     if (err != cudaSuccess) return err;
   }
   if (reduction == kNone) return cudaSuccess;
-  return detail::launch<detail::tvd_finalize_kernel>(a.pdl, dim3(1), dim3(detail::kThreads), stream, a.row_loss,
-                                                    a.rows * a.chunks, a.labels, a.ignore_index, a.rows, a.V,
-                                                    reduction, loss, scale);
+  return detail::launch<detail::tvd_finalize_kernel>(
+      a.pdl, dim3(1), dim3(detail::kThreads), stream, a.row_loss, a.rows * a.chunks, a.labels,
+      a.ignore_index, a.rows, a.V, reduction, loss, scale);
 }
 
 // Backward: one launch, grad = sign * 0.5 * scale * grad_output (or * grad_output_ij for 'none').
 // With a.pdl it may start while the kernel before it in the stream (whichever) finishes; it waits
 // for that kernel's memory before it reads grad_output, the scale or the signs.
-template <typename T, int kTh = detail::BackwardShape<T>::kTh, int kU = detail::BackwardShape<T>::kU>
+template <typename T, int kTh = detail::BackwardShape<T>::kTh,
+          int kU = detail::BackwardShape<T>::kU>
 cudaError_t tvd_backward(const TvdBackwardArgs<T>& a, Reduction reduction, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (reduction == kNone) {
-    return detail::launch<detail::tvd_backward_none_kernel<T>>(a.pdl, dim3(static_cast<unsigned>(a.rows)),
-                                                                dim3(detail::kThreads), stream, a);
+    return detail::launch<detail::tvd_backward_none_kernel<T>>(
+        a.pdl, dim3(static_cast<unsigned>(a.rows)), dim3(detail::kThreads), stream, a);
   }
-  if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T)))) return detail::launch_backward<T, true, kTh, kU>(a, stream);
+  if (detail::aligned16(a.grad, a.V * int64_t(sizeof(T))))
+    return detail::launch_backward<T, true, kTh, kU>(a, stream);
   return detail::launch_backward<T, false, kTh, kU>(a, stream);
 }
 

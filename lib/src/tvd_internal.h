@@ -29,17 +29,18 @@ FlatInputs check_and_flatten(const at::Tensor& p, const at::Tensor& q,
 
 // Checks of _tvd_backward's grad_output and scale (they come from our own forward unless someone
 // calls the internal op directly); rows: the forward's row count.
-void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows, int64_t V,
-                           kernels::Reduction reduction);
+void check_backward_inputs(const at::Tensor& grad_output, const at::Tensor& scale, int64_t rows,
+                           int64_t V, kernels::Reduction reduction);
 
 // The internal ops, through the dispatcher (so CPU/CUDA kernels are picked by device).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(
     const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
     int64_t ignore_index, int64_t reduction, bool save_signs);
-// signs: from a CUDA forward (packed signs, tvd_common.h); p, q, labels: what a CPU forward (which saves no
-// signs and recomputes them) needs. Each backend reads only its own.
-at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs, const at::Tensor& scale,
-                           const std::optional<at::Tensor>& p, const std::optional<at::Tensor>& q,
+// signs: from a CUDA forward (packed signs, tvd_common.h); p, q, labels: what a CPU forward (which
+// saves no signs and recomputes them) needs. Each backend reads only its own.
+at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs,
+                           const at::Tensor& scale, const std::optional<at::Tensor>& p,
+                           const std::optional<at::Tensor>& q,
                            const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t V,
                            at::ScalarType dtype, int64_t reduction);
 

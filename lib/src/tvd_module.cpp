@@ -12,7 +12,8 @@ void TVDLossImpl::pretty_print(std::ostream& stream) const {
          << ", ignore_index=" << options.ignore_index() << ")";
 }
 
-at::Tensor TVDLossImpl::forward(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels) {
+at::Tensor TVDLossImpl::forward(const at::Tensor& p, const at::Tensor& q,
+                                const std::optional<at::Tensor>& labels) {
   return tvd_loss(p, q, options, labels);
 }
 

@@ -20,20 +20,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("lossfns::_tvd_forward", "")
                              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                 int64_t, int64_t, bool)>();
+                                 const at::Tensor&, const at::Tensor&,
+                                 const std::optional<at::Tensor>&, int64_t, int64_t, bool)>();
   return op.call(p, q, labels, ignore_index, reduction, save_signs);
 }
 
-at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs, const at::Tensor& scale,
-                           const std::optional<at::Tensor>& p, const std::optional<at::Tensor>& q,
+at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs,
+                           const at::Tensor& scale, const std::optional<at::Tensor>& p,
+                           const std::optional<at::Tensor>& q,
                            const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t V,
                            at::ScalarType dtype, int64_t reduction) {
   using Opt = const std::optional<at::Tensor>&;
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lossfns::_tvd_backward", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt,
-                                               Opt, int64_t, int64_t, at::ScalarType, int64_t)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_tvd_backward", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt,
+                            int64_t, int64_t, at::ScalarType, int64_t)>();
   return op.call(grad_output, signs, scale, p, q, labels, ignore_index, V, dtype, reduction);
 }
 
@@ -71,29 +73,40 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
     const auto shape = ctx->saved_data["shape"].toIntVector();
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const int64_t reduction = ctx->saved_data["reduction"].toInt();
-    auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-    const at::Tensor grad_p = tvd_backward_op(grad_outputs[0], saved[0], saved[1], opt(saved[2]), opt(saved[3]),
-                                              opt(saved[4]), ctx->saved_data["ignore_index"].toInt(),
-                                              shape.back(), dtype, reduction)
-                                  .view(shape);
+    auto opt = [](const at::Tensor& t) {
+      return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+    };
+    const at::Tensor grad_p =
+        tvd_backward_op(grad_outputs[0], saved[0], saved[1], opt(saved[2]), opt(saved[3]),
+                        opt(saved[4]), ctx->saved_data["ignore_index"].toInt(), shape.back(), dtype,
+                        reduction)
+            .view(shape);
     // d/dq of 0.5*|p - q| is the negation; computed only when asked for.
     at::Tensor grad_q = ctx->needs_input_grad(1) ? grad_p.neg() : at::Tensor();
-    return {ctx->needs_input_grad(0) ? grad_p : at::Tensor(), grad_q, at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return {ctx->needs_input_grad(0) ? grad_p : at::Tensor(),
+            grad_q,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
-at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
-                             int64_t ignore_index, c10::string_view reduction) {
+at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
+                             const std::optional<at::Tensor>& labels, int64_t ignore_index,
+                             c10::string_view reduction) {
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
-  return TVDFunction::apply(p, q, labels, ignore_index, parse_reduction(reduction, "lossfns.tvd_loss"), needs_grad);
+  return TVDFunction::apply(p, q, labels, ignore_index,
+                            parse_reduction(reduction, "lossfns.tvd_loss"), needs_grad);
 }
 
 // Below autograd (inference mode, or tensors without autograd): forward only, no signs saved.
-at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
-                            int64_t ignore_index, c10::string_view reduction) {
+at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q,
+                            const std::optional<at::Tensor>& labels, int64_t ignore_index,
+                            c10::string_view reduction) {
   const int64_t r = parse_reduction(reduction, "lossfns.tvd_loss");
-  at::Tensor loss = std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));
+  at::Tensor loss =
+      std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));
   return r == kernels::kNone ? loss.view(p.sizes()) : loss;
 }
 
@@ -104,10 +117,12 @@ TORCH_LIBRARY(lossfns, m) {
       "tvd_loss(Tensor p, Tensor q, Tensor? labels=None, int ignore_index=" +
       std::to_string(kDefaultIgnoreIndex) + ", str reduction='batchmean') -> Tensor";
   m.def(tvd_loss_schema.c_str());
-  m.def("_tvd_forward(Tensor p, Tensor q, Tensor? labels, int ignore_index, int reduction, "
-        "bool save_signs) -> (Tensor, Tensor, Tensor)");
-  m.def("_tvd_backward(Tensor grad_output, Tensor signs, Tensor scale, Tensor? p, Tensor? q, "
-        "Tensor? labels, int ignore_index, int V, ScalarType dtype, int reduction) -> Tensor");
+  m.def(
+      "_tvd_forward(Tensor p, Tensor q, Tensor? labels, int ignore_index, int reduction, "
+      "bool save_signs) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_tvd_backward(Tensor grad_output, Tensor signs, Tensor scale, Tensor? p, Tensor? q, "
+      "Tensor? labels, int ignore_index, int V, ScalarType dtype, int reduction) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lossfns, Autograd, m) { m.impl("tvd_loss", &tvd_loss_autograd); }

@@ -26,7 +26,8 @@ const char* kValidDistill = "train:\n  mode: distill\nteacher:\n  checkpoint: t.
 TEST(ConfigTest, EmptyDocumentGivesDefaultsWhichNeedATeacher) {
   EXPECT_EQ(ErrorOf(""),
             "(default): teacher.checkpoint: expected a checkpoint file or run directory in "
-            "distill mode (or teacher.hf_dir, or teacher.pretrain_steps > 0 to pretrain one first), got \"\"");
+            "distill mode (or teacher.hf_dir, or teacher.pretrain_steps > 0 to pretrain one "
+            "first), got \"\"");
   EXPECT_EQ(ErrorOf(kValidDistill), "");
 }
 
@@ -45,28 +46,25 @@ TEST(ConfigTest, EveryKeyRoundTripsThroughPrintConfig) {
 TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   // One non-default, valid value per key (keeps the config consistent as a whole).
   const std::vector<std::string> overrides = {
-      "student.vocab_size=30", "student.pad_vocab_to_multiple_of=8",
-      "student.context_length=100", "student.n_layer=3", "student.n_head=2",
-      "student.d_model=32", "student.mlp_ratio=2.5", "student.dropout=0.25",
-      "student.tie_embeddings=false", "student.init_from_teacher=false",
-      "teacher.vocab_size=30", "teacher.pad_vocab_to_multiple_of=16",
-      "teacher.context_length=80", "teacher.n_layer=5", "teacher.n_head=8",
-      "teacher.d_model=256", "teacher.mlp_ratio=3", "teacher.dropout=0.5",
-      "teacher.tie_embeddings=false", "teacher.checkpoint=runs/t",
+      "student.vocab_size=30", "student.pad_vocab_to_multiple_of=8", "student.context_length=100",
+      "student.n_layer=3", "student.n_head=2", "student.d_model=32", "student.mlp_ratio=2.5",
+      "student.dropout=0.25", "student.tie_embeddings=false", "student.init_from_teacher=false",
+      "teacher.vocab_size=30", "teacher.pad_vocab_to_multiple_of=16", "teacher.context_length=80",
+      "teacher.n_layer=5", "teacher.n_head=8", "teacher.d_model=256", "teacher.mlp_ratio=3",
+      "teacher.dropout=0.5", "teacher.tie_embeddings=false", "teacher.checkpoint=runs/t",
       "teacher.pretrain_steps=0", "data.source=synthetic", "data.path=some/file.txt",
-      "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40",
-      "data.min_seq_len=20", "data.seed=-5", "data.synthetic.order=3",
-      "data.synthetic.branching=5", "data.synthetic.zipf=0", "distill.divergence=tvd", "distill.jsd_beta=0.25",
+      "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40", "data.min_seq_len=20",
+      "data.seed=-5", "data.synthetic.order=3", "data.synthetic.branching=5",
+      "data.synthetic.zipf=0", "distill.divergence=tvd", "distill.jsd_beta=0.25",
       "distill.temperature=2.5", "distill.kd_weight=0.5", "distill.ce_weight=0.75",
-      "distill.ignore_index=-1", "optim.lr=0.01", "optim.betas=[0.8, 0.99]",
-      "optim.eps=1e-6", "optim.weight_decay=0", "optim.grad_clip=0",
-      "schedule.kind=linear", "schedule.warmup_steps=0", "schedule.min_lr_ratio=1",
-      "train.mode=distill", "train.steps=11", "train.grad_accum=4", "train.seed=9",
-      "train.device=cpu", "train.precision=fp32", "train.log_interval=3",
-      "train.eval_interval=0", "train.eval_batches=5", "train.checkpoint_interval=0",
-      "train.keep_checkpoints=9", "train.resume=false", "train.baseline=true",
-      "train.out_dir=elsewhere", "train.export_hf=false", "train.nonfinite=skip",
-      "train.max_skipped_steps=3", "data.val_path=v/*.bin",
+      "distill.ignore_index=-1", "optim.lr=0.01", "optim.betas=[0.8, 0.99]", "optim.eps=1e-6",
+      "optim.weight_decay=0", "optim.grad_clip=0", "schedule.kind=linear",
+      "schedule.warmup_steps=0", "schedule.min_lr_ratio=1", "train.mode=distill", "train.steps=11",
+      "train.grad_accum=4", "train.seed=9", "train.device=cpu", "train.precision=fp32",
+      "train.log_interval=3", "train.eval_interval=0", "train.eval_batches=5",
+      "train.checkpoint_interval=0", "train.keep_checkpoints=9", "train.resume=false",
+      "train.baseline=true", "train.out_dir=elsewhere", "train.export_hf=false",
+      "train.nonfinite=skip", "train.max_skipped_steps=3", "data.val_path=v/*.bin",
       "distill.vocab_size=25", "distill.fused_linear=true",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
@@ -80,9 +78,9 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "teacher.rope_theta=1000", "teacher.rope_scaling.type=llama3",
       "teacher.rope_scaling.factor=2", "teacher.rope_scaling.low_freq_factor=0.5",
       "teacher.rope_scaling.high_freq_factor=2",
-      "teacher.rope_scaling.original_max_position_embeddings=32",
-      "teacher.attention_bias=true", "teacher.attention_out_bias=true", "teacher.mlp_bias=true",
-      "teacher.qk_norm=true", "teacher.hf_model_type=mistral"};
+      "teacher.rope_scaling.original_max_position_embeddings=32", "teacher.attention_bias=true",
+      "teacher.attention_out_bias=true", "teacher.mlp_bias=true", "teacher.qk_norm=true",
+      "teacher.hf_model_type=mistral"};
   size_t hf_dir_keys = 0;
   for (const auto& key : ConfigKeys()) hf_dir_keys += key.find("hf_dir") != std::string::npos;
   ASSERT_EQ(overrides.size() + hf_dir_keys, ConfigKeys().size())
@@ -166,7 +164,8 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "distil:\n  temperature: 2\n",
        "x.yaml:5: distil: unknown key; did you mean \"distill\"?"},
       {head + "bogus: 1\n", "x.yaml:5: bogus: unknown key"},
-      {head + "distill: 3\n", "x.yaml:5: distill: expected a mapping (the distill section), got \"3\""},
+      {head + "distill: 3\n",
+       "x.yaml:5: distill: expected a mapping (the distill section), got \"3\""},
       {head + "distill:\n  temperature: -1\n",
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \"-1\""},
       {head + "distill:\n  temperature: [1, 2]\n",
@@ -176,7 +175,8 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "distill:\n  temperature: .inf\n",
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \".inf\""},
       {head + "distill:\n  divergence: kl\n",
-       "x.yaml:6: distill.divergence: expected one of: tvd, forward_kl, reverse_kl, jsd, got \"kl\""},
+       "x.yaml:6: distill.divergence: expected one of: tvd, forward_kl, reverse_kl, jsd, got "
+       "\"kl\""},
       {head + "student:\n  n_layer: 1.5\n",
        "x.yaml:6: student.n_layer: expected an integer in [1, 4096], got \"1.5\""},
       {head + "student:\n  n_layer: 0\n",
@@ -211,7 +211,8 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "teacher:\n  vocab_size: 65\n",
        "x.yaml:5: teacher: duplicate key (first set at x.yaml:3)"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  vocab_size: 63\n",
-       "x.yaml:5: teacher.vocab_size: expected student.vocab_size (64) (or set distill.vocab_size to "
+       "x.yaml:5: teacher.vocab_size: expected student.vocab_size (64) (or set distill.vocab_size "
+       "to "
        "the tokenizer's size to align logits of different widths), got 63"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  pad_vocab_to_multiple_of: 48\n",
        "x.yaml:5: teacher.pad_vocab_to_multiple_of: expected a value that pads to the student's "
@@ -250,7 +251,8 @@ TEST(ConfigTest, InvalidYamlNamesTheLine) {
 
 TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temperature=hot"}),
-            "override \"distill.temperature=hot\": distill.temperature: expected a number in [0.001, 1000], "
+            "override \"distill.temperature=hot\": distill.temperature: expected a number in "
+            "[0.001, 1000], "
             "got \"hot\"");
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temprature=2"}),
             "override \"distill.temprature=2\": distill.temprature: unknown key; did you mean "
@@ -259,11 +261,12 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
             "override \"distill=2\": distill: is a section; set one of its keys (see --help)");
   EXPECT_EQ(ErrorOf(kValidDistill, {"temperature"}),
             "override \"temperature\": expected key.path=value");
-  EXPECT_EQ(ErrorOf(kValidDistill, {"optim.betas=[0.9, 0.9"}).rfind(
-                "override \"optim.betas=[0.9, 0.9\": optim.betas: expected a list of two numbers "
-                "in [0, 1), got invalid YAML",
-                0),
-            0u);
+  EXPECT_EQ(
+      ErrorOf(kValidDistill, {"optim.betas=[0.9, 0.9"})
+          .rfind("override \"optim.betas=[0.9, 0.9\": optim.betas: expected a list of two numbers "
+                 "in [0, 1), got invalid YAML",
+                 0),
+      0u);
   // Cross-key errors point at the override that set the key.
   EXPECT_EQ(ErrorOf(kValidDistill, {"student.n_head=3"}),
             "(default): student.d_model: expected a multiple of student.n_head (3), got 64");

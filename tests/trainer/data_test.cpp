@@ -33,7 +33,8 @@ TEST(DataTest, BatchesAreDeterministicAndDistinct) {
   EXPECT_FALSE(at::equal(a->TrainBatch(0).inputs, a->ValBatch(0).inputs));
   DataConfig other = SmallData();
   other.seed += 1;
-  EXPECT_FALSE(at::equal(a->TrainBatch(0).inputs, MakeDataSource(other, 20, -100)->TrainBatch(0).inputs));
+  EXPECT_FALSE(
+      at::equal(a->TrainBatch(0).inputs, MakeDataSource(other, 20, -100)->TrainBatch(0).inputs));
 }
 
 TEST(DataTest, PaddingIsIgnoredAndCounted) {
@@ -50,8 +51,8 @@ TEST(DataTest, PaddingIsIgnoredAndCounted) {
     EXPECT_LE(lengths.max().item<int64_t>(), c.seq_len);
     EXPECT_TRUE(at::equal(real, at::arange(c.seq_len).unsqueeze(0).lt(lengths.unsqueeze(1))));
     // targets are the inputs shifted by one inside the real prefix.
-    const at::Tensor shifted_ok = batch.targets.slice(1, 0, -1).eq(batch.inputs.slice(1, 1)) |
-                                  real.slice(1, 1).logical_not();
+    const at::Tensor shifted_ok =
+        batch.targets.slice(1, 0, -1).eq(batch.inputs.slice(1, 1)) | real.slice(1, 1).logical_not();
     EXPECT_TRUE(shifted_ok.all().item<bool>());
     EXPECT_GE(batch.inputs.min().item<int64_t>(), 0);
     EXPECT_LT(batch.inputs.max().item<int64_t>(), 20);
@@ -114,7 +115,8 @@ TEST(DataTest, TextSourceIsByteLevelWithSplit) {
   EXPECT_LT(train.inputs.max().item<int64_t>(), 256);
   EXPECT_GE(train.inputs.max().item<int64_t>(), 128);  // UTF-8 bytes of é/ö do occur
   EXPECT_FALSE(data->EntropyFloor().has_value());
-  EXPECT_TRUE(at::equal(data->ValBatch(1).inputs, MakeDataSource(c, 256, -100)->ValBatch(1).inputs));
+  EXPECT_TRUE(
+      at::equal(data->ValBatch(1).inputs, MakeDataSource(c, 256, -100)->ValBatch(1).inputs));
 
   std::ofstream(path, std::ios::binary) << "too short";
   try {

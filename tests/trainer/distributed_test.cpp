@@ -40,10 +40,14 @@ std::string ErrorOf(F f) {
 }
 
 Env Torchrun(int rank, int world) {
-  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
-          {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", "29500"},
-          {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "0"}};
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+          {"TORCHELASTIC_RESTART_COUNT", "0"}};
 }
 
 TEST(DistributedEnvTest, WithoutWorldSizeItIsNotLaunched) {
@@ -99,7 +103,7 @@ TEST(DistributedEnvTest, ErrorsNameTheVariable) {
 }
 
 TEST(DistributedEnvTest, LaunchChecks) {
-  EXPECT_FALSE(NeedsProcessGroup(Parse({}), false, 0));   // no torchrun: plain process
+  EXPECT_FALSE(NeedsProcessGroup(Parse({}), false, 0));  // no torchrun: plain process
   EXPECT_FALSE(NeedsProcessGroup(Parse({}), true, 8));
   EXPECT_FALSE(NeedsProcessGroup(Parse(Torchrun(0, 1)), false, 0));  // world 1 on a CPU
   EXPECT_TRUE(NeedsProcessGroup(Parse(Torchrun(0, 1)), true, 1));    // world 1 through NCCL
@@ -135,8 +139,7 @@ TEST(DistributedShardTest, RanksTogetherSeeTheOneProcessBatch) {
     }
   }
   const std::string message = ErrorOf([] { RankMicroBatches(0, 3, 0, 2); });
-  EXPECT_NE(message.find("train.grad_accum=3 is not a multiple of WORLD_SIZE=2"),
-            std::string::npos)
+  EXPECT_NE(message.find("train.grad_accum=3 is not a multiple of WORLD_SIZE=2"), std::string::npos)
       << message;
 }
 
@@ -165,9 +168,12 @@ TEST(DistributedShardTest, EvalBatchesArePartitioned) {
 TEST(DistributedBucketTest, ConsecutiveSameDtypeUnderTheCap) {
   const auto f = at::TensorOptions().dtype(at::kFloat);
   // 4-byte floats: 10 + 10 + 30 + 5 elements, then a double, then 100 floats (over the cap).
-  const std::vector<at::Tensor> t = {at::zeros({10}, f),     at::zeros({2, 5}, f),
-                                     at::zeros({30}, f),     at::zeros({5}, f),
-                                     at::zeros({3}, f.dtype(at::kDouble)), at::zeros({100}, f),
+  const std::vector<at::Tensor> t = {at::zeros({10}, f),
+                                     at::zeros({2, 5}, f),
+                                     at::zeros({30}, f),
+                                     at::zeros({5}, f),
+                                     at::zeros({3}, f.dtype(at::kDouble)),
+                                     at::zeros({100}, f),
                                      at::zeros({1}, f)};
   const auto buckets = Buckets(t, 160);  // 40 floats
   const std::vector<std::vector<size_t>> expected = {{0, 1}, {2, 3}, {4}, {5}, {6}};
@@ -217,7 +223,8 @@ TEST(DistributedShardTest, RankGradientsSumToTheOneProcessGradient) {
   Trainer trainer(c, RunOptions{false, true});
   auto batches_of = [&](int rank, int world) {
     std::vector<Batch> batches;
-    for (int64_t i : RankMicroBatches(0, 4, rank, world)) batches.push_back(trainer.data().TrainBatch(i));
+    for (int64_t i : RankMicroBatches(0, 4, rank, world))
+      batches.push_back(trainer.data().TrainBatch(i));
     return batches;
   };
   auto& opt = trainer.optimizer();

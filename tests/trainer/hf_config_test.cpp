@@ -24,7 +24,9 @@ std::string TempDir(const std::string& suffix = "") {
   return testing::FreshTestDir("distill_hf_", suffix);
 }
 
-void WriteText(const std::string& path, const std::string& text) { testing::WriteBytes(path, text); }
+void WriteText(const std::string& path, const std::string& text) {
+  testing::WriteBytes(path, text);
+}
 
 // A directory holding `config` as config.json.
 std::string ConfigDir(const Json& config, const std::string& suffix = "") {

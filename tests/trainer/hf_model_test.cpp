@@ -33,8 +33,9 @@ using ::testing::HasSubstr;
 using testing::TempRunDir;
 
 const std::string kFixtures = DISTILL_FIXTURES_DIR;
-const std::vector<std::string> kFixtureNames = {"llama_gqa_rope3", "llama_untied_mha", "mistral",
-                                                "qwen2_teacher",   "qwen2_student",    "qwen3_qknorm"};
+const std::vector<std::string> kFixtureNames = {"llama_gqa_rope3", "llama_untied_mha",
+                                                "mistral",         "qwen2_teacher",
+                                                "qwen2_student",   "qwen3_qknorm"};
 
 std::string Fixture(const std::string& name) { return kFixtures + "/" + name; }
 
@@ -65,8 +66,8 @@ int TransformersCheck(const std::string& hf_dir, const std::string& check_file) 
 
 bool PythonHasTransformers() {
   if (std::string(LOSSFNS_PYTHON).empty()) return false;
-  const std::string cmd = fmt::format("'{}' -c 'import transformers, safetensors' >/dev/null 2>&1",
-                                      LOSSFNS_PYTHON);
+  const std::string cmd =
+      fmt::format("'{}' -c 'import transformers, safetensors' >/dev/null 2>&1", LOSSFNS_PYTHON);
   return std::system(cmd.c_str()) == 0;
 }
 
@@ -141,7 +142,8 @@ TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
     SafetensorsFile expected(Fixture(name) + "/expected.safetensors");
     const at::Tensor ids = expected.Tensor("input_ids", at::kLong);
     torch::NoGradGuard no_grad;
-    WriteSafetensors(out + "-check.safetensors", {{"input_ids", ids}, {"logits", model->forward(ids)}});
+    WriteSafetensors(out + "-check.safetensors",
+                     {{"input_ids", ids}, {"logits", model->forward(ids)}});
     EXPECT_EQ(TransformersCheck(out, out + "-check.safetensors"), 0);
   }
   if (!python) GTEST_SKIP() << "no python with transformers (LOSSFNS_PYTHON): C++ round trip only";
@@ -259,7 +261,8 @@ TEST(SmolLM2, LogitsMatchTransformersOnRealText) {
   data_config.data.path = SmolDir() + "/shakespeare/val_*.bin";
   data_config.data.batch_size = 1;
   data_config.data.seq_len = 48;
-  const at::Tensor ids = MakeDataSource(data_config.data, config.vocab_size, -100)->ValBatch(3).inputs;
+  const at::Tensor ids =
+      MakeDataSource(data_config.data, config.vocab_size, -100)->ValBatch(3).inputs;
   torch::NoGradGuard no_grad;
   const std::string check = TempRunDir() + "-check.safetensors";
   WriteSafetensors(check, {{"input_ids", ids}, {"logits", model->forward(ids)}});
@@ -288,7 +291,8 @@ TEST(SmolLM2, TwoStepDistillationOnShakespeareRunsAndExports) {
   student->eval();
   torch::NoGradGuard no_grad;
   const at::Tensor ids = at::randint(0, 49152, {2, 24}, at::kLong);
-  WriteSafetensors(out + "-check.safetensors", {{"input_ids", ids}, {"logits", student->forward(ids)}});
+  WriteSafetensors(out + "-check.safetensors",
+                   {{"input_ids", ids}, {"logits", student->forward(ids)}});
   EXPECT_EQ(TransformersCheck(out + "/hf", out + "-check.safetensors"), 0);
   // And `distill_trainer export` writes the same model to a new directory.
   const std::string exported = out + "-exported";

@@ -79,8 +79,8 @@ TEST(ResumeTest, HalfResumeHalfIsBitIdentical) {
   other.train.out_dir += "-seed1";
   Trainer different(other, RunOptions{false, true});
   different.TrainUntil(8);
-  EXPECT_FALSE(at::equal(different.student().lm_head_weight(),
-                         straight.student().lm_head_weight()));
+  EXPECT_FALSE(
+      at::equal(different.student().lm_head_weight(), straight.student().lm_head_weight()));
 }
 
 // elapsed_s counts the run's training time over every attempt: a resumed run goes on from the
@@ -139,13 +139,13 @@ TEST(ResumeTest, MetricsRecordsHaveEveryField) {
     std::vector<std::string> fields;
     if (line.find("\"type\":\"train\"") != std::string::npos) {
       ++train_records;
-      fields = {"step", "loss", "kd_loss", "ce_loss", "lr", "grad_norm", "tokens_per_s",
-                "elapsed_s"};
+      fields = {"step", "loss",      "kd_loss",      "ce_loss",
+                "lr",   "grad_norm", "tokens_per_s", "elapsed_s"};
     } else {
       ASSERT_NE(line.find("\"type\":\"eval\""), std::string::npos) << line;
       ++eval_records;
-      fields = {"step", "val_loss", "val_ppl", "teacher_val_loss", "teacher_val_ppl", "val_kd",
-                "entropy_floor", "elapsed_s"};
+      fields = {"step",   "val_loss",      "val_ppl",  "teacher_val_loss", "teacher_val_ppl",
+                "val_kd", "entropy_floor", "elapsed_s"};
     }
     for (const auto& f : fields) {
       EXPECT_NE(line.find("\"" + f + "\":"), std::string::npos) << f << " in " << line;
@@ -301,7 +301,8 @@ TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
       ADD_FAILURE() << "a checkpoint larger than the file-size limit was written";
     } catch (const FileError& e) {
       const std::string message = e.what();
-      EXPECT_NE(message.find("cannot write " + CheckpointPath(c.train.out_dir, 3) + ": File too "
+      EXPECT_NE(message.find("cannot write " + CheckpointPath(c.train.out_dir, 3) +
+                             ": File too "
                              "large"),
                 std::string::npos)
           << message;
@@ -312,9 +313,8 @@ TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
   EXPECT_EQ(Names(c.train.out_dir + "/checkpoints"), std::vector<std::string>{"step_0000002.pt"});
   EXPECT_EQ(ReadAll(good), good_bytes);
   EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml"), config_before);
-  EXPECT_EQ(Names(c.train.out_dir),
-            (std::vector<std::string>{".distill_run", "checkpoints", "config.yaml",
-                                      "metrics.jsonl"}));
+  EXPECT_EQ(Names(c.train.out_dir), (std::vector<std::string>{".distill_run", "checkpoints",
+                                                              "config.yaml", "metrics.jsonl"}));
   // The space is back: the same trainer checkpoints and finishes, and a resume continues.
   trainer.TrainUntil(4);
   EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 4);
@@ -342,7 +342,8 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   // A crash after step 5's record and in the middle of step 6's.
   std::ofstream(path, std::ios::app) << "{\"type\":\"train\",\"step\":5,\"loss\":1}\n"
                                      << "{\"type\":\"train\",\"step\":6,\"lo";
-  struct stat before{}, after{};
+  struct stat before {
+  }, after{};
   ASSERT_EQ(stat(path.c_str(), &before), 0);
   Trainer resumed(c, RunOptions{false, true});
   ASSERT_EQ(resumed.step(), 4);
@@ -365,7 +366,8 @@ TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
   c.teacher.pretrain_steps = 2;
   c.data.source = "text";
   c.data.path = c.train.out_dir + "-missing.txt";
-  for (ModelConfig* m : {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
+  for (ModelConfig* m :
+       {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
     m->vocab_size = 256;
   }
   ASSERT_TRUE(IsPipeline(c));

@@ -15,12 +15,13 @@ namespace distill::testing {
 // what earlier runs of the test left there, including the derived "<dir>-*" run directories.
 inline std::string TempRunDir(const std::string& suffix = "") {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = std::string("distill_test_") + info->test_suite_name() + "_" +
-                           info->name() + suffix;
+  const std::string name =
+      std::string("distill_test_") + info->test_suite_name() + "_" + info->name() + suffix;
   const auto root = std::filesystem::temp_directory_path();
   for (const auto& entry : std::filesystem::directory_iterator(root)) {
     const std::string entry_name = entry.path().filename().string();
-    if (entry_name == name || entry_name.rfind(name + "-", 0) == 0) RemoveTree(entry.path().string());
+    if (entry_name == name || entry_name.rfind(name + "-", 0) == 0)
+      RemoveTree(entry.path().string());
   }
   return (root / name).string();
 }
@@ -29,7 +30,8 @@ inline std::string TempRunDir(const std::string& suffix = "") {
 // to 32, variable sequence lengths so that micro-batches hold different token counts.
 inline Config TinyConfig(const std::string& out_dir) {
   Config c;
-  for (ModelConfig* m : {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
+  for (ModelConfig* m :
+       {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
     m->vocab_size = 24;
     m->pad_vocab_to_multiple_of = 32;
     m->context_length = 16;

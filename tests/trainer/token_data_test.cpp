@@ -108,7 +108,9 @@ TEST(TokenDataTest, ShardsReadBackExactly) {
   // An empty shard is valid: header only.
   WriteTokenShard(dir + "/empty.bin", {}, false);
   EXPECT_EQ(TokenShard(dir + "/empty.bin").num_tokens(), 0);
-  EXPECT_THAT(ErrorOf([&] { WriteTokenShard(dir + "/bad.bin", {1, 70000}, false); }),
+  EXPECT_THAT(ErrorOf([&] {
+                WriteTokenShard(dir + "/bad.bin", {1, 70000}, false);
+              }),
               HasSubstr("bad.bin: token 1 is 70000, too large for a uint16 shard"));
 }
 
@@ -169,7 +171,8 @@ void CheckWindows(const Layout& l) {
   }
   EXPECT_EQ(source->Describe(),
             std::string("llm.c token shards: 3 train files (1.3k tokens), validation the last 20% "
-                        "of them (316 tokens), ") + (l.uint32_tokens ? "uint32" : "uint16"));
+                        "of them (316 tokens), ") +
+                (l.uint32_tokens ? "uint32" : "uint16"));
   EXPECT_FALSE(source->EntropyFloor().has_value());
 }
 
@@ -192,8 +195,7 @@ TEST(TokenDataTest, HeldOutTailMaySpanShards) {
     const Batch batch = source->TrainBatch(index);
     for (int64_t b = 0; b < c.batch_size; ++b) {
       const int64_t first = batch.inputs[b][0].item<int64_t>();
-      EXPECT_TRUE(first + c.seq_len < 100 || (first >= 1000 && first + c.seq_len < 1080))
-          << first;
+      EXPECT_TRUE(first + c.seq_len < 100 || (first >= 1000 && first + c.seq_len < 1080)) << first;
     }
   }
   // Shard 2 (20 tokens) holds one validation window; shard 1's tail (100 tokens) six.
@@ -227,8 +229,8 @@ TEST(TokenDataTest, BatchesAreDeterministicAndDistinct) {
   EXPECT_TRUE(
       at::equal(a->ValBatch(1).inputs, MakeTokenShardSource(other, 1000)->ValBatch(1).inputs));
   // MakeDataSource routes data.source "tokens" here.
-  EXPECT_TRUE(at::equal(MakeDataSource(c, 1000, -100)->TrainBatch(3).inputs,
-                        a->TrainBatch(3).inputs));
+  EXPECT_TRUE(
+      at::equal(MakeDataSource(c, 1000, -100)->TrainBatch(3).inputs, a->TrainBatch(3).inputs));
 }
 
 TEST(TokenDataTest, ValidationFromValPath) {

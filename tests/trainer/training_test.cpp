@@ -137,7 +137,8 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
 
     const at::Tensor logits = trainer.student().forward(batch.inputs);
     ASSERT_EQ(logits.size(-1), 32);
-    EXPECT_TRUE(logits.slice(-1, 24).eq(-std::numeric_limits<float>::infinity()).all().item<bool>());
+    EXPECT_TRUE(
+        logits.slice(-1, 24).eq(-std::numeric_limits<float>::infinity()).all().item<bool>());
     EXPECT_TRUE(at::softmax(logits, -1).slice(-1, 24).eq(0).all().item<bool>());
 
     trainer.optimizer().zero_grad(true);
@@ -232,8 +233,8 @@ TEST(TrainingTest, LearningRateSchedule) {
   c.schedule.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(LearningRate(c, 0), 0.5);
   EXPECT_DOUBLE_EQ(LearningRate(c, 1), 1.0);
-  EXPECT_DOUBLE_EQ(LearningRate(c, 2), 1.0);    // decay starts at the peak
-  EXPECT_DOUBLE_EQ(LearningRate(c, 11), 0.1);   // and ends at min_lr on the last step
+  EXPECT_DOUBLE_EQ(LearningRate(c, 2), 1.0);   // decay starts at the peak
+  EXPECT_DOUBLE_EQ(LearningRate(c, 11), 0.1);  // and ends at min_lr on the last step
   EXPECT_NEAR(LearningRate(c, 6), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 4 / 9)), 1e-15);
   c.schedule.kind = ScheduleKind::kLinear;
   EXPECT_DOUBLE_EQ(LearningRate(c, 11), 0.1);

@@ -1,9 +1,9 @@
 #include "distill/checkpoint.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <filesystem>
 #include <stdexcept>
 #include <vector>
 
@@ -46,9 +46,10 @@ void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& 
   archive.read("architecture", saved);
   const std::string expected = ArchitectureString(model.config());
   if (saved.toStringRef() != expected) {
-    throw std::runtime_error(fmt::format("{}: the checkpoint's model ({}) differs from the "
-                                         "configured one ({})",
-                                         path, saved.toStringRef(), expected));
+    throw std::runtime_error(
+        fmt::format("{}: the checkpoint's model ({}) differs from the "
+                    "configured one ({})",
+                    path, saved.toStringRef(), expected));
   }
 }
 
@@ -66,13 +67,13 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
   if (bytes->compare(0, 2, "PK") == 0) return "";  // written before checksums: unverified
   if (bytes->size() < kHeaderSize || bytes->compare(0, kMagicSize, kMagic) != 0 ||
       (*bytes)[kHeaderSize - 1] != '\n') {
-    throw CorruptCheckpointError(fmt::format(
-        "{}: not a distill_trainer checkpoint (no DISTILL-CKPT-1 header; {} bytes)", path,
-        bytes->size()));
+    throw CorruptCheckpointError(
+        fmt::format("{}: not a distill_trainer checkpoint (no DISTILL-CKPT-1 header; {} bytes)",
+                    path, bytes->size()));
   }
   const std::string stored = bytes->substr(kMagicSize, 16);
-  const std::string computed = fmt::format(
-      "{:016x}", Fnv1a64(bytes->data() + kHeaderSize, bytes->size() - kHeaderSize));
+  const std::string computed =
+      fmt::format("{:016x}", Fnv1a64(bytes->data() + kHeaderSize, bytes->size() - kHeaderSize));
   if (stored != computed) {
     throw CorruptCheckpointError(fmt::format(
         "{}: checksum mismatch (stored {}, computed {}): the file is corrupt or truncated", path,
@@ -159,8 +160,8 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   std::error_code error;
   fs::create_directories(fs::path(path).parent_path(), error);
   if (error) {
-    throw FileError(fmt::format("cannot write {}: cannot create its directory: {}", path,
-                                error.message()));
+    throw FileError(
+        fmt::format("cannot write {}: cannot create its directory: {}", path, error.message()));
   }
   WriteFileAtomically(path, bytes);
 }
@@ -206,9 +207,8 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
   if (fs::is_directory(path)) {
     auto latest = LatestCheckpoint(path);
     if (!latest) {
-      throw std::runtime_error(
-          fmt::format("teacher.checkpoint: \"{}\" is a directory without checkpoints/step_*.pt",
-                      path));
+      throw std::runtime_error(fmt::format(
+          "teacher.checkpoint: \"{}\" is a directory without checkpoints/step_*.pt", path));
     }
     file = *latest;
   } else if (!fs::exists(path)) {
@@ -225,12 +225,9 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
   return file;
 }
 
-std::optional<TrainingPosition> LoadLatestGoodCheckpoint(const std::string& run_dir,
-                                                         CausalLM& model,
-                                                         torch::optim::Optimizer& optimizer,
-                                                         const at::Device& device,
-                                                         const std::string& run_identity,
-                                                         std::vector<std::string>* warnings) {
+std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
+    const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
+    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings) {
   const std::vector<fs::path> files = CheckpointFiles(run_dir);
   std::vector<std::string> failures;
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
@@ -238,9 +235,8 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(const std::string& run_
       const TrainingPosition position =
           LoadCheckpoint(it->string(), model, optimizer, device, run_identity);
       for (const auto& failure : failures) {
-        warnings->push_back(
-            fmt::format("warning: {}; resuming from the previous checkpoint, {}", failure,
-                        it->string()));
+        warnings->push_back(fmt::format("warning: {}; resuming from the previous checkpoint, {}",
+                                        failure, it->string()));
       }
       return position;
     } catch (const CorruptCheckpointError& e) {

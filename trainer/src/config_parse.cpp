@@ -41,10 +41,14 @@ bool IsSection(const std::string& path) {
 
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar: return fmt::format("\"{}\"", node.Scalar());
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    default: return "nothing";
+    case YAML::NodeType::Scalar:
+      return fmt::format("\"{}\"", node.Scalar());
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "nothing";
   }
 }
 
@@ -80,13 +84,12 @@ std::string Suggestion(const std::string& path) {
   return best.empty() ? "" : fmt::format("; did you mean \"{}\"?", best);
 }
 
-[[noreturn]] void Fail(const std::string& where, const std::string& path,
-                       const std::string& what) {
+[[noreturn]] void Fail(const std::string& where, const std::string& path, const std::string& what) {
   throw ConfigError(fmt::format("{}: {}: {}", where, path, what));
 }
 
-void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& where,
-            Config& config, Locations& locations) {
+void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& where, Config& config,
+            Locations& locations) {
   if (!key.set(value, config)) {
     Fail(where, key.path, fmt::format("expected {}, got {}", key.expected, Describe(value)));
   }
@@ -99,9 +102,9 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
   for (const auto& item : map) {
     const std::string where_key = fmt::format("{}:{}", source, item.first.Mark().line + 1);
     // A null value's mark points past it (at the next token): report the key's line instead.
-    const std::string where_value =
-        item.second.IsNull() ? where_key
-                             : fmt::format("{}:{}", source, item.second.Mark().line + 1);
+    const std::string where_value = item.second.IsNull()
+                                        ? where_key
+                                        : fmt::format("{}:{}", source, item.second.Mark().line + 1);
     if (!item.first.IsScalar()) {
       Fail(where_key, prefix.empty() ? "<root>" : prefix, "expected key names, got a complex key");
     }
@@ -160,8 +163,7 @@ std::vector<std::string> ArchitectureKeys() {
   for (const auto& k : Keys()) {
     if (k.path.rfind(prefix, 0) != 0) continue;
     const std::string name = k.path.substr(prefix.size());
-    if (name != "hf_dir" && name != "dropout" && name != "checkpoint" &&
-        name != "pretrain_steps") {
+    if (name != "hf_dir" && name != "dropout" && name != "checkpoint" && name != "pretrain_steps") {
       names.push_back(name);
     }
   }
@@ -220,8 +222,9 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                                             name, m.n_head, m.d_model));
       }
       if (m.head_size() % 2 != 0) {
-        fail(name + ".head_dim",
-             fmt::format("expected an even head width (RoPE rotates pairs), got {}", m.head_size()));
+        fail(
+            name + ".head_dim",
+            fmt::format("expected an even head width (RoPE rotates pairs), got {}", m.head_size()));
       }
       if (m.rope_scaling.type == "llama3" &&
           m.rope_scaling.high_freq_factor <= m.rope_scaling.low_freq_factor) {
@@ -230,8 +233,9 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                          m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor));
       }
     } else if (!m.hf_dir.empty()) {
-      fail(name + ".family", "expected llama (hf_dir is set: Hugging Face models are llama-family), "
-                             "got \"gpt\"");
+      fail(name + ".family",
+           "expected llama (hf_dir is set: Hugging Face models are llama-family), "
+           "got \"gpt\"");
     } else if (m.d_model % m.n_head != 0) {
       fail(name + ".d_model",
            fmt::format("expected a multiple of {}.n_head ({}), got {}", name, m.n_head, m.d_model));
@@ -272,9 +276,8 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                      (int64_t{1} << 40) / micro_tokens, micro_tokens, c.train.grad_accum));
   }
   if (c.data.min_seq_len > c.data.seq_len) {
-    fail("data.min_seq_len",
-         fmt::format("expected at most data.seq_len ({}), got {}", c.data.seq_len,
-                     c.data.min_seq_len));
+    fail("data.min_seq_len", fmt::format("expected at most data.seq_len ({}), got {}",
+                                         c.data.seq_len, c.data.min_seq_len));
   }
   if (c.data.source != "synthetic" && c.data.path.empty()) {
     fail("data.path", fmt::format("expected a {} (data.source is {}), got \"\"",
@@ -303,7 +306,8 @@ void CheckCrossKey(const Config& c, const Locations& at) {
          "expected a checkpoint file or run directory in distill mode (or teacher.hf_dir, or "
          "teacher.pretrain_steps > 0 to pretrain one first), got \"\"");
   }
-  if (!c.teacher.hf_dir.empty() && (!c.teacher.checkpoint.empty() || c.teacher.pretrain_steps > 0)) {
+  if (!c.teacher.hf_dir.empty() &&
+      (!c.teacher.checkpoint.empty() || c.teacher.pretrain_steps > 0)) {
     fail(c.teacher.checkpoint.empty() ? "teacher.pretrain_steps" : "teacher.checkpoint",
          "expected no other teacher source when teacher.hf_dir is set (the weights come from it)");
   }
@@ -318,9 +322,8 @@ void CheckCrossKey(const Config& c, const Locations& at) {
     for (const auto& [name, m] : {std::pair<std::string, const ModelConfig&>{"student", c.student},
                                   {"teacher", c.teacher}}) {
       if (c.distill.vocab_size > m.vocab_size) {
-        fail("distill.vocab_size",
-             fmt::format("expected at most {}.vocab_size ({}), got {}", name, m.vocab_size,
-                         c.distill.vocab_size));
+        fail("distill.vocab_size", fmt::format("expected at most {}.vocab_size ({}), got {}", name,
+                                               m.vocab_size, c.distill.vocab_size));
       }
     }
   } else if (c.teacher.vocab_size != c.student.vocab_size) {
@@ -395,9 +398,10 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
   if (root.IsMap()) {
     ApplyMap(root, "", source_name, config, locations);
   } else if (!root.IsNull()) {
-    throw ConfigError(fmt::format("{}:{}: expected a mapping of sections (student, teacher, data, "
-                                  "distill, optim, schedule, train), got {}",
-                                  source_name, root.Mark().line + 1, Describe(root)));
+    throw ConfigError(
+        fmt::format("{}:{}: expected a mapping of sections (student, teacher, data, "
+                    "distill, optim, schedule, train), got {}",
+                    source_name, root.Mark().line + 1, Describe(root)));
   }
   for (const auto& text : overrides) ApplyOverride(text, config, locations);
   // Self-distillation from a Hugging Face teacher: the student starts from the same directory.

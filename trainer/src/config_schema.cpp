@@ -82,15 +82,15 @@ std::optional<T> Convert(const YAML::Node& node) {
     }
     return std::nullopt;
   } else {
-  try {
-    T value = node.as<T>();
-    if constexpr (std::is_floating_point_v<T>) {
-      if (!std::isfinite(value)) return std::nullopt;
+    try {
+      T value = node.as<T>();
+      if constexpr (std::is_floating_point_v<T>) {
+        if (!std::isfinite(value)) return std::nullopt;
+      }
+      return value;
+    } catch (const YAML::Exception&) {
+      return std::nullopt;
     }
-    return value;
-  } catch (const YAML::Exception&) {
-    return std::nullopt;
-  }
   }
 }
 template <>
@@ -129,11 +129,21 @@ std::string ToYaml(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
@@ -168,200 +178,278 @@ void Add(std::vector<KeyDecl>& keys, std::string path, Access access, Rule<T> ru
 template <typename Model>
 void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model model) {
   auto key = [&](const char* name) { return section + "." + name; };
-  Add(keys, key("family"), [=](auto& c) -> auto& { return model(c).family; }, OneOfEnum<ModelFamily>(),
+  Add(
+      keys, key("family"), [=](auto& c) -> auto& { return model(c).family; },
+      OneOfEnum<ModelFamily>(),
       "gpt: the quickstart's GPT-style model; llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 decoders.");
-  Add(keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
+  Add(
+      keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
       "A Hugging Face model directory (config.json + safetensors): architecture and weights "
       "come from it (family llama); keys set here must agree with its config.json.");
-  Add(keys, key("vocab_size"), [=](auto& c) -> auto& { return model(c).vocab_size; },
+  Add(
+      keys, key("vocab_size"), [=](auto& c) -> auto& { return model(c).vocab_size; },
       IntIn(2, int64_t{1} << 31), "Real vocabulary size; data tokens are in [0, vocab_size).");
-  Add(keys, key("pad_vocab_to_multiple_of"),
+  Add(
+      keys, key("pad_vocab_to_multiple_of"),
       [=](auto& c) -> auto& { return model(c).pad_vocab_to_multiple_of; },
       IntIn(1, int64_t{1} << 20),
       "Round the embedding/lm_head rows up to a multiple of this; padded logits are -inf.");
-  Add(keys, key("context_length"), [=](auto& c) -> auto& { return model(c).context_length; },
+  Add(
+      keys, key("context_length"), [=](auto& c) -> auto& { return model(c).context_length; },
       IntIn(1, int64_t{1} << 24),
       "Longest input sequence (gpt: learned positions; llama: max_position_embeddings).");
-  Add(keys, key("n_layer"), [=](auto& c) -> auto& { return model(c).n_layer; }, IntIn(1, 4096),
+  Add(
+      keys, key("n_layer"), [=](auto& c) -> auto& { return model(c).n_layer; }, IntIn(1, 4096),
       "Transformer blocks.");
-  Add(keys, key("n_head"), [=](auto& c) -> auto& { return model(c).n_head; }, IntIn(1, 4096),
+  Add(
+      keys, key("n_head"), [=](auto& c) -> auto& { return model(c).n_head; }, IntIn(1, 4096),
       "Attention (query) heads per block; gpt: must divide d_model.");
-  Add(keys, key("d_model"), [=](auto& c) -> auto& { return model(c).d_model; },
+  Add(
+      keys, key("d_model"), [=](auto& c) -> auto& { return model(c).d_model; },
       IntIn(1, int64_t{1} << 20), "Width of the residual stream (HF: hidden_size).");
-  Add(keys, key("mlp_ratio"), [=](auto& c) -> auto& { return model(c).mlp_ratio; },
+  Add(
+      keys, key("mlp_ratio"), [=](auto& c) -> auto& { return model(c).mlp_ratio; },
       NumberStrictlyIn(0, 1024),
       "MLP hidden width = round(mlp_ratio * d_model) (llama: unless intermediate_size is set).");
-  Add(keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
+  Add(
+      keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
       NumberIn(0, 1, true), "Dropout on attention, MLP and embeddings while training.");
-  Add(keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
+  Add(
+      keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
       Bool(), "lm_head shares the token embedding matrix.");
-  Add(keys, key("n_kv_head"), [=](auto& c) -> auto& { return model(c).n_kv_head; },
-      IntIn(0, 4096), "llama: key/value heads (grouped-query attention); 0: n_head.");
-  Add(keys, key("head_dim"), [=](auto& c) -> auto& { return model(c).head_dim; },
-      IntIn(0, 65536), "llama: width of one attention head; 0: d_model / n_head.");
-  Add(keys, key("intermediate_size"), [=](auto& c) -> auto& { return model(c).intermediate_size; },
+  Add(
+      keys, key("n_kv_head"), [=](auto& c) -> auto& { return model(c).n_kv_head; }, IntIn(0, 4096),
+      "llama: key/value heads (grouped-query attention); 0: n_head.");
+  Add(
+      keys, key("head_dim"), [=](auto& c) -> auto& { return model(c).head_dim; }, IntIn(0, 65536),
+      "llama: width of one attention head; 0: d_model / n_head.");
+  Add(
+      keys, key("intermediate_size"), [=](auto& c) -> auto& { return model(c).intermediate_size; },
       IntIn(0, int64_t{1} << 22), "llama: SwiGLU hidden width; 0: round(mlp_ratio * d_model).");
-  Add(keys, key("norm_eps"), [=](auto& c) -> auto& { return model(c).norm_eps; },
+  Add(
+      keys, key("norm_eps"), [=](auto& c) -> auto& { return model(c).norm_eps; },
       NumberStrictlyIn(0, 1), "llama: RMSNorm epsilon (HF: rms_norm_eps).");
-  Add(keys, key("rope_theta"), [=](auto& c) -> auto& { return model(c).rope_theta; },
+  Add(
+      keys, key("rope_theta"), [=](auto& c) -> auto& { return model(c).rope_theta; },
       NumberStrictlyIn(1, 1e12), "llama: RoPE base.");
-  Add(keys, key("rope_scaling.type"), [=](auto& c) -> auto& { return model(c).rope_scaling.type; },
+  Add(
+      keys, key("rope_scaling.type"), [=](auto& c) -> auto& { return model(c).rope_scaling.type; },
       OneOf({"", "llama3"}), "llama: RoPE frequency scaling (\"\": none; llama3).");
-  Add(keys, key("rope_scaling.factor"),
-      [=](auto& c) -> auto& { return model(c).rope_scaling.factor; }, NumberStrictlyIn(0, 1e6),
-      "llama3 scaling: factor.");
-  Add(keys, key("rope_scaling.low_freq_factor"),
+  Add(
+      keys,
+      key("rope_scaling.factor"), [=](auto& c) -> auto& { return model(c).rope_scaling.factor; },
+      NumberStrictlyIn(0, 1e6), "llama3 scaling: factor.");
+  Add(
+      keys, key("rope_scaling.low_freq_factor"),
       [=](auto& c) -> auto& { return model(c).rope_scaling.low_freq_factor; },
       NumberStrictlyIn(0, 1e6), "llama3 scaling: low_freq_factor.");
-  Add(keys, key("rope_scaling.high_freq_factor"),
+  Add(
+      keys, key("rope_scaling.high_freq_factor"),
       [=](auto& c) -> auto& { return model(c).rope_scaling.high_freq_factor; },
       NumberStrictlyIn(0, 1e6), "llama3 scaling: high_freq_factor (> low_freq_factor).");
-  Add(keys, key("rope_scaling.original_max_position_embeddings"),
+  Add(
+      keys, key("rope_scaling.original_max_position_embeddings"),
       [=](auto& c) -> auto& { return model(c).rope_scaling.original_max_position_embeddings; },
       IntIn(1, int64_t{1} << 24), "llama3 scaling: the pretraining context length.");
-  Add(keys, key("attention_bias"), [=](auto& c) -> auto& { return model(c).attention_bias; },
+  Add(
+      keys, key("attention_bias"), [=](auto& c) -> auto& { return model(c).attention_bias; },
       Bool(), "llama: biases on the q, k, v projections (Qwen2: true).");
-  Add(keys, key("attention_out_bias"),
-      [=](auto& c) -> auto& { return model(c).attention_out_bias; }, Bool(),
-      "llama: bias on the attention output projection.");
-  Add(keys, key("mlp_bias"), [=](auto& c) -> auto& { return model(c).mlp_bias; }, Bool(),
+  Add(
+      keys,
+      key("attention_out_bias"), [=](auto& c) -> auto& { return model(c).attention_out_bias; },
+      Bool(), "llama: bias on the attention output projection.");
+  Add(
+      keys, key("mlp_bias"), [=](auto& c) -> auto& { return model(c).mlp_bias; }, Bool(),
       "llama: biases on the MLP projections.");
-  Add(keys, key("qk_norm"), [=](auto& c) -> auto& { return model(c).qk_norm; }, Bool(),
+  Add(
+      keys, key("qk_norm"), [=](auto& c) -> auto& { return model(c).qk_norm; }, Bool(),
       "llama: RMSNorm of every query and key head before RoPE (Qwen3).");
-  Add(keys, key("hf_model_type"), [=](auto& c) -> auto& { return model(c).hf_model_type; },
+  Add(
+      keys, key("hf_model_type"), [=](auto& c) -> auto& { return model(c).hf_model_type; },
       OneOf({"llama", "mistral", "qwen2", "qwen3"}),
       "llama: the config.json model_type written when the model is exported.");
 }
 
 std::vector<KeyDecl> Declare() {
   std::vector<KeyDecl> k;
-  AddModelKeys(k, "student", [](auto& c) -> auto& { return c.student; });
-  Add(k, "student.init_from_teacher", [](auto& c) -> auto& { return c.student.init_from_teacher; },
+  AddModelKeys(
+      k, "student", [](auto& c) -> auto& { return c.student; });
+  Add(
+      k, "student.init_from_teacher", [](auto& c) -> auto& { return c.student.init_from_teacher; },
       Bool(), "Self-distillation: start the student as an exact copy of the teacher.");
-  AddModelKeys(k, "teacher", [](auto& c) -> auto& { return c.teacher; });
-  Add(k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, AnyString(),
+  AddModelKeys(
+      k, "teacher", [](auto& c) -> auto& { return c.teacher; });
+  Add(
+      k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, AnyString(),
       "Teacher weights: a checkpoint file, or a run directory (its latest checkpoint).");
-  Add(k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
+  Add(
+      k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
       IntAtLeast(0),
       "Without a checkpoint: pretrain the teacher this many steps into <out_dir>/teacher first.");
 
-  Add(k, "data.source", [](auto& c) -> auto& { return c.data.source; },
+  Add(
+      k, "data.source", [](auto& c) -> auto& { return c.data.source; },
       OneOf({"synthetic", "text", "tokens"}),
       "synthetic: seeded Markov language with a known entropy floor; text: bytes of data.path; "
       "tokens: llm.c token shards.");
-  Add(k, "data.path", [](auto& c) -> auto& { return c.data.path; }, AnyString(),
+  Add(
+      k, "data.path", [](auto& c) -> auto& { return c.data.path; }, AnyString(),
       "text: the UTF-8 file to train on (byte-level tokens, vocab_size 256); tokens: a glob of "
       "llm.c .bin shards (training).");
-  Add(k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, AnyString(),
+  Add(
+      k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, AnyString(),
       "tokens: a glob of validation shards; empty: the last val_fraction of data.path's tokens.");
-  Add(k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
-      NumberStrictlyIn(0, 1), "text, tokens: the last fraction of the data is the validation split.");
-  Add(k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
-      IntIn(1, int64_t{1} << 20),
-      "Sequences per micro-batch.");
-  Add(k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; },
+  Add(
+      k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
+      NumberStrictlyIn(0, 1),
+      "text, tokens: the last fraction of the data is the validation split.");
+  Add(
+      k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
+      IntIn(1, int64_t{1} << 20), "Sequences per micro-batch.");
+  Add(
+      k, "data.seq_len", [](auto& c) -> auto& { return c.data.seq_len; },
       IntIn(1, int64_t{1} << 24),
       "Tokens predicted per sequence; at most the models' context_length.");
-  Add(k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; },
+  Add(
+      k, "data.min_seq_len", [](auto& c) -> auto& { return c.data.min_seq_len; },
       IntIn(1, int64_t{1} << 24),
       "synthetic: lengths are uniform in [min_seq_len, seq_len]; the rest is ignored padding.");
-  Add(k, "data.seed", [](auto& c) -> auto& { return c.data.seed; }, AnyInt(),
+  Add(
+      k, "data.seed", [](auto& c) -> auto& { return c.data.seed; }, AnyInt(),
       "Seed of the data (language, batches, split); batches depend only on seed and position.");
-  Add(k, "data.synthetic.order", [](auto& c) -> auto& { return c.data.synthetic.order; },
+  Add(
+      k, "data.synthetic.order", [](auto& c) -> auto& { return c.data.synthetic.order; },
       IntAtLeast(1), "Tokens of context that determine the next token's distribution.");
-  Add(k, "data.synthetic.branching", [](auto& c) -> auto& { return c.data.synthetic.branching; },
+  Add(
+      k, "data.synthetic.branching", [](auto& c) -> auto& { return c.data.synthetic.branching; },
       IntIn(1, 64), "Distinct possible successors of every context (<= vocab_size).");
-  Add(k, "data.synthetic.zipf", [](auto& c) -> auto& { return c.data.synthetic.zipf; },
+  Add(
+      k, "data.synthetic.zipf", [](auto& c) -> auto& { return c.data.synthetic.zipf; },
       NumberAtLeast(0), "Successor r has probability proportional to r^-zipf (0: uniform).");
 
-  Add(k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
+  Add(
+      k, "distill.divergence", [](auto& c) -> auto& { return c.distill.divergence; },
       OneOfEnum<Divergence>(),
-      "Divergence between student and teacher distributions, from the logits (lossfns::distill_loss; "
+      "Divergence between student and teacher distributions, from the logits "
+      "(lossfns::distill_loss; "
       "docs/distill.md).");
-  Add(k, "distill.jsd_beta", [](auto& c) -> auto& { return c.distill.jsd_beta; }, NumberIn(0, 1, false),
+  Add(
+      k, "distill.jsd_beta", [](auto& c) -> auto& { return c.distill.jsd_beta; },
+      NumberIn(0, 1, false),
       "JSD's mixture weight beta (divergence jsd): beta*KL(q‖m) + (1-beta)*KL(p‖m), m = beta*q + "
       "(1-beta)*p; 0 is forward_kl, 1 is reverse_kl.");
-  Add(k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
+  Add(
+      k, "distill.temperature", [](auto& c) -> auto& { return c.distill.temperature; },
       // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
       // differences from the row max underflows to 0 cleanly); 1e3 flattens any such logits to
       // uniform already, so larger values only hide a typo.
       NumberIn(1e-3, 1e3, false), "Both models' logits are divided by this before the softmax.");
-  Add(k, "distill.kd_weight", [](auto& c) -> auto& { return c.distill.kd_weight; },
+  Add(
+      k, "distill.kd_weight", [](auto& c) -> auto& { return c.distill.kd_weight; },
       NumberIn(0, 1e6, false), "Weight of the divergence term.");
-  Add(k, "distill.ce_weight", [](auto& c) -> auto& { return c.distill.ce_weight; },
+  Add(
+      k, "distill.ce_weight", [](auto& c) -> auto& { return c.distill.ce_weight; },
       NumberIn(0, 1e6, false), "Weight of the hard-label cross-entropy term.");
-  Add(k, "distill.ignore_index", [](auto& c) -> auto& { return c.distill.ignore_index; }, AnyInt(),
+  Add(
+      k, "distill.ignore_index", [](auto& c) -> auto& { return c.distill.ignore_index; }, AnyInt(),
       "Target value marking padding: no loss, no gradient, not counted (must be outside [0, V)).");
-  Add(k, "distill.vocab_size", [](auto& c) -> auto& { return c.distill.vocab_size; },
+  Add(
+      k, "distill.vocab_size", [](auto& c) -> auto& { return c.distill.vocab_size; },
       IntIn(0, int64_t{1} << 31),
       "The tokenizer's real vocabulary: logit columns at or past it are -inf in both models "
       "(and the narrower logits are padded with -inf columns); 0: every column is real.");
-  Add(k, "distill.fused_linear", [](auto& c) -> auto& { return c.distill.fused_linear; }, Bool(),
+  Add(
+      k, "distill.fused_linear", [](auto& c) -> auto& { return c.distill.fused_linear; }, Bool(),
       "Distill mode: the loss from both models' last hidden states and lm_heads in token chunks "
       "(lossfns::fused_linear_distill_loss), so no (BT, V) logits exist: far less memory, "
       "measured 1.5-2x slower; for when the logits do not fit (docs/trainer.md).");
 
-  Add(k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },
+  Add(
+      k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },
       NumberAboveAtMost(0, 10) /* AdamW moves each weight by up to ~lr per step */,
       "AdamW peak learning rate.");
-  Add(k, "optim.betas", [](auto& c) -> auto& { return c.optim.betas; }, Betas(),
+  Add(
+      k, "optim.betas", [](auto& c) -> auto& { return c.optim.betas; }, Betas(),
       "AdamW (beta1, beta2).");
-  Add(k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; },
-      NumberIn(1e-30, 1, false), "AdamW eps (>= 1e-30: a normal fp32 number, not 0).");
-  Add(k, "optim.weight_decay", [](auto& c) -> auto& { return c.optim.weight_decay; },
+  Add(
+      k, "optim.eps", [](auto& c) -> auto& { return c.optim.eps; }, NumberIn(1e-30, 1, false),
+      "AdamW eps (>= 1e-30: a normal fp32 number, not 0).");
+  Add(
+      k, "optim.weight_decay", [](auto& c) -> auto& { return c.optim.weight_decay; },
       NumberAtLeast(0), "Decoupled weight decay on matrices (not on biases and norms).");
-  Add(k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
+  Add(
+      k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
       "Clip the global gradient norm to this; 0 disables clipping.");
 
-  Add(k, "schedule.kind", [](auto& c) -> auto& { return c.schedule.kind; },
+  Add(
+      k, "schedule.kind", [](auto& c) -> auto& { return c.schedule.kind; },
       OneOfEnum<ScheduleKind>(), "Learning-rate decay after the warmup.");
-  Add(k, "schedule.warmup_steps", [](auto& c) -> auto& { return c.schedule.warmup_steps; },
+  Add(
+      k, "schedule.warmup_steps", [](auto& c) -> auto& { return c.schedule.warmup_steps; },
       IntAtLeast(0), "Linear warmup from lr/warmup_steps to lr.");
-  Add(k, "schedule.min_lr_ratio", [](auto& c) -> auto& { return c.schedule.min_lr_ratio; },
+  Add(
+      k, "schedule.min_lr_ratio", [](auto& c) -> auto& { return c.schedule.min_lr_ratio; },
       NumberIn(0, 1, false), "The decay ends at lr * min_lr_ratio on the last step.");
 
-  Add(k, "train.mode", [](auto& c) -> auto& { return c.train.mode; },
-      OneOfEnum<Mode>(),
+  Add(
+      k, "train.mode", [](auto& c) -> auto& { return c.train.mode; }, OneOfEnum<Mode>(),
       "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill.");
-  Add(k, "train.steps", [](auto& c) -> auto& { return c.train.steps; },
+  Add(
+      k, "train.steps", [](auto& c) -> auto& { return c.train.steps; },
       IntIn(1, int64_t{1} << 40) /* x grad_accum (<= 2^20): micro-batch counts stay < 2^60 */,
       "Optimizer steps.");
-  Add(k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; },
+  Add(
+      k, "train.grad_accum", [](auto& c) -> auto& { return c.train.grad_accum; },
       IntIn(1, int64_t{1} << 20),
       "Micro-batches per optimizer step; the loss is normalised over all their tokens. "
       "Data-parallel: the global batch, split evenly over the ranks (a multiple of the number "
       "of GPUs).");
-  Add(k, "train.seed", [](auto& c) -> auto& { return c.train.seed; }, AnyInt(),
+  Add(
+      k, "train.seed", [](auto& c) -> auto& { return c.train.seed; }, AnyInt(),
       "Seed of initialisation and dropout.");
-  Add(k, "train.device", [](auto& c) -> auto& { return c.train.device; },
+  Add(
+      k, "train.device", [](auto& c) -> auto& { return c.train.device; },
       OneOf({"auto", "cpu", "cuda"}),
       "auto: CUDA when available, else CPU. Under torchrun: `cuda:LOCAL_RANK` (cpu is refused).");
-  Add(k, "train.precision", [](auto& c) -> auto& { return c.train.precision; },
+  Add(
+      k, "train.precision", [](auto& c) -> auto& { return c.train.precision; },
       OneOfEnum<Precision>(), "bf16: autocast the forward passes to bfloat16 (CUDA only).");
-  Add(k, "train.log_interval", [](auto& c) -> auto& { return c.train.log_interval; },
-      IntAtLeast(1), "Write a metrics record every this many steps.");
-  Add(k, "train.eval_interval", [](auto& c) -> auto& { return c.train.eval_interval; },
+  Add(
+      k, "train.log_interval", [](auto& c) -> auto& { return c.train.log_interval; }, IntAtLeast(1),
+      "Write a metrics record every this many steps.");
+  Add(
+      k, "train.eval_interval", [](auto& c) -> auto& { return c.train.eval_interval; },
       IntAtLeast(0), "Evaluate every this many steps (0: only at the end).");
-  Add(k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
-      IntIn(1, int64_t{1} << 20), "Validation micro-batches per evaluation (always the same ones).");
-  Add(k, "train.checkpoint_interval",
-      [](auto& c) -> auto& { return c.train.checkpoint_interval; }, IntAtLeast(0),
-      "Checkpoint every this many steps (0: only at the end).");
-  Add(k, "train.keep_checkpoints", [](auto& c) -> auto& { return c.train.keep_checkpoints; },
+  Add(
+      k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
+      IntIn(1, int64_t{1} << 20),
+      "Validation micro-batches per evaluation (always the same ones).");
+  Add(
+      k, "train.checkpoint_interval", [](auto& c) -> auto& { return c.train.checkpoint_interval; },
+      IntAtLeast(0), "Checkpoint every this many steps (0: only at the end).");
+  Add(
+      k, "train.keep_checkpoints", [](auto& c) -> auto& { return c.train.keep_checkpoints; },
       IntAtLeast(1), "Keep the newest this many checkpoints.");
-  Add(k, "train.resume", [](auto& c) -> auto& { return c.train.resume; }, Bool(),
+  Add(
+      k, "train.resume", [](auto& c) -> auto& { return c.train.resume; }, Bool(),
       "Continue the run in out_dir if it is the same run; false: refuse an existing run.");
-  Add(k, "train.baseline", [](auto& c) -> auto& { return c.train.baseline; }, Bool(),
+  Add(
+      k, "train.baseline", [](auto& c) -> auto& { return c.train.baseline; }, Bool(),
       "distill mode: also train the student on hard labels only, into <out_dir>-baseline (the "
       "pipeline: <out_dir>/baseline).");
-  Add(k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
+  Add(
+      k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
-  Add(k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
+  Add(
+      k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
       "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf.");
-  Add(k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; }, OneOfEnum<NonFinite>(),
+  Add(
+      k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; },
+      OneOfEnum<NonFinite>(),
       "A step whose kd/ce loss or gradient norm is NaN/inf: stop (an error before the optimizer "
       "step; the last checkpoint stays good) or skip (no update; counted and logged).");
-  Add(k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },
+  Add(
+      k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },
       IntIn(0, 1000000), "skip: more skipped steps than this in one process is an error.");
   return k;
 }

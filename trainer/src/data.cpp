@@ -34,7 +34,8 @@ double Uniform01(uint64_t& state) { return (SplitMix64(state) >> 11) * 0x1.0p-53
 class SyntheticSource : public DataSource {
  public:
   SyntheticSource(const DataConfig& c, int64_t vocab_size, int64_t ignore_index)
-      : config_(c), language_(c.synthetic, vocab_size, static_cast<uint64_t>(c.seed)),
+      : config_(c),
+        language_(c.synthetic, vocab_size, static_cast<uint64_t>(c.seed)),
         ignore_index_(ignore_index) {}
 
   Batch TrainBatch(int64_t index) const override { return Make(0, index); }

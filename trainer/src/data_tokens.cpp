@@ -71,8 +71,8 @@ std::vector<std::string> Glob(const std::string& key, const std::string& pattern
         fmt::format("{}: no file matches \"{}\"{}", key, pattern, RelativeTo(pattern)));
   }
   if (rc != 0) {
-    throw std::runtime_error(fmt::format("{}: cannot expand \"{}\" (glob error {}{})", key,
-                                         pattern, rc, rc == GLOB_ABORTED ? ": read error" : ""));
+    throw std::runtime_error(fmt::format("{}: cannot expand \"{}\" (glob error {}{})", key, pattern,
+                                         rc, rc == GLOB_ABORTED ? ": read error" : ""));
   }
   std::sort(paths.begin(), paths.end());
   return paths;
@@ -166,12 +166,11 @@ class TokenShardSource : public DataSource {
   std::optional<double> EntropyFloor() const override { return std::nullopt; }
 
   std::string Describe() const override {
-    const std::string val =
-        config_.val_path.empty()
-            ? fmt::format("validation the last {:g}% of them ({} tokens)",
-                          100 * config_.val_fraction, HumanCount(val_.tokens))
-            : fmt::format("validation {} file{} ({} tokens)", val_.files,
-                          val_.files == 1 ? "" : "s", HumanCount(val_.tokens));
+    const std::string val = config_.val_path.empty()
+                                ? fmt::format("validation the last {:g}% of them ({} tokens)",
+                                              100 * config_.val_fraction, HumanCount(val_.tokens))
+                                : fmt::format("validation {} file{} ({} tokens)", val_.files,
+                                              val_.files == 1 ? "" : "s", HumanCount(val_.tokens));
     return fmt::format("llm.c token shards: {} train file{} ({} tokens), {}, {}", train_.files,
                        train_.files == 1 ? "" : "s", HumanCount(train_.tokens), val,
                        TokenTypeName(shards_.front()->token_bytes()));
@@ -184,8 +183,8 @@ class TokenShardSource : public DataSource {
     const TokenShard& first = *shards_.front();
     if (shards_.back()->token_bytes() != first.token_bytes()) {
       throw ShardError(path, fmt::format("{} tokens, but {} has {} tokens (mixed tokenizers?)",
-                                        TokenTypeName(shards_.back()->token_bytes()),
-                                        first.path(), TokenTypeName(first.token_bytes())));
+                                         TokenTypeName(shards_.back()->token_bytes()), first.path(),
+                                         TokenTypeName(first.token_bytes())));
     }
   }
 
@@ -228,9 +227,9 @@ class TokenShardSource : public DataSource {
         const uint32_t token = shard.Token(start + t);
         if (token >= static_cast<uint64_t>(vocab_size_)) {
           throw ShardError(shard.path(),
-                          fmt::format("token {} is {}, not below the vocabulary size {}: "
-                                      "tokenized with a different tokenizer?",
-                                      start + t, token, vocab_size_));
+                           fmt::format("token {} is {}, not below the vocabulary size {}: "
+                                       "tokenized with a different tokenizer?",
+                                       start + t, token, vocab_size_));
         }
         if (t < T) in[b * T + t] = token;
         if (t > 0) out[b * T + t - 1] = token;
@@ -260,8 +259,8 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   const int64_t file_bytes = st.st_size;
   if (file_bytes < kShardHeaderBytes) {
     throw ShardError(path, fmt::format("{} bytes, shorter than the {}-byte header of an llm.c "
-                                      "token shard",
-                                      file_bytes, kShardHeaderBytes));
+                                       "token shard",
+                                       file_bytes, kShardHeaderBytes));
   }
   unsigned char header[kShardHeaderBytes];
   int64_t got = 0;
@@ -282,20 +281,21 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     expected_version = kShardVersionU32;
   } else {
     throw ShardError(path, fmt::format("not an llm.c token shard: magic {} (expected {} for "
-                                      "uint16 or {} for uint32 tokens)",
-                                      magic, kShardMagicU16, kShardMagicU32));
+                                       "uint16 or {} for uint32 tokens)",
+                                       magic, kShardMagicU16, kShardMagicU32));
   }
   if (version != expected_version) {
-    throw ShardError(path, fmt::format("magic {} ({} tokens) goes with version {}, got version {}",
-                                      magic, TokenTypeName(token_bytes_), expected_version,
-                                      version));
+    throw ShardError(path,
+                     fmt::format("magic {} ({} tokens) goes with version {}, got version {}", magic,
+                                 TokenTypeName(token_bytes_), expected_version, version));
   }
-  if (count < 0) throw ShardError(path, fmt::format("negative token count {} in the header", count));
+  if (count < 0)
+    throw ShardError(path, fmt::format("negative token count {} in the header", count));
   const int64_t expected_bytes = kShardHeaderBytes + count * token_bytes_;
   if (file_bytes != expected_bytes) {
-    throw ShardError(path, fmt::format("expected {} bytes for {} {} tokens (header), got {}",
-                                      expected_bytes, count, TokenTypeName(token_bytes_),
-                                      file_bytes));
+    throw ShardError(
+        path, fmt::format("expected {} bytes for {} {} tokens (header), got {}", expected_bytes,
+                          count, TokenTypeName(token_bytes_), file_bytes));
   }
   void* map = mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
   if (map == MAP_FAILED) throw ShardError(path, "cannot mmap: " + Errno());
@@ -317,8 +317,8 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
                      bool uint32_tokens) {
   const int bytes = uint32_tokens ? 4 : 2;
   if (tokens.size() >= (1ULL << 31)) {
-    throw ShardError(path, fmt::format("{} tokens; an llm.c shard holds fewer than 2^31",
-                                      tokens.size()));
+    throw ShardError(path,
+                     fmt::format("{} tokens; an llm.c shard holds fewer than 2^31", tokens.size()));
   }
   std::vector<unsigned char> data;
   data.reserve(kShardHeaderBytes + tokens.size() * bytes);
@@ -328,8 +328,8 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
   data.resize(kShardHeaderBytes, 0);
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (!uint32_tokens && tokens[i] > 0xFFFF) {
-      throw ShardError(path, fmt::format("token {} is {}, too large for a uint16 shard", i,
-                                        tokens[i]));
+      throw ShardError(path,
+                       fmt::format("token {} is {}, too large for a uint16 shard", i, tokens[i]));
     }
     AppendLe(data, tokens[i], bytes);
   }

@@ -1,8 +1,8 @@
 #include "distill/distributed.h"
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -76,11 +76,12 @@ LaunchEnv ParseLaunchEnv(const EnvLookup& lookup) {
   }
   env.master_addr = Required(lookup, "MASTER_ADDR", env.world_size);
   if (env.master_addr.empty()) {
-    throw DistributedError("MASTER_ADDR is empty; it must name the host of rank 0 (torchrun sets "
-                           "it, 127.0.0.1 on one machine)");
+    throw DistributedError(
+        "MASTER_ADDR is empty; it must name the host of rank 0 (torchrun sets "
+        "it, 127.0.0.1 on one machine)");
   }
-  env.master_port = IntVariable("MASTER_PORT", Required(lookup, "MASTER_PORT", env.world_size),
-                                1, 65535);
+  env.master_port =
+      IntVariable("MASTER_PORT", Required(lookup, "MASTER_PORT", env.world_size), 1, 65535);
   env.agent_store = lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   if (auto restarts = lookup("TORCHELASTIC_RESTART_COUNT")) {
     env.restart_count = IntVariable("TORCHELASTIC_RESTART_COUNT", *restarts, 0, 1 << 20);

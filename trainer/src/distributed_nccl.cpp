@@ -31,8 +31,7 @@ NcclGroup ConnectNccl(const LaunchEnv& env) {
     throw DistributedError(fmt::format(
         "rank {}: cannot {} the rendezvous store at MASTER_ADDR={} MASTER_PORT={} ({}); check "
         "that every rank got the same address and port and that the port is free",
-        env.rank, options.isServer ? "host" : "reach", env.master_addr, env.master_port,
-        e.what()));
+        env.rank, options.isServer ? "host" : "reach", env.master_addr, env.master_port, e.what()));
   }
   // Keys of an elastic restart must not meet the previous attempt's.
   NcclGroup group;

@@ -35,12 +35,17 @@ std::string DescribeWriteError(int error) {
   std::string text = std::strerror(error);
   switch (error) {
     case ENOSPC:
-    case EDQUOT: return text + " (the disk is full: free space, then resume with the same command)";
-    case EFBIG: return text + " (a file-size limit, ulimit -f, was reached)";
-    case EROFS: return text + " (the filesystem is read-only)";
+    case EDQUOT:
+      return text + " (the disk is full: free space, then resume with the same command)";
+    case EFBIG:
+      return text + " (a file-size limit, ulimit -f, was reached)";
+    case EROFS:
+      return text + " (the filesystem is read-only)";
     case EACCES:
-    case EPERM: return text + " (no permission to write there)";
-    default: return text;
+    case EPERM:
+      return text + " (no permission to write there)";
+    default:
+      return text;
   }
 }
 
@@ -54,8 +59,8 @@ void WriteFileAtomically(const std::string& path, const char* data, size_t size)
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int error = errno;
-    throw FileError(fmt::format("cannot write {}: cannot create {}: {}", path, tmp,
-                                DescribeWriteError(error)));
+    throw FileError(
+        fmt::format("cannot write {}: cannot create {}: {}", path, tmp, DescribeWriteError(error)));
   }
   int error = WriteAll(fd, data, size);
   if (error == 0 && ::fsync(fd) != 0) error = errno;
@@ -86,8 +91,8 @@ LineAppender::LineAppender(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     const int error = errno;
-    throw FileError(fmt::format("cannot open {} for appending: {}", path,
-                                DescribeWriteError(error)));
+    throw FileError(
+        fmt::format("cannot open {} for appending: {}", path, DescribeWriteError(error)));
   }
 }
 

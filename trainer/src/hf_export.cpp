@@ -22,10 +22,15 @@ namespace fs = std::filesystem;
 namespace {
 
 // The files transformers' tokenizers and generation read beside the weights.
-constexpr const char* kTokenizerFiles[] = {
-    "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt",      "tokenizer.model",       "added_tokens.json",       "chat_template.jinja",
-    "generation_config.json"};
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "vocab.json",
+                                           "merges.txt",
+                                           "tokenizer.model",
+                                           "added_tokens.json",
+                                           "chat_template.jinja",
+                                           "generation_config.json"};
 
 // Byte copy with plain streams (see RemoveTree in run_dir.h for why not std::filesystem).
 void CopyFile(const fs::path& from, const fs::path& to) {
@@ -45,7 +50,8 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& item : model.named_parameters()) {
     at::Tensor t = item.value().detach().to(at::kCPU, at::kFloat);
-    const bool vocab_rows = item.key() == "model.embed_tokens.weight" || item.key() == "lm_head.weight";
+    const bool vocab_rows =
+        item.key() == "model.embed_tokens.weight" || item.key() == "lm_head.weight";
     if (vocab_rows && t.size(0) > vocab) t = t.narrow(0, 0, vocab);
     tensors.emplace_back(item.key(), t.contiguous());
   }
@@ -61,7 +67,8 @@ HfExportSources ExportSources(const Config& config) {
   HfExportSources sources;
   for (const std::string& dir : {config.student.hf_dir, config.teacher.hf_dir}) {
     if (dir.empty()) continue;
-    if (sources.config_template.empty()) sources.config_template = (fs::path(dir) / "config.json").string();
+    if (sources.config_template.empty())
+      sources.config_template = (fs::path(dir) / "config.json").string();
     if (sources.tokenizer_dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json")) {
       sources.tokenizer_dir = dir;
     }

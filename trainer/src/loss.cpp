@@ -52,23 +52,22 @@ LossSums ComputeFusedLossSums(const at::Tensor& student_hidden, const at::Tensor
                               const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head,
                               const at::Tensor& targets, const DistillConfig& config,
                               int64_t vocab_size) {
-  const auto options =
-      lossfns::FusedLinearDistillOptions()
-          .distill(lossfns::DistillLossOptions()
-                       .divergence(config.divergence)
-                       .beta(config.jsd_beta)
-                       .temperature(config.temperature)
-                       .ignore_index(config.ignore_index)
-                       .reduction(torch::kSum)
-                       .vocab_size(vocab_size))
-          .kd_weight(config.kd_weight)
-          .ce_weight(config.ce_weight);
+  const auto options = lossfns::FusedLinearDistillOptions()
+                           .distill(lossfns::DistillLossOptions()
+                                        .divergence(config.divergence)
+                                        .beta(config.jsd_beta)
+                                        .temperature(config.temperature)
+                                        .ignore_index(config.ignore_index)
+                                        .reduction(torch::kSum)
+                                        .vocab_size(vocab_size))
+                           .kd_weight(config.kd_weight)
+                           .ce_weight(config.ce_weight);
   // The op picks its own dtypes (its inputs', fp32 accumulation); an enclosing autocast region
   // (Evaluate runs under one) must not recast the matmuls inside it.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const lossfns::FusedLinearDistillResult r = lossfns::fused_linear_distill_loss(
-      student_hidden, student_lm_head, teacher_hidden.detach(), teacher_lm_head.detach(), targets,
-      options);
+  const lossfns::FusedLinearDistillResult r =
+      lossfns::fused_linear_distill_loss(student_hidden, student_lm_head, teacher_hidden.detach(),
+                                         teacher_lm_head.detach(), targets, options);
   return {r.loss, r.divergence, r.ce};
 }
 

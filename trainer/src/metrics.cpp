@@ -18,10 +18,18 @@ std::string JsonQuote(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<int>(c));
@@ -95,7 +103,10 @@ bool MetricsLog::Has(const std::string& type, int64_t step) const {
 void MetricsLog::Write(const JsonRecord& record) { out_->Append(record.str()); }
 
 Progress::Progress(int64_t total_steps, int64_t first_step, bool quiet)
-    : total_(total_steps), first_(first_step), quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0),
+    : total_(total_steps),
+      first_(first_step),
+      quiet_(quiet),
+      tty_(isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
 std::string Progress::Eta(int64_t step) const {

@@ -49,8 +49,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     for (int64_t count : counts) {
       auto [it, fresh] = step_tensors.try_emplace(count);
       if (fresh) {
-        it->second = at::full({}, static_cast<double>(count),
-                              params[0].options().dtype(at::kFloat));
+        it->second =
+            at::full({}, static_cast<double>(count), params[0].options().dtype(at::kFloat));
       }
       steps.push_back(it->second);
     }
@@ -81,10 +81,11 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
 std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, CausalLM& model) {
   ParameterGroups params = model.parameter_groups();
   auto options_for = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(config.lr)
-                                                            .betas({config.betas[0], config.betas[1]})
-                                                            .eps(config.eps)
-                                                            .weight_decay(weight_decay));
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(config.lr)
+            .betas({config.betas[0], config.betas[1]})
+            .eps(config.eps)
+            .weight_decay(weight_decay));
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(params.decay, options_for(config.weight_decay));

@@ -30,8 +30,7 @@ constexpr std::array<const char*, static_cast<size_t>(Phase::kCount)> kRangeName
     "distill::communication", "distill::clip",    "distill::optimizer"};
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 ProfilerConfig TraceConfig() {
@@ -52,7 +51,10 @@ const char* PhaseName(Phase phase) { return kPhaseNames[static_cast<size_t>(phas
 
 StepProfiler::StepProfiler(ProfileOptions options, const at::Device& device, std::string dir,
                            int rank, bool distributed)
-    : options_(options), device_(device), dir_(std::move(dir)), rank_(rank),
+    : options_(options),
+      device_(device),
+      dir_(std::move(dir)),
+      rank_(rank),
       distributed_(distributed) {}
 
 StepProfiler::~StepProfiler() {

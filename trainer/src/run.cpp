@@ -26,8 +26,10 @@ std::string StudentName(const Config& config) {
 }
 
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
-  Trainer trainer(config, RunOptions{flags.fresh, flags.quiet, flags.distributed,
-                                     {flags.profile_steps, flags.profile_skip}});
+  Trainer trainer(
+      config,
+      RunOptions{
+          flags.fresh, flags.quiet, flags.distributed, {flags.profile_steps, flags.profile_skip}});
   const EvalResult result = trainer.Train();
   return {name, config.train.out_dir, trainer.student().num_parameters(), result.val_loss,
           trainer.data().EntropyFloor().value_or(NAN)};
@@ -90,8 +92,8 @@ std::string FormatTable(const std::vector<ResultRow>& rows) {
                                 "val_loss", "floor", "excess", "run");
   for (const auto& r : rows) {
     const bool known = std::isfinite(r.entropy_floor);
-    out += fmt::format("{:<26} {:>10} {:>9.4f} {:>9} {:>9}  {}\n", r.name, r.parameters,
-                       r.val_loss, known ? fmt::format("{:.4f}", r.entropy_floor) : "n/a",
+    out += fmt::format("{:<26} {:>10} {:>9.4f} {:>9} {:>9}  {}\n", r.name, r.parameters, r.val_loss,
+                       known ? fmt::format("{:.4f}", r.entropy_floor) : "n/a",
                        known ? fmt::format("{:+.4f}", r.val_loss - r.entropy_floor) : "n/a",
                        r.run_dir);
   }

@@ -77,9 +77,7 @@ std::string RunIdentityHash(const Config& config) {
   return fmt::format("{:016x}", Fnv1a64(identity.data(), identity.size()));
 }
 
-bool IsOwnRunDir(const std::string& dir) {
-  return fs::is_regular_file(fs::path(dir) / kRunMarker);
-}
+bool IsOwnRunDir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kRunMarker); }
 
 bool RemoveIfOnlyMarker(const std::string& dir) {
   if (!IsOwnRunDir(dir)) return false;
@@ -124,8 +122,8 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   const fs::path config_file = dir / "config.yaml";
   const bool exists = fs::exists(dir);
   if (exists && !fs::is_directory(dir)) {
-    throw RunDirError(fmt::format("train.out_dir \"{}\" is a file; choose a directory",
-                                  dir.string()));
+    throw RunDirError(
+        fmt::format("train.out_dir \"{}\" is a file; choose a directory", dir.string()));
   }
   RunDirPlan plan;
   if (!exists || fs::is_empty(dir) || IsInterruptedStart(dir)) return plan;
@@ -163,10 +161,10 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         dir.string(), FirstDifference(stored_identity, wanted), config_file.string()));
   }
   if (!config.train.resume) {
-    throw RunDirError(fmt::format(
-        "{} already holds this run and train.resume is false; set train.resume=true to "
-        "continue it, or pass --fresh to start over",
-        dir.string()));
+    throw RunDirError(
+        fmt::format("{} already holds this run and train.resume is false; set train.resume=true to "
+                    "continue it, or pass --fresh to start over",
+                    dir.string()));
   }
   plan.same_run = true;
   return plan;

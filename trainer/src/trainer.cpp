@@ -1,8 +1,8 @@
 #include "distill/trainer.h"
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <stdexcept>
 
@@ -15,10 +15,10 @@
 
 #include "distill/autocast.h"
 #include "distill/hf_export.h"
-#include "distill/safetensors.h"
 #include "distill/loss.h"
 #include "distill/profile.h"
 #include "distill/run_dir.h"
+#include "distill/safetensors.h"
 #include "distill/signals.h"
 
 namespace distill {
@@ -77,14 +77,18 @@ double LearningRate(const Config& config, int64_t step) {
   const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / decay_steps);
   const double floor = peak * s.min_lr_ratio;
   switch (s.kind) {
-    case ScheduleKind::kCosine: return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
-    case ScheduleKind::kLinear: return peak - (peak - floor) * progress;
-    case ScheduleKind::kConstant: return peak;
+    case ScheduleKind::kCosine:
+      return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    case ScheduleKind::kLinear:
+      return peak - (peak - floor) * progress;
+    case ScheduleKind::kConstant:
+      return peak;
   }
   return peak;
 }
 
-Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device) {
+Model BuildModel(const ModelConfig& config, const std::string& checkpoint,
+                 const at::Device& device) {
   Model model = MakeModel(config);
   if (!config.hf_dir.empty()) {
     const std::vector<std::string> ignorable = model->hf_ignorable_tensors();
@@ -97,7 +101,8 @@ Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const
 }
 
 Trainer::Trainer(Config config, RunOptions options)
-    : config_(std::move(config)), options_(options),
+    : config_(std::move(config)),
+      options_(options),
       single_(options.distributed ? nullptr : std::make_unique<Distributed>()),
       dist_(options.distributed ? options.distributed : single_.get()),
       device_(TrainingDevice(config_, *dist_)),
@@ -167,8 +172,8 @@ Trainer::Trainer(Config config, RunOptions options)
       same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
                                      : "starting",
       config_.train.out_dir, distill_ ? "student" : "model", student_->num_parameters(),
-      distill_ ? fmt::format(", teacher {}", teacher_->num_parameters()) : "",
-      data_->Describe(), EnumName(config_.train.mode), device_.str(),
+      distill_ ? fmt::format(", teacher {}", teacher_->num_parameters()) : "", data_->Describe(),
+      EnumName(config_.train.mode), device_.str(),
       dist_->active() ? fmt::format(" (+{} more ranks, global batch split {} ways)",
                                     dist_->world_size() - 1, dist_->world_size())
                       : "",
@@ -332,13 +337,14 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   optimizer_->zero_grad(/*set_to_none=*/true);
   ++skipped_steps_;
   if (skipped_steps_ > config_.train.max_skipped_steps) {
-    throw NonFiniteError(fmt::format(
-        "step {}: {} is {} (non-finite) and {} steps were skipped, more than "
-        "train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
-        step, term, value, skipped_steps_, config_.train.max_skipped_steps, hint));
+    throw NonFiniteError(
+        fmt::format("step {}: {} is {} (non-finite) and {} steps were skipped, more than "
+                    "train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
+                    step, term, value, skipped_steps_, config_.train.max_skipped_steps, hint));
   }
-  progress_->Log(fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})",
-                             step, term, value, skipped_steps_, config_.train.max_skipped_steps));
+  progress_->Log(
+      fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})", step,
+                  term, value, skipped_steps_, config_.train.max_skipped_steps));
   return true;
 }
 
@@ -350,8 +356,8 @@ EvalResult Trainer::Evaluate() {
   at::Tensor teacher_ce = ce.clone(), kd = ce.clone();
   int64_t tokens = 0;
   // Data-parallel: each rank evaluates a share of the validation batches; the sums are reduced.
-  for (int64_t j : RankEvalBatches(config_.train.eval_batches, dist_->rank(),
-                                   dist_->world_size())) {
+  for (int64_t j :
+       RankEvalBatches(config_.train.eval_batches, dist_->rank(), dist_->world_size())) {
     const Batch batch = data_->ValBatch(j);
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
@@ -362,18 +368,20 @@ EvalResult Trainer::Evaluate() {
       const LogitsOperands s = MakeLogitsOperands(*student_, student_->forward_hidden(inputs));
       const LogitsOperands t = MakeLogitsOperands(*teacher_, teacher_->forward_hidden(inputs));
       const int64_t vocab = RealVocabSize(config_);
-      const LossSums both = ComputeFusedLossSums(s.hidden, s.lm_head, t.hidden, t.lm_head,
-                                                 targets, config_.distill, vocab);
+      const LossSums both = ComputeFusedLossSums(s.hidden, s.lm_head, t.hidden, t.lm_head, targets,
+                                                 config_.distill, vocab);
       ce += both.ce;
       kd += both.kd;
       teacher_ce += ComputeFusedLossSums(t.hidden, t.lm_head, t.hidden, t.lm_head, targets,
-                                         config_.distill, vocab).ce;
+                                         config_.distill, vocab)
+                        .ce;
       continue;
     }
     const at::Tensor student_logits = student_->forward(inputs);
     if (distill_) {
       const at::Tensor teacher_logits = teacher_->forward(inputs);
-      const LossSums both = ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+      const LossSums both =
+          ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
       ce += both.ce;
       kd += both.kd;
       teacher_ce += ComputeLossSums(teacher_logits, {}, targets, config_.distill).ce;
@@ -382,9 +390,9 @@ EvalResult Trainer::Evaluate() {
     }
   }
   student_->train();
-  const std::vector<double> sums = dist_->AllReduceSum(
-      {ce.item<double>(), teacher_ce.item<double>(), kd.item<double>(),
-       static_cast<double>(tokens)});
+  const std::vector<double> sums =
+      dist_->AllReduceSum({ce.item<double>(), teacher_ce.item<double>(), kd.item<double>(),
+                           static_cast<double>(tokens)});
   EvalResult r;
   r.tokens = static_cast<int64_t>(sums[3]);
   r.val_loss = sums[0] / sums[3];
@@ -423,11 +431,11 @@ void Trainer::LogStep(const StepResult& r) {
                       .Add("grad_norm", r.grad_norm)
                       .Add("tokens_per_s", tokens_per_second)
                       .Add("elapsed_s", elapsed_));
-  progress_->Log(fmt::format("step {:>6}/{}  loss {:.4f}{}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  {}",
-                             position_.step, config_.train.steps, r.loss,
-                             distill_ ? fmt::format("  kd {:.4f}  ce {:.4f}", r.kd_loss, r.ce_loss)
-                                      : "",
-                             r.lr, r.grad_norm, tokens_per_second, progress_->Eta(position_.step)));
+  progress_->Log(
+      fmt::format("step {:>6}/{}  loss {:.4f}{}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  {}",
+                  position_.step, config_.train.steps, r.loss,
+                  distill_ ? fmt::format("  kd {:.4f}  ce {:.4f}", r.kd_loss, r.ce_loss) : "", r.lr,
+                  r.grad_norm, tokens_per_second, progress_->Eta(position_.step)));
 }
 
 void Trainer::LogEval(const EvalResult& r) {
@@ -503,20 +511,19 @@ EvalResult Trainer::Train() {
   }
   if (!dist_->is_main()) return final_eval;
   const double floor = data_->EntropyFloor().value_or(NAN);
-  WriteFileAtomically(
-      (fs::path(config_.train.out_dir) / "summary.json").string(),
-      JsonRecord()
-              .Add("mode", std::string(EnumName(config_.train.mode)))
-              .Add("steps", position_.step)
-              .Add("parameters", student_->num_parameters())
-              .Add("val_loss", final_eval.val_loss)
-              .Add("val_ppl", final_eval.val_ppl)
-              .Add("teacher_val_loss", final_eval.teacher_val_loss)
-              .Add("val_kd", final_eval.val_kd)
-              .Add("entropy_floor", floor)
-              .Add("elapsed_s", elapsed_)
-              .str() +
-          "\n");
+  WriteFileAtomically((fs::path(config_.train.out_dir) / "summary.json").string(),
+                      JsonRecord()
+                              .Add("mode", std::string(EnumName(config_.train.mode)))
+                              .Add("steps", position_.step)
+                              .Add("parameters", student_->num_parameters())
+                              .Add("val_loss", final_eval.val_loss)
+                              .Add("val_ppl", final_eval.val_ppl)
+                              .Add("teacher_val_loss", final_eval.teacher_val_loss)
+                              .Add("val_kd", final_eval.val_kd)
+                              .Add("entropy_floor", floor)
+                              .Add("elapsed_s", elapsed_)
+                              .str() +
+                          "\n");
   if (config_.train.export_hf && config_.student.family == ModelFamily::kLlama) {
     const std::string hf_dir = (fs::path(config_.train.out_dir) / "hf").string();
     ExportHf(*student_, hf_dir, ExportSources(config_), /*replace=*/true);

@@ -1,6 +1,7 @@
 // lossfns::DistillLoss: lossfns::distill_loss as a torch::nn module.
-//   lossfns::DistillLoss loss_fn(lossfns::DistillLossOptions().divergence(lossfns::Divergence::kForwardKl));
-//   at::Tensor loss = loss_fn(student_logits, teacher_logits.detach(), labels);
+//   lossfns::DistillLoss
+//   loss_fn(lossfns::DistillLossOptions().divergence(lossfns::Divergence::kForwardKl)); at::Tensor
+//   loss = loss_fn(student_logits, teacher_logits.detach(), labels);
 #pragma once
 
 #include <optional>

@@ -20,8 +20,11 @@ namespace lossfns {
 enum class Divergence : int64_t { kTvd = 0, kForwardKl = 1, kReverseKl = 2, kJsd = 3 };
 
 // The names of Divergence, in its order.
-inline constexpr std::array<const char*, 4> kDivergenceNames = {"tvd", "forward_kl", "reverse_kl", "jsd"};
-inline const char* divergence_name(Divergence d) { return kDivergenceNames[static_cast<size_t>(d)]; }
+inline constexpr std::array<const char*, 4> kDivergenceNames = {"tvd", "forward_kl", "reverse_kl",
+                                                                "jsd"};
+inline const char* divergence_name(Divergence d) {
+  return kDivergenceNames[static_cast<size_t>(d)];
+}
 // The divergence named `name`, or std::nullopt.
 inline std::optional<Divergence> divergence_from_name(std::string_view name) {
   for (size_t i = 0; i < kDivergenceNames.size(); ++i)

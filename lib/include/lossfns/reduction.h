@@ -8,8 +8,8 @@
 
 namespace lossfns {
 
-using Reduction = std::variant<torch::enumtype::kNone, torch::enumtype::kBatchMean, torch::enumtype::kSum,
-                               torch::enumtype::kMean>;
+using Reduction = std::variant<torch::enumtype::kNone, torch::enumtype::kBatchMean,
+                               torch::enumtype::kSum, torch::enumtype::kMean>;
 
 // "none", "batchmean", "sum" or "mean".
 const char* reduction_name(const Reduction& reduction);

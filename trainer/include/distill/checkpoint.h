@@ -51,12 +51,9 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
 // Restores the newest checkpoint of `run_dir` that is intact, newest first: a corrupt one is
 // skipped with a line in `warnings` naming it and the one used instead. nullopt: no
 // checkpoints. Throws CorruptCheckpointError naming every file when none is intact.
-std::optional<TrainingPosition> LoadLatestGoodCheckpoint(const std::string& run_dir,
-                                                         CausalLM& model,
-                                                         torch::optim::Optimizer& optimizer,
-                                                         const at::Device& device,
-                                                         const std::string& run_identity,
-                                                         std::vector<std::string>* warnings);
+std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
+    const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
+    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings);
 
 // Loads only the weights (the teacher). `path`: a checkpoint file, or a run directory whose
 // latest checkpoint is used. Returns the file loaded.

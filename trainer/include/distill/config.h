@@ -104,7 +104,7 @@ struct ModelConfig {
   bool attention_bias = false;      // biases on q, k, v (Qwen2: true)
   bool attention_out_bias = false;  // bias on the attention output projection
   bool mlp_bias = false;
-  bool qk_norm = false;  // RMSNorm of each query/key head before RoPE (Qwen3)
+  bool qk_norm = false;                 // RMSNorm of each query/key head before RoPE (Qwen3)
   std::string hf_model_type = "llama";  // config.json model_type written on export
 
   // vocab_size rounded up to a multiple of pad_vocab_to_multiple_of.
@@ -142,12 +142,12 @@ struct SyntheticConfig {
 
 struct DataConfig {
   std::string source = "synthetic";  // synthetic | text | tokens
-  std::string path;      // text: a UTF-8 file, read as bytes; tokens: a glob of llm.c shards
-  std::string val_path;  // tokens: a glob of validation shards ("": val_fraction of path's)
+  std::string path;           // text: a UTF-8 file, read as bytes; tokens: a glob of llm.c shards
+  std::string val_path;       // tokens: a glob of validation shards ("": val_fraction of path's)
   double val_fraction = 0.1;  // text, tokens: the last fraction of the data is validation
-  int64_t batch_size = 16;           // sequences per micro-batch
-  int64_t seq_len = 64;              // tokens predicted per sequence (inputs are seq_len long)
-  int64_t min_seq_len = 64;          // synthetic: shorter sequences are padded, targets ignored
+  int64_t batch_size = 16;    // sequences per micro-batch
+  int64_t seq_len = 64;       // tokens predicted per sequence (inputs are seq_len long)
+  int64_t min_seq_len = 64;   // synthetic: shorter sequences are padded, targets ignored
   int64_t seed = 1234;
   SyntheticConfig synthetic;
 };
@@ -197,7 +197,7 @@ struct TrainConfig {
   int64_t steps = 300;
   int64_t grad_accum = 1;
   int64_t seed = 0;
-  std::string device = "auto";     // auto | cpu | cuda
+  std::string device = "auto";  // auto | cpu | cuda
   Precision precision = Precision::kFp32;
   int64_t log_interval = 10;
   int64_t eval_interval = 100;  // 0: evaluate only at the end

@@ -41,11 +41,11 @@ struct LaunchEnv {
   bool launched = false;  // WORLD_SIZE is set: started by torchrun (or by hand, the same way)
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;          // the CUDA device index on this host
-  std::string master_addr;     // the rendezvous TCPStore's host
+  int local_rank = 0;       // the CUDA device index on this host
+  std::string master_addr;  // the rendezvous TCPStore's host
   int master_port = 0;
-  bool agent_store = false;    // TORCHELASTIC_USE_AGENT_STORE=True: all ranks are clients
-  int restart_count = 0;       // TORCHELASTIC_RESTART_COUNT: namespaces the store's keys
+  bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE=True: all ranks are clients
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT: namespaces the store's keys
 };
 
 // Looks a variable up; nullopt when unset.
@@ -78,8 +78,7 @@ std::vector<int64_t> RankEvalBatches(int64_t eval_batches, int rank, int world_s
 
 // Groups `tensors` (in order) into buckets of consecutive indices of one dtype and device with at
 // most `cap_bytes` bytes each; a tensor larger than the cap gets a bucket of its own.
-std::vector<std::vector<size_t>> Buckets(const std::vector<at::Tensor>& tensors,
-                                         int64_t cap_bytes);
+std::vector<std::vector<size_t>> Buckets(const std::vector<at::Tensor>& tensors, int64_t cap_bytes);
 
 class Distributed {
  public:

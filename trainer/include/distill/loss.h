@@ -18,7 +18,6 @@
 
 namespace distill {
 
-
 struct LossSums {
   at::Tensor total;  // 0-dim fp32, differentiable w.r.t. the student's logits
   at::Tensor kd;     // 0-dim fp32, detached; 0 in pretrain mode

@@ -57,10 +57,10 @@ class StepProfiler {
   int rank_;
   bool distributed_;
   State state_ = State::kWaiting;
-  int64_t steps_seen_ = 0;    // steps of this process so far
+  int64_t steps_seen_ = 0;  // steps of this process so far
   int64_t steps_in_state_ = 0;
-  double step_start_ = 0;     // steady clock, seconds (timed steps)
-  double step_seconds_ = 0;   // sum over the timed steps
+  double step_start_ = 0;    // steady clock, seconds (timed steps)
+  double step_seconds_ = 0;  // sum over the timed steps
   int64_t timed_tokens_ = 0;
   std::array<double, static_cast<size_t>(Phase::kCount)> seconds_{};
 };

@@ -68,7 +68,8 @@ double LearningRate(const Config& config, int64_t step);
 // A model of `config` on `device` with its weights: from config.hf_dir (Hugging Face
 // safetensors), else from `checkpoint` (a checkpoint file or run directory) when not empty, else
 // freshly initialised from torch's default generator. Throws naming the file on any problem.
-Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device);
+Model BuildModel(const ModelConfig& config, const std::string& checkpoint,
+                 const at::Device& device);
 
 class Trainer {
  public:

@@ -16,10 +16,15 @@ using kernels::kAddNormThreads;
 template <typename F>
 void WithType(at::ScalarType t, const char* what, F&& f) {
   switch (t) {
-    case at::kFloat: return f(float{});
-    case at::kBFloat16: return f(__nv_bfloat16{});
-    case at::kHalf: return f(__half{});
-    default: TORCH_CHECK(false, "AddNorm (CUDA): ", what, " must be float32, bfloat16 or float16, got ", t);
+    case at::kFloat:
+      return f(float{});
+    case at::kBFloat16:
+      return f(__nv_bfloat16{});
+    case at::kHalf:
+      return f(__half{});
+    default:
+      TORCH_CHECK(false, "AddNorm (CUDA): ", what, " must be float32, bfloat16 or float16, got ",
+                  t);
   }
 }
 
@@ -39,16 +44,17 @@ void WithPer(int64_t D, F&& f) {
 
 void CheckLaunch(const char* what) {
   const cudaError_t err = cudaGetLastError();
-  TORCH_CHECK(err == cudaSuccess, "AddNorm (CUDA): ", what, " launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "AddNorm (CUDA): ", what,
+              " launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace
 
 bool Supported(int64_t D) { return D >= 1 && D <= kAddNormThreads * kernels::kAddNormMaxPer; }
 
-AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
-                                    const at::Tensor& bias, double eps, bool rms,
-                                    at::ScalarType out_dtype) {
+AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& y,
+                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                    bool rms, at::ScalarType out_dtype) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t D = x.size(-1), rows = x.numel() / D;
   AddNormForwardResult r;
@@ -66,7 +72,8 @@ AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& y, co
         auto launch = [&](auto kernel) {
           kernel<<<static_cast<unsigned>(rows), kAddNormThreads, 0, stream>>>(
               x.const_data_ptr<float>(), reinterpret_cast<const TY*>(y.const_data_ptr()),
-              weight.const_data_ptr<float>(), bias.defined() ? bias.const_data_ptr<float>() : nullptr,
+              weight.const_data_ptr<float>(),
+              bias.defined() ? bias.const_data_ptr<float>() : nullptr,
               r.h.mutable_data_ptr<float>(), reinterpret_cast<TO*>(r.out.mutable_data_ptr()),
               r.mean.mutable_data_ptr<float>(), r.rstd.mutable_data_ptr<float>(), D,
               static_cast<float>(eps));
@@ -106,10 +113,12 @@ AddNormBackwardResult AddNormBackward(const at::Tensor& grad_out, const at::Tens
           auto launch = [&](auto kernel) {
             kernel<<<static_cast<unsigned>(blocks), kAddNormThreads, 0, stream>>>(
                 reinterpret_cast<const TO*>(grad_out.const_data_ptr()),
-                grad_h.defined() ? grad_h.const_data_ptr<float>() : nullptr, h.const_data_ptr<float>(),
-                weight.const_data_ptr<float>(), mean.const_data_ptr<float>(),
-                rstd.const_data_ptr<float>(), r.grad_x.mutable_data_ptr<float>(),
-                y_dtype == at::kFloat ? nullptr : reinterpret_cast<TY*>(r.grad_y.mutable_data_ptr()),
+                grad_h.defined() ? grad_h.const_data_ptr<float>() : nullptr,
+                h.const_data_ptr<float>(), weight.const_data_ptr<float>(),
+                mean.const_data_ptr<float>(), rstd.const_data_ptr<float>(),
+                r.grad_x.mutable_data_ptr<float>(),
+                y_dtype == at::kFloat ? nullptr
+                                      : reinterpret_cast<TY*>(r.grad_y.mutable_data_ptr()),
                 dw.mutable_data_ptr<float>(), db.mutable_data_ptr<float>(), rows, D);
           };
           if (rms) {

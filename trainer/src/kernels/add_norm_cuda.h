@@ -12,9 +12,9 @@ bool Supported(int64_t D);
 struct AddNormForwardResult {
   at::Tensor h, out, mean, rstd;  // h: x + y (fp32); out: out_dtype; mean, rstd: (rows,) fp32
 };
-AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
-                                    const at::Tensor& bias, double eps, bool rms,
-                                    at::ScalarType out_dtype);
+AddNormForwardResult AddNormForward(const at::Tensor& x, const at::Tensor& y,
+                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                    bool rms, at::ScalarType out_dtype);
 
 struct AddNormBackwardResult {
   at::Tensor grad_x, grad_y, grad_weight, grad_bias;

@@ -20,12 +20,20 @@ constexpr int kAddNormMaxPer = 32;  // D <= 8192
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T FromFloat(float v);
-template <> __device__ __forceinline__ float FromFloat<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
-template <> __device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 __device__ __forceinline__ float2 WarpSum2(float2 v) {
 #pragma unroll
@@ -101,7 +109,8 @@ __global__ void __launch_bounds__(kAddNormThreads)
   }
 }
 
-// Rows blockIdx.x, blockIdx.x + gridDim.x, ...: with g = grad_out * w and x_hat = (h - mean) * rstd,
+// Rows blockIdx.x, blockIdx.x + gridDim.x, ...: with g = grad_out * w and x_hat = (h - mean) *
+// rstd,
 //   grad_h_total = grad_h + rstd * (g - mean(g) - x_hat * mean(g * x_hat))   (RMSNorm: no mean(g)),
 // written to grad_x (fp32) and, cast, to grad_y (when not null). The block's
 // column sums of grad_out * x_hat and grad_out go to row blockIdx.x of dw_partial / db_partial
@@ -111,8 +120,9 @@ __global__ void __launch_bounds__(kAddNormThreads)
     AddNormBackwardKernel(const TO* __restrict__ grad_out, const float* __restrict__ grad_h,
                           const float* __restrict__ h, const float* __restrict__ w,
                           const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
-                          float* __restrict__ grad_x, TY* __restrict__ grad_y, float* __restrict__ dw_partial,
-                          float* __restrict__ db_partial, int64_t rows, int64_t D) {
+                          float* __restrict__ grad_x, TY* __restrict__ grad_y,
+                          float* __restrict__ dw_partial, float* __restrict__ db_partial,
+                          int64_t rows, int64_t D) {
   float dw[kPer], db[kPer];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) dw[k] = db[k] = 0.f;

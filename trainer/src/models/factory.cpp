@@ -13,8 +13,10 @@ Model MakeLlamaModel(const ModelConfig& config);
 
 Model MakeModel(const ModelConfig& config) {
   switch (config.family) {
-    case ModelFamily::kGpt: return MakeGptModel(config);
-    case ModelFamily::kLlama: return MakeLlamaModel(config);
+    case ModelFamily::kGpt:
+      return MakeGptModel(config);
+    case ModelFamily::kLlama:
+      return MakeLlamaModel(config);
   }
   TORCH_CHECK(false, "MakeModel: unknown model family ", static_cast<int>(config.family));
 }
@@ -70,9 +72,10 @@ std::string ArchitectureString(const ModelConfig& c) {
                  "mlp_bias={} qk_norm={}",
                  c.kv_heads(), c.head_size(), c.mlp_width(), c.norm_eps, c.rope_theta,
                  r.type.empty() ? "none" : r.type,
-                 r.type.empty() ? "" : fmt::format("({},{},{},{})", r.factor, r.low_freq_factor,
-                                                   r.high_freq_factor,
-                                                   r.original_max_position_embeddings),
+                 r.type.empty()
+                     ? ""
+                     : fmt::format("({},{},{},{})", r.factor, r.low_freq_factor, r.high_freq_factor,
+                                   r.original_max_position_embeddings),
                  c.attention_bias, c.attention_out_bias, c.mlp_bias, c.qk_norm);
 }
 

@@ -90,8 +90,8 @@ class GptLM : public CausalLM {
       const std::string& name = item.key();
       at::Tensor& p = item.value();
       if (p.dim() == 1) continue;  // biases, LayerNorm: keep the defaults (0, 1)
-      const bool residual = name.find("attn_out") != std::string::npos ||
-                            name.find("mlp_out") != std::string::npos;
+      const bool residual =
+          name.find("attn_out") != std::string::npos || name.find("mlp_out") != std::string::npos;
       torch::nn::init::normal_(p, 0.0, residual ? residual_std : 0.02);
     }
     for (auto& item : named_parameters()) {
@@ -116,7 +116,8 @@ class GptLM : public CausalLM {
     at::Tensor h = token_embedding_->forward(tokens) + position_embedding_->forward(positions);
     h = embedding_dropout_->forward(h);
     at::Tensor pending;  // the last block's MLP output, added to h by the final norm
-    for (const auto& block : *blocks_) std::tie(h, pending) = block->as<Block>()->forward(h, pending);
+    for (const auto& block : *blocks_)
+      std::tie(h, pending) = block->as<Block>()->forward(h, pending);
     return pending.defined() ? AddLayerNorm(h, pending, ln_final_).out : LayerNorm(ln_final_, h);
   }
 

@@ -88,8 +88,9 @@ std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tenso
       y.device() == x.device() && floating(y.scalar_type()) && weight.scalar_type() == at::kFloat &&
       (!bias.defined() || bias.scalar_type() == at::kFloat) && x.dim() >= 1 &&
       cuda::Supported(x.size(-1))) {
-    return at::autocast::is_autocast_enabled(at::kCUDA) ? at::autocast::get_autocast_dtype(at::kCUDA)
-                                                        : at::kFloat;
+    return at::autocast::is_autocast_enabled(at::kCUDA)
+               ? at::autocast::get_autocast_dtype(at::kCUDA)
+               : at::kFloat;
   }
 #endif
   return std::nullopt;
@@ -98,9 +99,9 @@ std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tenso
 AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
                     const at::Tensor& bias, double eps, bool rms, at::ScalarType out_dtype) {
 #if DISTILL_WITH_CUDA
-  const variable_list r = AddNormFunction::apply(x, y, weight, bias.defined() ? bias : weight,
-                                                 bias.defined(), eps, rms,
-                                                 static_cast<int64_t>(out_dtype));
+  const variable_list r =
+      AddNormFunction::apply(x, y, weight, bias.defined() ? bias : weight, bias.defined(), eps, rms,
+                             static_cast<int64_t>(out_dtype));
   return {r[0], r[1]};
 #else
   TORCH_CHECK(false, "AddNorm: built without CUDA");
@@ -122,7 +123,8 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
-AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y, const torch::nn::LayerNorm& layer) {
+AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y,
+                           const torch::nn::LayerNorm& layer) {
   if (auto dtype = FusedOutDtype(x, y, layer->weight, layer->bias)) {
     return Fused(x, y, layer->weight, layer->bias, layer->options.eps(), /*rms=*/false, *dtype);
   }
@@ -130,7 +132,8 @@ AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y, const torch
   return {h, LayerNorm(layer, h)};
 }
 
-AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight, double eps) {
+AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+                         double eps) {
   if (auto dtype = FusedOutDtype(x, y, weight, at::Tensor())) {
     return Fused(x, y, weight, at::Tensor(), eps, /*rms=*/true, *dtype);
   }

@@ -43,7 +43,9 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 struct AddNormResult {
   at::Tensor h, out;
 };
-AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y, const torch::nn::LayerNorm& layer);
-AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight, double eps);
+AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y,
+                           const torch::nn::LayerNorm& layer);
+AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+                         double eps);
 
 }  // namespace distill

@@ -75,8 +75,7 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& c)
-      : n_head_(c.n_head), n_kv_head_(c.kv_heads()), head_dim_(c.head_size()),
-        dropout_(c.dropout) {
+      : n_head_(c.n_head), n_kv_head_(c.kv_heads()), head_dim_(c.head_size()), dropout_(c.dropout) {
     const int64_t d = c.d_model;
     q_proj_ = register_module("q_proj", MakeLinear(d, n_head_ * head_dim_, c.attention_bias));
     k_proj_ = register_module("k_proj", MakeLinear(d, n_kv_head_ * head_dim_, c.attention_bias));
@@ -150,10 +149,11 @@ class DecoderLayerImpl : public torch::nn::Module {
   // norm.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& x, const at::Tensor& pending,
                                             const at::Tensor& cos, const at::Tensor& sin) {
-    const AddNormResult attn_in = pending.defined() ? input_layernorm_->forward(x, pending)
-                                                    : AddNormResult{x, input_layernorm_->forward(x)};
-    const AddNormResult mlp_in = post_attention_layernorm_->forward(
-        attn_in.h, self_attn_->forward(attn_in.out, cos, sin));
+    const AddNormResult attn_in = pending.defined()
+                                      ? input_layernorm_->forward(x, pending)
+                                      : AddNormResult{x, input_layernorm_->forward(x)};
+    const AddNormResult mlp_in =
+        post_attention_layernorm_->forward(attn_in.h, self_attn_->forward(attn_in.out, cos, sin));
     return {mlp_in.h, mlp_->forward(mlp_in.out)};
   }
 
@@ -168,8 +168,8 @@ TORCH_MODULE(DecoderLayer);
 class BackboneImpl : public torch::nn::Module {
  public:
   explicit BackboneImpl(const ModelConfig& c) {
-    embed_tokens = register_module("embed_tokens",
-                                   torch::nn::Embedding(c.padded_vocab_size(), c.d_model));
+    embed_tokens =
+        register_module("embed_tokens", torch::nn::Embedding(c.padded_vocab_size(), c.d_model));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.n_layer; ++i) layers->push_back(DecoderLayer(c));
     norm = register_module("norm", RMSNorm(c.d_model, c.norm_eps));
@@ -198,7 +198,8 @@ class LlamaLM : public CausalLM {
       at::Tensor& p = item.value();
       if (p.dim() >= 2) {
         torch::nn::init::normal_(p, 0.0, 0.02);
-      } else if (item.key().size() >= 4 && item.key().compare(item.key().size() - 4, 4, "bias") == 0) {
+      } else if (item.key().size() >= 4 &&
+                 item.key().compare(item.key().size() - 4, 4, "bias") == 0) {
         p.zero_();
       }
     }
