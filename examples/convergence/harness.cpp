@@ -59,7 +59,7 @@ distill::Model PretrainTeacher(const distill::Config& config, const std::string&
   c.train.precision = distill::Precision::kFp32;
   c.train.steps = steps;
   c.train.out_dir = run_dir;
-  distill::Trainer trainer(c, distill::RunOptions{/*fresh=*/true, /*quiet=*/true});
+  distill::Trainer trainer(c, distill::RunOptions::Quiet(/*fresh=*/true));
   for (int64_t i = 0; i < steps; ++i) trainer.Step();
   distill::Model teacher = distill::MakeModel(config.teacher);
   teacher->to(trainer.device());

@@ -172,12 +172,14 @@ int DistillWorks(const Options& o) {
   const distill::Config tc = distill::TeacherStageConfig(c);
   double teacher_val = 0;
   {
-    distill::Trainer teacher(tc, distill::RunOptions{true, true});
+    distill::Trainer teacher(tc, distill::RunOptions::Quiet(/*fresh=*/true));
     teacher.TrainUntil(tc.train.steps);  // ends with a checkpoint: the students load it
     teacher_val = teacher.Evaluate().val_loss;
   }
-  distill::Trainer student(distill::StudentStageConfig(c), distill::RunOptions{true, true});
-  distill::Trainer baseline(distill::BaselineStageConfig(c), distill::RunOptions{true, true});
+  distill::Trainer student(distill::StudentStageConfig(c),
+                           distill::RunOptions::Quiet(/*fresh=*/true));
+  distill::Trainer baseline(distill::BaselineStageConfig(c),
+                            distill::RunOptions::Quiet(/*fresh=*/true));
   const double floor = student.data().EntropyFloor().value();
 
   Csv csv(o.CsvPath("distill_works"), {"step", "val_distilled", "val_hard_labels", "val_teacher",

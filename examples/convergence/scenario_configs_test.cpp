@@ -60,11 +60,11 @@ TEST(ScenarioConfigs, SelfDistillRunsAndStartsAtExactTies) {
   const std::string teacher_dir = dir + "/teacher";
   Config teacher = LoadConfigFile(ConfigPath("self_distill_teacher.yaml"),
                                   {"train.steps=3", "train.out_dir=" + teacher_dir});
-  Trainer(teacher, RunOptions{true, true}).TrainUntil(3);
+  Trainer(teacher, RunOptions::Quiet(/*fresh=*/true)).TrainUntil(3);
   Config c = LoadConfigFile(
       ConfigPath("self_distill.yaml"),
       {"train.steps=3", "teacher.checkpoint=" + teacher_dir, "train.out_dir=" + dir + "/student"});
-  Trainer student(c, RunOptions{true, true});
+  Trainer student(c, RunOptions::Quiet(/*fresh=*/true));
   const StepResult first = student.Step();
   EXPECT_EQ(first.kd_loss, 0.0);
   EXPECT_GT(first.ce_loss, 0.0);

@@ -49,7 +49,7 @@ bool ignored(const int64_t* labels, int64_t row, int64_t ignore_index) {
 }
 
 template <typename scalar_t, typename acc_t, bool kElem>
-void forward_rows(const FlatInputs& in, int64_t ignore_index, acc_t* elem, acc_t* row_loss) {
+void forward_rows(const FlatInputs& in, int64_t ignore_index, acc_t* elem, double* row_loss) {
   const scalar_t* p = in.p.const_data_ptr<scalar_t>();
   const scalar_t* q = in.q.const_data_ptr<scalar_t>();
   const int64_t ps = in.p.stride(0), qs = in.q.stride(0), V = in.V;
@@ -58,7 +58,7 @@ void forward_rows(const FlatInputs& in, int64_t ignore_index, acc_t* elem, acc_t
     for (int64_t r = begin; r < end; ++r) {
       if (ignored(labels, r, ignore_index)) {  // no loss, no gradient
         if (kElem) std::fill(elem + r * V, elem + (r + 1) * V, acc_t(0));
-        row_loss[r] = acc_t(0);
+        row_loss[r] = 0.0;
         continue;
       }
       row_loss[r] = kernels::tvd_row_forward_cpu<kElem>(p + r * ps, q + r * qs, V,
@@ -83,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cpu(
       at::kHalf, at::kBFloat16, p.scalar_type(), "lossfns_tvd_forward_cpu", [&] {
         using acc_t =
             at::opmath_type<scalar_t>;  // float for half/bfloat16/float, double for double
-        std::vector<acc_t> row_loss(static_cast<size_t>(in.rows));
+        std::vector<double> row_loss(static_cast<size_t>(in.rows));
         if (none) {
           forward_rows<scalar_t, acc_t, true>(in, ignore_index, loss.mutable_data_ptr<acc_t>(),
                                               row_loss.data());
@@ -94,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cpu(
         int64_t valid = 0;
         const int64_t* l = in.labels.defined() ? in.labels.const_data_ptr<int64_t>() : nullptr;
         for (int64_t r = 0; r < in.rows; ++r) {
-          sum += static_cast<double>(row_loss[r]);
+          sum += row_loss[r];
           valid += ignored(l, r, ignore_index) ? 0 : 1;
         }
         const double sc = kernels::reduction_scale<double>(reduction, valid, in.V);

@@ -320,7 +320,7 @@ TEST(ConfigTest, ReferenceDocumentsEveryKey) {
 // colon, a leading space, '#', a tab, a control byte) survive config.yaml exactly.
 TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
   Config c = ParseConfig(kValidDistill, "x.yaml");
-  for (const std::string path :
+  for (const std::string& path :
        {std::string("a\nb"), std::string("say \"hi\""), std::string("C:\\data\\x.txt"),
         std::string("key: value"), std::string(" leading space"), std::string("a #comment"),
         std::string("tab\there"), std::string("bell\x07"), std::string("true"),

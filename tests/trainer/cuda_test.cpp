@@ -26,7 +26,7 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   c.distill.ce_weight = 0.5;
   c.train.steps = 40;
 
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   ASSERT_TRUE(trainer.device().is_cuda());
   const EvalResult before = trainer.Evaluate();
   const StepResult step = trainer.Step();
@@ -39,7 +39,7 @@ TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
 
   Config longer = c;
   longer.train.steps = 42;
-  Trainer resumed(longer, RunOptions{false, true});
+  Trainer resumed(longer, RunOptions::Quiet());
   EXPECT_EQ(resumed.step(), 40);
   EXPECT_TRUE(at::equal(resumed.student().lm_head_weight(), trainer.student().lm_head_weight()));
   resumed.Train();
@@ -64,8 +64,8 @@ TEST(CudaTest, Bf16FusedLinearMatchesTheLogitsPath) {
   Config fused_config = c;
   fused_config.distill.fused_linear = true;
   fused_config.train.out_dir = c.train.out_dir + "-fused";
-  Trainer unfused(c, RunOptions{false, true});
-  Trainer fused(fused_config, RunOptions{false, true});
+  Trainer unfused(c, RunOptions::Quiet());
+  Trainer fused(fused_config, RunOptions::Quiet());
 
   {
     AutocastGuard autocast(true);

@@ -109,10 +109,10 @@ TEST(DistributedCudaTest, WorldOfOneMatchesThePlainRun) {
   c.train.grad_accum = 2;
   c.train.steps = 20;
 
-  Trainer plain(c, RunOptions{false, true});
+  Trainer plain(c, RunOptions::Quiet());
   Config dc = c;
   dc.train.out_dir += "-ddp";
-  Trainer ddp(dc, RunOptions{true, true, &dist});
+  Trainer ddp(dc, RunOptions::Quiet(/*fresh=*/true, &dist));
   ASSERT_EQ(ddp.device(), dist.device());
   for (int64_t step = 0; step < c.train.steps; ++step) {
     const StepResult a = plain.Step(), b = ddp.Step();
@@ -132,7 +132,7 @@ TEST(DistributedCudaTest, WorldOfOneMatchesThePlainRun) {
   ASSERT_TRUE(LatestCheckpoint(dc.train.out_dir).has_value());
   Config longer = dc;
   longer.train.steps = 22;
-  Trainer resumed(longer, RunOptions{false, true, &dist});
+  Trainer resumed(longer, RunOptions::Quiet(/*fresh=*/false, &dist));
   EXPECT_EQ(resumed.step(), 20);
   EXPECT_TRUE(at::equal(resumed.student().lm_head_weight(), wb));
   resumed.Train();

@@ -220,7 +220,7 @@ TEST(DistributedNoOpTest, WorldOneWithoutCudaRunsAsOneProcess) {
 TEST(DistributedShardTest, RankGradientsSumToTheOneProcessGradient) {
   Config c = testing::TinyDistillConfig(testing::TempRunDir());
   c.train.grad_accum = 4;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   auto batches_of = [&](int rank, int world) {
     std::vector<Batch> batches;
     for (int64_t i : RankMicroBatches(0, 4, rank, world))
@@ -271,11 +271,11 @@ TEST(DistributedNoOpTest, TrainerWithTheNoOpGroupIsUnchanged) {
   Config c = testing::TinyConfig(testing::TempRunDir());
   c.train.steps = 5;
   c.train.grad_accum = 2;
-  Trainer plain(c, RunOptions{false, true});
+  Trainer plain(c, RunOptions::Quiet());
   plain.Train();
   Distributed single;
   c.train.out_dir += "-noop";
-  Trainer with_group(c, RunOptions{true, true, &single});
+  Trainer with_group(c, RunOptions::Quiet(/*fresh=*/true, &single));
   with_group.Train();
   EXPECT_TRUE(at::equal(plain.student().lm_head_weight(), with_group.student().lm_head_weight()));
 }

@@ -63,8 +63,8 @@ TEST_P(TrainingFusedLinearTest, StepsMatchTheLogitsPath) {
   Config fused_config = c;
   fused_config.distill.fused_linear = true;
   fused_config.train.out_dir = c.train.out_dir + "-fused";
-  Trainer unfused(c, RunOptions{false, true});
-  Trainer fused(fused_config, RunOptions{false, true});
+  Trainer unfused(c, RunOptions::Quiet());
+  Trainer fused(fused_config, RunOptions::Quiet());
 
   // One micro-batch's gradient, element by element, from identical weights: atol covers the
   // entries that are rounding noise around 0 (1e-5 of the largest gradient entry).

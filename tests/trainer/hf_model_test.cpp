@@ -231,7 +231,7 @@ TEST(HfModel, PaddedVocabulariesOfDifferentWidthsDistil) {
   c.data.synthetic.branching = 4;
   c.train.steps = 3;
   c.train.export_hf = false;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   const StepResult first = trainer.Step();
   EXPECT_TRUE(std::isfinite(first.loss));
   EXPECT_GT(first.kd_loss, 0.0);

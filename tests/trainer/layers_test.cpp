@@ -123,7 +123,9 @@ void CheckFused(const FusedCase& c) {
   EXPECT_LT(MaxRelDiff(got[0], want[0]), 2e-5) << "grad x";
   EXPECT_LT(MaxRelDiff(got[1], want[1]), bf16_y ? 8e-3 : 2e-5) << "grad y";
   EXPECT_LT(MaxRelDiff(got[2], want[2]), 2e-5) << "grad weight";
-  if (!c.rms) EXPECT_LT(MaxRelDiff(got[3], want[3]), 2e-5) << "grad bias";
+  if (!c.rms) {
+    EXPECT_LT(MaxRelDiff(got[3], want[3]), 2e-5) << "grad bias";
+  }
 }
 
 TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {

@@ -73,7 +73,7 @@ TEST(MemoryEstimateTest, TrainedStateTermsAreTheMeasuredBytes) {
   Config c = testing::TinyDistillConfig(TempRunDir());
   const MemoryEstimate estimate = EstimateMemory(c, c10::DeviceType::CPU);
   ASSERT_GE(estimate.terms.size(), 2u);
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   trainer.Step();
   double student_bytes = 0;
   for (const auto& p : trainer.student().parameters()) {

@@ -59,15 +59,15 @@ TEST(ResumeTest, HalfResumeHalfIsBitIdentical) {
 
   Config straight_config = c;
   straight_config.train.out_dir += "-straight";
-  Trainer straight(straight_config, RunOptions{false, true});
+  Trainer straight(straight_config, RunOptions::Quiet());
   straight.TrainUntil(8);
 
   {
-    Trainer first_half(c, RunOptions{false, true});
+    Trainer first_half(c, RunOptions::Quiet());
     first_half.TrainUntil(4);
     // Steps past the checkpoint that a crash would lose: their records must not duplicate.
   }
-  Trainer resumed(c, RunOptions{false, true});
+  Trainer resumed(c, RunOptions::Quiet());
   ASSERT_EQ(resumed.step(), 4);
   resumed.TrainUntil(8);
   ExpectBitIdentical(straight.student(), resumed.student());
@@ -77,7 +77,7 @@ TEST(ResumeTest, HalfResumeHalfIsBitIdentical) {
   Config other = straight_config;
   other.train.seed = 1;
   other.train.out_dir += "-seed1";
-  Trainer different(other, RunOptions{false, true});
+  Trainer different(other, RunOptions::Quiet());
   different.TrainUntil(8);
   EXPECT_FALSE(
       at::equal(different.student().lm_head_weight(), straight.student().lm_head_weight()));
@@ -89,14 +89,14 @@ TEST(ResumeTest, ElapsedTimeCarriesOverAResume) {
   Config c = testing::TinyConfig(TempRunDir());
   c.train.steps = 6;
   c.train.log_interval = 1;
-  { Trainer(c, RunOptions{false, true}).TrainUntil(3); }
+  { Trainer(c, RunOptions::Quiet()).TrainUntil(3); }
   Model model = MakeModel(c.student);
   auto optimizer = MakeOptimizer(c.optim, *model);
   const TrainingPosition at3 =
       LoadCheckpoint(*LatestCheckpoint(c.train.out_dir), *model, *optimizer, at::Device(at::kCPU));
   ASSERT_EQ(at3.step, 3);
   EXPECT_GT(at3.elapsed_s, 0.0);
-  Trainer resumed(c, RunOptions{false, true});
+  Trainer resumed(c, RunOptions::Quiet());
   ASSERT_EQ(resumed.step(), 3);
   resumed.Train();
   std::ifstream in(c.train.out_dir + "/summary.json");
@@ -113,7 +113,7 @@ TEST(ResumeTest, CheckpointsAreWrittenAndPruned) {
   c.train.steps = 6;
   c.train.checkpoint_interval = 2;
   c.train.keep_checkpoints = 2;
-  Trainer(c, RunOptions{false, true}).Train();
+  Trainer(c, RunOptions::Quiet()).Train();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(c.train.out_dir + "/checkpoints")) {
     names.push_back(e.path().filename().string());
@@ -130,7 +130,7 @@ TEST(ResumeTest, MetricsRecordsHaveEveryField) {
   c.train.steps = 4;
   c.train.log_interval = 2;
   c.train.eval_interval = 2;
-  Trainer(c, RunOptions{false, true}).Train();
+  Trainer(c, RunOptions::Quiet()).Train();
   std::ifstream in(c.train.out_dir + "/metrics.jsonl");
   int train_records = 0, eval_records = 0;
   for (std::string line; std::getline(in, line);) {
@@ -158,12 +158,12 @@ TEST(ResumeTest, MetricsRecordsHaveEveryField) {
 TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
-  Trainer(c, RunOptions{false, true}).Train();
+  Trainer(c, RunOptions::Quiet()).Train();
 
   Config changed = c;
   changed.optim.lr = 0.5;
   try {
-    Trainer t(changed, RunOptions{false, true});
+    Trainer t(changed, RunOptions::Quiet());
     FAIL() << "a different run was silently resumed";
   } catch (const RunDirError& e) {
     const std::string message = e.what();
@@ -176,19 +176,19 @@ TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
   // train.resume false refuses even the same run.
   Config no_resume = c;
   no_resume.train.resume = false;
-  EXPECT_THROW(Trainer(no_resume, RunOptions{false, true}), RunDirError);
+  EXPECT_THROW(Trainer(no_resume, RunOptions::Quiet()), RunDirError);
   // More steps: the same run, resumed from its last checkpoint.
   Config longer = c;
   longer.train.steps = 3;
-  EXPECT_EQ(Trainer(longer, RunOptions{false, true}).step(), 2);
+  EXPECT_EQ(Trainer(longer, RunOptions::Quiet()).step(), 2);
   // --fresh starts over.
-  EXPECT_EQ(Trainer(changed, RunOptions{true, true}).step(), 0);
+  EXPECT_EQ(Trainer(changed, RunOptions::Quiet(/*fresh=*/true)).step(), 0);
   // A non-empty directory that is not a run is never deleted, even with --fresh.
   Config foreign = c;
   foreign.train.out_dir = TempRunDir("-foreign");
   fs::create_directories(foreign.train.out_dir);
   std::ofstream(foreign.train.out_dir + "/notes.txt") << "mine";
-  EXPECT_THROW(Trainer(foreign, RunOptions{true, true}), RunDirError);
+  EXPECT_THROW(Trainer(foreign, RunOptions::Quiet(/*fresh=*/true)), RunDirError);
   EXPECT_TRUE(fs::exists(foreign.train.out_dir + "/notes.txt"));
 }
 
@@ -198,7 +198,7 @@ TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
 TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
-  Trainer(c, RunOptions{false, true}).Train();
+  Trainer(c, RunOptions::Quiet()).Train();
   std::ifstream marker_in(c.train.out_dir + "/" + kRunMarker);
   std::string marker((std::istreambuf_iterator<char>(marker_in)), {});
   EXPECT_NE(marker.find("run_id: "), std::string::npos) << marker;
@@ -211,7 +211,7 @@ TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
   fs::copy_file(c.train.out_dir + "/config.yaml", foreign.train.out_dir + "/config.yaml");
   std::ofstream(foreign.train.out_dir + "/thesis.tex") << "years of work";
   try {
-    Trainer t(foreign, RunOptions{true, true});
+    Trainer t(foreign, RunOptions::Quiet(/*fresh=*/true));
     FAIL() << "--fresh deleted a directory without the marker";
   } catch (const RunDirError& e) {
     const std::string message = e.what();
@@ -226,9 +226,9 @@ TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
   fs::remove(c.train.out_dir + "/" + kRunMarker);
   Config longer = c;
   longer.train.steps = 3;
-  EXPECT_EQ(Trainer(longer, RunOptions{false, true}).step(), 2);
+  EXPECT_EQ(Trainer(longer, RunOptions::Quiet()).step(), 2);
   EXPECT_FALSE(IsOwnRunDir(c.train.out_dir)) << "resuming must not adopt a directory";
-  EXPECT_THROW(Trainer(c, RunOptions{true, true}), RunDirError);
+  EXPECT_THROW(Trainer(c, RunOptions::Quiet(/*fresh=*/true)), RunDirError);
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/checkpoints"));
 }
 
@@ -239,13 +239,13 @@ TEST(ResumeTest, FailedStartLeavesNoRunDirectory) {
   c.train.steps = 2;
   Config typo = c;
   typo.teacher.checkpoint += "-typo";
-  EXPECT_THROW(Trainer(typo, RunOptions{false, true}), std::runtime_error);
+  EXPECT_THROW(Trainer(typo, RunOptions::Quiet()), std::runtime_error);
   EXPECT_FALSE(fs::exists(c.train.out_dir)) << "a failed start created the run directory";
-  Trainer(c, RunOptions{false, true}).Train();  // the corrected command
+  Trainer(c, RunOptions::Quiet()).Train();  // the corrected command
   // --fresh with a typo: the existing run is not deleted before the start succeeded.
-  EXPECT_THROW(Trainer(typo, RunOptions{true, true}), std::runtime_error);
+  EXPECT_THROW(Trainer(typo, RunOptions::Quiet(/*fresh=*/true)), std::runtime_error);
   EXPECT_TRUE(LatestCheckpoint(c.train.out_dir).has_value());
-  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 2);
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
 }
 
 // Lowers RLIMIT_FSIZE for its scope, with SIGXFSZ ignored: a write past `bytes` then fails with
@@ -287,7 +287,7 @@ std::vector<std::string> Names(const std::string& dir) {
 TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 4;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   trainer.TrainUntil(2);
   const std::string good = CheckpointPath(c.train.out_dir, 2);
   const std::string good_bytes = ReadAll(good);
@@ -317,7 +317,7 @@ TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
                                                               "config.yaml", "metrics.jsonl"}));
   // The space is back: the same trainer checkpoints and finishes, and a resume continues.
   trainer.TrainUntil(4);
-  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 4);
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 4);
 }
 
 // A restart keeps the records up to the checkpoint it resumes from, drops the later ones and a
@@ -336,7 +336,7 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 6;
   c.train.log_interval = 1;
-  Trainer(c, RunOptions{false, true}).TrainUntil(4);
+  Trainer(c, RunOptions::Quiet()).TrainUntil(4);
   const std::string path = c.train.out_dir + "/metrics.jsonl";
   const std::string up_to_4 = ReadAll(path);
   // A crash after step 5's record and in the middle of step 6's.
@@ -345,7 +345,7 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   struct stat before {
   }, after{};
   ASSERT_EQ(stat(path.c_str(), &before), 0);
-  Trainer resumed(c, RunOptions{false, true});
+  Trainer resumed(c, RunOptions::Quiet());
   ASSERT_EQ(resumed.step(), 4);
   ASSERT_EQ(stat(path.c_str(), &after), 0);
   EXPECT_NE(before.st_ino, after.st_ino) << "rewritten in place, not replaced by rename";
@@ -382,7 +382,7 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 4;
   c.train.checkpoint_interval = 2;
-  Trainer(c, RunOptions{false, true}).TrainUntil(4);
+  Trainer(c, RunOptions::Quiet()).TrainUntil(4);
   const std::string step2 = CheckpointPath(c.train.out_dir, 2);
   const std::string step4 = CheckpointPath(c.train.out_dir, 4);
   const std::string step4_bytes = ReadAll(step4);
@@ -391,7 +391,7 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
   flipped[flipped.size() / 2] ^= 0x01;  // one bit, inside the weights
   std::ofstream(step4, std::ios::binary | std::ios::trunc) << flipped;
   {
-    Trainer resumed(c, RunOptions{false, true});
+    Trainer resumed(c, RunOptions::Quiet());
     EXPECT_EQ(resumed.step(), 2);
     ASSERT_EQ(resumed.warnings().size(), 1u);
     const std::string& warning = resumed.warnings()[0];
@@ -400,10 +400,10 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
         << warning;
   }
   std::ofstream(step4, std::ios::binary | std::ios::trunc) << step4_bytes.substr(0, 1000);
-  EXPECT_EQ(Trainer(c, RunOptions{false, true}).step(), 2);
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
   std::ofstream(step2, std::ios::binary | std::ios::trunc) << "";
   try {
-    Trainer t(c, RunOptions{false, true});
+    Trainer t(c, RunOptions::Quiet());
     FAIL() << "resumed without an intact checkpoint";
   } catch (const CorruptCheckpointError& e) {
     const std::string message = e.what();
@@ -418,14 +418,14 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
 TEST(ResumeTest, CheckpointOfAnotherRunIsRefused) {
   Config a = TinyConfig(TempRunDir("-a"));
   a.train.steps = 4;
-  Trainer(a, RunOptions{false, true}).TrainUntil(4);
+  Trainer(a, RunOptions::Quiet()).TrainUntil(4);
   Config b = a;
   b.train.out_dir = TempRunDir("-b");
   b.optim.lr = 0.01;
-  Trainer(b, RunOptions{false, true}).TrainUntil(2);
+  Trainer(b, RunOptions::Quiet()).TrainUntil(2);
   fs::copy_file(CheckpointPath(a.train.out_dir, 4), CheckpointPath(b.train.out_dir, 4));
   try {
-    Trainer t(b, RunOptions{false, true});
+    Trainer t(b, RunOptions::Quiet());
     FAIL() << "resumed from another run's checkpoint";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(CheckpointPath(b.train.out_dir, 4) +

@@ -69,7 +69,7 @@ inline std::string MakeTeacher(const Config& config, const std::string& dir, int
   Config c = TeacherStageConfig(config);
   c.train.steps = steps;
   c.train.out_dir = dir;
-  Trainer(c, RunOptions{false, true}).TrainUntil(steps);
+  Trainer(c, RunOptions::Quiet()).TrainUntil(steps);
   return dir;
 }
 

@@ -29,7 +29,7 @@ Batch Rows(const Batch& b, int64_t begin, int64_t end, int64_t ignore_index) {
 TEST(TrainingTest, PretrainStepsReduceValidationLoss) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 40;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   const double before = trainer.Evaluate().val_loss;
   EXPECT_NEAR(before, std::log(24.0), 0.3);  // a fresh model is close to uniform
   const double after = trainer.Train().val_loss;
@@ -42,7 +42,7 @@ TEST(TrainingTest, PretrainStepsReduceValidationLoss) {
 TEST(TrainingTest, DistillStepsReduceValidationKd) {
   Config c = TinyDistillConfig(TempRunDir(), /*teacher_steps=*/60);
   c.train.steps = 40;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   const EvalResult before = trainer.Evaluate();
   const EvalResult after = trainer.Train();
   EXPECT_LT(after.val_kd, 0.7 * before.val_kd) << before.val_kd << " -> " << after.val_kd;
@@ -55,7 +55,7 @@ TEST(TrainingTest, DistillStepsReduceValidationKd) {
 // (average of per-micro-batch means) must be detectably different, or this test proves nothing.
 TEST(TrainingTest, GradientAccumulationMatchesOneBatch) {
   Config c = TinyDistillConfig(TempRunDir());
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   const int64_t ignore = c.distill.ignore_index;
   const Batch batch = trainer.data().TrainBatch(0);
   const Batch first = Rows(batch, 0, 3, ignore), second = Rows(batch, 3, 8, ignore);
@@ -102,7 +102,7 @@ TEST(TrainingTest, SelfDistillationStepZeroLeavesStudentBitIdentical) {
   c.distill.temperature = 2.0;
   c.optim.weight_decay = 0.0;
 
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   const StepResult r = trainer.Step();
   EXPECT_EQ(r.kd_loss, 0.0);
   EXPECT_EQ(r.grad_norm, 0.0);
@@ -114,7 +114,7 @@ TEST(TrainingTest, SelfDistillationStepZeroLeavesStudentBitIdentical) {
   // Control: the same step with weight decay moves the weights, so the check above can fail.
   c.optim.weight_decay = 0.1;
   c.train.out_dir += "-decay";
-  Trainer decayed(c, RunOptions{true, true});
+  Trainer decayed(c, RunOptions::Quiet(/*fresh=*/true));
   decayed.Step();
   EXPECT_FALSE(at::equal(decayed.student().lm_head_weight(), teacher["token_embedding.weight"]));
 }
@@ -132,7 +132,7 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
     c.distill.temperature = 2.0;
     c.optim.weight_decay = 0.0;
     c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher");
-    Trainer trainer(c, RunOptions{false, true});
+    Trainer trainer(c, RunOptions::Quiet());
     const Batch batch = trainer.data().TrainBatch(0);
 
     const at::Tensor logits = trainer.student().forward(batch.inputs);
@@ -160,7 +160,7 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
 TEST(TrainingTest, NonFiniteStopsBeforeTheOptimizerStep) {
   Config c = TinyDistillConfig(TempRunDir());
   c.train.steps = 6;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   trainer.TrainUntil(2);
   {
     torch::NoGradGuard no_grad;
@@ -190,7 +190,7 @@ TEST(TrainingTest, NonFiniteSkipCountsAndContinues) {
   Config c = TinyDistillConfig(TempRunDir());
   c.train.nonfinite = NonFinite::kSkip;
   c.train.max_skipped_steps = 2;
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   EXPECT_FALSE(trainer.Step().skipped);
   {
     torch::NoGradGuard no_grad;
@@ -210,7 +210,7 @@ TEST(TrainingTest, NonFiniteSkipCountsAndContinues) {
 // A checkpoint of non-finite weights is never written.
 TEST(TrainingTest, NonFiniteWeightsAreNeverCheckpointed) {
   Config c = TinyConfig(TempRunDir());
-  Trainer trainer(c, RunOptions{false, true});
+  Trainer trainer(c, RunOptions::Quiet());
   trainer.Step();
   {
     torch::NoGradGuard no_grad;

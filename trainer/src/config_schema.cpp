@@ -29,9 +29,6 @@ Rule<int64_t> IntIn(int64_t lo, int64_t hi) {
 Rule<int64_t> AnyInt() {
   return {"an integer", [](const int64_t&) { return true; }};
 }
-Rule<double> NumberAbove(double lo) {
-  return {fmt::format("a number > {}", lo), [lo](const double& v) { return v > lo; }};
-}
 Rule<double> NumberAtLeast(double lo) {
   return {fmt::format("a number >= {}", lo), [lo](const double& v) { return v >= lo; }};
 }

@@ -42,6 +42,15 @@ struct RunOptions {
   // --profile-steps: a trace, then phase timers, of a few steps into <out_dir>/profile/
   // (profile.h); steps 0: off, nothing added to a step.
   ProfileOptions profile;
+
+  // A run without console output (tests, examples): RunOptions::Quiet(/*fresh=*/true).
+  static RunOptions Quiet(bool fresh = false, Distributed* distributed = nullptr) {
+    RunOptions o;
+    o.fresh = fresh;
+    o.quiet = true;
+    o.distributed = distributed;
+    return o;
+  }
 };
 
 struct StepResult {
