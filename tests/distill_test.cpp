@@ -3,6 +3,8 @@
 // -inf columns and extreme temperatures; the exactness rules; the errors. CUDA cases skip without
 // a GPU.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -14,6 +16,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 
+#include "common.h"  // cpu_isa(): which CPU build of the kernels runs
 #include "distill_reference.h"
 #include "lossfns/distill.h"
 #include "lossfns/distill_module.h"
@@ -180,6 +183,21 @@ void run_case(const Case& c, Divergence div, const at::Device& dev, at::ScalarTy
   if (c.pattern == "tied" || c.pattern == "probtie") {  // exactly 0, not merely small
     EXPECT_EQ(loss.abs().max().item<double>(), 0.0);
     EXPECT_EQ(sl.grad().abs().max().item<double>(), 0.0);
+  }
+}
+
+// ctest runs this file under LOSSFNS_CPU_CAPABILITY=default and =avx2 as well
+// (tests/CMakeLists.txt): the kernels those runs check must be the builds asked for.
+TEST(DistillCpuIsa, RunsTheRequestedBuild) {
+  const char* want = std::getenv("LOSSFNS_CPU_CAPABILITY");
+  const std::string got = detail::cpu_isa_name(detail::cpu_isa());
+  std::printf("CPU build of the kernels: %s\n", got.c_str());
+  if (want == nullptr || *want == '\0') return;
+  if (got != want) {
+    const std::string w(want);
+    const bool narrower = w == "default" || (w == "avx2" && got == "avx512");
+    ASSERT_FALSE(narrower) << "asked for " << w << ", got " << got;
+    GTEST_SKIP() << "this CPU or build has no " << w << " (it runs " << got << ")";
   }
 }
 

@@ -1,6 +1,9 @@
 // Glue every op of liblossfns shares (common.h), the library's version and reduction names.
 #include "common.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <ATen/ATen.h>
 
 #include "kernels_common.h"
@@ -73,6 +76,51 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
               ": labels must have shape ", dims(lead), " (", what,
               "'s shape without its last dimension) or (", num(rows), ",); got ", dims(l.sizes()));
   return l.reshape({rows}).contiguous();
+}
+
+// LOSSFNS_X86_ISA_DISPATCH: the compiler can build a function for a wider x86-64 ISA (the target
+// attribute) and ask the CPU what it has (__builtin_cpu_supports): gcc and clang on x86-64.
+const char* cpu_isa_name(CpuIsa isa) {
+  return isa == CpuIsa::kAvx512 ? "avx512" : isa == CpuIsa::kAvx2 ? "avx2" : "default";
+}
+
+namespace {
+CpuIsa best_cpu_isa() {
+#if LOSSFNS_X86_ISA_DISPATCH
+  __builtin_cpu_init();
+  // What the avx512 and avx2 builds are compiled for (kernels_common.h's target strings).
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
+#endif
+  return CpuIsa::kDefault;
+}
+
+CpuIsa choose_cpu_isa() {
+  const CpuIsa best = best_cpu_isa();
+  const char* env = std::getenv("LOSSFNS_CPU_CAPABILITY");
+  if (env == nullptr || *env == '\0') return best;
+  const std::string want(env);
+  for (CpuIsa isa : {CpuIsa::kDefault, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (want != cpu_isa_name(isa)) continue;
+    if (isa > best) {
+      TORCH_WARN("LOSSFNS_CPU_CAPABILITY=", want, ": this CPU (or this build) has only '",
+                 cpu_isa_name(best), "'; using that");
+      return best;
+    }
+    return isa;
+  }
+  TORCH_WARN("LOSSFNS_CPU_CAPABILITY=", want,
+             " is not one of default, avx2, avx512; ignored (using '", cpu_isa_name(best), "')");
+  return best;
+}
+}  // namespace
+
+CpuIsa cpu_isa() {
+  static const CpuIsa isa = choose_cpu_isa();
+  return isa;
 }
 
 }  // namespace detail

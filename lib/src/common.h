@@ -35,4 +35,12 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows);
 at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
                         int64_t rows, const at::Device& device, const char* op, const char* what);
 
+// The x86-64 instruction set the CPU kernels that are built per ISA run with, chosen once per
+// process: the best the CPU has, or LOSSFNS_CPU_CAPABILITY (default | avx2 | avx512, as ATen's
+// ATEN_CPU_CAPABILITY), never above what the CPU has (then the best it has, with a warning).
+// Other architectures and compilers: always kDefault.
+enum class CpuIsa { kDefault, kAvx2, kAvx512 };
+CpuIsa cpu_isa();
+const char* cpu_isa_name(CpuIsa isa);
+
 }  // namespace lossfns::detail

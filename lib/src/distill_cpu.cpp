@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "distill_cpu_isa.h"
 #include "distill_cpu_kernel.h"
 #include "distill_internal.h"
 
@@ -22,29 +23,54 @@ constexpr std::initializer_list<at::ScalarType> kCpuDtypes = {at::kFloat, at::kD
 // Rows per parallel task: about 64K elements each, so small V does not drown in task overhead.
 int64_t grain_rows(int64_t V) { return std::max<int64_t>(1, (int64_t{1} << 16) / V); }
 
-bool ignored(const int64_t* labels, int64_t row, int64_t ignore_index) {
-  return labels != nullptr && labels[row] == ignore_index;
-}
-
-// Calls f with the divergence as a compile-time constant (the row kernels are specialised on it).
-template <typename F>
-void with_divergence(int64_t divergence, F&& f) {
-  switch (divergence) {
-    case kernels::kTvd:
-      return f(std::integral_constant<int64_t, kernels::kTvd>{});
-    case kernels::kForwardKl:
-      return f(std::integral_constant<int64_t, kernels::kForwardKl>{});
-    case kernels::kReverseKl:
-      return f(std::integral_constant<int64_t, kernels::kReverseKl>{});
-    default:
-      return f(std::integral_constant<int64_t, kernels::kJsd>{});
+// Rows of the dtypes that compute in float (fp32, fp16, bf16) also have AVX2 + FMA and AVX-512
+// builds (distill_cpu_isa.cpp); each call runs the one cpu_isa() chose. fp64, and other platforms,
+// run the baseline build.
+template <typename T, typename Acc>
+void forward_rows(int64_t divergence, const kernels::CpuRows<T>& rows, int64_t begin, int64_t end,
+                  Acc inv_t, const kernels::JsdConstants<Acc>& jsd, Acc* stats) {
+#if LOSSFNS_X86_ISA_DISPATCH
+  if constexpr (std::is_same_v<Acc, float>) {
+    static const CpuIsa isa = cpu_isa();
+    if (isa == CpuIsa::kAvx512)
+      return distill_forward_rows_avx512(divergence, rows, begin, end, inv_t, jsd, stats);
+    if (isa == CpuIsa::kAvx2)
+      return distill_forward_rows_avx2(divergence, rows, begin, end, inv_t, jsd, stats);
   }
+#endif
+  kernels::distill_rows_forward_cpu(divergence, rows, begin, end, inv_t, jsd, stats);
+}
+template <typename T, typename Acc>
+void backward_rows(int64_t divergence, const kernels::CpuRows<T>& rows, int64_t begin, int64_t end,
+                   Acc inv_t, const kernels::JsdConstants<Acc>& jsd, const Acc* stats,
+                   const Acc* grad_output, bool none, Acc reduce_scale, T* grad) {
+#if LOSSFNS_X86_ISA_DISPATCH
+  if constexpr (std::is_same_v<Acc, float>) {
+    static const CpuIsa isa = cpu_isa();
+    if (isa == CpuIsa::kAvx512)
+      return distill_backward_rows_avx512(divergence, rows, begin, end, inv_t, jsd, stats,
+                                          grad_output, none, reduce_scale, grad);
+    if (isa == CpuIsa::kAvx2)
+      return distill_backward_rows_avx2(divergence, rows, begin, end, inv_t, jsd, stats,
+                                        grad_output, none, reduce_scale, grad);
+  }
+#endif
+  kernels::distill_rows_backward_cpu(divergence, rows, begin, end, inv_t, jsd, stats, grad_output,
+                                     none, reduce_scale, grad);
 }
 
 template <typename scalar_t>
-kernels::CpuRow<scalar_t> row_of(const DistillInputs& in, int64_t r) {
-  return {in.s.const_data_ptr<scalar_t>() + r * in.s.stride(0),
-          in.t.const_data_ptr<scalar_t>() + r * in.t.stride(0), in.ws, in.wt, in.V};
+kernels::CpuRows<scalar_t> rows_of(const DistillInputs& in, const int64_t* labels,
+                                   int64_t ignore_index) {
+  return {in.s.const_data_ptr<scalar_t>(),
+          in.t.const_data_ptr<scalar_t>(),
+          in.s.stride(0),
+          in.t.stride(0),
+          in.ws,
+          in.wt,
+          in.V,
+          labels,
+          ignore_index};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cpu(
@@ -69,24 +95,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cpu(
         const acc_t inv_t = acc_t(1.0 / temperature);
         const kernels::JsdConstants<acc_t> jsd(divergence == kernels::kJsd ? beta : 0.5);
         acc_t* st = stats.mutable_data_ptr<acc_t>();
-        with_divergence(divergence, [&](auto div) {
-          at::parallel_for(0, in.rows, grain_rows(in.V), [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) {
-              acc_t* row_stats = st + r * kernels::kStatsPerRow;
-              if (ignored(l, r, ignore_index)) {
-                std::fill(row_stats, row_stats + kernels::kStatsPerRow, acc_t(0));
-                continue;
-              }
-              kernels::distill_row_forward_cpu<decltype(div)::value>(row_of<scalar_t>(in, r), inv_t,
-                                                                     jsd, row_stats);
-            }
-          });
+        const auto rows = rows_of<scalar_t>(in, l, ignore_index);
+        at::parallel_for(0, in.rows, grain_rows(in.V), [&](int64_t b, int64_t e) {
+          forward_rows(divergence, rows, b, e, inv_t, jsd, st);
         });
         double sum = 0.0;  // rows summed in double: many rows must not lose the small ones
         int64_t valid = 0;
         for (int64_t r = 0; r < in.rows; ++r) {
           sum += static_cast<double>(st[r * kernels::kStatsPerRow + kernels::kStatLoss]);
-          valid += ignored(l, r, ignore_index) ? 0 : 1;
+          valid += rows.ignored(r) ? 0 : 1;
         }
         const double sc = kernels::distill_reduction_scale<double>(reduction, valid, in.V);
         scale.fill_(sc);
@@ -121,20 +138,9 @@ at::Tensor distill_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
         const acc_t sc = scale.to(acc_dtype).item<acc_t>();
         const acc_t* st = stats.const_data_ptr<acc_t>();
         scalar_t* g = grad.mutable_data_ptr<scalar_t>();
-        with_divergence(divergence, [&](auto div) {
-          at::parallel_for(0, in.rows, grain_rows(in.V), [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) {
-              scalar_t* grow = g + r * in.ws;
-              if (ignored(l, r, ignore_index)) {
-                std::fill(grow, grow + in.ws, scalar_t(0));
-                continue;
-              }
-              const acc_t row_scale = (none ? gop[r] : gop[0] * sc) * inv_t;
-              kernels::distill_row_backward_cpu<decltype(div)::value>(
-                  row_of<scalar_t>(in, r), inv_t, jsd, st + r * kernels::kStatsPerRow, row_scale,
-                  grow);
-            }
-          });
+        const auto rows = rows_of<scalar_t>(in, l, ignore_index);
+        at::parallel_for(0, in.rows, grain_rows(in.V), [&](int64_t b, int64_t e) {
+          backward_rows(divergence, rows, b, e, inv_t, jsd, st, gop, none, sc, g);
         });
       });
   return grad;

@@ -14,6 +14,18 @@
 #define LOSSFNS_HOST_DEVICE inline __attribute__((always_inline))
 #endif
 
+// Per-ISA builds of CPU kernels (x86-64, gcc or clang): a function marked LOSSFNS_TARGET_AVX512 or
+// LOSSFNS_TARGET_AVX2 is compiled for that ISA, and so is everything always-inlined into it;
+// common.h's cpu_isa() says which one the CPU can run. Helpers that are not inlined stay
+// baseline code, so no wider instruction reaches the baseline path through a shared function.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define LOSSFNS_X86_ISA_DISPATCH 1
+#define LOSSFNS_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+#define LOSSFNS_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define LOSSFNS_X86_ISA_DISPATCH 0
+#endif
+
 namespace lossfns::kernels {
 
 // The reduction below the public ops: the internal ops' `int reduction` is this code, and the
