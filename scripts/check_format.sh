@@ -22,6 +22,10 @@ fi
 # The C++ and CUDA sources git tracks in the directories of our code (not the test fixtures).
 mapfile -t files < <(git ls-files -- lib trainer tests examples bench |
                      grep -E '\.(h|cpp|cu|cuh|cpp\.in)$' | grep -v '^tests/fixtures/')
+if ((${#files[@]} == 0)); then  # not a git checkout, or git failed: checking nothing is no pass
+  echo "check_format: no sources found through 'git ls-files' (run it inside a git checkout)" >&2
+  exit 2
+fi
 if [ "${1:-}" = --fix ]; then
   "$CLANG_FORMAT" -i "${files[@]}"
   echo "check_format: ${#files[@]} files formatted with $version"

@@ -14,15 +14,14 @@
 namespace lossfns::detail {
 
 #if LOSSFNS_X86_ISA_DISPATCH
-#define LOSSFNS_DECLARE_DISTILL_ROWS(ISA, T)                                                        \
-  void distill_forward_rows_##ISA(int64_t divergence, const kernels::CpuRows<T>& rows,              \
-                                  int64_t begin, int64_t end, float inv_t,                         \
-                                  const kernels::JsdConstants<float>& jsd, float* stats);          \
-  void distill_backward_rows_##ISA(int64_t divergence, const kernels::CpuRows<T>& rows,             \
-                                   int64_t begin, int64_t end, float inv_t,                        \
-                                   const kernels::JsdConstants<float>& jsd, const float* stats,    \
-                                   const float* grad_output, bool none, float reduce_scale,        \
-                                   T* grad);
+#define LOSSFNS_DECLARE_DISTILL_ROWS(ISA, T)                                              \
+  void distill_forward_rows_##ISA(int64_t divergence, const kernels::CpuRows<T>& rows,    \
+                                  int64_t begin, int64_t end, float inv_t,                \
+                                  const kernels::JsdConstants<float>& jsd, float* stats); \
+  void distill_backward_rows_##ISA(                                                       \
+      int64_t divergence, const kernels::CpuRows<T>& rows, int64_t begin, int64_t end,    \
+      float inv_t, const kernels::JsdConstants<float>& jsd, const float* stats,           \
+      const float* grad_output, bool none, float reduce_scale, T* grad);
 #define LOSSFNS_DECLARE_DISTILL_ROWS_ALL(ISA)  \
   LOSSFNS_DECLARE_DISTILL_ROWS(ISA, float)     \
   LOSSFNS_DECLARE_DISTILL_ROWS(ISA, c10::Half) \

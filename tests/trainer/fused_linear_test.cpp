@@ -26,16 +26,26 @@ using testing::TempRunDir;
 using testing::TinyConfig;
 
 // TinyConfig's models (vocab 24 padded to 32: 8 padded lm_head rows, masked to -inf by
-// forward()) in `family`, distilling with a cross-entropy term from a teacher pretrained for a
-// few steps in `<dir>-teacher`.
+// forward()) in `family`, distilling with a cross-entropy term and kd_weight != 1 from a teacher
+// pretrained for a few steps in `<dir>-teacher`, two micro-batches per step. gpt: forward KL,
+// tied embeddings; llama: JSD with beta 0.3 and an untied lm_head (as many Hugging Face models),
+// so a dropped kd_weight, beta or untied head shows.
 Config FamilyDistillConfig(ModelFamily family, const std::string& dir) {
   Config c = TinyConfig(dir);
   c.student.family = family;
   c.teacher.family = family;
   c.train.mode = Mode::kDistill;
+  c.train.grad_accum = 2;
   c.distill.divergence = Divergence::kForwardKl;
+  if (family == ModelFamily::kLlama) {
+    c.distill.divergence = Divergence::kJsd;
+    c.distill.jsd_beta = 0.3;
+    c.student.tie_embeddings = false;
+    c.teacher.tie_embeddings = false;
+  }
   c.distill.temperature = 2.0;
   c.distill.ce_weight = 0.5;
+  c.distill.kd_weight = 0.7;
   c.teacher.checkpoint = MakeTeacher(c, dir + "-teacher", 5);
   return c;
 }

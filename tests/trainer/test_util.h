@@ -15,8 +15,12 @@ namespace distill::testing {
 // what earlier runs of the test left there, including the derived "<dir>-*" run directories.
 inline std::string TempRunDir(const std::string& suffix = "") {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name =
+  std::string name =
       std::string("distill_test_") + info->test_suite_name() + "_" + info->name() + suffix;
+  // Parameterised tests are named "Suite/Test/param": one flat directory name, so that the
+  // clean-up below finds what earlier runs left.
+  for (char& ch : name)
+    if (ch == '/') ch = '_';
   const auto root = std::filesystem::temp_directory_path();
   for (const auto& entry : std::filesystem::directory_iterator(root)) {
     const std::string entry_name = entry.path().filename().string();
