@@ -38,7 +38,7 @@ void ce_row_backward_cpu(const T* x, int64_t V, int64_t width, int64_t y, const 
   for (int64_t j = 0; j < V; ++j) {
     Acc lp, p;
     cpu_detail::log_prob(static_cast<Acc>(x[j]), lse, lp, p);
-    grad[j] = static_cast<T>(scale * p);
+    store_as(grad + j, scale * p);
   }
   Acc lp, p;
   cpu_detail::log_prob(static_cast<Acc>(x[y]), lse, lp, p);

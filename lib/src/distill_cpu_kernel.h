@@ -197,7 +197,7 @@ void distill_row_backward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstant
     cpu_detail::log_prob(static_cast<Acc>(row.s[j]) * inv_t, lse_s, lp, p);
     cpu_detail::log_prob(static_cast<Acc>(row.t[j]) * inv_t, lse_t, lq, q);
     divergence_element<Acc, M>(kDiv, jsd, p, q, lp, lq, term, g);
-    grad[j] = static_cast<T>(scale * divergence_grad(kDiv, p, q, g, c));
+    store_as(grad + j, scale * divergence_grad(kDiv, p, q, g, c));
   }
   const Acc ninf = -std::numeric_limits<Acc>::infinity();
   for (int64_t j = n; j < ns; ++j) {  // the student's columns the teacher does not have
@@ -205,7 +205,7 @@ void distill_row_backward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstant
     cpu_detail::log_prob(static_cast<Acc>(row.s[j]) * inv_t, lse_s, lp, p);
     cpu_detail::log_prob(ninf, lse_t, lq, q);
     divergence_element<Acc, M>(kDiv, jsd, p, q, lp, lq, term, g);
-    grad[j] = static_cast<T>(scale * divergence_grad(kDiv, p, q, g, c));
+    store_as(grad + j, scale * divergence_grad(kDiv, p, q, g, c));
   }
   for (int64_t j = ns; j < row.ws; ++j) grad[j] = static_cast<T>(0);  // padding: past V
 }

@@ -99,7 +99,7 @@ void tvd_row_backward_cpu(const T* p, const T* q, int64_t V, Acc h, const Acc* g
     const Acc hj = kElementwise ? Acc(0.5) * grad_output[j] : h;
     const Acc zj = kElementwise ? Acc(0) * hj : zero_h;
     const Acc d = static_cast<Acc>(p[j]) - static_cast<Acc>(q[j]);
-    grad[j] = static_cast<T>(signed_or_zero(d, hj, zj));
+    store_as(grad + j, signed_or_zero(d, hj, zj));
   }
 }
 
