@@ -78,13 +78,13 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
   return l.reshape({rows}).contiguous();
 }
 
-// LOSSFNS_X86_ISA_DISPATCH: the compiler can build a function for a wider x86-64 ISA (the target
-// attribute) and ask the CPU what it has (__builtin_cpu_supports): gcc and clang on x86-64.
 const char* cpu_isa_name(CpuIsa isa) {
   return isa == CpuIsa::kAvx512 ? "avx512" : isa == CpuIsa::kAvx2 ? "avx2" : "default";
 }
 
 namespace {
+// Where LOSSFNS_X86_ISA_DISPATCH (kernels_common.h) holds, the compiler can ask the CPU what it
+// has.
 CpuIsa best_cpu_isa() {
 #if LOSSFNS_X86_ISA_DISPATCH
   __builtin_cpu_init();

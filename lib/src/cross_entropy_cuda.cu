@@ -11,30 +11,12 @@
 
 #include "cross_entropy_cuda_kernel.cuh"
 #include "cross_entropy_internal.h"
+#include "cuda_adapter.h"
 
 namespace lossfns::detail {
 namespace {
 
-template <typename T>
-struct CudaType {
-  using type = T;
-};
-template <>
-struct CudaType<at::Half> {
-  using type = __half;
-};
-template <>
-struct CudaType<at::BFloat16> {
-  using type = __nv_bfloat16;
-};
-
-constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf,
-                                                               at::kBFloat16};
-
-void check_cuda(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, "lossfns.cross_entropy_loss: CUDA ", what,
-              " failed: ", cudaGetErrorString(err));
-}
+constexpr const char* kOp = "lossfns.cross_entropy_loss";
 
 template <typename T, typename scalar_t>
 kernels::CrossEntropyArgs<T> args_of(const CrossEntropyInputs& in, int64_t ignore_index) {
@@ -79,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_cuda(const 
                    a.scale = scale.mutable_data_ptr<float>();
                    a.loss = none ? nullptr : loss.mutable_data_ptr<float>();
                    check_cuda(
-                       kernels::cross_entropy_forward<T>(a, at::cuda::getCurrentCUDAStream()),
+                       kernels::cross_entropy_forward<T>(a, at::cuda::getCurrentCUDAStream()), kOp,
                        "forward");
                  }),
                  at::kFloat, at::kHalf, at::kBFloat16);
@@ -106,7 +88,7 @@ at::Tensor cross_entropy_backward_cuda(const at::Tensor& grad_output, const at::
         a.scale = const_cast<float*>(sc.const_data_ptr<float>());
         a.grad_output = go.const_data_ptr<float>();
         a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
-        check_cuda(kernels::cross_entropy_backward<T>(a, at::cuda::getCurrentCUDAStream()),
+        check_cuda(kernels::cross_entropy_backward<T>(a, at::cuda::getCurrentCUDAStream()), kOp,
                    "backward");
       }),
       at::kFloat, at::kHalf, at::kBFloat16);

@@ -31,7 +31,7 @@ void forward_rows(int64_t divergence, const kernels::CpuRows<T>& rows, int64_t b
                   Acc inv_t, const kernels::JsdConstants<Acc>& jsd, Acc* stats) {
 #if LOSSFNS_X86_ISA_DISPATCH
   if constexpr (std::is_same_v<Acc, float>) {
-    static const CpuIsa isa = cpu_isa();
+    const CpuIsa isa = cpu_isa();  // chosen once per process
     if (isa == CpuIsa::kAvx512)
       return distill_forward_rows_avx512(divergence, rows, begin, end, inv_t, jsd, stats);
     if (isa == CpuIsa::kAvx2)
@@ -46,7 +46,7 @@ void backward_rows(int64_t divergence, const kernels::CpuRows<T>& rows, int64_t 
                    const Acc* grad_output, bool none, Acc reduce_scale, T* grad) {
 #if LOSSFNS_X86_ISA_DISPATCH
   if constexpr (std::is_same_v<Acc, float>) {
-    static const CpuIsa isa = cpu_isa();
+    const CpuIsa isa = cpu_isa();  // chosen once per process
     if (isa == CpuIsa::kAvx512)
       return distill_backward_rows_avx512(divergence, rows, begin, end, inv_t, jsd, stats,
                                           grad_output, none, reduce_scale, grad);

@@ -7,32 +7,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "cuda_adapter.h"
 #include "distill_cuda_kernel.cuh"
 #include "distill_internal.h"
 
 namespace lossfns::detail {
 namespace {
 
-template <typename T>
-struct CudaType {
-  using type = T;
-};
-template <>
-struct CudaType<at::Half> {
-  using type = __half;
-};
-template <>
-struct CudaType<at::BFloat16> {
-  using type = __nv_bfloat16;
-};
-
-constexpr std::initializer_list<at::ScalarType> kCudaDtypes = {at::kFloat, at::kHalf,
-                                                               at::kBFloat16};
-
-void check_cuda(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, "lossfns.distill_loss: CUDA ", what,
-              " failed: ", cudaGetErrorString(err));
-}
+constexpr const char* kOp = "lossfns.distill_loss";
 
 template <typename T, typename scalar_t>
 kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, double beta,
@@ -99,7 +81,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
         a.loss = loss.mutable_data_ptr<float>();
         a.grad = grad_now ? reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>()) : nullptr;
         a.grad_scale = grad_now ? gs.const_data_ptr<float>() : nullptr;
-        check_cuda(kernels::distill_forward<T>(a, at::cuda::getCurrentCUDAStream()), "forward");
+        check_cuda(kernels::distill_forward<T>(a, at::cuda::getCurrentCUDAStream()), kOp,
+                   "forward");
       }),
       at::kFloat, at::kHalf, at::kBFloat16);
   return {loss, stats, scale, grad};
@@ -129,7 +112,8 @@ at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor
         a.scale = const_cast<float*>(sc.const_data_ptr<float>());
         a.grad_output = go.const_data_ptr<float>();
         a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
-        check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), "backward");
+        check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), kOp,
+                   "backward");
       }),
       at::kFloat, at::kHalf, at::kBFloat16);
   return grad;
@@ -152,7 +136,7 @@ void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output,
                            go.const_data_ptr<float>(), gs.const_data_ptr<float>(),
                            at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
                            at::cuda::getCurrentCUDAStream()),
-                       "rescale");
+                       kOp, "rescale");
                  }),
                  at::kFloat, at::kHalf, at::kBFloat16);
 }

@@ -7,38 +7,22 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "cuda_adapter.h"
 #include "tvd_cuda_kernel.cuh"
 #include "tvd_internal.h"
 
 namespace lossfns::detail {
 namespace {
 
+constexpr const char* kOp = "lossfns.tvd_loss";
+
 using kernels::sign_row_pitch;
-
-template <typename T>
-struct CudaType {
-  using type = T;
-};
-template <>
-struct CudaType<at::Half> {
-  using type = __half;
-};
-template <>
-struct CudaType<at::BFloat16> {
-  using type = __nv_bfloat16;
-};
-
-void check_cuda(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, "lossfns.tvd_loss: CUDA ", what,
-              " kernel failed: ", cudaGetErrorString(err));
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
     const at::Tensor& p, const at::Tensor& q, const std::optional<at::Tensor>& labels,
     int64_t ignore_index, int64_t reduction_code, bool save_signs) {
   const kernels::Reduction reduction = reduction_from_code(reduction_code, "lossfns._tvd_forward");
-  const FlatInputs in =
-      check_and_flatten(p, q, labels, {at::kFloat, at::kHalf, at::kBFloat16}, "CUDA");
+  const FlatInputs in = check_and_flatten(p, q, labels, kCudaDtypes, "CUDA");
   TORCH_CHECK(in.rows <= int64_t{INT32_MAX}, "lossfns.tvd_loss: at most 2^31-1 rows on CUDA; got ",
               num(in.rows));
   const c10::cuda::CUDAGuard guard(p.device());
@@ -81,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_cuda(
             kernels::tvd_forward<T>(a, reduction, none ? nullptr : loss.mutable_data_ptr<float>(),
                                     none ? nullptr : scale.mutable_data_ptr<float>(),
                                     at::cuda::getCurrentCUDAStream()),
-            "forward");
+            kOp, "forward");
       }),
       at::kFloat, at::kHalf, at::kBFloat16);
   return {loss, signs, scale};
@@ -122,7 +106,7 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
         a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
         a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
         a.pdl = true;  // may start while the kernel before it finishes, where built for it (sm_90+)
-        check_cuda(kernels::tvd_backward<T>(a, reduction, at::cuda::getCurrentCUDAStream()),
+        check_cuda(kernels::tvd_backward<T>(a, reduction, at::cuda::getCurrentCUDAStream()), kOp,
                    "backward");
       }),
       at::kFloat, at::kHalf, at::kBFloat16);
