@@ -389,6 +389,36 @@ TEST(TvdRowSums, CpuKeepsOneInAMillionAtTwoToTheTwentyFour) {
   }
 }
 
+// The CUDA row sums, where each thread's share of a row is long: 64 rows of 2^24 give every
+// thread of the forward ~2000 elements. Every |p - q| is c = 1 + 17 * 2^-23, whose fraction one
+// fp32 chain drops once it passes 64: a chain per thread lost 2e-6 of the loss; a double fold
+// per step keeps ~1e-7.
+TEST(TvdRowSums, CudaKeepsOneInAMillionAtTwoToTheTwentyFour) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = 64, V = int64_t{1} << 24;
+  const float c = 1.0f + 17 * 0x1p-23f;
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+  const at::Tensor p = at::full({rows, V}, c, opts), q = at::zeros({rows, V}, opts);
+  const double want = 0.5 * double(c) * double(rows) * double(V);
+  const double got = tvd_loss(p, q, TVDLossOptions().reduction(torch::kSum)).item<double>();
+  EXPECT_LE(std::abs(got - want), 1e-6 * want) << "got " << got << ", want " << want;
+}
+
+// A row longer than 2^31 elements on CUDA: forward and backward index it in 64 bits. bf16, every
+// |p - q| = 2^-20 (exact), so the loss and every gradient element are known.
+TEST(TvdRowSums, CudaRowLongerThanTwoToTheThirtyOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t V = (int64_t{1} << 31) + 7;
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const at::Tensor p = at::full({1, V}, 0x1p-20, opts).requires_grad_(true);
+  const at::Tensor q = at::zeros({1, V}, opts);
+  const at::Tensor loss = tvd_loss(p, q, TVDLossOptions().reduction(torch::kSum));
+  const double want = 0.5 * double(V) * 0x1p-20;  // the fp32 loss rounds it once
+  EXPECT_LE(std::abs(loss.item<double>() - want), 1e-7 * want) << loss.item<double>();
+  const at::Tensor grad = torch::autograd::grad({loss}, {p})[0];
+  EXPECT_TRUE(grad.eq(0.5).all().item<bool>()) << "every element's gradient is 0.5";
+}
+
 std::string param_name(const ::testing::TestParamInfo<TvdSweep::ParamType>& info) {
   return std::get<0>(info.param) + "_" + c10::toString(std::get<1>(info.param));
 }

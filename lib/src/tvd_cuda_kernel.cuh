@@ -7,6 +7,13 @@
 // with ties) and one float per block; backward reads the signs and writes grad once. Loads
 // and stores are 16 bytes wide when rows are 16-byte aligned, with several in flight per thread.
 //
+// Row sums: each thread adds |p - q| in fp32 over one step of its tiles (at most 32 elements) and
+// folds that into a double, so a sum keeps ~1e-7 relative error however long a thread's share
+// of a row is (issue 17: one fp32 chain per thread lost 1e-5 and more at V = 2^24 and stopped
+// growing at 2^27 beyond V = 2^31). The partial per block is rounded to float once; the finalize
+// adds the partials in double. One fp64 add per 16 or 32 elements costs nothing measurable here
+// (docs/benchmarks.md, "Row sums").
+//
 // Cache choices, each the winner of bench/tvd_kernel_variants on an H200 (docs/benchmarks.md,
 // "Kernel workshop"), which keeps the alternatives as its own knobs: forward loads of p and q
 // evict-first; sign stores plain (an L2 evict-last policy on them was no faster at (4096, 32000)
@@ -209,7 +216,7 @@ __device__ __forceinline__ void emit_tile(const float (&d)[R * N], float& acc, u
 template <typename T, bool kVec, bool kSaveSigns, bool kElemLoss>
 __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T> a) {
   constexpr int N = TileShape<T>::N, R = TileShape<T>::R, U = TileShape<T>::kForwardTiles;
-  __shared__ float shared[kWarps];
+  __shared__ double shared[kWarps];
   const int64_t row = blockIdx.x, chunk = blockIdx.y, chunks = gridDim.y;
   const int64_t V = a.V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -233,7 +240,8 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
 
   const T* prow = a.p + row * a.p_row_stride;
   const T* qrow = a.q + row * a.q_row_stride;
-  float acc = 0.f;
+  float acc = 0.f;     // this step's |d|, in fp32
+  double total = 0.0;  // the steps before it
   // One tile's differences d (0 past V): the element losses ('none'), the signs, |d|.
   auto finish = [&](int64_t tile, const float(&d)[R * N]) {
     if constexpr (kElemLoss) {
@@ -283,6 +291,8 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
         vec_diff(pv[u], qv[u], d);
         finish(t + u * kWarps, d);
       }
+      total += acc;
+      acc = 0.f;
     }
   }
   for (; t < range.end; t += kWarps) {  // the rest, one tile at a time
@@ -305,13 +315,15 @@ __global__ void __launch_bounds__(kThreads) tvd_forward_kernel(TvdForwardArgs<T>
         }
     }
     finish(t, d);
+    total += acc;
+    acc = 0.f;
   }
   if (a.row_loss != nullptr) {
     // This block has read all it reads: the finalize may be scheduled (it waits for this grid's
     // memory before it reads the partial sums). 'none' has no finalize, and triggers nothing.
     let_next_grid_launch();
-    acc = block_sum(acc, shared);
-    if (threadIdx.x == 0) a.row_loss[row * chunks + chunk] = acc;
+    total = block_sum(total, shared);
+    if (threadIdx.x == 0) a.row_loss[row * chunks + chunk] = static_cast<float>(total);
   }
 }
 
