@@ -43,40 +43,18 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, scaled, prob, kLog2e, kLn2: distill's, shared (to_float, from_float:
+// Vec, load_vec, scaled, prob, kLog2e, kLn2, MaxSum: distill's, shared (to_float, from_float:
 // cuda_common.cuh).
 using namespace distill_detail;
 
-// A running softmax normaliser of log2-scaled logits: max and sum_j exp2(x_j - max).
-struct MaxSum {
-  float max, sum;
-};
-
-// Two normalisers as one. A side whose max is the result's keeps its sum as is, so that -inf
-// maxima (no mass yet) never meet -inf - -inf; a NaN sum stays NaN.
-__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.max, b.max);
-  return {m, (a.max == m ? a.sum : a.sum * exp2f(a.max - m)) +
-                 (b.max == m ? b.sum : b.sum * exp2f(b.max - m))};
-}
-
-// One vector of a row added to a normaliser: one rescale per vector, one exp2 per element.
-// -inf elements add exactly 0 (also while the max is -inf); a NaN element makes the sum NaN
-// (fmaxf drops NaN from the max, exp2f(NaN) keeps it in the sum); +inf makes it NaN too.
+// One vector of a row added to a normaliser (MaxSum, combine, add_scaled: distill's).
 template <typename T>
 __device__ __forceinline__ MaxSum add_vec(MaxSum ms, const Vec<T>& v) {
   constexpr int N = Vec<T>::N;
-  float x2[N], vmax = -INFINITY;
+  float x2[N];
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    x2[k] = scaled(to_float(v.v[k]), kLog2e);
-    vmax = fmaxf(vmax, x2[k]);
-  }
-  const float m = fmaxf(ms.max, vmax);
-  float s = ms.max == m ? ms.sum : ms.sum * exp2f(ms.max - m);
-#pragma unroll
-  for (int k = 0; k < N; ++k) s += x2[k] == -INFINITY ? 0.f : exp2f(x2[k] - m);
-  return {m, s};
+  for (int k = 0; k < N; ++k) x2[k] = scaled(to_float(v.v[k]), kLog2e);
+  return add_scaled<N>(ms, x2);
 }
 
 // kU vectors of a row at j0, j0 + step, ...: all in flight at once. 16-byte loads when the row is

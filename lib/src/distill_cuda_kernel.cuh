@@ -3,11 +3,11 @@
 // (distill_cuda.cu) checks inputs, maps dtypes and takes the current stream.
 //
 // Data movement (the op is memory-bound at real vocabularies):
-//  - forward: one block per row; the passes a row needs (the maxima, the sums of exp, the
-//    divergence and its row constant, and the gradient when it is computed in forward) each read
-//    the row from global memory, the L2 cache serving part of the re-reads. (A variant that
-//    staged each row once in the shared memory of a thread-block cluster measured slower on the
-//    H200 and was removed: docs/benchmarks.md.)
+//  - forward: one block per row; the passes a row needs (the maxima and the sums of exp together,
+//    online; the divergence and its row constant; the gradient when it is computed in forward)
+//    each read the row from global memory, the L2 cache serving part of the re-reads. (A variant
+//    that staged each row once in the shared memory of a thread-block cluster measured slower on
+//    the H200 and was removed: docs/benchmarks.md.)
 //  - backward: reads the logits once more and writes the gradient once, unless the forward
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.
@@ -99,16 +99,47 @@ __device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t j, int64_t n, b
   return out;
 }
 
-// Block-wide reduction of two floats (sum or max), broadcast to every thread. `shared`: 2 * 32
-// floats. Safe to call back to back.
-template <bool kMax>
-__device__ __forceinline__ float2 block_reduce2(float2 v, float* shared) {
-  auto op = [](float2 a, float2 b) {
-    return kMax ? make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)) : make_float2(a.x + b.x, a.y + b.y);
-  };
-  const float id = kMax ? -INFINITY : 0.f;
-  return block_allreduce(v, op, make_float2(id, id), shared);
+// Block-wide sum of two floats, broadcast to every thread. `shared`: 2 * 32 floats. Safe to call
+// back to back.
+__device__ __forceinline__ float2 block_sum2(float2 v, float* shared) {
+  auto op = [](float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); };
+  return block_allreduce(v, op, make_float2(0.f, 0.f), shared);
 }
+
+// A running softmax normaliser of log2-scaled logits: max and sum_j exp2(x_j - max) (an online
+// softmax: one pass over a row where a max pass and a sum pass took two). The cross-entropy
+// kernels use it too.
+struct MaxSum {
+  float max, sum;
+};
+
+// Two normalisers as one. A side whose max is the result's keeps its sum as is, so that -inf
+// maxima (no mass yet) never meet -inf - -inf; a NaN sum stays NaN. Commutative bit for bit, so
+// every lane of a butterfly gets the same result; {-inf, 0} is its identity.
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  return {m, (a.max == m ? a.sum : a.sum * exp2f(a.max - m)) +
+                 (b.max == m ? b.sum : b.sum * exp2f(b.max - m))};
+}
+
+// N log2-scaled logits added to a normaliser: one rescale per vector, one exp2 per element.
+// -inf elements add exactly 0 (also while the max is -inf); a NaN element makes the sum NaN
+// (fmaxf drops NaN from the max, exp2f(NaN) keeps it in the sum); +inf makes it NaN too.
+template <int N>
+__device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x2)[N]) {
+  float vmax = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
+  const float m = fmaxf(ms.max, vmax);
+  float s = ms.max == m ? ms.sum : ms.sum * exp2f(ms.max - m);
+#pragma unroll
+  for (int k = 0; k < N; ++k) s += x2[k] == -INFINITY ? 0.f : exp2f(x2[k] - m);
+  return {m, s};
+}
+
+struct MaxSum2 {  // student, teacher
+  MaxSum s, t;
+};
 
 // p and its natural log from a log2-scaled logit x2 and its row's max and log2 of the sum of
 // exp2(x2 - max) (0 and -inf for x2 = -inf).
@@ -120,20 +151,40 @@ __device__ __forceinline__ void prob(float x2, float mx, float ls, float& p, flo
 }
 
 // The element loop every pass shares: f(j, s_j, t_j) over the row's columns [0, n), N at a time
-// (s, t: the row; columns at or past ns / nt are -inf).
+// (s, t: the row; columns at or past ns / nt are -inf). A thread takes the vectors at j, j + step,
+// ... in that order, kU of each row in flight (16-byte loads when both rows are aligned and the
+// vectors lie inside both).
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns, int64_t nt,
                                              bool vs, bool vt, int64_t n, F&& f) {
-  constexpr int N = Vec<T>::N;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += int64_t(blockDim.x) * N)
-    f(j, load_vec(s, j, ns, vs), load_vec(t, j, nt, vt));
+  constexpr int N = Vec<T>::N, kU = 2;
+  const int64_t step = int64_t(blockDim.x) * N, n_both = ns < nt ? ns : nt;
+  for (int64_t j0 = int64_t(threadIdx.x) * N; j0 < n; j0 += kU * step) {
+    Vec<T> xs[kU], ys[kU];
+    if (vs && vt && j0 + (kU - 1) * step + N <= n_both) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        xs[u].raw = __ldg(reinterpret_cast<const uint4*>(s + j0 + u * step));
+        ys[u].raw = __ldg(reinterpret_cast<const uint4*>(t + j0 + u * step));
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        xs[u] = load_vec(s, j0 + u * step, ns, vs);
+        ys[u] = load_vec(t, j0 + u * step, nt, vt);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (j0 + u * step < n) f(j0 + u * step, xs[u], ys[u]);
+  }
 }
 
 // Forward of one row per block, over its columns [0, max(ns, nt)); with kGrad, the gradient too.
 template <typename T, bool kGrad>
 __global__ void distill_forward_kernel(DistillArgs<T> a) {
   constexpr int N = Vec<T>::N;
-  __shared__ float red[64];
+  __shared__ float red[block_reduce_words<MaxSum2>()];
   const int64_t row = blockIdx.x;
   const int64_t ns = a.ws < a.V ? a.ws : a.V, nt = a.wt < a.V ? a.wt : a.V;
   const int64_t n_any = ns > nt ? ns : nt;
@@ -150,29 +201,29 @@ __global__ void distill_forward_kernel(DistillArgs<T> a) {
   const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0,
              vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
 
-  // Pass 1: the maxima, then the sums of exp2, of both rows.
-  float2 mx{-INFINITY, -INFINITY};
+  // Pass 1: the maxima and the sums of exp2 of both rows, online (one read of the row where a
+  // max pass and a sum pass took two; docs/benchmarks.md).
+  MaxSum2 ms{{-INFINITY, 0.f}, {-INFINITY, 0.f}};
   for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
+    float xs[N], ys[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      mx.x = fmaxf(mx.x, scaled(to_float(x.v[k]), k2));
-      mx.y = fmaxf(mx.y, scaled(to_float(y.v[k]), k2));
+      xs[k] = scaled(to_float(x.v[k]), k2);
+      ys[k] = scaled(to_float(y.v[k]), k2);
     }
+    ms.s = add_scaled<N>(ms.s, xs);
+    ms.t = add_scaled<N>(ms.t, ys);
   });
-  mx = block_reduce2<true>(mx, red);
-  float2 sum{0.f, 0.f};
-  for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      sum.x += mx.x == -INFINITY ? 0.f : exp2f(scaled(to_float(x.v[k]), k2) - mx.x);
-      sum.y += mx.y == -INFINITY ? 0.f : exp2f(scaled(to_float(y.v[k]), k2) - mx.y);
-    }
-  });
-  sum = block_reduce2<false>(sum, red);
-  const float mx_s = mx.x, mx_t = mx.y;
+  ms = block_allreduce(
+      ms,
+      [](MaxSum2 u, MaxSum2 v) {
+        return MaxSum2{combine(u.s, v.s), combine(u.t, v.t)};
+      },
+      MaxSum2{{-INFINITY, 0.f}, {-INFINITY, 0.f}}, red);
+  const float mx_s = ms.s.max, mx_t = ms.t.max;
   // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0).
-  const float ls_s = mx.x == -INFINITY ? 0.f : log2f(sum.x),
-              ls_t = mx.y == -INFINITY ? 0.f : log2f(sum.y);
+  const float ls_s = mx_s == -INFINITY ? 0.f : log2f(ms.s.sum),
+              ls_t = mx_t == -INFINITY ? 0.f : log2f(ms.t.sum);
 
   // Pass 2: the row's loss and its row constant sum_j p_j g_j.
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
@@ -189,7 +240,7 @@ __global__ void distill_forward_kernel(DistillArgs<T> a) {
       lc.y += p * g;
     }
   });
-  lc = block_reduce2<false>(lc, red);
+  lc = block_sum2(lc, red);
   const float c = needs_row_constant(div) ? lc.y : 0.f;
   if (threadIdx.x == 0) {
     float* st = a.stats + row * kStatsPerRow;
@@ -238,8 +289,7 @@ static __global__ void distill_count_kernel(DistillArgs<float> a) {
   int64_t valid = 0;
   for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
     valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
-  const float2 v =
-      block_reduce2<false>(make_float2(float(valid), 0.f), red);  // exact below 2^24 rows
+  const float2 v = block_sum2(make_float2(float(valid), 0.f), red);  // exact below 2^24 rows
   if (threadIdx.x == 0)
     *a.scale = distill_reduction_scale<float>(a.reduction, static_cast<int64_t>(v.x), a.V);
 }
