@@ -64,8 +64,8 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.log_interval=3", "train.eval_interval=0", "train.eval_batches=5",
       "train.checkpoint_interval=0", "train.keep_checkpoints=9", "train.resume=false",
       "train.baseline=true", "train.out_dir=elsewhere", "train.export_hf=false",
-      "train.nonfinite=skip", "train.max_skipped_steps=3", "data.val_path=v/*.bin",
-      "distill.vocab_size=25", "distill.fused_linear=true",
+      "train.nonfinite=skip", "train.max_skipped_steps=3", "train.bucket_mb=7",
+      "data.val_path=v/*.bin", "distill.vocab_size=25", "distill.fused_linear=true",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
       "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",

@@ -79,19 +79,26 @@ TEST(DistributedCudaTest, WorldOfOneCollectives) {
   EXPECT_EQ(dist.AllReduceSum(std::vector<double>{0.25, -3}), (std::vector<double>{0.25, -3}));
   dist.Barrier();
 
-  // Many small buckets (a 1 KB cap) round-trip every gradient exactly: a sum of one.
+  // Many small buckets (a 1 KB cap) through NCCL round-trip every gradient exactly (a sum of
+  // one), those started during the backward and the one Finish starts (the first parameter,
+  // which the loss does not use: its bucket is the last).
   std::vector<at::Tensor> params;
   for (int64_t n : {7, 300, 1, 1000, 64}) {
-    at::Tensor p = at::randn({n}, at::TensorOptions(dist.device())).set_requires_grad(true);
-    p.mutable_grad() = at::randn({n}, at::TensorOptions(dist.device()));
-    params.push_back(p);
+    params.push_back(at::randn({n}, at::TensorOptions(dist.device())).set_requires_grad(true));
+  }
+  GradReducer reducer(params, 1024, dist);
+  EXPECT_GE(reducer.buckets().size(), 3u);
+  for (bool last : {false, true}) {
+    reducer.BeginBackward(last);
+    at::Tensor loss = at::zeros({}, at::TensorOptions(dist.device()));
+    for (size_t i = 1; i < params.size(); ++i) loss = loss + (params[i] * params[i]).sum();
+    loss.backward();
   }
   std::vector<at::Tensor> before;
-  for (const auto& p : params) before.push_back(p.grad().clone());
-  const int64_t cap = dist.bucket_bytes();
-  dist.set_bucket_bytes(1024);
-  dist.AllReduceGradients(params);
-  dist.set_bucket_bytes(cap);
+  for (const auto& p : params)
+    before.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+  reducer.Finish();
+  EXPECT_EQ(reducer.started_during_backward(), int64_t(reducer.buckets().size()) - 1);
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i].grad(), before[i]));
 }
 

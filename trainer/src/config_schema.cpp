@@ -448,6 +448,10 @@ std::vector<KeyDecl> Declare() {
   Add(
       k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },
       IntIn(0, 1000000), "skip: more skipped steps than this in one process is an error.");
+  Add(
+      k, "train.bucket_mb", [](auto& c) -> auto& { return c.train.bucket_mb; }, IntIn(1, 4096),
+      "Data-parallel: MiB of gradients per all-reduce bucket; each bucket's all-reduce starts "
+      "during the last micro-batch's backward as soon as its gradients are final.");
   return k;
 }
 

@@ -210,31 +210,13 @@ void Distributed::BroadcastParameters(torch::nn::Module& module) {
   }
 }
 
-void Distributed::AllReduceGradients(const std::vector<at::Tensor>& parameters) {
-  if (!active()) return;
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : parameters) {
-    if (!p.requires_grad()) continue;
-    if (!p.grad().defined()) const_cast<at::Tensor&>(p).mutable_grad() = at::zeros_like(p);
-    grads.push_back(p.grad());
-  }
-  // All buckets are enqueued before any is copied back: NCCL runs on its own stream, so the
-  // flattening of bucket k+1 overlaps the all-reduce of bucket k.
-  const auto buckets = Buckets(grads, bucket_bytes_);
-  std::vector<std::vector<at::Tensor>> flats;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  flats.reserve(buckets.size());
-  for (const auto& bucket : buckets) {
-    flats.push_back({Flatten(grads, bucket)});
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
-    works.push_back(group_->nccl.backend->allreduce(flats.back(), options));
-  }
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    works[k]->wait();  // the current stream waits for the all-reduce; the host does not
-    Unflatten(flats[k][0], grads, buckets[k]);
-  }
+std::function<void()> Distributed::AllReduceSumAsync(at::Tensor flat) {
+  if (!active()) return [] {};
+  std::vector<at::Tensor> tensors{std::move(flat)};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  c10::intrusive_ptr<c10d::Work> work = group_->nccl.backend->allreduce(tensors, options);
+  return [work] { work->wait(); };  // the current stream waits for NCCL's; the host does not
 }
 
 int64_t Distributed::AllReduceSum(int64_t value) {

@@ -154,6 +154,10 @@ Trainer::Trainer(Config config, RunOptions options)
   // Every rank built the same weights from the same seed (or checkpoint); broadcasting rank 0's
   // makes that a guarantee rather than an assumption.
   dist_->BroadcastParameters(*student_);
+  if (dist_->active()) {
+    reducer_ = std::make_unique<GradReducer>(student_->parameters(), config_.train.bucket_mb << 20,
+                                             *dist_);
+  }
   if (dist_->is_main()) {
     metrics_ = std::make_unique<MetricsLog>(
         (fs::path(config_.train.out_dir) / "metrics.jsonl").string(), position_.step);
@@ -198,7 +202,8 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
   at::Tensor ce_sum = kd_sum.clone();
   StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
   const bool fused = distill_ && config_.distill.fused_linear;
-  for (const auto& batch : micro_batches) {
+  for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
+    const Batch& batch = micro_batches[mb];
     at::Tensor inputs, targets;
     {
       PhaseScope phase(profiler, Phase::kData);
@@ -235,6 +240,9 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
                    : ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
     }
     PhaseScope phase(profiler, Phase::kBackward);
+    // Data-parallel: the last micro-batch's backward starts each gradient bucket's all-reduce
+    // as soon as the bucket is complete (Step waits for them).
+    if (reducer_) reducer_->BeginBackward(/*last=*/mb + 1 == micro_batches.size());
     (sums.total * scale).backward();
     kd_sum += sums.kd;
     ce_sum += sums.ce;
@@ -279,11 +287,11 @@ StepResult Trainer::Step() {
   stop_signal_ = signal;
   if (dist_->active()) {
     PhaseScope phase(profiler, Phase::kCommunication);
-    // One all-reduce per ~25 MB bucket after the backward (see docs/trainer.md, Multi-GPU, for
-    // why it does not overlap the backward), then the step's loss terms. A SIGTERM / SIGINT
-    // rides along in that same all-reduce (free: no extra communication), so every rank sees
-    // it at the same step and all stop together.
-    dist_->AllReduceGradients(student_->parameters());
+    // The gradient buckets' all-reduces, started during the last backward: wait for them (and
+    // start those of parameters that got no gradient), then the step's loss terms. A SIGTERM /
+    // SIGINT rides along in that same all-reduce (free: no extra communication), so every rank
+    // sees it at the same step and all stop together.
+    reducer_->Finish();
     const std::vector<double> terms = dist_->AllReduceSum(
         {r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0});
     r.kd_loss = terms[0];

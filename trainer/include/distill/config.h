@@ -212,6 +212,8 @@ struct TrainConfig {
   // skip: the step's update is skipped (at most max_skipped_steps times in one process).
   NonFinite nonfinite = NonFinite::kStop;
   int64_t max_skipped_steps = 10;
+  // Data-parallel: MiB of gradients per all-reduce bucket (25, as PyTorch's DDP).
+  int64_t bucket_mb = 25;
 };
 
 // Gives `to` (a student or teacher section) the architecture of `from`, keeping its own

@@ -8,7 +8,8 @@
 // the process is a plain single process and every method below is a no-op (today's behaviour).
 //
 // The contract the trainer relies on: each rank computes gradients of its own micro-batches,
-// scaled by 1 / (global count of non-ignored target tokens); AllReduceGradients sums them, so
+// scaled by 1 / (global count of non-ignored target tokens); a GradReducer (grad_reducer.h)
+// sums them during the last backward through AllReduceSumAsync, so
 // every rank holds the gradient the one-process run computes for the whole global batch, and
 // identical optimizer steps keep the replicas identical.
 #pragma once
@@ -23,6 +24,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+
+#include "distill/grad_reducer.h"
 
 namespace torch::nn {
 class Module;
@@ -80,7 +83,7 @@ std::vector<int64_t> RankEvalBatches(int64_t eval_batches, int rank, int world_s
 // most `cap_bytes` bytes each; a tensor larger than the cap gets a bucket of its own.
 std::vector<std::vector<size_t>> Buckets(const std::vector<at::Tensor>& tensors, int64_t cap_bytes);
 
-class Distributed {
+class Distributed : public GradientCommunicator {
  public:
   // The no-op single process: rank 0 of 1.
   Distributed();
@@ -88,7 +91,7 @@ class Distributed {
   // device to LOCAL_RANK, connects to the TCPStore (rank 0 hosts it unless the agent does), and
   // creates the NCCL process group. Throws DistributedError / c10::Error.
   explicit Distributed(const LaunchEnv& env);
-  ~Distributed();
+  ~Distributed() override;
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
 
@@ -106,10 +109,10 @@ class Distributed {
 
   // Copies rank 0's parameters and buffers into every rank's `module` (bucketed broadcasts).
   void BroadcastParameters(torch::nn::Module& module);
-  // Sums every rank's .grad of `parameters` in place (flattened into buckets of
-  // bucket_bytes(), one NCCL all-reduce each). A parameter without a gradient gets zeros, so all
-  // ranks reduce the same buckets.
-  void AllReduceGradients(const std::vector<at::Tensor>& parameters);
+  // GradientCommunicator: one asynchronous NCCL all-reduce (sum) of `flat`; the returned
+  // function makes the current CUDA stream wait for it. The trainer's GradReducer calls it from
+  // the backward pass. Not active: nothing to sum (returns a no-op).
+  std::function<void()> AllReduceSumAsync(at::Tensor flat) override;
   int64_t AllReduceSum(int64_t value);
   std::vector<double> AllReduceSum(const std::vector<double>& values);
   void Barrier();
@@ -119,6 +122,7 @@ class Distributed {
   // at rank 0's message, instead of waiting forever.
   bool MainDecides(const std::function<bool()>& decide);
 
+  // Bucket size of BroadcastParameters.
   int64_t bucket_bytes() const { return bucket_bytes_; }
   void set_bucket_bytes(int64_t bytes) { bucket_bytes_ = bytes; }
 

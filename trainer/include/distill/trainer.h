@@ -20,6 +20,7 @@
 #include "distill/config.h"
 #include "distill/data.h"
 #include "distill/distributed.h"
+#include "distill/grad_reducer.h"
 #include "distill/metrics.h"
 #include "distill/model.h"
 #include "distill/optimizer.h"
@@ -131,6 +132,7 @@ class Trainer {
   RunOptions options_;
   std::unique_ptr<Distributed> single_;  // the no-op group when options_.distributed is null
   Distributed* dist_;
+  std::unique_ptr<GradReducer> reducer_;  // data-parallel only: sums gradients over the ranks
   at::Device device_;
   bool distill_;
   std::unique_ptr<DataSource> data_;
