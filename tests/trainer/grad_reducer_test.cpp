@@ -102,7 +102,7 @@ struct Net {
 
 std::vector<at::Tensor> InitialWeights() {
   at::manual_seed(7);
-  return {at::randn({5}),     at::randn({3}),      at::randn({16, 32}), at::randn({32}),
+  return {at::randn({5}),      at::randn({3}),  at::randn({16, 32}), at::randn({32}),
           at::randn({32, 32}), at::randn({32}), at::randn({32, 8})};
 }
 

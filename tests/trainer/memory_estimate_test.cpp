@@ -107,6 +107,11 @@ TEST(MemoryEstimateTest, TermsScaleWithTheirKeys) {
   EXPECT_EQ(two.terms[2].bytes, 2 * one.terms[2].bytes);
   ExpectContains(one.terms[1].keys, {"data.batch_size", "data.seq_len", "student.n_layer"});
   ExpectContains(one.terms[2].keys, {"data.batch_size", "data.seq_len", "student.vocab_size"});
+  // Data-parallel: each rank holds one more copy of the gradients (the reducer's buckets).
+  const MemoryEstimate ranks = EstimateMemory(c, c10::DeviceType::CPU, /*world_size=*/2);
+  ASSERT_EQ(ranks.terms.size(), two.terms.size() + 1);
+  EXPECT_DOUBLE_EQ(ranks.total() - two.total(), two.terms[0].bytes / 4);  // 4 of 16 B/parameter
+  EXPECT_NE(ranks.terms[1].what.find("gradient buckets"), std::string::npos);
 
   Config pipeline = TinyConfig("unused");
   pipeline.train.mode = Mode::kDistill;

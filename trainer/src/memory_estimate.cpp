@@ -84,7 +84,7 @@ std::string WidthKeys(const ModelConfig& m, const std::string& section) {
 // One plain training run. `student_section` names the config section whose architecture the
 // run's student has (the pipeline's teacher stage trains the teacher's architecture).
 MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
-                           const std::string& student_section) {
+                           const std::string& student_section, int world_size) {
   const bool distill = c.train.mode == Mode::kDistill;
   const bool bf16 = c.train.precision == Precision::kBf16 && device_type == c10::DeviceType::CUDA;
   const double activation_bytes = bf16 ? 2 : 4;
@@ -96,6 +96,13 @@ MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
   e.terms.push_back({fmt::format("{} weights, gradients and AdamW state ({} parameters x 16 B)",
                                  student_section, FormatCount(student_params)),
                      student_params * kTrainedBytesPerParameter, ModelKeys(s, student_section)});
+  if (world_size > 1) {
+    e.terms.push_back(
+        {fmt::format("data-parallel gradient buckets ({} parameters x 4 B: one more copy of the "
+                     "gradients, summed over the {} ranks)",
+                     FormatCount(student_params), world_size),
+         student_params * 4, ModelKeys(s, student_section)});
+  }
   if (distill) {
     const double teacher_params = ParameterCount(c.teacher);
     e.terms.push_back(
@@ -200,11 +207,13 @@ double ParameterCount(const ModelConfig& c) {
   return 0;
 }
 
-MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type) {
-  if (!IsPipeline(config)) return EstimateRun(config, device_type, "student");
-  MemoryEstimate teacher = EstimateRun(TeacherStageConfig(config), device_type, "teacher");
+MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type, int world_size) {
+  if (!IsPipeline(config)) return EstimateRun(config, device_type, "student", world_size);
+  MemoryEstimate teacher =
+      EstimateRun(TeacherStageConfig(config), device_type, "teacher", world_size);
   teacher.stage = "teacher pretraining";
-  MemoryEstimate student = EstimateRun(StudentStageConfig(config), device_type, "student");
+  MemoryEstimate student =
+      EstimateRun(StudentStageConfig(config), device_type, "student", world_size);
   student.stage = "distillation";
   // The baseline stage trains the same student without a teacher: never more than this.
   return teacher.total() > student.total() ? teacher : student;

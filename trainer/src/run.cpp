@@ -39,7 +39,7 @@ ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags
 // this rank's device, before any directory or tensor exists (memory_estimate.h).
 void CheckMemoryAtStart(const Config& config, const RunFlags& flags, const Distributed& dist) {
   const at::Device device = dist.active() ? dist.device() : ResolveDevice(config.train.device);
-  const MemoryEstimate estimate = EstimateMemory(config, device.type());
+  const MemoryEstimate estimate = EstimateMemory(config, device.type(), dist.world_size());
   const AvailableMemory available = DeviceMemory(device);
   if (!flags.quiet && dist.is_main()) {
     std::fprintf(stderr, "%s\n", FormatEstimate(estimate, device, available).c_str());

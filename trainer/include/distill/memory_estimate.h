@@ -48,9 +48,11 @@ struct AvailableMemory {
 double ParameterCount(const ModelConfig& config);
 
 // The estimate of one training run of `config` on a device of kind `device_type` (bf16 autocast
-// only happens on CUDA). A pipeline (run.h IsPipeline) is estimated stage by stage and the
-// stage that needs most is returned.
-MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type);
+// only happens on CUDA), per rank of `world_size` data-parallel ranks (each holds a whole
+// replica, its micro-batches of the same size, and the gradient buckets). A pipeline (run.h
+// IsPipeline) is estimated stage by stage and the stage that needs most is returned.
+MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type,
+                              int world_size = 1);
 
 // Free memory of `device` (CUDA: cudaMemGetInfo through c10's device allocator) or physical
 // memory (CPU: /proc/meminfo MemTotal, else sysconf; capped by a cgroup memory limit).
