@@ -1,8 +1,9 @@
 // The chunk driver of lossfns::fused_linear_distill_loss: per chunk of tokens the logits (ATen
 // matmuls in the input dtype, fp32 accumulation inside the GEMM), the divergence through
-// distill_loss's internal ops (so the device picks its kernels), the cross-entropy, and the
-// gradient w.r.t. the student's hidden states and lm_head. Device-agnostic: written with ATen ops
-// only and registered for CPU and CUDA alike. At most one chunk's logits are alive at a time.
+// distill_loss's internal ops and the cross-entropy through cross_entropy_loss's (so the device
+// picks its kernels), and the gradient w.r.t. the student's hidden states and lm_head.
+// Device-agnostic: written with ATen ops only and registered for CPU and CUDA alike. At most one
+// chunk's logits are alive at a time.
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/library.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "cross_entropy_internal.h"
 #include "distill_common.h"
 #include "distill_internal.h"
 #include "fused_linear_internal.h"
@@ -110,14 +112,12 @@ int64_t memory_budget(const at::Device& device) {
 }
 
 // Rows per chunk: what a chunk allocates per row (the student's and teacher's logits and the
-// logits' gradient in the input dtype; with labels, the cross-entropy's float copy of the
-// student's logits and ATen's logsumexp temporaries, three rows of float) within the budget.
+// logits' gradient in the input dtype; with labels, the cross-entropy's gradient, one more row in
+// the input dtype) within the budget.
 int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
   if (a.chunk_size > 0) return std::min(a.chunk_size, std::max<int64_t>(in.rows, 1));
   const int64_t elem = static_cast<int64_t>(in.sh.element_size());
-  const int64_t acc = in.sh.scalar_type() == at::kDouble ? 8 : 4;
-  const int64_t per_row =
-      elem * (2 * in.ws + in.wt) + (in.labels.defined() ? 3 * acc * std::min(a.V, in.ws) : 0);
+  const int64_t per_row = elem * (2 * in.ws + in.wt + (in.labels.defined() ? in.ws : 0));
   return std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
                              std::max<int64_t>(in.rows, 1));
 }
@@ -159,26 +159,23 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
   }
 }
 
-// Cross-entropy of one chunk: x (n, Vce) the student's logits over the columns that count,
-// labels (n,). Writes each row's -log softmax(x)[label] into ce_rows (0 for ignored rows, +inf for
-// a label outside [0, Vce)). With `weight` (n,) defined, returns weight * (softmax(x) -
-// onehot(label)) in the accumulation dtype (0 on ignored rows), else an undefined tensor.
-at::Tensor cross_entropy_chunk(const at::Tensor& x_in, const at::Tensor& labels,
+// Cross-entropy of one chunk through cross_entropy_loss's kernels (one read of the logits in
+// forward, one in backward, the gradient written once in the logits' dtype): s (n, V_s) the
+// student's logits, the columns [0, Vce) counting, labels (n,). Writes each row's
+// -log softmax(s)[label] into ce_rows (0 for ignored rows). A counted label outside [0, Vce) has
+// probability 0: +inf here, where the op itself refuses it (CPU) or gives NaN (CUDA), so such a
+// row goes to the op as ignored and gets +inf afterwards (and no cross-entropy gradient), with
+// no host synchronisation. With `weight` (n,) defined, returns weight * (softmax(s) -
+// onehot(label)) over [0, Vce) and 0 past it (0 on ignored rows), else an undefined tensor.
+at::Tensor cross_entropy_chunk(const at::Tensor& s, int64_t Vce, const at::Tensor& labels,
                                int64_t ignore_index, at::Tensor ce_rows, const at::Tensor& weight) {
-  at::Tensor x =
-      x_in.to(ce_rows.scalar_type(), /*non_blocking=*/false, /*copy=*/true);  // ours to overwrite
-  const at::Tensor lse = at::logsumexp(x, {1});
-  const at::Tensor valid = labels.ne(ignore_index);
-  const at::Tensor in_range = labels.ge(0).logical_and(labels.lt(x.size(1)));
-  const at::Tensor index = at::where(in_range, labels, 0).unsqueeze(1);
-  const at::Tensor picked =
-      at::where(in_range, x.gather(1, index).squeeze(1), -std::numeric_limits<double>::infinity());
-  ce_rows.copy_(at::where(valid, lse - picked, 0));
+  const at::Tensor outside =
+      labels.ne(ignore_index).logical_and(labels.lt(0).logical_or(labels.ge(Vce)));
+  const at::Tensor y = at::where(outside, ignore_index, labels);
+  auto [loss, stats, scale] = cross_entropy_forward_op(s, y, ignore_index, kernels::kNone, Vce);
+  ce_rows.copy_(at::where(outside, std::numeric_limits<double>::infinity(), loss));
   if (!weight.defined()) return {};
-  const at::Tensor w = at::where(valid, weight, 0);
-  x.sub_(lse.unsqueeze(1)).exp_().mul_(w.unsqueeze(1));
-  x.scatter_add_(1, index, at::where(in_range, -w, 0).unsqueeze(1));
-  return x;
+  return cross_entropy_backward_op(weight, s, y, stats, scale, ignore_index, kernels::kNone, Vce);
 }
 
 // The rows' weights (grad_output times the reduction's scale) of one term: a 0-dim tensor (one
@@ -227,13 +224,10 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
     }
     if (ce) {
       const bool ce_grad = grad && a.ce_weight != 0.0;
-      const at::Tensor g_ce = cross_entropy_chunk(s.narrow(1, 0, Vce), *labels, a.ignore_index,
-                                                  out.ce_rows.narrow(0, r0, n),
-                                                  ce_grad ? rows_of(ce_w, r0, n) : at::Tensor());
-      if (g_ce.defined()) {
-        if (!g.defined()) g = at::zeros_like(s);
-        g.narrow(1, 0, Vce).add_(g_ce);
-      }
+      const at::Tensor g_ce =
+          cross_entropy_chunk(s, Vce, *labels, a.ignore_index, out.ce_rows.narrow(0, r0, n),
+                              ce_grad ? rows_of(ce_w, r0, n) : at::Tensor());
+      if (g_ce.defined()) g = g.defined() ? g.add_(g_ce) : g_ce;
     }
     if (!grad) continue;
     if (!g.defined()) {  // both weights 0: nothing flows back
