@@ -13,8 +13,8 @@
 #   (d) prints tokens/s on 1 and 2 GPUs and the scaling efficiency tokens/s(2) / (2 x tokens/s(1)),
 #       and per rank (a short profiled 2-GPU run, --profile-steps): peak memory, tokens/s and the
 #       communication left on the critical path,
-#   (e) two "nodes" on this host: two torchrun launches with --nnodes 2 --node-rank 0/1 and one
-#       rendezvous on loopback, which must give the --nproc-per-node 2 run's trajectory,
+#   (e) two "nodes" on this host: two torchrun launches with --nnodes 2 --node-rank 0/1 and a
+#       static rendezvous on loopback (node-rank 0 is rank 0), which must give the --nproc-per-node 2 run's trajectory,
 #   (f) when SmolLM2 is prepared (scripts/prepare_smollm2.py; SMOLLM2_DIR), a short real-size
 #       distillation (SmolLM2-135M teacher, configs/smollm2_distill.yaml) on 1 and 2 GPUs: scaling.
 # Everything goes to ${OUT:-out}/ddp/ (logs, run directories, report.txt). Exit status 0 when
@@ -100,15 +100,15 @@ pipeline bf16
 
 STUDENT_CONFIG=$DIR/bf16/gpu1/student/config.yaml
 if [ "$NGPU" -ge 2 ] && [ -f "$STUDENT_CONFIG" ]; then
-  echo "== (d) per rank: a profiled 2-GPU distillation (30 steps, the last 10 timed)"
+  echo "== (d) per rank: a profiled 2-GPU distillation (30 steps: 3 skipped, 10 traced, 10 timed)"
   run 2 profile --config "$STUDENT_CONFIG" train.out_dir="$DIR/profile" train.steps=30 \
     --profile-steps 10
   echo "== (e) two nodes on this host: torchrun --nnodes 2 --node-rank 0/1, one rendezvous"
   PORT=$((29600 + RANDOM % 300))
   for rank in 0 1; do
     CUDA_VISIBLE_DEVICES=$rank timeout 400 torchrun --no-python --nnodes 2 --node-rank "$rank" \
-      --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$PORT" \
-      --rdzv-id "ddp-check-$PORT" "$TRAINER" --fresh --config "$STUDENT_CONFIG" \
+      --nproc-per-node 1 --rdzv-backend static --master-addr 127.0.0.1 --master-port "$PORT" \
+      "$TRAINER" --fresh --config "$STUDENT_CONFIG" \
       train.out_dir="$DIR/nodes2/node$rank" train.steps=30 > "$DIR/nodes2_node$rank.log" 2>&1 &
   done
   wait_status=0

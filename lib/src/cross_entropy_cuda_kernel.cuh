@@ -43,8 +43,8 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, scaled, prob, kLog2e, kLn2, MaxSum: distill's, shared (to_float, from_float:
-// cuda_common.cuh).
+// Vec, load_vec, load_vecs, scaled, prob, kLog2e, kLn2, MaxSum: distill's, shared (to_float,
+// from_float: cuda_common.cuh).
 using namespace distill_detail;
 
 // One vector of a row added to a normaliser (MaxSum, combine, add_scaled: distill's).
@@ -55,21 +55,6 @@ __device__ __forceinline__ MaxSum add_vec(MaxSum ms, const Vec<T>& v) {
 #pragma unroll
   for (int k = 0; k < N; ++k) x2[k] = scaled(to_float(v.v[k]), kLog2e);
   return add_scaled<N>(ms, x2);
-}
-
-// kU vectors of a row at j0, j0 + step, ...: all in flight at once. 16-byte loads when the row is
-// aligned (vx) and every vector lies inside [0, n); else element by element, -inf past n.
-template <typename T, int kU>
-__device__ __forceinline__ void load_vecs(const T* x, int64_t j0, int64_t step, int64_t n, bool vx,
-                                          Vec<T> (&v)[kU]) {
-  if (vx && j0 + (kU - 1) * step + Vec<T>::N <= n) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      v[u].raw = __ldg(reinterpret_cast<const uint4*>(x + j0 + u * step));
-  } else {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = load_vec(x, j0 + u * step, n, vx);
-  }
 }
 
 // Forward: one block per row; kU vectors per thread in flight.

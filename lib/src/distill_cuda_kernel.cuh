@@ -99,6 +99,21 @@ __device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t j, int64_t n, b
   return out;
 }
 
+// kU vectors of a row at j0, j0 + step, ...: all in flight at once. 16-byte loads when the row is
+// aligned (vx) and every vector lies inside [0, n); else element by element, -inf past n.
+template <typename T, int kU>
+__device__ __forceinline__ void load_vecs(const T* x, int64_t j0, int64_t step, int64_t n, bool vx,
+                                          Vec<T> (&v)[kU]) {
+  if (vx && j0 + (kU - 1) * step + Vec<T>::N <= n) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      v[u].raw = __ldg(reinterpret_cast<const uint4*>(x + j0 + u * step));
+  } else {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = load_vec(x, j0 + u * step, n, vx);
+  }
+}
+
 // Block-wide sum of two floats, broadcast to every thread. `shared`: 2 * 32 floats. Safe to call
 // back to back.
 __device__ __forceinline__ float2 block_sum2(float2 v, float* shared) {
@@ -152,28 +167,16 @@ __device__ __forceinline__ void prob(float x2, float mx, float ls, float& p, flo
 
 // The element loop every pass shares: f(j, s_j, t_j) over the row's columns [0, n), N at a time
 // (s, t: the row; columns at or past ns / nt are -inf). A thread takes the vectors at j, j + step,
-// ... in that order, kU of each row in flight (16-byte loads when both rows are aligned and the
-// vectors lie inside both).
+// ... in that order, kU of each row in flight (load_vecs).
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns, int64_t nt,
                                              bool vs, bool vt, int64_t n, F&& f) {
   constexpr int N = Vec<T>::N, kU = 2;
-  const int64_t step = int64_t(blockDim.x) * N, n_both = ns < nt ? ns : nt;
+  const int64_t step = int64_t(blockDim.x) * N;
   for (int64_t j0 = int64_t(threadIdx.x) * N; j0 < n; j0 += kU * step) {
     Vec<T> xs[kU], ys[kU];
-    if (vs && vt && j0 + (kU - 1) * step + N <= n_both) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        xs[u].raw = __ldg(reinterpret_cast<const uint4*>(s + j0 + u * step));
-        ys[u].raw = __ldg(reinterpret_cast<const uint4*>(t + j0 + u * step));
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        xs[u] = load_vec(s, j0 + u * step, ns, vs);
-        ys[u] = load_vec(t, j0 + u * step, nt, vt);
-      }
-    }
+    load_vecs(s, j0, step, ns, vs, xs);
+    load_vecs(t, j0, step, nt, vt, ys);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (j0 + u * step < n) f(j0 + u * step, xs[u], ys[u]);
@@ -358,19 +361,8 @@ __global__ void __launch_bounds__(256)
   const int64_t step = int64_t(blockDim.x) * N;
   for (int64_t j0 = begin + int64_t(threadIdx.x) * N; j0 < end; j0 += kU * step) {
     Vec<T> xs[kU], ys[kU];
-    if (vs && vt && j0 + (kU - 1) * step + N <= (ns < nt ? ns : nt)) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        xs[u].raw = __ldg(reinterpret_cast<const uint4*>(s + j0 + u * step));
-        ys[u].raw = __ldg(reinterpret_cast<const uint4*>(t + j0 + u * step));
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        xs[u] = load_vec(s, j0 + u * step, ns, vs);
-        ys[u] = load_vec(t, j0 + u * step, nt, vt);
-      }
-    }
+    load_vecs(s, j0, step, ns, vs, xs);
+    load_vecs(t, j0, step, nt, vt, ys);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t j = j0 + u * step;

@@ -220,6 +220,11 @@ TEST(GradReducerTest, StepsRepeatAndFinishAloneSumsWhatIsThere) {
     reducer.Finish();
     EXPECT_TRUE(at::equal(net.params[6].grad(), before)) << "step " << step;
   }
+  // A last backward whose sums are never collected: the next step refuses to begin.
+  reducer.BeginBackward(true);
+  net.Loss(x[0]).backward();
+  EXPECT_THROW(reducer.BeginBackward(false), std::logic_error);
+  reducer.Finish();
   // No backward marked last (say, a step without micro-batches): Finish sums the gradients as
   // they are.
   net.params[2].mutable_grad() = at::ones_like(net.params[2]);

@@ -95,7 +95,12 @@ void GradReducer::ResetStep() {
 
 void GradReducer::BeginBackward(bool last) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (last && !step_open_) {
+  if (step_open_) {
+    throw std::logic_error(
+        "GradReducer: a backward began after the step's last one without Finish(); the "
+        "previous step's sums were never collected");
+  }
+  if (last) {
     ResetStep();
     step_open_ = true;
   }

@@ -154,7 +154,7 @@ Trainer::Trainer(Config config, RunOptions options)
   // Every rank built the same weights from the same seed (or checkpoint); broadcasting rank 0's
   // makes that a guarantee rather than an assumption.
   dist_->BroadcastParameters(*student_);
-  if (dist_->active()) {
+  if (dist_->world_size() > 1) {  // one rank has nothing to sum
     reducer_ = std::make_unique<GradReducer>(student_->parameters(), config_.train.bucket_mb << 20,
                                              *dist_);
   }
@@ -291,7 +291,7 @@ StepResult Trainer::Step() {
     // start those of parameters that got no gradient), then the step's loss terms. A SIGTERM /
     // SIGINT rides along in that same all-reduce (free: no extra communication), so every rank
     // sees it at the same step and all stop together.
-    reducer_->Finish();
+    if (reducer_) reducer_->Finish();
     const std::vector<double> terms = dist_->AllReduceSum(
         {r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0});
     r.kd_loss = terms[0];

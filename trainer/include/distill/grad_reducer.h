@@ -51,7 +51,8 @@ class GradReducer {
   GradReducer& operator=(const GradReducer&) = delete;
 
   // Before each backward of a step: `last` for the step's last micro-batch, whose backward
-  // starts the all-reduces; the earlier ones only accumulate.
+  // starts the all-reduces; the earlier ones only accumulate. After a `last` one, Finish must
+  // come before the next backward (else std::logic_error).
   void BeginBackward(bool last);
   // After the step's last backward: starts the buckets still waiting (parameters without a
   // gradient), waits for every sum and copies it into the parameters' .grad.

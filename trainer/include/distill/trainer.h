@@ -103,7 +103,8 @@ class Trainer {
   // are accumulated into the student's .grad, normalised by `normalizer_tokens` (0: the total
   // count of non-ignored targets over `micro_batches`; data-parallel: the global count over all
   // ranks). Returns the loss terms of these micro-batches under that normalisation (no
-  // optimizer update, no zeroing, no communication).
+  // optimizer update, no zeroing). With several ranks the last micro-batch's backward starts the
+  // gradient all-reduces, which only Step collects: there, call it through Step.
   StepResult AccumulateGradients(const std::vector<Batch>& micro_batches,
                                  int64_t normalizer_tokens = 0);
   EvalResult Evaluate();
