@@ -4,7 +4,8 @@
 //
 // Data movement (the op is memory-bound at real vocabularies):
 //  - forward: one block per row; the passes a row needs (the maxima and the sums of exp together,
-//    online; the divergence and its row constant; the gradient when it is computed in forward)
+//    online, with the KLs' loss; TVD's and JSD's divergence and row constant, which need the
+//    normalised p and q; the gradient when it is computed in forward)
 //    each read the row from global memory, the L2 cache serving part of the re-reads. (A variant
 //    that staged each row once in the shared memory of a thread-block cluster measured slower on
 //    the H200 and was removed: docs/benchmarks.md.)
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -133,8 +135,8 @@ struct MaxSum {
 // every lane of a butterfly gets the same result; {-inf, 0} is its identity.
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.max, b.max);
-  return {m, (a.max == m ? a.sum : a.sum * exp2f(a.max - m)) +
-                 (b.max == m ? b.sum : b.sum * exp2f(b.max - m))};
+  return {m, (a.max == m ? a.sum : __fmul_rn(a.sum, exp2f(a.max - m))) +
+                 (b.max == m ? b.sum : __fmul_rn(b.sum, exp2f(b.max - m)))};
 }
 
 // N log2-scaled logits added to a normaliser: one rescale per vector, one exp2 per element.
@@ -146,14 +148,56 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x2)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
   const float m = fmaxf(ms.max, vmax);
-  float s = ms.max == m ? ms.sum : ms.sum * exp2f(ms.max - m);
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, exp2f(ms.max - m));
 #pragma unroll
   for (int k = 0; k < N; ++k) s += x2[k] == -INFINITY ? 0.f : exp2f(x2[k] - m);
   return {m, s};
 }
 
-struct MaxSum2 {  // student, teacher
-  MaxSum s, t;
+// A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x2_j - o2_j), o2 the
+// other distribution's log2-scaled logits, rescaled with the sum (a KL's loss in the same online
+// pass: sum_j q_j (t2_j - s2_j) = dot / sum). An x2_j of -inf adds exactly 0 (weight 0, whatever
+// o2_j); an o2_j of -inf under weight makes dot +inf, kept +inf by every rescale.
+struct MaxSumDot {
+  float max, sum, dot;
+};
+
+__device__ __forceinline__ float rescaled_dot(float dot, float r) {
+  return r == 0.f && dot == INFINITY ? dot : dot * r;
+}
+
+__device__ __forceinline__ MaxSumDot combine(MaxSumDot a, MaxSumDot b) {
+  const float m = fmaxf(a.max, b.max);
+  const float ra = a.max == m ? 1.f : exp2f(a.max - m), rb = b.max == m ? 1.f : exp2f(b.max - m);
+  return {m,
+          (a.max == m ? a.sum : __fmul_rn(a.sum, ra)) + (b.max == m ? b.sum : __fmul_rn(b.sum, rb)),
+          rescaled_dot(a.dot, ra) + rescaled_dot(b.dot, rb)};
+}
+
+template <int N>
+__device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&x2)[N],
+                                                    const float (&o2)[N]) {
+  float vmax = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
+  const float m = fmaxf(ms.max, vmax);
+  const float r = ms.max == m ? 1.f : exp2f(ms.max - m);
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = rescaled_dot(ms.dot, r);
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const bool none = x2[k] == -INFINITY;
+    const float w = none ? 0.f : exp2f(x2[k] - m);
+    s += w;
+    d += none ? 0.f : w * (x2[k] - o2[k]);
+  }
+  return {m, s, d};
+}
+
+// The forward's first pass: the weighting side's normaliser and dot (the teacher for forward KL
+// and for TVD and JSD, whose dot goes unused; the student for reverse KL) and the other side's.
+struct MaxSum2 {
+  MaxSumDot w;
+  MaxSum o;
 };
 
 // p and its natural log from a log2-scaled logit x2 and its row's max and log2 of the sum of
@@ -184,8 +228,9 @@ __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns,
 }
 
 // Forward of one row per block, over its columns [0, max(ns, nt)); with kGrad, the gradient too.
+// (Launched with up to 1024 threads: the bound keeps it within 64 registers.)
 template <typename T, bool kGrad>
-__global__ void distill_forward_kernel(DistillArgs<T> a) {
+__global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a) {
   constexpr int N = Vec<T>::N;
   __shared__ float red[block_reduce_words<MaxSum2>()];
   const int64_t row = blockIdx.x;
@@ -205,45 +250,82 @@ __global__ void distill_forward_kernel(DistillArgs<T> a) {
              vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
 
   // Pass 1: the maxima and the sums of exp2 of both rows, online (one read of the row where a
-  // max pass and a sum pass took two; docs/benchmarks.md).
-  MaxSum2 ms{{-INFINITY, 0.f}, {-INFINITY, 0.f}};
-  for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
-    float xs[N], ys[N];
+  // max pass and a sum pass took two; docs/benchmarks.md); for the KLs also their loss, online.
+  const int64_t div = a.divergence;
+  const bool rev = div == kReverseKl, kl = rev || div == kForwardKl;
+  MaxSum2 ms{{-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f}};
+  // One loop per kind (the branch outside the loop): 0 TVD and JSD (no dot: its two instructions
+  // per element cost them ~10% of the pass), 1 forward KL (q weighs), 2 reverse KL (p weighs).
+  auto pass1 = [&](auto kind) {
+    constexpr int kKind = decltype(kind)::value;
+    for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
+      float xs[N], ys[N];
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      xs[k] = scaled(to_float(x.v[k]), k2);
-      ys[k] = scaled(to_float(y.v[k]), k2);
-    }
-    ms.s = add_scaled<N>(ms.s, xs);
-    ms.t = add_scaled<N>(ms.t, ys);
-  });
+      for (int k = 0; k < N; ++k) {
+        xs[k] = scaled(to_float(x.v[k]), k2);
+        ys[k] = scaled(to_float(y.v[k]), k2);
+      }
+      if constexpr (kKind == 2) {
+        ms.w = add_scaled_dot<N>(ms.w, xs, ys);
+        ms.o = add_scaled<N>(ms.o, ys);
+      } else if constexpr (kKind == 1) {
+        ms.w = add_scaled_dot<N>(ms.w, ys, xs);
+        ms.o = add_scaled<N>(ms.o, xs);
+      } else {
+        const MaxSum wt = add_scaled<N>(MaxSum{ms.w.max, ms.w.sum}, ys);
+        ms.w = MaxSumDot{wt.max, wt.sum, 0.f};
+        ms.o = add_scaled<N>(ms.o, xs);
+      }
+    });
+  };
+  if (rev)
+    pass1(std::integral_constant<int, 2>{});
+  else if (kl)
+    pass1(std::integral_constant<int, 1>{});
+  else
+    pass1(std::integral_constant<int, 0>{});
   ms = block_allreduce(
       ms,
       [](MaxSum2 u, MaxSum2 v) {
-        return MaxSum2{combine(u.s, v.s), combine(u.t, v.t)};
+        return MaxSum2{combine(u.w, v.w), combine(u.o, v.o)};
       },
-      MaxSum2{{-INFINITY, 0.f}, {-INFINITY, 0.f}}, red);
-  const float mx_s = ms.s.max, mx_t = ms.t.max;
+      MaxSum2{{-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f}}, red);
+  const MaxSum w{ms.w.max, ms.w.sum};
+  const float mx_s = rev ? w.max : ms.o.max, mx_t = rev ? ms.o.max : w.max;
+  const float sum_s = rev ? w.sum : ms.o.sum, sum_t = rev ? ms.o.sum : w.sum;
   // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0).
-  const float ls_s = mx_s == -INFINITY ? 0.f : log2f(ms.s.sum),
-              ls_t = mx_t == -INFINITY ? 0.f : log2f(ms.t.sum);
+  const float ls_s = mx_s == -INFINITY ? 0.f : log2f(sum_s),
+              ls_t = mx_t == -INFINITY ? 0.f : log2f(sum_t);
 
-  // Pass 2: the row's loss and its row constant sum_j p_j g_j.
+  // Pass 2: the row's loss and its row constant sum_j p_j g_j. The KLs have both from pass 1:
+  // with w the weighting distribution (q for forward KL, p for reverse) and o the other,
+  // KL(w || o) = sum_j w_j (lw_j - lo_j) = ln 2 (dot / sum_w + (max_o - max_w) + (ls_o - ls_w)):
+  // exactly 0 for identical rows (dot 0, equal maxima and sums), 0 when w has no mass, +inf when
+  // w has mass where o has none; reverse KL's row constant is its loss.
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
-  const int64_t div = a.divergence;
   float2 lc{0.f, 0.f};
-  for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
+  if (kl) {
+    const float mx_w = rev ? mx_s : mx_t, mx_o = rev ? mx_t : mx_s;
+    const float ls_w = rev ? ls_s : ls_t, ls_o = rev ? ls_t : ls_s;
+    const float loss = mx_w == -INFINITY ? 0.f
+                       : mx_o == -INFINITY
+                           ? INFINITY
+                           : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
+    lc = make_float2(loss, loss);
+  } else {
+    for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      float p, lp, q, lq, term, g;
-      prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
-      prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
-      divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
-      lc.x += term;
-      lc.y += p * g;
-    }
-  });
-  lc = block_sum2(lc, red);
+      for (int k = 0; k < N; ++k) {
+        float p, lp, q, lq, term, g;
+        prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
+        prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
+        divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
+        lc.x += term;
+        lc.y += p * g;
+      }
+    });
+    lc = block_sum2(lc, red);
+  }
   const float c = needs_row_constant(div) ? lc.y : 0.f;
   if (threadIdx.x == 0) {
     float* st = a.stats + row * kStatsPerRow;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "cross_entropy_common.h"
 #include "cross_entropy_internal.h"
 #include "distill_common.h"
 #include "distill_internal.h"
@@ -97,10 +98,10 @@ at::ScalarType acc_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// Bytes the chunk driver may hold per chunk: on CUDA min(free / 8, 1 GiB), free counting the
+// Bytes the chunk driver may hold per chunk: on CUDA min(free / 8, 2 GiB), free counting the
 // caching allocator's reserved but unused blocks; on the CPU a fixed 256 MiB.
 int64_t memory_budget(const at::Device& device) {
-  constexpr int64_t kCap = int64_t{1} << 30, kCpu = int64_t{256} << 20;
+  constexpr int64_t kCap = int64_t{2} << 30, kCpu = int64_t{256} << 20;
   if (device.is_cpu()) return kCpu;
   c10::DeviceAllocator* alloc = c10::getDeviceAllocator(device.type());
   const auto free_total = alloc->getMemoryInfo(device.index());
@@ -167,13 +168,38 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
 // row goes to the op as ignored and gets +inf afterwards (and no cross-entropy gradient), with
 // no host synchronisation. With `weight` (n,) defined, returns weight * (softmax(s) -
 // onehot(label)) over [0, Vce) and 0 past it (0 on ignored rows), else an undefined tensor.
+//
+// `distill_stats`: when defined, the distill forward's statistics of the same chunk at
+// temperature 1, whose student half is the cross-entropy's normaliser (the same columns [0, Vce),
+// in the units of the device's kernels: log2-scaled logits on CUDA, natural on the CPU); the
+// cross-entropy forward kernel, a second read of the logits, is then skipped.
 at::Tensor cross_entropy_chunk(const at::Tensor& s, int64_t Vce, const at::Tensor& labels,
-                               int64_t ignore_index, at::Tensor ce_rows, const at::Tensor& weight) {
-  const at::Tensor outside =
-      labels.ne(ignore_index).logical_and(labels.lt(0).logical_or(labels.ge(Vce)));
+                               int64_t ignore_index, at::Tensor ce_rows, const at::Tensor& weight,
+                               const at::Tensor& distill_stats) {
+  const at::Tensor counted = labels.ne(ignore_index);
+  const at::Tensor outside = counted.logical_and(labels.lt(0).logical_or(labels.ge(Vce)));
   const at::Tensor y = at::where(outside, ignore_index, labels);
-  auto [loss, stats, scale] = cross_entropy_forward_op(s, y, ignore_index, kernels::kNone, Vce);
-  ce_rows.copy_(at::where(outside, std::numeric_limits<double>::infinity(), loss));
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  at::Tensor stats, scale;
+  if (distill_stats.defined()) {
+    stats = distill_stats.narrow(1, 0, kernels::kCeStatsPerRow).contiguous();
+    scale = at::ones({1}, stats.options());  // 'none': the scale is not read
+    const at::Tensor mx = stats.select(1, 0), ls = stats.select(1, 1);
+    at::Tensor xy =
+        s.gather(1, at::where(counted.logical_and(outside.logical_not()), labels, 0).unsqueeze(1))
+            .squeeze(1)
+            .to(stats.scalar_type());
+    // The kernels' formula, (max - x_y) + log_sum: on CUDA in log2 units (log2(e) and ln 2 as
+    // the kernels' float constants: a float tensor times a double scalar rounds it to float).
+    constexpr double kLog2e = 1.4426950408889634, kLn2 = 0.6931471805599453;
+    const at::Tensor row = s.is_cuda() ? ((mx - xy * kLog2e) + ls) * kLn2 : (mx - xy) + ls;
+    ce_rows.copy_(at::where(outside, kInf, at::where(counted, row, 0)));
+  } else {
+    auto [loss, st, sc] = cross_entropy_forward_op(s, y, ignore_index, kernels::kNone, Vce);
+    ce_rows.copy_(at::where(outside, kInf, loss));
+    stats = st;
+    scale = sc;
+  }
   if (!weight.defined()) return {};
   return cross_entropy_backward_op(weight, s, y, stats, scale, ignore_index, kernels::kNone, Vce);
 }
@@ -211,6 +237,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
         ce ? std::optional<at::Tensor>(in.labels.narrow(0, r0, n)) : std::nullopt;
     const at::Tensor s = at::mm(h, in.sw.t());  // (n, V_s)
     at::Tensor g;                               // d loss / d s, (n, V_s) in the inputs' dtype
+    at::Tensor kd_stats;  // the distill forward's statistics at temperature 1, for the CE
     {
       const bool kd_grad = grad && a.kd_weight != 0.0;
       const at::Tensor t = at::mm(in.th.narrow(0, r0, n), in.tw.t());  // (n, V_t)
@@ -218,6 +245,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
           distill_forward_op(s, t, labels, a.divergence, a.beta, a.temperature, a.ignore_index,
                              kernels::kNone, a.V, std::nullopt, /*save=*/kd_grad);
       out.kd_rows.narrow(0, r0, n).copy_(loss);
+      if (a.temperature == 1.0) kd_stats = stats;
       if (kd_grad)
         g = distill_backward_op(rows_of(kd_w, r0, n), s, t, labels, stats, scale, a.divergence,
                                 a.beta, a.temperature, a.ignore_index, kernels::kNone, a.V);
@@ -226,7 +254,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
       const bool ce_grad = grad && a.ce_weight != 0.0;
       const at::Tensor g_ce =
           cross_entropy_chunk(s, Vce, *labels, a.ignore_index, out.ce_rows.narrow(0, r0, n),
-                              ce_grad ? rows_of(ce_w, r0, n) : at::Tensor());
+                              ce_grad ? rows_of(ce_w, r0, n) : at::Tensor(), kd_stats);
       if (g_ce.defined()) g = g.defined() ? g.add_(g_ce) : g_ce;
     }
     if (!grad) continue;
