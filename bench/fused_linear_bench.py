@@ -12,7 +12,8 @@ Rows per (shape, divergence, ce_weight):
   composite   logits = hidden @ lm_head.T in the dtype; log_softmax in float32, the divergence
               (+ cross_entropy on the float32 logits) and autograd (bench/distill_bench.py's
               composite)
-  unfused     the same logits, lossfns.distill_loss (+ cross_entropy on a float32 copy)
+  unfused     the same logits, lossfns.distill_loss (+ lossfns.cross_entropy_loss: the fused ops
+              on the full logits, no float32 copy)
   fused       lossfns.fused_linear_distill_loss (chunk_size automatic, or --chunk)
   liger       Liger's LigerFusedLinearJSDFunction with a float32 lm_head gradient (accum_dtype):
               jsd, and the KLs as beta 0 / 1; it has no TVD and no cross-entropy (those rows are
@@ -65,7 +66,8 @@ def impls(lossfns, liger, divergence, beta, T, ce_weight, chunk):
         s = sh @ sw.T
         with torch.no_grad():
             t = th @ tw.T
-        return lossfns.distill_loss(s, t, labels, divergence, beta, T) + ce_weight * ce_of(s, labels)
+        loss = lossfns.distill_loss(s, t, labels, divergence, beta, T)
+        return loss + ce_weight * lossfns.cross_entropy_loss(s, labels) if ce_weight else loss
 
     def fused(sh, sw, th, tw, labels):
         return lossfns.fused_linear_distill_loss(sh, sw, th, tw, labels, divergence, beta, T, ce_weight=ce_weight,

@@ -359,7 +359,7 @@ std::vector<KeyDecl> Declare() {
       k, "distill.fused_linear", [](auto& c) -> auto& { return c.distill.fused_linear; }, Bool(),
       "Distill mode: the loss from both models' last hidden states and lm_heads in token chunks "
       "(lossfns::fused_linear_distill_loss), so no (BT, V) logits exist: far less memory, "
-      "measured 1.5-2x slower; for when the logits do not fit (docs/trainer.md).");
+      "the loss 5-15% slower; for when the logits do not fit (docs/trainer.md).");
 
   Add(
       k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },

@@ -1,0 +1,35 @@
+"""A Hugging Face checkpoint with random weights in the shape of a Qwen2.5 model, for benchmarks
+that need a real-size teacher and no download (bench/fused_linear_trainer.sh).
+
+    python bench/make_random_hf.py OUT_DIR [--size 0.5b|1.5b] [--device cuda]
+"""
+import argparse
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864),
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--size", default="1.5b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    cfg = Qwen2Config(vocab_size=151936, max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
+                      tie_word_embeddings=True, torch_dtype="bfloat16", **SHAPES[args.size])
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(args.out)
+    print(f"{args.size}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
