@@ -289,26 +289,36 @@ TEST(FusedLinearDistillLoss, AllIgnoredAndEmptyBatchesGiveZeroNotNaN) {
 }
 
 TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfinite) {
-  const Shape c{3, 4, 4, 12, 12, 10};
-  Inputs in = make_inputs(c);
-  in.labels = at::tensor({int64_t{2}, int64_t{11}, kDefaultIgnoreIndex});  // 11: a padding column
-  const auto r = fused_linear_distill_loss(
-      in.sh, in.sw, in.th, in.tw, in.labels,
-      options_of(Divergence::kTvd, 0.5, c, "none", 1.0, 1.0, std::nullopt));
-  EXPECT_TRUE(std::isfinite(r.ce[0].item<double>()));
-  EXPECT_EQ(r.ce[1].item<double>(), kInf);
-  EXPECT_EQ(r.ce[2].item<double>(), 0.0);
+  std::vector<at::Device> devs = {at::kCPU};
+  if (torch::cuda::is_available()) devs.emplace_back(at::kCUDA);
+  for (const auto& dev : devs)
+    for (double temperature : {1.0, 0.5}) {  // the CE from the divergence's statistics, or its own
+      SCOPED_TRACE(dev.str() + " T " + std::to_string(temperature));
+      const Shape c{3, 4, 4, 12, 12, 10, "random", temperature};
+      const Inputs in64 = make_inputs(c);
+      auto to = [&](const at::Tensor& x) { return x.to(dev, at::kFloat); };
+      // 11: a padding column
+      const at::Tensor labels = at::tensor({int64_t{2}, int64_t{11}, kDefaultIgnoreIndex}).to(dev);
+      const auto r = fused_linear_distill_loss(
+          to(in64.sh), to(in64.sw), to(in64.th), to(in64.tw), labels,
+          options_of(Divergence::kTvd, 0.5, c, "none", 1.0, 1.0, std::nullopt));
+      EXPECT_TRUE(std::isfinite(r.ce[0].item<double>()));
+      EXPECT_EQ(r.ce[1].item<double>(), kInf);
+      EXPECT_EQ(r.ce[2].item<double>(), 0.0);
+    }
 }
 
 // The lower precisions against the composite a user would write in that dtype: logits by
 // at::mm, distill_loss, and cross_entropy on a float32 copy, through autograd. Both round the
 // logits and their gradient to the dtype (in different places: the composite sums the two
 // terms' gradients in the dtype), so the tolerances are a few roundings of the dtype.
+// temperature 1.5 runs the cross-entropy's own kernels; 1 takes its normaliser from the
+// divergence's statistics (fused_linear_driver.cpp).
 void run_low_precision_case(const at::Device& dev, at::ScalarType dtype, Divergence div,
-                            const std::string& red) {
+                            const std::string& red, double temperature) {
   SCOPED_TRACE(std::string(divergence_name(div)) + " " + c10::toString(dtype) + " " + dev.str() +
-               " " + red);
-  const Shape c{37, 64, 96, 1000, 1200, 1100, "random", 1.5};
+               " " + red + " T " + std::to_string(temperature));
+  const Shape c{37, 64, 96, 1000, 1200, 1100, "random", temperature};
   const Inputs in64 = make_inputs(c);
   auto to = [&](const at::Tensor& x) { return x.to(dev, dtype); };
   const Inputs in{to(in64.sh), to(in64.sw), to(in64.th), to(in64.tw), in64.labels.to(dev)};
@@ -348,32 +358,42 @@ TEST(FusedLinearDistillLoss, LowPrecisionMatchesTheComposite) {
   for (const auto& dev : devs)
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf})
       for (Divergence div : kAll)
-        for (const char* red : {"batchmean", "none"}) run_low_precision_case(dev, dtype, div, red);
+        for (const char* red : {"batchmean", "none"})
+          for (double temperature : {1.5, 1.0})
+            run_low_precision_case(dev, dtype, div, red, temperature);
 }
 
 TEST(FusedLinearDistillLoss, CudaFloat32MatchesTheFloat64CompositeAndChunksAgree) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   at::manual_seed(5);
-  const Shape c{300, 96, 128, 5000, 5000, 4990, "random", 2.0};
-  const Inputs in64 = make_inputs(c);
-  auto to = [](const at::Tensor& x) { return x.to(at::kCUDA, at::kFloat); };
-  for (Divergence div : kAll) {
-    const at::Tensor go = at::full({}, 0.75, at::kDouble);
-    const Inputs rounded{
-        to(in64.sh).to(at::kCPU, at::kDouble), to(in64.sw).to(at::kCPU, at::kDouble),
-        to(in64.th).to(at::kCPU, at::kDouble), to(in64.tw).to(at::kCPU, at::kDouble), in64.labels};
-    const Expected e = composite_reference(rounded, c, div, 0.5, "batchmean", 1.0, 0.25, go);
-    for (std::optional<int64_t> chunk :
-         {std::optional<int64_t>(64), std::optional<int64_t>(std::nullopt)}) {
-      const at::Tensor h = leaf(to(in64.sh)), w = leaf(to(in64.sw));
-      const auto r =
-          fused_linear_distill_loss(h, w, to(in64.th), to(in64.tw), in64.labels.to(at::kCUDA),
-                                    options_of(div, 0.5, c, "batchmean", 1.0, 0.25, chunk));
-      r.loss.backward(go.to(at::kCUDA, at::kFloat));
-      // float32 logits (TF32 off by default) and float32 kernels: ~1e-6 relative per logit.
-      EXPECT_TRUE(all_close(r.loss, e.loss, 1e-4, 1e-6)) << divergence_name(div);
-      EXPECT_TRUE(all_close(h.grad(), e.grad_h, 1e-3, 1e-4 * e.grad_h.abs().max().item<double>()));
-      EXPECT_TRUE(all_close(w.grad(), e.grad_w, 1e-3, 1e-4 * e.grad_w.abs().max().item<double>()));
+  // Temperature 2: the cross-entropy's own kernels; 1: its normaliser from the divergence's
+  // statistics (log2 units on CUDA).
+  for (double temperature : {2.0, 1.0}) {
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    const Shape c{300, 96, 128, 5000, 5000, 4990, "random", temperature};
+    const Inputs in64 = make_inputs(c);
+    auto to = [](const at::Tensor& x) { return x.to(at::kCUDA, at::kFloat); };
+    for (Divergence div : kAll) {
+      const at::Tensor go = at::full({}, 0.75, at::kDouble);
+      const Inputs rounded{to(in64.sh).to(at::kCPU, at::kDouble),
+                           to(in64.sw).to(at::kCPU, at::kDouble),
+                           to(in64.th).to(at::kCPU, at::kDouble),
+                           to(in64.tw).to(at::kCPU, at::kDouble), in64.labels};
+      const Expected e = composite_reference(rounded, c, div, 0.5, "batchmean", 1.0, 0.25, go);
+      for (std::optional<int64_t> chunk :
+           {std::optional<int64_t>(64), std::optional<int64_t>(std::nullopt)}) {
+        const at::Tensor h = leaf(to(in64.sh)), w = leaf(to(in64.sw));
+        const auto r =
+            fused_linear_distill_loss(h, w, to(in64.th), to(in64.tw), in64.labels.to(at::kCUDA),
+                                      options_of(div, 0.5, c, "batchmean", 1.0, 0.25, chunk));
+        r.loss.backward(go.to(at::kCUDA, at::kFloat));
+        // float32 logits (TF32 off by default) and float32 kernels: ~1e-6 relative per logit.
+        EXPECT_TRUE(all_close(r.loss, e.loss, 1e-4, 1e-6)) << divergence_name(div);
+        EXPECT_TRUE(
+            all_close(h.grad(), e.grad_h, 1e-3, 1e-4 * e.grad_h.abs().max().item<double>()));
+        EXPECT_TRUE(
+            all_close(w.grad(), e.grad_w, 1e-3, 1e-4 * e.grad_w.abs().max().item<double>()));
+      }
     }
   }
 }
