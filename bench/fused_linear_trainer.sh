@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # distill_trainer at real size with and without distill.fused_linear (issue 19): a Qwen2.5-0.5B-shaped
 # student from a random Qwen2.5-1.5B-shaped teacher (bench/configs/qwen05_from_qwen15.yaml), V = 151936,
-# seq 2048, on one GPU. Prints tokens/s (the log's, steps 4-14) and the profiled peak memory per run.
+# seq 2048, on one GPU. Prints tokens/s (the median of the log's step lines) and the profiled peak
+# memory per run.
 #   bash bench/fused_linear_trainer.sh            (after `make build`; BUILD_DIR, PYTHON, WORK to override)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +17,12 @@ for run in "false 16" "true 16" "true 32" "false 32"; do
   log="$WORK/train_$1_$2.txt"
   if "$BUILD_DIR/trainer/distill_trainer" --config bench/configs/qwen05_from_qwen15.yaml \
       teacher.hf_dir="$WORK/teacher" distill.fused_linear="$1" data.batch_size="$2" \
-      train.out_dir="$WORK/runs/fused_$1_batch_$2" --profile-steps 2 > "$log" 2>&1; then
-    toks=$(grep -o '[0-9]* tok/s' "$log" | tail -5 | awk '{print $1}' | sort -n | sed -n '3p')
-    peak=$(grep -o 'peak memory [0-9.]* GiB' "$log" | awk '{print $3}')
-    echo "| $1 | $2 | $toks | $peak GiB |"
+      train.out_dir="$WORK/runs/fused_$1_batch_$2" --profile-steps 2 --fresh > "$log" 2>&1; then
+    # the median of the log's step lines (steps 2-14; the profiled steps 4-7 run synchronised)
+    toks=$( (grep -E '^step ' "$log" || true) | grep -o '[0-9]* tok/s' | awk '{print $1}' | sort -n |
+      awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)] : "?"}')
+    peak=$( (grep -o 'peak memory [0-9.]* GiB' "$log" || true) | awk '{print $3}')
+    echo "| $1 | $2 | $toks | ${peak:-?} GiB |"
   else
     echo "| $1 | $2 | – | $(grep -m1 -o 'memory estimate: [0-9.]* GiB' "$log" || echo failed: see "$log") |"
   fi

@@ -294,6 +294,45 @@ TEST(DistillLoss, ReverseKlIsInfiniteWhereOnlyTheTeacherIsNegativeInfinity) {
   }
 }
 
+TEST(DistillLoss, KlTermsThatUnderflowAreZeroAndNaNRowsAreNaN) {
+  // A column where the weighting distribution's probability underflows to 0 while the other is
+  // -inf adds 0, not +inf or NaN (the CUDA forward's one-pass KLs decide this after the row's
+  // normaliser is known, wherever the column lies); a row of NaN gives NaN, never 0 or +inf.
+  at::manual_seed(6);
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : dtypes(dev))
+      for (int64_t col : {int64_t{0}, int64_t{37}}) {
+        SCOPED_TRACE(dev.str() + " " + c10::toString(dtype) + " column " + std::to_string(col));
+        const at::Tensor a = at::randn({3, 64}, at::kDouble) * 2,
+                         b = at::randn({3, 64}, at::kDouble) * 2;
+        for (Divergence div : {Divergence::kForwardKl, Divergence::kReverseKl}) {
+          // forward KL weighs by the teacher, reverse KL by the student
+          const bool rev = div == Divergence::kReverseKl;
+          at::Tensor w_low = (rev ? a : b).clone(), o_inf = (rev ? b : a).clone();
+          w_low.select(1, col).fill_(-1e4);
+          o_inf.select(1, col).fill_(-kInf);
+          at::Tensor w_inf = w_low.clone();
+          w_inf.select(1, col).fill_(-kInf);
+          const auto o = DistillLossOptions().divergence(div).reduction(torch::kNone);
+          auto loss = [&](const at::Tensor& w, const at::Tensor& other) {
+            const at::Tensor s = (rev ? w : other).to(dev, dtype),
+                             t = (rev ? other : w).to(dev, dtype);
+            return distill_loss(s, t, o).cpu().to(at::kDouble);
+          };
+          const at::Tensor low = loss(w_low, o_inf), none = loss(w_inf, o_inf);
+          EXPECT_TRUE(low.isfinite().all().item<bool>()) << divergence_name(div) << " " << low;
+          EXPECT_TRUE(at::allclose(low, none, 1e-6, 1e-7))
+              << divergence_name(div) << " " << low << " vs " << none;
+          at::Tensor w_nan = (rev ? a : b).clone();
+          w_nan.select(0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+          const at::Tensor nan_rows = loss(w_nan, rev ? b : a);
+          EXPECT_TRUE(std::isnan(nan_rows[1].item<double>()))
+              << divergence_name(div) << " " << nan_rows;
+          EXPECT_TRUE(std::isfinite(nan_rows[0].item<double>()));
+        }
+      }
+}
+
 TEST(DistillLoss, PaddingColumnsAreNeverRead) {
   // Columns at or past vocab_size hold NaN: the loss is the unpadded one and their gradient is 0.
   at::manual_seed(3);

@@ -69,7 +69,7 @@ struct JsdConstants {
 // constant). Math supplies log_ratio(x, m, bound, log_bound) = log(x / m) for x > 0, m >= 0, at
 // most log_bound, and exactly 0 when x == m; p, q >= 0; lp, lq may be -inf where p, q are 0.
 //   tvd:        term = 0.5 |p - q|,            g = 0.5 sign(p - q), sign(0) = 0
-//   forward_kl: term = q (lq - lp)  (0 if q = 0), g unused
+//   forward_kl: term = q (lq - lp)  (0 if q = 0; NaN if q is NaN), g unused
 //   reverse_kl: term = p (lp - lq)  (0 if p = 0), g = lp - lq (0 if p = 0)
 //   jsd:        m = p + beta (q - p)  (exactly p when q == p),
 //               term = beta q log(q/m) + (1 - beta) p log(p/m)  (each 0 where its weight is 0),
@@ -84,7 +84,7 @@ LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstan
     term = Acc(0.5) * (d < Acc(0) ? -d : d);
     g = Acc(0.5) * (static_cast<Acc>(d > Acc(0)) - static_cast<Acc>(d < Acc(0)));
   } else if (divergence == kForwardKl) {
-    term = q > Acc(0) ? q * (lq - lp) : Acc(0);
+    term = q != Acc(0) ? q * (lq - lp) : Acc(0);  // a NaN q gives NaN (q > 0 would drop it)
     g = Acc(0);
   } else if (divergence == kReverseKl) {
     const Acc r = p > Acc(0) ? lp - lq : Acc(0);

@@ -156,22 +156,23 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x2)[N]) {
 
 // A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x2_j - o2_j), o2 the
 // other distribution's log2-scaled logits, rescaled with the sum (a KL's loss in the same online
-// pass: sum_j q_j (t2_j - s2_j) = dot / sum). An x2_j of -inf adds exactly 0 (weight 0, whatever
-// o2_j); an o2_j of -inf under weight makes dot +inf, kept +inf by every rescale.
+// pass: sum_j q_j (t2_j - s2_j) = dot / sum). Columns where either side is -inf stay out of the
+// dot (their term is 0 or +inf, never a finite part of the sum); `imax` is the largest x2_j
+// where o2_j is -inf, from which the caller decides +inf exactly as the two-pass definition does
+// (q_j > 0 where p_j = 0: the largest such weight after normalisation, not underflowed). Its sum
+// is computed as MaxSum's, bit for bit (the rescale's product rounded on its own in both, never
+// fused into the add after it), so that identical rows still give identical normalisers (ties:
+// exactly 0).
 struct MaxSumDot {
-  float max, sum, dot;
+  float max, sum, dot, imax;
 };
-
-__device__ __forceinline__ float rescaled_dot(float dot, float r) {
-  return r == 0.f && dot == INFINITY ? dot : dot * r;
-}
 
 __device__ __forceinline__ MaxSumDot combine(MaxSumDot a, MaxSumDot b) {
   const float m = fmaxf(a.max, b.max);
   const float ra = a.max == m ? 1.f : exp2f(a.max - m), rb = b.max == m ? 1.f : exp2f(b.max - m);
   return {m,
           (a.max == m ? a.sum : __fmul_rn(a.sum, ra)) + (b.max == m ? b.sum : __fmul_rn(b.sum, rb)),
-          rescaled_dot(a.dot, ra) + rescaled_dot(b.dot, rb)};
+          a.dot * ra + b.dot * rb, fmaxf(a.imax, b.imax)};
 }
 
 template <int N>
@@ -182,15 +183,16 @@ __device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&
   for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
   const float m = fmaxf(ms.max, vmax);
   const float r = ms.max == m ? 1.f : exp2f(ms.max - m);
-  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = rescaled_dot(ms.dot, r);
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * r, im = ms.imax;
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    const bool none = x2[k] == -INFINITY;
+    const bool none = x2[k] == -INFINITY, other_none = o2[k] == -INFINITY;
     const float w = none ? 0.f : exp2f(x2[k] - m);
     s += w;
-    d += none ? 0.f : w * (x2[k] - o2[k]);
+    d += none || other_none ? 0.f : w * (x2[k] - o2[k]);
+    im = fmaxf(im, other_none ? x2[k] : -INFINITY);
   }
-  return {m, s, d};
+  return {m, s, d, im};
 }
 
 // The forward's first pass: the weighting side's normaliser and dot (the teacher for forward KL
@@ -253,9 +255,9 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   // max pass and a sum pass took two; docs/benchmarks.md); for the KLs also their loss, online.
   const int64_t div = a.divergence;
   const bool rev = div == kReverseKl, kl = rev || div == kForwardKl;
-  MaxSum2 ms{{-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f}};
-  // One loop per kind (the branch outside the loop): 0 TVD and JSD (no dot: its two instructions
-  // per element cost them ~10% of the pass), 1 forward KL (q weighs), 2 reverse KL (p weighs).
+  MaxSum2 ms{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}};
+  // One loop per kind (the branch outside the loop): 0 TVD and JSD (no dot: computing it cost
+  // TVD ~12% of its forward), 1 forward KL (q weighs), 2 reverse KL (p weighs).
   auto pass1 = [&](auto kind) {
     constexpr int kKind = decltype(kind)::value;
     for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
         ms.o = add_scaled<N>(ms.o, xs);
       } else {
         const MaxSum wt = add_scaled<N>(MaxSum{ms.w.max, ms.w.sum}, ys);
-        ms.w = MaxSumDot{wt.max, wt.sum, 0.f};
+        ms.w = MaxSumDot{wt.max, wt.sum, 0.f, -INFINITY};
         ms.o = add_scaled<N>(ms.o, xs);
       }
     });
@@ -289,7 +291,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
       [](MaxSum2 u, MaxSum2 v) {
         return MaxSum2{combine(u.w, v.w), combine(u.o, v.o)};
       },
-      MaxSum2{{-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f}}, red);
+      MaxSum2{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}}, red);
   const MaxSum w{ms.w.max, ms.w.sum};
   const float mx_s = rev ? w.max : ms.o.max, mx_t = rev ? ms.o.max : w.max;
   const float sum_s = rev ? w.sum : ms.o.sum, sum_t = rev ? ms.o.sum : w.sum;
@@ -307,10 +309,15 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   if (kl) {
     const float mx_w = rev ? mx_s : mx_t, mx_o = rev ? mx_t : mx_s;
     const float ls_w = rev ? ls_s : ls_t, ls_o = rev ? ls_t : ls_s;
-    const float loss = mx_w == -INFINITY ? 0.f
-                       : mx_o == -INFINITY
-                           ? INFINITY
-                           : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
+    // NaN in either row (a NaN logit makes its sum NaN, also in a row of NaN alone, whose max is
+    // -inf): NaN, as the two-pass definition gives. Else: no mass on w: 0; mass on w where o has
+    // none (prob()'s w_j > 0 for the largest such column): +inf; else the formula.
+    const bool nan = isnan(w.sum) || isnan(ms.o.sum) || isnan(ms.w.dot);
+    const bool inf = ms.w.imax != -INFINITY && exp2f((ms.w.imax - mx_w) - ls_w) > 0.f;
+    const float loss = nan                 ? NAN
+                       : mx_w == -INFINITY ? 0.f
+                       : inf               ? INFINITY
+                             : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
     lc = make_float2(loss, loss);
   } else {
     for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
