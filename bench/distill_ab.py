@@ -14,35 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-import lossfns  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def median_ms(fn, device, iters):
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from distill_bench import DTYPES, load_lossfns, time_fn  # noqa: E402
 
 
 def main():
@@ -56,6 +33,7 @@ def main():
     ap.add_argument("--tag", default="", help="a label printed at the start of every row")
     args = ap.parse_args()
     dev, dtype = args.device, DTYPES[args.dtype]
+    lossfns = load_lossfns()
     for shape in args.shapes.split(","):
         rows, V = map(int, shape.split("x"))
         g = torch.Generator(device=dev).manual_seed(0)
@@ -75,9 +53,9 @@ def main():
                 s.grad = None
                 lossfns.distill_loss(s, t, labels, div, grad_scale=grad_scale).backward()
 
-            f = median_ms(fwd, dev, args.iters)
-            b5 = median_ms(fwd_bwd, dev, args.iters)
-            b3 = median_ms(lambda: fwd_bwd(gs), dev, args.iters)
+            f = time_fn(fwd, dev, args.iters)
+            b5 = time_fn(fwd_bwd, dev, args.iters)
+            b3 = time_fn(lambda: fwd_bwd(gs), dev, args.iters)
             pct = (lambda n, ms: f" ({100 * n * stream_ms / ms:3.0f}%)") if dev == "cuda" else (lambda n, ms: "")
             print(f"{args.tag:6s} {shape:>12s} {div:10s} fwd {f:8.3f} ms{pct(2, f)}  fwd+bwd {b5:8.3f}{pct(5, b5)}"
                   f"  +scale {b3:8.3f}{pct(3, b3)}", flush=True)
