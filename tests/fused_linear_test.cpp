@@ -305,6 +305,19 @@ TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfin
       EXPECT_TRUE(std::isfinite(r.ce[0].item<double>()));
       EXPECT_EQ(r.ce[1].item<double>(), kInf);
       EXPECT_EQ(r.ce[2].item<double>(), 0.0);
+      // Its row gets the divergence's gradient and no cross-entropy gradient: the two terms'
+      // gradients together (one pass on CUDA) equal each term's alone (the cross-entropy's
+      // through its own kernels, kd_weight 0).
+      auto grad_w = [&](double kd, double ce) {
+        const at::Tensor w = leaf(to(in64.sw));
+        fused_linear_distill_loss(to(in64.sh), w, to(in64.th), to(in64.tw), labels,
+                                  options_of(Divergence::kTvd, 0.5, c, "none", kd, ce, std::nullopt))
+            .loss.backward(at::ones({3}, at::TensorOptions(dev)));
+        return w.grad();
+      };
+      const at::Tensor both = grad_w(1.0, 1.0), sum = grad_w(1.0, 0.0) + grad_w(0.0, 1.0);
+      EXPECT_TRUE(both.isfinite().all().item<bool>());
+      EXPECT_TRUE(all_close(both, sum, 1e-5, 1e-6));
     }
 }
 

@@ -105,4 +105,30 @@ void check_distill_backward(const DistillInputs& in, const at::Tensor& stats,
               " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
 }
 
+void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, const at::Tensor& stats,
+                           at::ScalarType stats_dtype, const at::Tensor& kd_weight,
+                           const std::optional<at::Tensor>& ce_weight,
+                           const std::optional<at::Tensor>& ce_stats) {
+  constexpr const char* op = "lossfns._distill_ce_grad_";
+  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == in.rows && grad.size(1) == in.ws &&
+                  grad.is_contiguous() && grad.scalar_type() == in.s.scalar_type() &&
+                  grad.device() == in.s.device(),
+              op, ": grad must be a contiguous (", num(in.rows), ", ", num(in.ws), ") ",
+              in.s.scalar_type(), " tensor on ", in.s.device(), " (the student's logits' shape); got ",
+              grad.scalar_type(), " ", dims(grad.sizes()), " on ", grad.device());
+  check_distill_backward(in, stats, stats_dtype, kd_weight, kernels::kNone);
+  if (!ce_weight.has_value() || !ce_weight->defined()) return;
+  TORCH_CHECK(in.labels.defined(), op, ": a cross-entropy weight needs labels");
+  TORCH_CHECK(ce_weight->numel() == in.rows && ce_weight->device() == in.s.device(), op,
+              ": ce_weight must have ", num(in.rows), " elements (one per row) on ", in.s.device(),
+              "; got ", dims(ce_weight->sizes()), " on ", ce_weight->device());
+  TORCH_CHECK(ce_stats.has_value() && ce_stats->defined() && ce_stats->dim() == 2 &&
+                  ce_stats->size(0) == in.rows && ce_stats->size(1) >= 2 &&
+                  ce_stats->stride(1) == 1 && ce_stats->scalar_type() == stats_dtype &&
+                  ce_stats->device() == in.s.device(),
+              op, ": ce_stats must be a (", num(in.rows), ", >= 2) ", stats_dtype,
+              " tensor with unit column stride on ", in.s.device(),
+              " (the student's max and log-sum at temperature 1)");
+}
+
 }  // namespace lossfns::detail

@@ -119,6 +119,40 @@ at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   return grad;
 }
 
+// _distill_ce_grad_: the weighted divergence's and cross-entropy's gradients in one pass, into
+// `grad` (which may be `s` itself). The arguments are checked by check_distill_ce_grad.
+void distill_ce_grad_cuda(at::Tensor& grad, const at::Tensor& s, const at::Tensor& t,
+                          const std::optional<at::Tensor>& labels, const at::Tensor& stats,
+                          const at::Tensor& kd_weight, const std::optional<at::Tensor>& ce_weight,
+                          const std::optional<at::Tensor>& ce_stats, int64_t divergence,
+                          double beta, double temperature, int64_t ignore_index, int64_t V) {
+  const DistillInputs in =
+      check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
+  check_distill_ce_grad(in, grad, stats, at::kFloat, kd_weight, ce_weight, ce_stats);
+  if (in.rows == 0) return;
+  const c10::cuda::CUDAGuard guard(s.device());
+  const at::Tensor kw = kd_weight.reshape({-1}).to(at::kFloat).contiguous();
+  const bool ce = ce_weight.has_value() && ce_weight->defined();
+  const at::Tensor cw = ce ? ce_weight->reshape({-1}).to(at::kFloat).contiguous() : at::Tensor();
+  AT_DISPATCH_V2(
+      s.scalar_type(), "lossfns_distill_ce_grad_cuda", AT_WRAP([&] {
+        using T = typename CudaType<scalar_t>::type;
+        auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index,
+                                      kernels::kNone);
+        a.stats = const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
+        a.grad_output = kw.const_data_ptr<float>();
+        a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
+        if (ce) {
+          a.ce_weight = cw.const_data_ptr<float>();
+          a.ce_stats = ce_stats->const_data_ptr<float>();
+          a.ce_stats_stride = ce_stats->stride(0);
+        }
+        check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), kOp,
+                   "backward");
+      }),
+      at::kFloat, at::kHalf, at::kBFloat16);
+}
+
 void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output,
                                const at::Tensor& grad_scale) {
   TORCH_CHECK(grad.is_contiguous() && grad_output.numel() == 1 && grad_scale.numel() == 1,
@@ -147,6 +181,7 @@ TORCH_LIBRARY_IMPL(lossfns, CUDA, m) {
   m.impl("_distill_forward", &distill_forward_cuda);
   m.impl("_distill_backward", &distill_backward_cuda);
   m.impl("_distill_rescale_grad_", &distill_rescale_grad_cuda);
+  m.impl("_distill_ce_grad_", &distill_ce_grad_cuda);
 }
 
 }  // namespace lossfns::detail

@@ -49,6 +49,14 @@ struct DistillArgs {
   const float* grad_scale;
   // Backward only: grad_output, 1 value (reduced) or (rows,) ('none').
   const float* grad_output;
+  // Backward only, optional: a hard-label cross-entropy's gradient added in the same pass,
+  // ce_weight[r] * (softmax(s)_j - [j == labels[r]]) over the student's columns [0, min(ws, V)),
+  // from the statistics of s at temperature 1 (max and log2 of the sum, log2 units) at
+  // ce_stats[r * ce_stats_stride + {0, 1}]. ce_weight nullptr: no cross-entropy. A row whose
+  // weight is 0 gets no cross-entropy term (its label may be anything).
+  const float* ce_weight;
+  const float* ce_stats;
+  int64_t ce_stats_stride;
   int num_sms;
 };
 
@@ -421,8 +429,11 @@ static __global__ void distill_finalize_kernel(DistillArgs<float> a) {
   }
 }
 
-// Backward: grid (rows, chunks); one pass over the logits, the gradient written once.
-template <typename T>
+// Backward: grid (rows, chunks); one pass over the logits, the gradient written once. With kCe,
+// the cross-entropy's gradient is added in the same pass (DistillArgs::ce_weight). The gradient
+// may be the student's logits themselves (a.grad == a.s, in place): every element is read by the
+// thread that writes it, before it writes it, and by no other.
+template <typename T, bool kCe>
 __global__ void __launch_bounds__(256)
     distill_backward_kernel(DistillArgs<T> a, int64_t chunk_cols) {
   constexpr int N = Vec<T>::N;
@@ -446,6 +457,15 @@ __global__ void __launch_bounds__(256)
   const float row_scale = go * a.inv_t, k2 = a.inv_t * kLog2e;
   const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
   const int64_t div = a.divergence;
+  // The cross-entropy's weight, statistics and label (kCe; cw 0: no term).
+  float cw = 0.f, ce_mx = 0.f, ce_ls = 0.f;
+  int64_t y = -1;
+  if constexpr (kCe) {
+    cw = a.ce_weight[row];
+    ce_mx = a.ce_stats[row * a.ce_stats_stride];
+    ce_ls = a.ce_stats[row * a.ce_stats_stride + 1];
+    y = a.labels != nullptr ? a.labels[row] : -1;
+  }
   constexpr int kU = 2;  // vectors of each row per thread in flight
   const int64_t step = int64_t(blockDim.x) * N;
   for (int64_t j0 = begin + int64_t(threadIdx.x) * N; j0 < end; j0 += kU * step) {
@@ -463,7 +483,15 @@ __global__ void __launch_bounds__(256)
         prob(scaled(to_float(xs[u].v[k]), k2), mx_s, ls_s, p, lp);
         prob(scaled(to_float(ys[u].v[k]), k2), mx_t, ls_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
-        out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));
+        float d = row_scale * divergence_grad(div, p, q, g, c);
+        if constexpr (kCe) {
+          if (cw != 0.f && j + k < ns) {  // past ns: no column of the cross-entropy
+            float p1, lp1;
+            prob(scaled(to_float(xs[u].v[k]), kLog2e), ce_mx, ce_ls, p1, lp1);
+            d += cw * (j + k == y ? p1 - 1.f : p1);
+          }
+        }
+        out.v[k] = from_float<T>(d);
       }
       if (vg && j + N <= end) {
         *reinterpret_cast<uint4*>(grad + j) = out.raw;
@@ -538,7 +566,8 @@ cudaError_t distill_forward(const DistillArgs<T>& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Backward: a.grad (rows, ws) from a.grad_output and the forward's stats and scale.
+// Backward: a.grad (rows, ws) from a.grad_output and the forward's stats and scale, plus the
+// cross-entropy's gradient when a.ce_weight is set; a.grad may be a.s (in place).
 template <typename T>
 cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream) {
   using namespace distill_detail;
@@ -549,8 +578,11 @@ cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream) {
     chunk /= 2;
   const int64_t chunks = (a.ws + chunk - 1) / chunk;
   if (chunks > 65535) return cudaErrorInvalidConfiguration;
-  distill_backward_kernel<T>
-      <<<dim3(unsigned(a.rows), unsigned(chunks)), 256, 0, stream>>>(a, chunk);
+  const dim3 grid(unsigned(a.rows), unsigned(chunks));
+  if (a.ce_weight != nullptr)
+    distill_backward_kernel<T, true><<<grid, 256, 0, stream>>>(a, chunk);
+  else
+    distill_backward_kernel<T, false><<<grid, 256, 0, stream>>>(a, chunk);
   return cudaGetLastError();
 }
 

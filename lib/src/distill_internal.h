@@ -52,10 +52,20 @@ void check_distill_backward(const DistillInputs& in, const at::Tensor& stats,
                             at::ScalarType stats_dtype, const at::Tensor& grad_output,
                             kernels::Reduction reduction);
 
+// Checks of _distill_ce_grad_'s inputs: grad (rows, ws) contiguous in the logits' dtype (it may
+// be the student's logits), the forward's stats, kd_weight one value per row, and when ce_weight
+// is given (one value per row) labels and ce_stats, (rows, >= 2) `stats_dtype` with unit column
+// stride.
+void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, const at::Tensor& stats,
+                           at::ScalarType stats_dtype, const at::Tensor& kd_weight,
+                           const std::optional<at::Tensor>& ce_weight,
+                           const std::optional<at::Tensor>& ce_stats);
+
 // Output shape of a 'none' loss: the logits' shape without V.
 std::vector<int64_t> row_shape(const at::Tensor& logits);
 
-// The internal ops (lossfns::_distill_forward / _distill_backward / _distill_rescale_grad_),
+// The internal ops (lossfns::_distill_forward / _distill_backward / _distill_rescale_grad_ /
+// _distill_ce_grad_),
 // through the dispatcher so that the device picks the kernels.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_op(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
@@ -68,5 +78,18 @@ at::Tensor distill_backward_op(const at::Tensor& grad_output, const at::Tensor& 
                                int64_t reduction, int64_t V);
 void distill_rescale_grad_op(at::Tensor& grad, const at::Tensor& grad_output,
                              const at::Tensor& grad_scale);
+// lossfns::_distill_ce_grad_: into `grad` (which may be `s` itself: in place), for each row r
+// that is not ignored, kd_weight[r] times the divergence's gradient ('none' reduction: the
+// backward of distill_loss with grad_output kd_weight) plus, with ce_weight, ce_weight[r] *
+// (softmax(s)_j - [j == labels[r]]) over the student's columns [0, min(ws, V)) (a hard-label
+// cross-entropy at temperature 1; ce_stats: its max and log-sum per row, in the units of the
+// device's kernels, e.g. the first two columns of a temperature-1 distill forward's stats; a row
+// with ce_weight 0 gets no cross-entropy term). CUDA: one pass over the logits; elsewhere the
+// composite of the two backward ops.
+void distill_ce_grad_op(at::Tensor& grad, const at::Tensor& s, const at::Tensor& t,
+                        const std::optional<at::Tensor>& labels, const at::Tensor& stats,
+                        const at::Tensor& kd_weight, const std::optional<at::Tensor>& ce_weight,
+                        const std::optional<at::Tensor>& ce_stats, int64_t divergence, double beta,
+                        double temperature, int64_t ignore_index, int64_t V);
 
 }  // namespace lossfns::detail

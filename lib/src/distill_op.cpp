@@ -6,6 +6,9 @@
 //   lossfns::_distill_backward       internal: the gradient recomputed from the logits and stats
 //   lossfns::_distill_rescale_grad_  internal: a forward-computed gradient, made right for the
 //                                    grad_output backward actually brings (on the device, no sync)
+//   lossfns::_distill_ce_grad_       internal: per-row-weighted divergence + cross-entropy
+//                                    gradient into a given tensor (fused_linear_distill_loss's
+//                                    chunks; one pass on CUDA, the composite elsewhere)
 #include <string>
 
 #include <ATen/ATen.h>
@@ -13,6 +16,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "cross_entropy_common.h"
+#include "cross_entropy_internal.h"
 #include "distill_common.h"
 #include "distill_internal.h"
 #include "lossfns/defaults.h"
@@ -58,7 +63,54 @@ void distill_rescale_grad_op(at::Tensor& grad, const at::Tensor& grad_output,
   op.call(grad, grad_output, grad_scale);
 }
 
+void distill_ce_grad_op(at::Tensor& grad, const at::Tensor& s, const at::Tensor& t, Opt labels,
+                        const at::Tensor& stats, const at::Tensor& kd_weight, Opt ce_weight,
+                        Opt ce_stats, int64_t divergence, double beta, double temperature,
+                        int64_t ignore_index, int64_t V) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_distill_ce_grad_", "")
+          .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, const at::Tensor&,
+                      const at::Tensor&, Opt, Opt, int64_t, double, double, int64_t, int64_t)>();
+  op.call(grad, s, t, labels, stats, kd_weight, ce_weight, ce_stats, divergence, beta, temperature,
+          ignore_index, V);
+}
+
 namespace {
+
+// _distill_ce_grad_ where no kernel fuses it (the CPU): the two backward ops, added, copied in.
+void distill_ce_grad_composite(at::Tensor& grad, const at::Tensor& s, const at::Tensor& t,
+                               Opt labels, const at::Tensor& stats, const at::Tensor& kd_weight,
+                               Opt ce_weight, Opt ce_stats, int64_t divergence, double beta,
+                               double temperature, int64_t ignore_index, int64_t V) {
+  TORCH_CHECK(s.dim() == 2, "lossfns._distill_ce_grad_: the student's logits must be (rows, V); got ",
+              dims(s.sizes()));
+  TORCH_CHECK(grad.sizes() == s.sizes() && grad.scalar_type() == s.scalar_type() &&
+                  grad.device() == s.device(),
+              "lossfns._distill_ce_grad_: grad must be a ", s.scalar_type(), " ",
+              dims(s.sizes()), " tensor on ", s.device(), "; got ", grad.scalar_type(), " ",
+              dims(grad.sizes()), " on ", grad.device());
+  const auto acc = stats.options();
+  const at::Tensor one = at::ones({1}, acc);
+  at::Tensor g = distill_backward_op(kd_weight.reshape({-1}).to(acc.dtype()), s, t, labels, stats,
+                                     one, divergence, beta, temperature, ignore_index,
+                                     kernels::kNone, V);
+  if (ce_weight.has_value() && ce_weight->defined()) {
+    TORCH_CHECK(labels.has_value() && labels->defined() && ce_stats.has_value() &&
+                    ce_stats->defined(),
+                "lossfns._distill_ce_grad_: a cross-entropy weight needs labels and ce_stats");
+    // Labels outside the cross-entropy's columns (their rows' weight is 0) as ignored: the
+    // cross-entropy's CPU kernels refuse them.
+    const int64_t Vce = std::min(V, s.size(1));
+    const at::Tensor& l = *labels;
+    const at::Tensor y =
+        at::where(l.ne(ignore_index).logical_and(l.lt(0).logical_or(l.ge(Vce))), ignore_index, l);
+    g.add_(cross_entropy_backward_op(ce_weight->reshape({-1}).to(acc.dtype()), s, y,
+                                     ce_stats->narrow(1, 0, kernels::kCeStatsPerRow).contiguous(),
+                                     one, ignore_index, kernels::kNone, Vce));
+  }
+  grad.copy_(g);
+}
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -189,11 +241,16 @@ TORCH_LIBRARY_FRAGMENT(lossfns, m) {
       "ignore_index, "
       "int reduction, int V) -> Tensor");
   m.def("_distill_rescale_grad_(Tensor(a!) grad, Tensor grad_output, Tensor grad_scale) -> ()");
+  m.def(
+      "_distill_ce_grad_(Tensor(a!) grad, Tensor student_logits, Tensor teacher_logits, Tensor? "
+      "labels, Tensor stats, Tensor kd_weight, Tensor? ce_weight, Tensor? ce_stats, int "
+      "divergence, float beta, float temperature, int ignore_index, int V) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lossfns, Autograd, m) { m.impl("distill_loss", &distill_loss_autograd); }
 TORCH_LIBRARY_IMPL(lossfns, CompositeExplicitAutograd, m) {
   m.impl("distill_loss", &distill_loss_no_grad);
+  m.impl("_distill_ce_grad_", &distill_ce_grad_composite);
 }
 
 }  // namespace lossfns::detail

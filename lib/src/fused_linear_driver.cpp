@@ -112,13 +112,17 @@ int64_t memory_budget(const at::Device& device) {
                   kCap);
 }
 
-// Rows per chunk: what a chunk allocates per row (the student's and teacher's logits and the
-// logits' gradient in the input dtype; with labels, the cross-entropy's gradient, one more row in
-// the input dtype) within the budget.
+// Rows per chunk: what a chunk allocates per row within the budget. The student's and teacher's
+// logits in the input dtype; the logits' gradient overwrites the student's (_distill_ce_grad_ in
+// place) on CUDA, with the cross-entropy's gradient added in the same pass. Where that is a
+// composite (the CPU), or without a divergence term (kd_weight 0: the cross-entropy's own
+// backward), one or two more rows.
 int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
   if (a.chunk_size > 0) return std::min(a.chunk_size, std::max<int64_t>(in.rows, 1));
   const int64_t elem = static_cast<int64_t>(in.sh.element_size());
-  const int64_t per_row = elem * (2 * in.ws + in.wt + (in.labels.defined() ? in.ws : 0));
+  const bool fused = in.sh.is_cuda() && a.kd_weight != 0.0;
+  const int64_t extra = fused ? 0 : in.ws * (in.labels.defined() ? 2 : 1);
+  const int64_t per_row = elem * (in.ws + in.wt + extra);
   return std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
                              std::max<int64_t>(in.rows, 1));
 }
@@ -141,15 +145,29 @@ bool cuda_addmm_accumulates_in_float(const at::Device& device) {
 }
 
 // acc += g^T h: acc (V_s, H_s) in the accumulation dtype (the inputs' for float32 and float64,
-// float32 for the half types), g (n, V_s), h (n, H_s) in the inputs' dtype.
+// float32 for the half types), g (n, V_s), h (n, H_s) in the inputs' dtype. An undefined acc is
+// the first chunk's product (no zero-filled matrix read back: on CUDA the product is written
+// once, in float32, by the GEMM).
 void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Tensor& h) {
-  if (acc.scalar_type() == g.scalar_type()) {
-    acc.addmm_(g.t(), h);
+  const auto dtype = acc_dtype(g);
+  if (dtype == g.scalar_type()) {
+    if (acc.defined())
+      acc.addmm_(g.t(), h);
+    else
+      acc = at::mm(g.t(), h);
   } else if (!g.is_cuda()) {
-    acc.addmm_(g.t().to(acc.scalar_type()), h.to(acc.scalar_type()));
+    const at::Tensor prod = at::mm(g.t().to(dtype), h.to(dtype));
+    if (acc.defined())
+      acc.add_(prod);
+    else
+      acc = prod;
   } else if (cuda_addmm_accumulates_in_float(g.device())) {
-    at::addmm_out(acc, acc, g.t(), h, at::kFloat);
+    if (acc.defined())
+      at::addmm_out(acc, acc, g.t(), h, at::kFloat);
+    else
+      acc = at::mm(g.t(), h, at::kFloat);
   } else {
+    if (!acc.defined()) acc = at::zeros({g.size(1), h.size(1)}, g.options().dtype(dtype));
     // A float32 product per slice of the vocabulary, added: the temporary stays <= 128 MiB.
     const int64_t slice =
         std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(h.size(1), 1)));
@@ -160,48 +178,50 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
   }
 }
 
-// Cross-entropy of one chunk through cross_entropy_loss's kernels (one read of the logits in
-// forward, one in backward, the gradient written once in the logits' dtype): s (n, V_s) the
-// student's logits, the columns [0, Vce) counting, labels (n,). Writes each row's
-// -log softmax(s)[label] into ce_rows (0 for ignored rows). A counted label outside [0, Vce) has
-// probability 0: +inf here, where the op itself refuses it (CPU) or gives NaN (CUDA), so such a
-// row goes to the op as ignored and gets +inf afterwards (and no cross-entropy gradient), with
-// no host synchronisation. With `weight` (n,) defined, returns weight * (softmax(s) -
-// onehot(label)) over [0, Vce) and 0 past it (0 on ignored rows), else an undefined tensor.
+// Cross-entropy of one chunk, forward: s (n, V_s) the student's logits, the columns [0, Vce)
+// counting, labels (n,). Writes each row's -log softmax(s)[label] into ce_rows (0 for ignored
+// rows). A counted label outside [0, Vce) has probability 0: +inf here, where the op itself
+// refuses it (CPU) or gives NaN (CUDA), so such a row goes to the kernels as ignored (`y`) and
+// gets +inf afterwards, and no cross-entropy gradient (`inside`: 1 for the rows whose gradient
+// counts), with no host synchronisation.
 //
 // `distill_stats`: when defined, the distill forward's statistics of the same chunk at
 // temperature 1, whose student half is the cross-entropy's normaliser (the same columns [0, Vce),
 // in the units of the device's kernels: log2-scaled logits on CUDA, natural on the CPU); the
 // cross-entropy forward kernel, a second read of the logits, is then skipped.
-at::Tensor cross_entropy_chunk(const at::Tensor& s, int64_t Vce, const at::Tensor& labels,
-                               int64_t ignore_index, at::Tensor ce_rows, const at::Tensor& weight,
-                               const at::Tensor& distill_stats) {
+struct CeChunk {
+  at::Tensor stats, scale;  // (n, kCeStatsPerRow) the student's max and log-sum; the scale (1,)
+  at::Tensor y, inside;     // labels with the outside ones as ignored; (n,) bool
+};
+
+CeChunk cross_entropy_chunk(const at::Tensor& s, int64_t Vce, const at::Tensor& labels,
+                            int64_t ignore_index, at::Tensor ce_rows,
+                            const at::Tensor& distill_stats) {
   const at::Tensor counted = labels.ne(ignore_index);
   const at::Tensor outside = counted.logical_and(labels.lt(0).logical_or(labels.ge(Vce)));
-  const at::Tensor y = at::where(outside, ignore_index, labels);
+  CeChunk c;
+  c.y = at::where(outside, ignore_index, labels);
+  c.inside = outside.logical_not();
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  at::Tensor stats, scale;
   if (distill_stats.defined()) {
-    stats = distill_stats.narrow(1, 0, kernels::kCeStatsPerRow).contiguous();
-    scale = at::ones({1}, stats.options());  // 'none': the scale is not read
-    const at::Tensor mx = stats.select(1, 0), ls = stats.select(1, 1);
-    at::Tensor xy =
-        s.gather(1, at::where(counted.logical_and(outside.logical_not()), labels, 0).unsqueeze(1))
-            .squeeze(1)
-            .to(stats.scalar_type());
+    c.stats = distill_stats.narrow(1, 0, kernels::kCeStatsPerRow).contiguous();
+    c.scale = at::ones({1}, c.stats.options());  // 'none': the scale is not read
+    const at::Tensor mx = c.stats.select(1, 0), ls = c.stats.select(1, 1);
+    at::Tensor xy = s.gather(1, at::where(counted.logical_and(c.inside), labels, 0).unsqueeze(1))
+                        .squeeze(1)
+                        .to(c.stats.scalar_type());
     // The kernels' formula, (max - x_y) + log_sum: on CUDA in log2 units (log2(e) and ln 2 as
     // the kernels' float constants: a float tensor times a double scalar rounds it to float).
     constexpr double kLog2e = 1.4426950408889634, kLn2 = 0.6931471805599453;
     const at::Tensor row = s.is_cuda() ? ((mx - xy * kLog2e) + ls) * kLn2 : (mx - xy) + ls;
     ce_rows.copy_(at::where(outside, kInf, at::where(counted, row, 0)));
   } else {
-    auto [loss, st, sc] = cross_entropy_forward_op(s, y, ignore_index, kernels::kNone, Vce);
+    auto [loss, st, sc] = cross_entropy_forward_op(s, c.y, ignore_index, kernels::kNone, Vce);
     ce_rows.copy_(at::where(outside, kInf, loss));
-    stats = st;
-    scale = sc;
+    c.stats = st;
+    c.scale = sc;
   }
-  if (!weight.defined()) return {};
-  return cross_entropy_backward_op(weight, s, y, stats, scale, ignore_index, kernels::kNone, Vce);
+  return c;
 }
 
 // The rows' weights (grad_output times the reduction's scale) of one term: a 0-dim tensor (one
@@ -226,36 +246,41 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
   DriverOut out;
   out.kd_rows = at::zeros({in.rows}, acc_opts);
   out.ce_rows = at::zeros({in.rows}, acc_opts);
-  at::Tensor acc_w;
+  at::Tensor acc_w;  // the lm_head's gradient, accumulated over the chunks (accumulate_grad_lm_head)
   if (grad && want_h) out.grad_h = at::empty({in.rows, in.sh.size(1)}, in.sh.options());
-  if (grad && want_w) acc_w = at::zeros(in.sw.sizes(), in.sw.options().dtype(acc_dtype(in.sw)));
   const int64_t chunk = chunk_rows(in, a);
   for (int64_t r0 = 0; r0 < in.rows; r0 += chunk) {
     const int64_t n = std::min(chunk, in.rows - r0);
     const at::Tensor h = in.sh.narrow(0, r0, n);
     const std::optional<at::Tensor> labels =
         ce ? std::optional<at::Tensor>(in.labels.narrow(0, r0, n)) : std::nullopt;
-    const at::Tensor s = at::mm(h, in.sw.t());  // (n, V_s)
-    at::Tensor g;                               // d loss / d s, (n, V_s) in the inputs' dtype
-    at::Tensor kd_stats;  // the distill forward's statistics at temperature 1, for the CE
+    at::Tensor s = at::mm(h, in.sw.t());  // (n, V_s)
+    at::Tensor g;                         // d loss / d s, (n, V_s) in the inputs' dtype
+    const bool kd_grad = grad && a.kd_weight != 0.0, ce_grad = grad && ce && a.ce_weight != 0.0;
     {
-      const bool kd_grad = grad && a.kd_weight != 0.0;
       const at::Tensor t = at::mm(in.th.narrow(0, r0, n), in.tw.t());  // (n, V_t)
       auto [loss, stats, scale, unused] =
           distill_forward_op(s, t, labels, a.divergence, a.beta, a.temperature, a.ignore_index,
                              kernels::kNone, a.V, std::nullopt, /*save=*/kd_grad);
       out.kd_rows.narrow(0, r0, n).copy_(loss);
-      if (a.temperature == 1.0) kd_stats = stats;
-      if (kd_grad)
-        g = distill_backward_op(rows_of(kd_w, r0, n), s, t, labels, stats, scale, a.divergence,
-                                a.beta, a.temperature, a.ignore_index, kernels::kNone, a.V);
-    }
-    if (ce) {
-      const bool ce_grad = grad && a.ce_weight != 0.0;
-      const at::Tensor g_ce =
-          cross_entropy_chunk(s, Vce, *labels, a.ignore_index, out.ce_rows.narrow(0, r0, n),
-                              ce_grad ? rows_of(ce_w, r0, n) : at::Tensor(), kd_stats);
-      if (g_ce.defined()) g = g.defined() ? g.add_(g_ce) : g_ce;
+      CeChunk c;
+      if (ce)
+        c = cross_entropy_chunk(s, Vce, *labels, a.ignore_index, out.ce_rows.narrow(0, r0, n),
+                                a.temperature == 1.0 ? stats : at::Tensor());
+      if (kd_grad) {
+        // Both terms' gradients in one pass, over the student's logits (no second (n, V_s)).
+        std::optional<at::Tensor> cw, cs;
+        if (ce_grad) {
+          cw = rows_of(ce_w, r0, n) * c.inside;
+          cs = c.stats;
+        }
+        distill_ce_grad_op(s, s, t, labels, stats, rows_of(kd_w, r0, n), cw, cs, a.divergence,
+                           a.beta, a.temperature, a.ignore_index, a.V);
+        g = s;
+      } else if (ce_grad) {
+        g = cross_entropy_backward_op(rows_of(ce_w, r0, n), s, c.y, c.stats, c.scale,
+                                      a.ignore_index, kernels::kNone, Vce);
+      }
     }
     if (!grad) continue;
     if (!g.defined()) {  // both weights 0: nothing flows back
@@ -268,7 +293,8 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
     }
     if (want_w) accumulate_grad_lm_head(acc_w, g, h);
   }
-  if (acc_w.defined()) out.grad_w = acc_w.to(in.sw.scalar_type());
+  if (grad && want_w)  // no chunk with a gradient (no rows, or both weights 0): zeros
+    out.grad_w = acc_w.defined() ? acc_w.to(in.sw.scalar_type()) : at::zeros_like(in.sw);
   return out;
 }
 
