@@ -310,8 +310,9 @@ TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfin
       // through its own kernels, kd_weight 0).
       auto grad_w = [&](double kd, double ce) {
         const at::Tensor w = leaf(to(in64.sw));
-        fused_linear_distill_loss(to(in64.sh), w, to(in64.th), to(in64.tw), labels,
-                                  options_of(Divergence::kTvd, 0.5, c, "none", kd, ce, std::nullopt))
+        fused_linear_distill_loss(
+            to(in64.sh), w, to(in64.th), to(in64.tw), labels,
+            options_of(Divergence::kTvd, 0.5, c, "none", kd, ce, std::nullopt))
             .loss.backward(at::ones({3}, at::TensorOptions(dev)));
         return w.grad();
       };

@@ -110,12 +110,12 @@ void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, cons
                            const std::optional<at::Tensor>& ce_weight,
                            const std::optional<at::Tensor>& ce_stats) {
   constexpr const char* op = "lossfns._distill_ce_grad_";
-  TORCH_CHECK(grad.dim() == 2 && grad.size(0) == in.rows && grad.size(1) == in.ws &&
-                  grad.is_contiguous() && grad.scalar_type() == in.s.scalar_type() &&
-                  grad.device() == in.s.device(),
-              op, ": grad must be a contiguous (", num(in.rows), ", ", num(in.ws), ") ",
-              in.s.scalar_type(), " tensor on ", in.s.device(), " (the student's logits' shape); got ",
-              grad.scalar_type(), " ", dims(grad.sizes()), " on ", grad.device());
+  TORCH_CHECK(
+      grad.dim() == 2 && grad.size(0) == in.rows && grad.size(1) == in.ws && grad.is_contiguous() &&
+          grad.scalar_type() == in.s.scalar_type() && grad.device() == in.s.device(),
+      op, ": grad must be a contiguous (", num(in.rows), ", ", num(in.ws), ") ", in.s.scalar_type(),
+      " tensor on ", in.s.device(), " (the student's logits' shape); got ", grad.scalar_type(), " ",
+      dims(grad.sizes()), " on ", grad.device());
   check_distill_backward(in, stats, stats_dtype, kd_weight, kernels::kNone);
   if (!ce_weight.has_value() || !ce_weight->defined()) return;
   TORCH_CHECK(in.labels.defined(), op, ": a cross-entropy weight needs labels");

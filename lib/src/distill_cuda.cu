@@ -134,23 +134,23 @@ void distill_ce_grad_cuda(at::Tensor& grad, const at::Tensor& s, const at::Tenso
   const at::Tensor kw = kd_weight.reshape({-1}).to(at::kFloat).contiguous();
   const bool ce = ce_weight.has_value() && ce_weight->defined();
   const at::Tensor cw = ce ? ce_weight->reshape({-1}).to(at::kFloat).contiguous() : at::Tensor();
-  AT_DISPATCH_V2(
-      s.scalar_type(), "lossfns_distill_ce_grad_cuda", AT_WRAP([&] {
-        using T = typename CudaType<scalar_t>::type;
-        auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index,
-                                      kernels::kNone);
-        a.stats = const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
-        a.grad_output = kw.const_data_ptr<float>();
-        a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
-        if (ce) {
-          a.ce_weight = cw.const_data_ptr<float>();
-          a.ce_stats = ce_stats->const_data_ptr<float>();
-          a.ce_stats_stride = ce_stats->stride(0);
-        }
-        check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()), kOp,
-                   "backward");
-      }),
-      at::kFloat, at::kHalf, at::kBFloat16);
+  AT_DISPATCH_V2(s.scalar_type(), "lossfns_distill_ce_grad_cuda", AT_WRAP([&] {
+                   using T = typename CudaType<scalar_t>::type;
+                   auto a = args_of<T, scalar_t>(in, divergence, beta, temperature, ignore_index,
+                                                 kernels::kNone);
+                   a.stats =
+                       const_cast<float*>(stats.const_data_ptr<float>());  // read only in backward
+                   a.grad_output = kw.const_data_ptr<float>();
+                   a.grad = reinterpret_cast<T*>(grad.mutable_data_ptr<scalar_t>());
+                   if (ce) {
+                     a.ce_weight = cw.const_data_ptr<float>();
+                     a.ce_stats = ce_stats->const_data_ptr<float>();
+                     a.ce_stats_stride = ce_stats->stride(0);
+                   }
+                   check_cuda(kernels::distill_backward<T>(a, at::cuda::getCurrentCUDAStream()),
+                              kOp, "backward");
+                 }),
+                 at::kFloat, at::kHalf, at::kBFloat16);
 }
 
 void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output,

@@ -175,12 +175,15 @@ struct MaxSumDot {
   float max, sum, dot, imax;
 };
 
+// Commutative bit for bit as MaxSum's (each product rounded on its own: a product fused into the
+// add would round differently on the lanes of a butterfly that see a and b swapped, and the
+// threads of a block would disagree in the last bits of the loss and row constant).
 __device__ __forceinline__ MaxSumDot combine(MaxSumDot a, MaxSumDot b) {
   const float m = fmaxf(a.max, b.max);
   const float ra = a.max == m ? 1.f : exp2f(a.max - m), rb = b.max == m ? 1.f : exp2f(b.max - m);
   return {m,
           (a.max == m ? a.sum : __fmul_rn(a.sum, ra)) + (b.max == m ? b.sum : __fmul_rn(b.sum, rb)),
-          a.dot * ra + b.dot * rb, fmaxf(a.imax, b.imax)};
+          __fmul_rn(a.dot, ra) + __fmul_rn(b.dot, rb), fmaxf(a.imax, b.imax)};
 }
 
 template <int N>

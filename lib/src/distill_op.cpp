@@ -83,22 +83,23 @@ void distill_ce_grad_composite(at::Tensor& grad, const at::Tensor& s, const at::
                                Opt labels, const at::Tensor& stats, const at::Tensor& kd_weight,
                                Opt ce_weight, Opt ce_stats, int64_t divergence, double beta,
                                double temperature, int64_t ignore_index, int64_t V) {
-  TORCH_CHECK(s.dim() == 2, "lossfns._distill_ce_grad_: the student's logits must be (rows, V); got ",
+  TORCH_CHECK(s.dim() == 2,
+              "lossfns._distill_ce_grad_: the student's logits must be (rows, V); got ",
               dims(s.sizes()));
   TORCH_CHECK(grad.sizes() == s.sizes() && grad.scalar_type() == s.scalar_type() &&
                   grad.device() == s.device(),
-              "lossfns._distill_ce_grad_: grad must be a ", s.scalar_type(), " ",
-              dims(s.sizes()), " tensor on ", s.device(), "; got ", grad.scalar_type(), " ",
-              dims(grad.sizes()), " on ", grad.device());
+              "lossfns._distill_ce_grad_: grad must be a ", s.scalar_type(), " ", dims(s.sizes()),
+              " tensor on ", s.device(), "; got ", grad.scalar_type(), " ", dims(grad.sizes()),
+              " on ", grad.device());
   const auto acc = stats.options();
   const at::Tensor one = at::ones({1}, acc);
-  at::Tensor g = distill_backward_op(kd_weight.reshape({-1}).to(acc.dtype()), s, t, labels, stats,
-                                     one, divergence, beta, temperature, ignore_index,
-                                     kernels::kNone, V);
+  at::Tensor g =
+      distill_backward_op(kd_weight.reshape({-1}).to(acc.dtype()), s, t, labels, stats, one,
+                          divergence, beta, temperature, ignore_index, kernels::kNone, V);
   if (ce_weight.has_value() && ce_weight->defined()) {
-    TORCH_CHECK(labels.has_value() && labels->defined() && ce_stats.has_value() &&
-                    ce_stats->defined(),
-                "lossfns._distill_ce_grad_: a cross-entropy weight needs labels and ce_stats");
+    TORCH_CHECK(
+        labels.has_value() && labels->defined() && ce_stats.has_value() && ce_stats->defined(),
+        "lossfns._distill_ce_grad_: a cross-entropy weight needs labels and ce_stats");
     // Labels outside the cross-entropy's columns (their rows' weight is 0) as ignored: the
     // cross-entropy's CPU kernels refuse them.
     const int64_t Vce = std::min(V, s.size(1));

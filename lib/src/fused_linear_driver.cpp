@@ -123,8 +123,13 @@ int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
   const bool fused = in.sh.is_cuda() && a.kd_weight != 0.0;
   const int64_t extra = fused ? 0 : in.ws * (in.labels.defined() ? 2 : 1);
   const int64_t per_row = elem * (in.ws + in.wt + extra);
-  return std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
-                             std::max<int64_t>(in.rows, 1));
+  const int64_t rows = std::max<int64_t>(in.rows, 1);
+  const int64_t most = std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1, rows);
+  // As many chunks as the budget needs, of equal size (a small last chunk runs its GEMMs and
+  // kernels below the device's width), rounded up to 64 rows for the GEMMs' tiles when that fits.
+  const int64_t chunks = (rows + most - 1) / most;
+  const int64_t even = (rows + chunks - 1) / chunks, rounded = (even + 63) / 64 * 64;
+  return rounded <= most ? rounded : even;
 }
 
 // Whether CUDA's addmm accumulates bf16 products into a float32 matrix in place
@@ -232,7 +237,8 @@ at::Tensor rows_of(const at::Tensor& w, int64_t r0, int64_t n) {
 
 struct DriverOut {
   at::Tensor kd_rows, ce_rows;  // (rows,) in the accumulation dtype
-  at::Tensor grad_h, grad_w;    // (rows, H_s), (V_s, H_s) in the inputs' dtype, or undefined
+  at::Tensor grad_h;            // (rows, H_s) in the inputs' dtype, or undefined
+  at::Tensor grad_w;            // (V_s, H_s) in the accumulation dtype, or undefined
 };
 
 // Runs every chunk. kd_w / ce_w: the rows' weights of the two terms' gradients (see rows_of);
@@ -246,7 +252,8 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
   DriverOut out;
   out.kd_rows = at::zeros({in.rows}, acc_opts);
   out.ce_rows = at::zeros({in.rows}, acc_opts);
-  at::Tensor acc_w;  // the lm_head's gradient, accumulated over the chunks (accumulate_grad_lm_head)
+  at::Tensor
+      acc_w;  // the lm_head's gradient, accumulated over the chunks (accumulate_grad_lm_head)
   if (grad && want_h) out.grad_h = at::empty({in.rows, in.sh.size(1)}, in.sh.options());
   const int64_t chunk = chunk_rows(in, a);
   for (int64_t r0 = 0; r0 < in.rows; r0 += chunk) {
@@ -294,7 +301,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
     if (want_w) accumulate_grad_lm_head(acc_w, g, h);
   }
   if (grad && want_w)  // no chunk with a gradient (no rows, or both weights 0): zeros
-    out.grad_w = acc_w.defined() ? acc_w.to(in.sw.scalar_type()) : at::zeros_like(in.sw);
+    out.grad_w = acc_w.defined() ? acc_w : at::zeros(in.sw.sizes(), acc_opts);
   return out;
 }
 
@@ -340,7 +347,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_lin
   at::Tensor loss = kd_weight != 0.0 ? div * kd_weight : at::zeros_like(div);
   if (ce_weight != 0.0) loss = loss + ce * ce_weight;
   return {loss, div, ce, out.grad_h.defined() ? out.grad_h : empty_grad(sh),
-          out.grad_w.defined() ? out.grad_w : empty_grad(sw)};
+          out.grad_w.defined() ? out.grad_w : at::empty({0, sw.size(1)}, sw.options().dtype(acc))};
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_linear_backward(
@@ -358,7 +365,7 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_backward(
   const at::Tensor go = grad_output.reshape({in.rows}).to(acc_dtype(sh));
   DriverOut out = run_chunks(in, a, go * kd_weight, go * ce_weight, grad_hidden, grad_lm_head);
   return {out.grad_h.defined() ? out.grad_h : empty_grad(sh),
-          out.grad_w.defined() ? out.grad_w : empty_grad(sw)};
+          out.grad_w.defined() ? out.grad_w.to(sw.scalar_type()) : empty_grad(sw)};
 }
 
 }  // namespace

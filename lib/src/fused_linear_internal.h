@@ -24,8 +24,10 @@ struct FusedArgs {
 
 // lossfns::_fused_linear_distill_forward: the hidden states as (BT, H) matrices. Returns the loss,
 // the divergence and the cross-entropy (0-dim, or (BT,) for kNone), then the gradients of the
-// loss w.r.t. student_hidden (BT, H_s) and student_lm_head (V_s, H_s) for a grad_output of 1,
-// each only when asked for and the reduction is not kNone, else (0, H_s).
+// loss w.r.t. student_hidden (BT, H_s, the inputs' dtype) and student_lm_head (V_s, H_s, in the
+// accumulation dtype: float32 for the half types, so that backward's multiplication by the
+// grad_output and the rounding to the inputs' dtype are one pass) for a grad_output of 1, each
+// only when asked for and the reduction is not kNone, else (0, H_s).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_forward_op(
     const at::Tensor& student_hidden, const at::Tensor& student_lm_head,
     const at::Tensor& teacher_hidden, const at::Tensor& teacher_lm_head,

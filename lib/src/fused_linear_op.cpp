@@ -8,7 +8,8 @@
 //   lossfns::_fused_linear_distill_backward  internal: reduction 'none' only, every chunk again
 //                                            with the per-token grad_output
 // A reduced loss's backward is two multiplications by the scalar grad_output: the (BT, H_s) and
-// (V_s, H_s) gradients are what forward keeps, never the logits.
+// (V_s, H_s) gradients are what forward keeps (the latter in float32 for half inputs, rounded to
+// their dtype by that multiplication), never the logits.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -140,6 +141,7 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
       ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined});
     ctx->saved_data["need_h"] = need_h;
     ctx->saved_data["need_w"] = need_w;
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(sw.scalar_type());
     save_args(ctx, a);
     ctx->mark_non_differentiable({div, ce});
     return {loss, div, ce};
@@ -154,7 +156,11 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
     at::Tensor gh, gw;
     if (go.defined() && a.reduction != kernels::kNone) {
       if (need_h) gh = saved[0] * go;
-      if (need_w) gw = saved[1] * go;
+      if (need_w) {  // float32 for half inputs: scaled and rounded in one pass
+        const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+        gw = at::empty(saved[1].sizes(), saved[1].options().dtype(dtype));
+        at::mul_out(gw, saved[1], go);
+      }
     } else if (go.defined()) {
       auto opt = [](const at::Tensor& x) {
         return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;

@@ -128,6 +128,12 @@ def _distill_rescale_grad_fake(grad, grad_output, grad_scale):
     return None
 
 
+@torch.library.register_fake("lossfns::_distill_ce_grad_")
+def _distill_ce_grad_fake(grad, s, t, labels, stats, kd_weight, ce_weight, ce_stats, divergence, beta, temperature,
+                          ignore_index, V):
+    return None
+
+
 # --- lossfns.fused_linear_distill_loss (lib/src/fused_linear_op.cpp, fused_linear_driver.cpp) -------
 def _check_hidden(sh, sw, th, tw) -> None:
     op = "lossfns.fused_linear_distill_loss"
@@ -165,7 +171,8 @@ def _fused_linear_forward_fake(sh, sw, th, tw, labels, divergence, beta, tempera
     none = reduction == _NONE
     shape = (sh.shape[0],) if none else ()
     losses = tuple(sh.new_empty(shape, dtype=_acc_dtype(sh)) for _ in range(3))
-    return losses + _fused_grads(sh, sw, grad_hidden and not none, grad_lm_head and not none)
+    gh, gw = _fused_grads(sh, sw, grad_hidden and not none, grad_lm_head and not none)
+    return losses + (gh, gw.to(_acc_dtype(sw)))  # the lm_head's in the accumulation dtype
 
 
 @torch.library.register_fake("lossfns::_fused_linear_distill_backward")
