@@ -422,6 +422,39 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
       }
 }
 
+TEST(DistillLoss, GradScaleHintSurvivesARetainedGraphAndLeavesItsTensorAlone) {
+  // Backward twice through a retained graph, with grad_outputs other than the hint: each
+  // gradient is the one without the hint, the first one is not changed by the second backward,
+  // and the caller's grad_scale tensor is never written.
+  at::manual_seed(7);
+  for (const auto& dev : devices()) {
+    const auto opts = at::TensorOptions(dev).dtype(at::kBFloat16);
+    const at::Tensor s0 = at::randn({32, 2048}, opts), t = at::randn({32, 2048}, opts);
+    const auto o = DistillLossOptions().divergence(Divergence::kReverseKl);
+    auto reference = [&](double go) {
+      at::Tensor a = leaf(s0);
+      distill_loss(a, t, o).backward(at::full({}, go, at::TensorOptions(dev)));
+      return a.grad();
+    };
+    const at::Tensor hint = at::full({1}, 0.25, at::TensorOptions(dev));
+    at::Tensor b = leaf(s0);
+    const at::Tensor loss = distill_loss(b, t, DistillLossOptions(o).grad_scale(hint));
+    auto grad_of = [&](double go) {
+      return torch::autograd::grad({loss}, {b}, {at::full({}, go, at::TensorOptions(dev))},
+                                   /*retain_graph=*/true)[0];
+    };
+    const at::Tensor g1 = grad_of(3.0);
+    const at::Tensor g1_copy = g1.clone();
+    const at::Tensor g2 = grad_of(0.5);
+    const at::Tensor g3 = grad_of(0.25);
+    EXPECT_TRUE(all_close(g1, reference(3.0), 1.6e-2, 0.0)) << dev;
+    EXPECT_TRUE(all_close(g2, reference(0.5), 1.6e-2, 0.0)) << dev;
+    EXPECT_TRUE(all_close(g3, reference(0.25), 1.6e-2, 0.0)) << dev;
+    EXPECT_TRUE(g1.equal(g1_copy)) << dev;
+    EXPECT_EQ(hint.item<double>(), 0.25) << dev;
+  }
+}
+
 TEST(DistillLoss, ThreeDimensionalAndNonContiguousInputs) {
   at::manual_seed(7);
   for (const auto& dev : devices()) {

@@ -150,9 +150,13 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     // symbolic under torch.compile.
     const bool saved_grad = s.is_cuda() && grad_scale.has_value() && grad_scale->defined() &&
                             reduction != kernels::kNone;
+    // The scale the saved gradient is for: a copy (backward updates it; never the caller's).
+    const at::Tensor gs =
+        saved_grad ? grad_scale->detach().to(at::kFloat).reshape({1}).clone() : none;
     ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none,
-                            stats, scale, grad, grad_scale ? *grad_scale : none});
+                            stats, scale, grad, gs});
     ctx->saved_data["saved_grad"] = saved_grad;
+    ctx->saved_data["rescaled"] = false;
     ctx->saved_data["divergence"] = divergence;
     ctx->saved_data["beta"] = beta;
     ctx->saved_data["temperature"] = temperature;
@@ -168,8 +172,21 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     const auto shape = ctx->saved_data["shape"].toIntVector();
     at::Tensor grad;
     if (ctx->saved_data["saved_grad"].toBool()) {
-      grad = saved[5];
-      distill_rescale_grad_op(grad, grad_outputs[0], saved[6]);
+      const at::Tensor& go = grad_outputs[0];
+      if (!ctx->saved_data["rescaled"].toBool()) {
+        // The first backward hands out the saved gradient itself, scaled in place on the device
+        // (nothing to do when grad_output is the promised scale), and records the scale it is
+        // now for. A later backward of a retained graph leaves it alone (it is the first
+        // backward's result): a new tensor, scaled from the recorded scale.
+        grad = saved[5];
+        at::Tensor gs = saved[6];
+        at::AutoDispatchBelowADInplaceOrView guard;  // the op's own state: no version bump
+        distill_rescale_grad_op(grad, go, gs);
+        gs.copy_(go.reshape({1}));
+        ctx->saved_data["rescaled"] = true;
+      } else {
+        grad = saved[5] * (go.to(at::kFloat).reshape({}) / saved[6].reshape({}));
+      }
     } else {
       auto opt = [](const at::Tensor& x) {
         return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
