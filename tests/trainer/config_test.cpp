@@ -106,7 +106,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_DOUBLE_EQ(c.data.synthetic.zipf, 0.0);
   EXPECT_DOUBLE_EQ(c.distill.temperature, 2.5);
   EXPECT_EQ(c.distill.ignore_index, -1);
-  EXPECT_TRUE(c.distill.fused_linear);
+  EXPECT_EQ(c.distill.fused_linear, FusedLinear::kOn);
   EXPECT_DOUBLE_EQ(c.optim.betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.99);
   EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);
@@ -231,7 +231,7 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "x.yaml:4: distill.fused_linear: expected false in pretrain mode (it fuses the "
        "distillation loss; pretraining computes the cross-entropy from the logits), got true"},
       {head + "distill:\n  fused_linear: yes please\n",
-       "x.yaml:6: distill.fused_linear: expected true or false, got \"yes please\""},
+       "x.yaml:6: distill.fused_linear: expected one of: auto, true, false, got \"yes please\""},
       {head + "distill:\n  ignore_index: 3\n",
        "x.yaml:6: distill.ignore_index: expected a value outside the token range [0, 64), got 3"},
       {"train:\n  mode: distill\n  device: cpu\n  precision: bf16\nteacher:\n  checkpoint: t\n",

@@ -61,8 +61,9 @@ TEST(CudaTest, Bf16FusedLinearMatchesTheLogitsPath) {
   c.teacher.checkpoint = testing::MakeTeacher(c, c.train.out_dir + "-teacher", 5);
   c.train.mode = Mode::kDistill;
   c.distill.ce_weight = 0.5;
+  c.distill.fused_linear = FusedLinear::kOff;  // the logits path (auto is the fused one on CUDA)
   Config fused_config = c;
-  fused_config.distill.fused_linear = true;
+  fused_config.distill.fused_linear = FusedLinear::kOn;
   fused_config.train.out_dir = c.train.out_dir + "-fused";
   Trainer unfused(c, RunOptions::Quiet());
   Trainer fused(fused_config, RunOptions::Quiet());

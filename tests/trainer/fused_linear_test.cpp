@@ -70,8 +70,9 @@ class TrainingFusedLinearTest : public ::testing::TestWithParam<ModelFamily> {};
 
 TEST_P(TrainingFusedLinearTest, StepsMatchTheLogitsPath) {
   Config c = FamilyDistillConfig(GetParam(), TempRunDir());
+  c.distill.fused_linear = FusedLinear::kOff;  // the logits path (auto is the fused one on CUDA)
   Config fused_config = c;
-  fused_config.distill.fused_linear = true;
+  fused_config.distill.fused_linear = FusedLinear::kOn;
   fused_config.train.out_dir = c.train.out_dir + "-fused";
   Trainer unfused(c, RunOptions::Quiet());
   Trainer fused(fused_config, RunOptions::Quiet());
@@ -142,11 +143,30 @@ INSTANTIATE_TEST_SUITE_P(, TrainingFusedLinearTest,
 TEST(TrainingFusedLinearConfigTest, NotPartOfTheRunIdentityAndOffWhenPretraining) {
   Config c = FamilyDistillConfig(ModelFamily::kGpt, TempRunDir());
   Config fused = c;
-  fused.distill.fused_linear = true;
+  fused.distill.fused_linear = FusedLinear::kOn;
+  Config off = c;
+  off.distill.fused_linear = FusedLinear::kOff;
   EXPECT_EQ(RunIdentity(fused), RunIdentity(c));
-  EXPECT_FALSE(TeacherStageConfig(fused).distill.fused_linear);
-  EXPECT_FALSE(BaselineStageConfig(fused).distill.fused_linear);
-  EXPECT_TRUE(StudentStageConfig(fused).distill.fused_linear);
+  EXPECT_EQ(RunIdentity(off), RunIdentity(c));
+  EXPECT_EQ(TeacherStageConfig(fused).distill.fused_linear, FusedLinear::kOff);
+  EXPECT_EQ(BaselineStageConfig(fused).distill.fused_linear, FusedLinear::kOff);
+  EXPECT_EQ(StudentStageConfig(fused).distill.fused_linear, FusedLinear::kOn);
+}
+
+// auto (the default) is the fused loss on CUDA and the logits path on the CPU; true and false
+// hold everywhere. The memory estimate follows the same rule.
+TEST(TrainingFusedLinearConfigTest, AutoIsOnWhereTheDeviceIsCuda) {
+  EXPECT_EQ(DistillConfig().fused_linear, FusedLinear::kAuto);
+  EXPECT_TRUE(UsesFusedLinear(FusedLinear::kAuto, /*cuda=*/true));
+  EXPECT_FALSE(UsesFusedLinear(FusedLinear::kAuto, /*cuda=*/false));
+  EXPECT_TRUE(UsesFusedLinear(FusedLinear::kOn, false));
+  EXPECT_FALSE(UsesFusedLinear(FusedLinear::kOff, true));
+  Config c = TinyConfig("unused");
+  c.train.mode = Mode::kDistill;
+  c.student.vocab_size = c.teacher.vocab_size = 50000;
+  const auto last = [&](c10::DeviceType d) { return EstimateMemory(c, d).terms.back().what; };
+  EXPECT_NE(last(c10::DeviceType::CUDA).find("fused loss"), std::string::npos);
+  EXPECT_EQ(last(c10::DeviceType::CPU).find("fused loss"), std::string::npos);
 }
 
 // The start-up memory estimate counts no (BT, V) tensor with the fused loss: its last term is the
@@ -157,7 +177,7 @@ TEST(TrainingFusedLinearConfigTest, MemoryEstimateHasNoLogitsTerm) {
   c.student.vocab_size = c.teacher.vocab_size = 50000;
   c.student.pad_vocab_to_multiple_of = c.teacher.pad_vocab_to_multiple_of = 64;
   const MemoryEstimate logits = EstimateMemory(c, c10::DeviceType::CPU);
-  c.distill.fused_linear = true;
+  c.distill.fused_linear = FusedLinear::kOn;
   const MemoryEstimate fused = EstimateMemory(c, c10::DeviceType::CPU);
   ASSERT_EQ(fused.terms.size(), logits.terms.size());
   const MemoryTerm& term = fused.terms.back();

@@ -294,7 +294,7 @@ void CheckCrossKey(const Config& c, const Locations& at) {
     if (c.student.init_from_teacher) {
       fail("student.init_from_teacher", "expected false in pretrain mode, got true");
     }
-    if (c.distill.fused_linear) {
+    if (c.distill.fused_linear == FusedLinear::kOn) {
       fail("distill.fused_linear",
            "expected false in pretrain mode (it fuses the distillation loss; pretraining computes "
            "the cross-entropy from the logits), got true");

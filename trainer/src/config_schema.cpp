@@ -356,10 +356,11 @@ std::vector<KeyDecl> Declare() {
       "The tokenizer's real vocabulary: logit columns at or past it are -inf in both models "
       "(and the narrower logits are padded with -inf columns); 0: every column is real.");
   Add(
-      k, "distill.fused_linear", [](auto& c) -> auto& { return c.distill.fused_linear; }, Bool(),
+      k, "distill.fused_linear", [](auto& c) -> auto& { return c.distill.fused_linear; },
+      OneOfEnum<FusedLinear>(),
       "Distill mode: the loss from both models' last hidden states and lm_heads in token chunks "
-      "(lossfns::fused_linear_distill_loss), so no (BT, V) logits exist: far less memory, "
-      "the loss 5-15% slower; for when the logits do not fit (docs/trainer.md).");
+      "(lossfns::fused_linear_distill_loss), so no (BT, V) logits exist: far less memory, the "
+      "loss 0.96-1.13x the time (docs/trainer.md). auto: on CUDA, not on the CPU.");
 
   Add(
       k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },

@@ -127,7 +127,7 @@ MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
                                  FormatCount(tokens)),
                      activations, activation_keys});
 
-  if (distill && c.distill.fused_linear) {
+  if (distill && UsesFusedLinear(c.distill.fused_linear, device_type == c10::DeviceType::CUDA)) {
     // lossfns::fused_linear_distill_loss: no (BT, V) tensor. It certainly holds both models'
     // last hidden states, the student's hidden-state gradient and the fp32 (V_s, H_s) lm_head
     // gradient accumulator; one token chunk's logits at a time (sized by the allocator's free

@@ -62,7 +62,7 @@ Config TeacherStageConfig(const Config& config) {
   c.train.mode = Mode::kPretrain;
   c.train.steps = config.teacher.pretrain_steps;
   c.train.baseline = false;
-  c.distill.fused_linear = false;  // a distillation loss; pretraining has none
+  c.distill.fused_linear = FusedLinear::kOff;  // a distillation loss; pretraining has none
   c.train.out_dir = Subdir(config, "teacher");
   return c;
 }
@@ -83,7 +83,7 @@ Config BaselineStageConfig(const Config& config) {
   c.train.mode = Mode::kPretrain;
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "baseline");
-  c.distill.fused_linear = false;  // a distillation loss; pretraining has none
+  c.distill.fused_linear = FusedLinear::kOff;  // a distillation loss; pretraining has none
   return c;
 }
 

@@ -201,7 +201,7 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
   at::Tensor kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
   at::Tensor ce_sum = kd_sum.clone();
   StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
-  const bool fused = distill_ && config_.distill.fused_linear;
+  const bool fused = distill_ && UsesFusedLinear(config_.distill.fused_linear, device_.is_cuda());
   for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
     const Batch& batch = micro_batches[mb];
     at::Tensor inputs, targets;
@@ -370,7 +370,7 @@ EvalResult Trainer::Evaluate() {
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
     tokens += batch.num_targets;
-    if (distill_ && config_.distill.fused_linear) {
+    if (distill_ && UsesFusedLinear(config_.distill.fused_linear, device_.is_cuda())) {
       // No (BT, V) logits here either; the teacher's cross-entropy is the fused op's with the
       // teacher in both places (its divergence, 0, is computed and discarded).
       const LogitsOperands s = MakeLogitsOperands(*student_, student_->forward_hidden(inputs));

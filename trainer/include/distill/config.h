@@ -65,6 +65,13 @@ struct EnumNames<Divergence> {
   static constexpr const auto& kNames = lossfns::kDivergenceNames;
 };
 
+// distill.fused_linear: auto (on where the device is CUDA, off on the CPU) | true | false.
+enum class FusedLinear { kAuto, kOn, kOff };
+template <>
+struct EnumNames<FusedLinear> {
+  static constexpr std::array<const char*, 3> kNames = {"auto", "true", "false"};
+};
+
 // Llama-3 style frequency-dependent RoPE scaling (config.json "rope_scaling" / "rope_parameters"
 // with rope_type "llama3"). type "" means no scaling.
 struct RopeScaling {
@@ -165,12 +172,18 @@ struct DistillConfig {
   // missing columns are -inf.
   int64_t vocab_size = 0;
   // Compute the loss from both models' last hidden states and lm_heads, chunked over tokens
-  // (lossfns::fused_linear_distill_loss), so that no (BT, V) logits exist. Off by default: on
-  // an H200 (8192 tokens, V = 151936, bf16) the loss peaks at 2.1 instead of 7-9.5 GB but takes
-  // 1.05-1.15x the unfused path's time (a real-size step: the same tokens/s, 44% less memory).
-  // Distill mode only (docs/trainer.md).
-  bool fused_linear = false;
+  // (lossfns::fused_linear_distill_loss), so that no (BT, V) logits exist. auto: on CUDA (on an
+  // H200, 8192 tokens, V = 151936, bf16, the loss peaks at 2.1 instead of 7-9.5 GB and takes
+  // 0.96-0.97x the logits path's time with a hard-label term, 1.06-1.13x without; a real-size
+  // step: the same tokens/s, 44% less memory), not on the CPU. Distill mode only
+  // (docs/trainer.md); UsesFusedLinear says whether a run uses it.
+  FusedLinear fused_linear = FusedLinear::kAuto;
 };
+
+// Whether distill.fused_linear's setting means the fused loss on a CUDA (or other) device.
+inline bool UsesFusedLinear(FusedLinear setting, bool cuda) {
+  return setting == FusedLinear::kOn || (setting == FusedLinear::kAuto && cuda);
+}
 
 struct OptimConfig {
   double lr = 3e-3;
