@@ -1,6 +1,7 @@
 // Glue every op of liblossfns shares (common.h), the library's version and reduction names.
 #include "common.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -76,6 +77,12 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
               ": labels must have shape ", dims(lead), " (", what,
               "'s shape without its last dimension) or (", num(rows), ",); got ", dims(l.sizes()));
   return l.reshape({rows}).contiguous();
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 const char* cpu_isa_name(CpuIsa isa) {

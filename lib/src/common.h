@@ -13,11 +13,13 @@
 
 namespace lossfns::detail {
 
-// Shapes and integers for error messages, formatted without std::ostream's integer insertion: in
-// some Python processes (seen with the GPU machine's torch image) a library's call of
-// ostream::operator<<(long) crashes, while strings stream fine.
+// Shapes and numbers for error messages, formatted without std::ostream's number insertion: in
+// some Python processes (seen with the GPU machine's torch image, Ubuntu 24.04 / gcc 13) a
+// library's call of ostream::operator<<(long) or <<(double) crashes the process (a segmentation
+// fault instead of the RuntimeError), while strings stream fine.
 std::string dims(c10::IntArrayRef sizes);
 inline std::string num(int64_t v) { return std::to_string(v); }
+std::string num(double v);  // as "%g" (0.5, 1e-05, inf, nan)
 std::string dtype_list(std::initializer_list<at::ScalarType> types);
 
 // The public ops' reduction name ("none" | "sum" | "mean" | "batchmean") as the internal ops take

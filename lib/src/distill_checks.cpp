@@ -24,7 +24,8 @@ Resolved resolve_distill_args(const char* op, std::string_view divergence, doubl
               std::string(divergence), "'");
   int64_t code = static_cast<int64_t>(*d);
   if (code == kernels::kJsd) {
-    TORCH_CHECK(beta >= 0.0 && beta <= 1.0, op, ": beta must be in [0, 1] for 'jsd'; got ", beta);
+    TORCH_CHECK(beta >= 0.0 && beta <= 1.0, op, ": beta must be in [0, 1] for 'jsd'; got ",
+                num(beta));
     if (beta == 0.0) code = kernels::kForwardKl;
     if (beta == 1.0) code = kernels::kReverseKl;
   }
@@ -41,7 +42,7 @@ void check_temperature(const char* op, double temperature) {
       op,
       ": temperature must be > 0 and representable with its inverse in float32 (about 3e-38 to "
       "3e38); got ",
-      temperature);
+      num(temperature));
 }
 
 DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,
@@ -74,7 +75,7 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,
               ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ",
               num(divergence));
   TORCH_CHECK(divergence != kernels::kJsd || (beta > 0.0 && beta < 1.0), op,
-              ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", beta);
+              ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", num(beta));
   check_temperature(op, temperature);
 
   DistillInputs in;

@@ -72,11 +72,12 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
               ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ",
               num(a.divergence));
   TORCH_CHECK(a.divergence != kernels::kJsd || (a.beta > 0.0 && a.beta < 1.0), op,
-              ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", a.beta);
+              ": the JSD kernels take beta in (0, 1) (0 and 1 are the KLs); got ", num(a.beta));
   check_temperature(op, a.temperature);
   reduction_from_code(a.reduction, op);  // throws on a code that is no reduction
   TORCH_CHECK(std::isfinite(a.kd_weight) && std::isfinite(a.ce_weight), op,
-              ": kd_weight and ce_weight must be finite; got ", a.kd_weight, " and ", a.ce_weight);
+              ": kd_weight and ce_weight must be finite; got ", num(a.kd_weight), " and ",
+              num(a.ce_weight));
   TORCH_CHECK(a.chunk_size >= 0, op, ": chunk_size must be >= 1 (or None: automatic); got ",
               num(a.chunk_size));
   FusedInputs in;
@@ -89,7 +90,7 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
   in.tw = tw;
   in.labels =
       check_labels(labels, sh.sizes().slice(0, 1), in.rows, sh.device(), op, "student_hidden");
-  TORCH_CHECK(a.ce_weight == 0.0 || in.labels.defined(), op, ": ce_weight ", a.ce_weight,
+  TORCH_CHECK(a.ce_weight == 0.0 || in.labels.defined(), op, ": ce_weight ", num(a.ce_weight),
               " needs labels (the cross-entropy's targets); pass labels or set ce_weight to 0");
   return in;
 }
