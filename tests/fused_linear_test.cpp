@@ -322,6 +322,28 @@ TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfin
     }
 }
 
+// A loss weight that is itself learned, differentiated twice (create_graph): the lm_head's
+// gradient is the saved one times the grad_output, differentiable in the grad_output.
+TEST(FusedLinearDistillLoss, CreateGraphThroughALearnedLossWeight) {
+  const Shape c{6, 8, 8, 30, 30, std::nullopt};
+  const Inputs in64 = make_inputs(c);
+  auto f32 = [](const at::Tensor& x) { return x.to(at::kFloat); };
+  const at::Tensor w = leaf(f32(in64.sw));
+  const auto o = options_of(Divergence::kForwardKl, 0.5, c, "batchmean", 1.0, 0.5, std::nullopt);
+  const at::Tensor plain = torch::autograd::grad(
+      {fused_linear_distill_loss(f32(in64.sh), w, f32(in64.th), f32(in64.tw), in64.labels, o).loss},
+      {w})[0];
+  const at::Tensor lam = at::full({}, 2.0).set_requires_grad(true);
+  const at::Tensor loss =
+      lam *
+      fused_linear_distill_loss(f32(in64.sh), w, f32(in64.th), f32(in64.tw), in64.labels, o).loss;
+  const at::Tensor gw =
+      torch::autograd::grad({loss}, {w}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  EXPECT_TRUE(all_close(gw, plain * 2.0, 1e-6, 1e-7));
+  gw.sum().backward();  // d(sum of lam * plain) / d lam
+  EXPECT_TRUE(all_close(lam.grad(), plain.sum(), 1e-5, 1e-6));
+}
+
 // The lower precisions against the composite a user would write in that dtype: logits by
 // at::mm, distill_loss, and cross_entropy on a float32 copy, through autograd. Both round the
 // logits and their gradient to the dtype (in different places: the composite sums the two

@@ -118,6 +118,8 @@ void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, cons
       " tensor on ", in.s.device(), " (the student's logits' shape); got ", grad.scalar_type(), " ",
       dims(grad.sizes()), " on ", grad.device());
   check_distill_backward(in, stats, stats_dtype, kd_weight, kernels::kNone);
+  TORCH_CHECK(kd_weight.device() == in.s.device(), op, ": kd_weight must be on ", in.s.device(),
+              "; got ", kd_weight.device());
   if (!ce_weight.has_value() || !ce_weight->defined()) return;
   TORCH_CHECK(in.labels.defined(), op, ": a cross-entropy weight needs labels");
   TORCH_CHECK(ce_weight->numel() == in.rows && ce_weight->device() == in.s.device(), op,

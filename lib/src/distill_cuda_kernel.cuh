@@ -435,7 +435,9 @@ static __global__ void distill_finalize_kernel(DistillArgs<float> a) {
 // Backward: grid (rows, chunks); one pass over the logits, the gradient written once. With kCe,
 // the cross-entropy's gradient is added in the same pass (DistillArgs::ce_weight). The gradient
 // may be the student's logits themselves (a.grad == a.s, in place): every element is read by the
-// thread that writes it, before it writes it, and by no other.
+// thread that writes it, before it writes it; the only other reads are the vectors past a block's
+// last column that its final iteration loads and discards (the next block's, maybe already
+// overwritten: never used).
 template <typename T, bool kCe>
 __global__ void __launch_bounds__(256)
     distill_backward_kernel(DistillArgs<T> a, int64_t chunk_cols) {

@@ -158,8 +158,12 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
       if (need_h) gh = saved[0] * go;
       if (need_w) {  // float32 for half inputs: scaled and rounded in one pass
         const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-        gw = at::empty(saved[1].sizes(), saved[1].options().dtype(dtype));
-        at::mul_out(gw, saved[1], go);
+        if (at::GradMode::is_enabled() && go.requires_grad()) {  // create_graph: out= has no grad
+          gw = (saved[1] * go).to(dtype);
+        } else {
+          gw = at::empty(saved[1].sizes(), saved[1].options().dtype(dtype));
+          at::mul_out(gw, saved[1], go);
+        }
       }
     } else if (go.defined()) {
       auto opt = [](const at::Tensor& x) {

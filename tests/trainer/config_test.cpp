@@ -228,7 +228,7 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {"train:\n  mode: pretrain\n  baseline: true\n",
        "x.yaml:3: train.baseline: expected false in pretrain mode, got true"},
       {"train:\n  mode: pretrain\ndistill:\n  fused_linear: true\n",
-       "x.yaml:4: distill.fused_linear: expected false in pretrain mode (it fuses the "
+       "x.yaml:4: distill.fused_linear: expected false or auto in pretrain mode (it fuses the "
        "distillation loss; pretraining computes the cross-entropy from the logits), got true"},
       {head + "distill:\n  fused_linear: yes please\n",
        "x.yaml:6: distill.fused_linear: expected one of: auto, true, false, got \"yes please\""},

@@ -296,8 +296,8 @@ void CheckCrossKey(const Config& c, const Locations& at) {
     }
     if (c.distill.fused_linear == FusedLinear::kOn) {
       fail("distill.fused_linear",
-           "expected false in pretrain mode (it fuses the distillation loss; pretraining computes "
-           "the cross-entropy from the logits), got true");
+           "expected false or auto in pretrain mode (it fuses the distillation loss; pretraining "
+           "computes the cross-entropy from the logits), got true");
     }
     return;
   }
