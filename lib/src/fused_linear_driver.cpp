@@ -156,24 +156,22 @@ bool cuda_addmm_accumulates_in_float(const at::Device& device) {
 // once, in float32, by the GEMM).
 void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Tensor& h) {
   const auto dtype = acc_dtype(g);
-  if (dtype == g.scalar_type()) {
-    if (acc.defined())
-      acc.addmm_(g.t(), h);
-    else
-      acc = at::mm(g.t(), h);
+  const bool same = dtype == g.scalar_type();
+  const bool cuda_float = !same && g.is_cuda() && cuda_addmm_accumulates_in_float(g.device());
+  if (!acc.defined()) {
+    if (same || cuda_float) {  // the GEMM writes the first product in the accumulation dtype
+      acc = same ? at::mm(g.t(), h) : at::mm(g.t(), h, at::kFloat);
+      return;
+    }
+    acc = at::zeros({g.size(1), h.size(1)}, g.options().dtype(dtype));
+  }
+  if (same) {
+    acc.addmm_(g.t(), h);
   } else if (!g.is_cuda()) {
-    const at::Tensor prod = at::mm(g.t().to(dtype), h.to(dtype));
-    if (acc.defined())
-      acc.add_(prod);
-    else
-      acc = prod;
-  } else if (cuda_addmm_accumulates_in_float(g.device())) {
-    if (acc.defined())
-      at::addmm_out(acc, acc, g.t(), h, at::kFloat);
-    else
-      acc = at::mm(g.t(), h, at::kFloat);
+    acc.add_(at::mm(g.t().to(dtype), h.to(dtype)));
+  } else if (cuda_float) {
+    at::addmm_out(acc, acc, g.t(), h, at::kFloat);
   } else {
-    if (!acc.defined()) acc = at::zeros({g.size(1), h.size(1)}, g.options().dtype(dtype));
     // A float32 product per slice of the vocabulary, added: the temporary stays <= 128 MiB.
     const int64_t slice =
         std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(h.size(1), 1)));
@@ -253,8 +251,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
   DriverOut out;
   out.kd_rows = at::zeros({in.rows}, acc_opts);
   out.ce_rows = at::zeros({in.rows}, acc_opts);
-  at::Tensor
-      acc_w;  // the lm_head's gradient, accumulated over the chunks (accumulate_grad_lm_head)
+  at::Tensor acc_w;  // the lm_head's gradient over the chunks (accumulate_grad_lm_head)
   if (grad && want_h) out.grad_h = at::empty({in.rows, in.sh.size(1)}, in.sh.options());
   const int64_t chunk = chunk_rows(in, a);
   for (int64_t r0 = 0; r0 < in.rows; r0 += chunk) {
