@@ -66,6 +66,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.baseline=true", "train.out_dir=elsewhere", "train.export_hf=false",
       "train.nonfinite=skip", "train.max_skipped_steps=3", "train.bucket_mb=7",
       "data.val_path=v/*.bin", "distill.vocab_size=25", "distill.fused_linear=true",
+      "train.cuda_graph=false",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
       "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",
@@ -107,6 +108,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_DOUBLE_EQ(c.distill.temperature, 2.5);
   EXPECT_EQ(c.distill.ignore_index, -1);
   EXPECT_EQ(c.distill.fused_linear, FusedLinear::kOn);
+  EXPECT_EQ(c.train.cuda_graph, CudaGraph::kOff);
   EXPECT_DOUBLE_EQ(c.optim.betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.99);
   EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);

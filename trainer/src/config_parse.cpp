@@ -289,6 +289,10 @@ void CheckCrossKey(const Config& c, const Locations& at) {
          "expected fp32 with train.device cpu (bf16 autocast is CUDA-only), got \"bf16\"");
   }
   if (c.train.out_dir.empty()) fail("train.out_dir", "expected a directory path, got \"\"");
+  if (c.train.device == "cpu" && c.train.cuda_graph == CudaGraph::kOn) {
+    fail("train.cuda_graph",
+         "expected auto or false with train.device cpu (CUDA graphs need CUDA), got true");
+  }
   if (!distill) {
     if (c.train.baseline) fail("train.baseline", "expected false in pretrain mode, got true");
     if (c.student.init_from_teacher) {

@@ -453,6 +453,13 @@ std::vector<KeyDecl> Declare() {
       k, "train.bucket_mb", [](auto& c) -> auto& { return c.train.bucket_mb; }, IntIn(1, 4096),
       "Data-parallel: MiB of gradients per all-reduce bucket; each bucket's all-reduce starts "
       "during the last micro-batch's backward as soon as its gradients are final.");
+  Add(
+      k, "train.cuda_graph", [](auto& c) -> auto& { return c.train.cuda_graph; },
+      OneOfEnum<CudaGraph>(),
+      "CUDA: each micro-batch's forward, loss and backward is captured once as a CUDA graph "
+      "(after 2 eager steps) and replayed, so small models are not bound by kernel launches "
+      "(docs/trainer.md). auto: on for one CUDA process; off data-parallel, under "
+      "--profile-steps and on the CPU. true: the same, refused on the CPU and data-parallel.");
   return k;
 }
 

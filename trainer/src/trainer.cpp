@@ -4,6 +4,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -53,6 +54,48 @@ at::Device TrainingDevice(const Config& config, const Distributed& dist) {
 // (the teacher's is the same then; the columns padding added are not real).
 int64_t RealVocabSize(const Config& config) {
   return config.distill.vocab_size > 0 ? config.distill.vocab_size : config.student.vocab_size;
+}
+
+// train.cuda_graph: whether this run replays its micro-batches from a CUDA graph. auto: on CUDA
+// in one process, not under --profile-steps (whose phase timers need the eager launches); true:
+// the same, an error data-parallel (config parsing refuses it on the CPU; train.device auto
+// without a GPU resolves to the CPU and is refused here).
+bool UsesCudaGraph(CudaGraph setting, bool cuda, bool data_parallel, bool profiling,
+                   std::vector<std::string>& warnings) {
+  if (setting == CudaGraph::kOff) return false;
+  if (setting == CudaGraph::kOn && (!cuda || data_parallel)) {
+    throw ConfigError(fmt::format(
+        "train.cuda_graph: expected auto or false {}, got true (CUDA graphs are used by one "
+        "CUDA process only)",
+        !cuda ? "on the CPU (train.device resolved to cpu)" : "when training data-parallel"));
+  }
+#if !DISTILL_WITH_CUDA
+  if (setting == CudaGraph::kOn && cuda) {
+    throw ConfigError(
+        "train.cuda_graph: expected auto or false, got true: this distill_trainer was built "
+        "without CUDA kernels (configure with a CUDA toolkit, docs/trainer.md)");
+  }
+  (void)profiling;
+  (void)warnings;
+  return false;
+#else
+  if (!cuda || data_parallel) return false;
+  if (profiling) {
+    warnings.push_back(
+        "train.cuda_graph: off under --profile-steps (the phase timers time eager launches)");
+    return false;
+  }
+  return true;
+#endif
+}
+
+// Zeroes the defined gradients in place, in one multi-tensor launch per dtype and device.
+void ZeroGradients(const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
 }  // namespace
@@ -169,6 +212,10 @@ Trainer::Trainer(Config config, RunOptions options)
         options_.profile, device_, (fs::path(config_.train.out_dir) / "profile").string(),
         dist_->rank(), dist_->active());
   }
+  if (UsesCudaGraph(config_.train.cuda_graph, device_.is_cuda(), dist_->active(),
+                    profiler_ != nullptr, warnings)) {
+    graph_ = std::make_unique<StepGraph>(device_, student_->parameters());
+  }
   for (const auto& line : warnings) progress_->Log(line);
   warnings_ = std::move(warnings);
   progress_->Log(fmt::format(
@@ -191,63 +238,104 @@ double Trainer::CombinedLoss(double kd_loss, double ce_loss) const {
                   : ce_loss;
 }
 
+void Trainer::MicroBatchPass(const at::Tensor& inputs, const at::Tensor& targets,
+                             const at::Tensor& scale_tensor, double scale, at::Tensor& kd_sum,
+                             at::Tensor& ce_sum) {
+  StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
+  const bool fused = distill_ && UsesFusedLinear(config_.distill.fused_linear, device_.is_cuda());
+  at::Tensor teacher_logits, student_logits;
+  LogitsOperands teacher_head, student_head;  // distill.fused_linear: in place of the logits
+  {
+    PhaseScope phase(profiler, Phase::kForward);
+    // Autocast covers the forward passes only; the losses are computed in fp32 and the backward
+    // pass runs outside it (autograd replays the forward's dtypes).
+    AutocastGuard autocast(config_.train.precision == Precision::kBf16);
+    if (fused) {
+      {
+        torch::NoGradGuard no_grad;
+        teacher_head = MakeLogitsOperands(*teacher_, teacher_->forward_hidden(inputs));
+      }
+      student_head = MakeLogitsOperands(*student_, student_->forward_hidden(inputs));
+    } else {
+      if (distill_) {
+        torch::NoGradGuard no_grad;
+        teacher_logits = teacher_->forward(inputs);
+      }
+      student_logits = student_->forward(inputs);
+    }
+  }
+  LossSums sums;
+  {
+    PhaseScope phase(profiler, Phase::kLoss);
+    sums = fused ? ComputeFusedLossSums(student_head.hidden, student_head.lm_head,
+                                        teacher_head.hidden, teacher_head.lm_head, targets,
+                                        config_.distill, RealVocabSize(config_))
+                 : ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
+  }
+  PhaseScope phase(profiler, Phase::kBackward);
+  // A float scale on the device (CUDA graphs) multiplies exactly as the double does: in float.
+  (scale_tensor.defined() ? sums.total * scale_tensor : sums.total * scale).backward();
+  kd_sum += sums.kd;
+  ce_sum += sums.ce;
+}
+
+std::vector<Batch> Trainer::StepBatches(int64_t data_position) {
+  if (prefetched_.first == data_position && !prefetched_.second.empty()) {
+    return std::exchange(prefetched_, {-1, {}}).second;
+  }
+  std::vector<Batch> batches;
+  for (int64_t index : RankMicroBatches(data_position, config_.train.grad_accum, dist_->rank(),
+                                        dist_->world_size())) {
+    batches.push_back(data_->TrainBatch(index));
+  }
+  return batches;
+}
+
 StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
                                         int64_t normalizer_tokens) {
+  return AccumulateGradients(micro_batches, normalizer_tokens, nullptr);
+}
+
+StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
+                                        int64_t normalizer_tokens,
+                                        const std::function<void()>& while_device_works) {
   int64_t tokens = normalizer_tokens;
   if (tokens == 0) {
     for (const auto& b : micro_batches) tokens += b.num_targets;
   }
   const double scale = 1.0 / std::max<int64_t>(tokens, 1);
-  at::Tensor kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
-  at::Tensor ce_sum = kd_sum.clone();
+  at::Tensor kd_sum, ce_sum;
   StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
-  const bool fused = distill_ && UsesFusedLinear(config_.distill.fused_linear, device_.is_cuda());
-  for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
-    const Batch& batch = micro_batches[mb];
-    at::Tensor inputs, targets;
-    {
-      PhaseScope phase(profiler, Phase::kData);
-      inputs = ToDevice(batch.inputs, device_);
-      targets = ToDevice(batch.targets, device_);
+  if (graph_) {
+    std::tie(kd_sum, ce_sum) =
+        graph_->Accumulate(micro_batches, scale,
+                           [this](const at::Tensor& inputs, const at::Tensor& targets,
+                                  const at::Tensor& scale_tensor, at::Tensor& kd, at::Tensor& ce) {
+                             MicroBatchPass(inputs, targets, scale_tensor, 0.0, kd, ce);
+                           });
+    if (auto warning = graph_->TakeWarning()) {
+      progress_->Log(*warning);
+      warnings_.push_back(*warning);
     }
-    at::Tensor teacher_logits, student_logits;
-    LogitsOperands teacher_head, student_head;  // distill.fused_linear: in place of the logits
-    {
-      PhaseScope phase(profiler, Phase::kForward);
-      // Autocast covers the forward passes only; the losses are computed in fp32 and the
-      // backward pass runs outside it (autograd replays the forward's dtypes).
-      AutocastGuard autocast(config_.train.precision == Precision::kBf16);
-      if (fused) {
-        {
-          torch::NoGradGuard no_grad;
-          teacher_head = MakeLogitsOperands(*teacher_, teacher_->forward_hidden(inputs));
-        }
-        student_head = MakeLogitsOperands(*student_, student_->forward_hidden(inputs));
-      } else {
-        if (distill_) {
-          torch::NoGradGuard no_grad;
-          teacher_logits = teacher_->forward(inputs);
-        }
-        student_logits = student_->forward(inputs);
+  } else {
+    kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
+    ce_sum = kd_sum.clone();
+    for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
+      const Batch& batch = micro_batches[mb];
+      at::Tensor inputs, targets;
+      {
+        PhaseScope phase(profiler, Phase::kData);
+        inputs = ToDevice(batch.inputs, device_);
+        targets = ToDevice(batch.targets, device_);
       }
+      // Data-parallel: the last micro-batch's backward starts each gradient bucket's all-reduce
+      // as soon as the bucket is complete (Step waits for them).
+      if (reducer_) reducer_->BeginBackward(/*last=*/mb + 1 == micro_batches.size());
+      MicroBatchPass(inputs, targets, at::Tensor(), scale, kd_sum, ce_sum);
     }
-    LossSums sums;
-    {
-      PhaseScope phase(profiler, Phase::kLoss);
-      sums = fused ? ComputeFusedLossSums(student_head.hidden, student_head.lm_head,
-                                          teacher_head.hidden, teacher_head.lm_head, targets,
-                                          config_.distill, RealVocabSize(config_))
-                   : ComputeLossSums(student_logits, teacher_logits, targets, config_.distill);
-    }
-    PhaseScope phase(profiler, Phase::kBackward);
-    // Data-parallel: the last micro-batch's backward starts each gradient bucket's all-reduce
-    // as soon as the bucket is complete (Step waits for them).
-    if (reducer_) reducer_->BeginBackward(/*last=*/mb + 1 == micro_batches.size());
-    (sums.total * scale).backward();
-    kd_sum += sums.kd;
-    ce_sum += sums.ce;
   }
-  PhaseScope phase(profiler, Phase::kLoss);  // waits for the step's forward and backward
+  if (while_device_works) while_device_works();  // the work is queued, not finished
+  PhaseScope phase(profiler, Phase::kLoss);      // waits for the step's forward and backward
   StepResult r;
   r.tokens = tokens;
   r.kd_loss = kd_sum.item<double>() * scale;
@@ -262,18 +350,19 @@ StepResult Trainer::Step() {
   {
     PhaseScope phase(profiler, Phase::kOptimizer);
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-    optimizer_->zero_grad(/*set_to_none=*/true);
+    if (graph_) {
+      ZeroGradients(student_->parameters());  // in place: a replayed graph adds into them
+    } else {
+      optimizer_->zero_grad(/*set_to_none=*/true);
+    }
   }
 
   std::vector<Batch> micro_batches;
   int64_t local_tokens = 0;
   {
     PhaseScope phase(profiler, Phase::kData);
-    for (int64_t index : RankMicroBatches(position_.data_position, config_.train.grad_accum,
-                                          dist_->rank(), dist_->world_size())) {
-      micro_batches.push_back(data_->TrainBatch(index));
-      local_tokens += micro_batches.back().num_targets;
-    }
+    micro_batches = StepBatches(position_.data_position);
+    for (const Batch& b : micro_batches) local_tokens += b.num_targets;
   }
   // The global token count before the backward: each rank's gradients are then its share of
   // the global batchmean, and their sum (the all-reduce) is the one-process gradient.
@@ -282,7 +371,13 @@ StepResult Trainer::Step() {
     PhaseScope phase(profiler, Phase::kCommunication);
     global_tokens = dist_->AllReduceSum(local_tokens);
   }
-  StepResult r = AccumulateGradients(micro_batches, global_tokens);
+  // The next step's batches are made on the host while the device runs this step's work (not
+  // under --profile-steps, whose data phase times them; not after the last step).
+  const int64_t next = position_.data_position + config_.train.grad_accum;
+  const bool prefetch = profiler == nullptr && position_.step + 1 < config_.train.steps;
+  StepResult r = AccumulateGradients(micro_batches, global_tokens, [&] {
+    if (prefetch) prefetched_ = {next, StepBatches(next)};
+  });
   const int signal = StopSignals::Pending();
   stop_signal_ = signal;
   if (dist_->active()) {

@@ -206,6 +206,13 @@ struct EnumNames<NonFinite> {
   static constexpr std::array<const char*, 2> kNames = {"stop", "skip"};
 };
 
+// train.cuda_graph: auto (on for a single CUDA process) | true | false.
+enum class CudaGraph { kAuto, kOn, kOff };
+template <>
+struct EnumNames<CudaGraph> {
+  static constexpr std::array<const char*, 3> kNames = {"auto", "true", "false"};
+};
+
 struct TrainConfig {
   Mode mode = Mode::kDistill;
   int64_t steps = 300;
@@ -228,6 +235,10 @@ struct TrainConfig {
   int64_t max_skipped_steps = 10;
   // Data-parallel: MiB of gradients per all-reduce bucket (25, as PyTorch's DDP).
   int64_t bucket_mb = 25;
+  // A micro-batch's forward, loss and backward captured once as a CUDA graph and replayed
+  // (step_graph.h): no per-kernel launch cost. auto: on CUDA in one process (not data-parallel,
+  // not under --profile-steps); true: the same, and an error where it cannot be.
+  CudaGraph cuda_graph = CudaGraph::kAuto;
 };
 
 // Gives `to` (a student or teacher section) the architecture of `from`, keeping its own

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +26,7 @@
 #include "distill/model.h"
 #include "distill/optimizer.h"
 #include "distill/profile.h"
+#include "distill/step_graph.h"
 
 namespace distill {
 
@@ -118,7 +120,10 @@ class Trainer {
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const at::Device& device() const { return device_; }
   Distributed& distributed() { return *dist_; }
-  // Start-up warnings (a corrupt checkpoint skipped on resume), also printed unless quiet.
+  // train.cuda_graph: whether micro-batches are replayed from a captured CUDA graph now.
+  bool cuda_graph_captured() const { return graph_ != nullptr && graph_->captured(); }
+  // Start-up warnings (a corrupt checkpoint skipped on resume), also printed unless quiet; and a
+  // CUDA graph given up during the run.
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
@@ -128,6 +133,17 @@ class Trainer {
   // After the backward of step `r`: throws NonFiniteError, or (skip) zeroes the gradients and
   // returns true when a loss term or the gradient norm is not finite.
   bool SkipNonFinite(const StepResult& r);
+  // The step's micro-batches at `data_position` (this rank's share), prefetched or made now.
+  std::vector<Batch> StepBatches(int64_t data_position);
+  // AccumulateGradients, calling `while_device_works` (when set) once the micro-batches are
+  // queued on the device and before their results are read.
+  StepResult AccumulateGradients(const std::vector<Batch>& micro_batches, int64_t normalizer_tokens,
+                                 const std::function<void()>& while_device_works);
+  // One micro-batch on the device: forward, loss, and the backward of its loss times the scale
+  // (`scale_tensor` when defined, else `scale`); adds the loss sums into kd_sum and ce_sum.
+  void MicroBatchPass(const at::Tensor& inputs, const at::Tensor& targets,
+                      const at::Tensor& scale_tensor, double scale, at::Tensor& kd_sum,
+                      at::Tensor& ce_sum);
 
   Config config_;
   RunOptions options_;
@@ -146,6 +162,9 @@ class Trainer {
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<StepProfiler> profiler_;  // --profile-steps only
+  std::unique_ptr<StepGraph> graph_;        // train.cuda_graph in effect only
+  // The next step's batches, made while the device ran the last step: {data position, batches}.
+  std::pair<int64_t, std::vector<Batch>> prefetched_{-1, {}};
   // Throughput since the last log record.
   int64_t tokens_since_log_ = 0;
   double seconds_since_log_ = 0;

@@ -226,7 +226,12 @@ class LlamaLM : public CausalLM {
     at::Tensor cos, sin;
     {
       at::Tensor positions = at::arange(T, tokens.options().dtype(at::kFloat));
-      at::Tensor freqs = at::outer(positions, inv_freq_.to(tokens.device()));
+      // The inverse frequencies on the tokens' device, copied there once (a copy per forward
+      // would wait for the host, and could not be captured in a CUDA graph).
+      if (!inv_freq_device_.defined() || inv_freq_device_.device() != tokens.device()) {
+        inv_freq_device_ = inv_freq_.to(tokens.device());
+      }
+      at::Tensor freqs = at::outer(positions, inv_freq_device_);
       at::Tensor emb = at::cat({freqs, freqs}, -1);
       cos = emb.cos();
       sin = emb.sin();
@@ -242,12 +247,15 @@ class LlamaLM : public CausalLM {
   at::Tensor forward(const at::Tensor& tokens) override {
     at::Tensor logits = at::linear(forward_hidden(tokens), lm_head_weight());
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
-    return logits.masked_fill(padded_mask().to(logits.device()),
-                              -std::numeric_limits<double>::infinity());
+    // The mask made on the logits' device (no host copy per forward).
+    const at::Tensor padded =
+        at::arange(logits.size(-1), logits.options().dtype(at::kLong)).ge(config_.vocab_size);
+    return logits.masked_fill(padded, -std::numeric_limits<double>::infinity());
   }
 
  private:
-  at::Tensor inv_freq_;  // (head_dim / 2,) fp32, not a parameter or buffer (not in HF files)
+  at::Tensor inv_freq_;         // (head_dim / 2,) fp32, not a parameter or buffer (not in HF files)
+  at::Tensor inv_freq_device_;  // inv_freq_ on the device of the last forward
   Backbone model_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
 };
