@@ -128,6 +128,76 @@ void CheckFused(const FusedCase& c) {
   }
 }
 
+// RoPE's float64 reference: x * cos + rotate_half(x) * sin with everything in float64.
+at::Tensor RopeReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor x64 = x.detach().cpu().to(at::kDouble);
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rot = at::cat({-x64.narrow(-1, half, half), x64.narrow(-1, 0, half)}, -1);
+  return x64 * cos.cpu().to(at::kDouble).unsqueeze(1) +
+         rot * sin.cpu().to(at::kDouble).unsqueeze(1);
+}
+
+// (T, D) tables as the llama model makes them: cat(freqs, freqs) of positions x inverse
+// frequencies (theta 10000).
+std::pair<at::Tensor, at::Tensor> RopeTables(int64_t T, int64_t D) {
+  const at::Tensor inv = 1.0 / at::pow(10000.0, at::arange(0, D, 2, at::kFloat) / double(D));
+  const at::Tensor freqs = at::outer(at::arange(T, at::kFloat), inv);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+TEST(LayersTest, CompositeRopeMatchesFloat64AndItsGradientIsTheTranspose) {
+  torch::manual_seed(3);
+  const auto [cos, sin] = RopeTables(7, 16);
+  const at::Tensor x = at::randn({2, 7, 3, 16}, at::kDouble).requires_grad_();
+  const at::Tensor out = ApplyRope(x, cos.to(at::kDouble), sin.to(at::kDouble));
+  EXPECT_LT(MaxRelDiff(out, RopeReference(x, cos, sin)), 1e-12);
+  // A rotation of each pair (j, j + D/2) by the angle t * inv_freq: norms are kept (to the float32
+  // tables' cos^2 + sin^2 = 1), and the
+  // gradient of <g, out> is the inverse rotation of g.
+  EXPECT_LT(MaxRelDiff(out.norm(2, -1), x.norm(2, -1)), 1e-6);  // float32 tables
+  const at::Tensor g = at::randn_like(out);
+  out.backward(g);
+  const at::Tensor inverse = ApplyRope(g, cos.to(at::kDouble), -sin.to(at::kDouble));
+  EXPECT_LT(MaxRelDiff(x.grad(), inverse), 1e-12);
+}
+
+// The fused kernel gives the composite's bits (forward and backward) in every dtype, and is
+// within the dtype's rounding of float64. The composite runs on CUDA too, for a non-contiguous x.
+TEST(LayersCudaTest, FusedRopeIsTheCompositeBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(4);
+  struct Shape {
+    int64_t B, T, H, D;
+  };
+  for (const Shape sh : {Shape{1, 1, 1, 2}, Shape{2, 5, 3, 64}, Shape{3, 37, 9, 64},
+                         Shape{1, 129, 2, 128}, Shape{2, 17, 4, 6}}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const std::string what =
+          fmt::format("({}, {}, {}, {}) {}", sh.B, sh.T, sh.H, sh.D, c10::toString(dtype));
+      auto [cos, sin] = RopeTables(sh.T, sh.D);
+      cos = cos.cuda();
+      sin = sin.cuda();
+      const at::Tensor base = (at::randn({sh.B, sh.T, sh.H, sh.D}) * 3).to(dtype).cuda();
+      const at::Tensor g = at::randn({sh.B, sh.T, sh.H, sh.D}).to(dtype).cuda();
+      const at::Tensor x = base.clone().requires_grad_();
+      // The same values, not contiguous (every second element of a wider row).
+      at::Tensor wide = at::zeros({sh.B, sh.T, sh.H, 2 * sh.D}, base.options());
+      wide.slice(-1, 0, 2 * sh.D, 2).copy_(base);
+      const at::Tensor xs = wide.slice(-1, 0, 2 * sh.D, 2).detach().requires_grad_();
+      ASSERT_FALSE(xs.is_contiguous());
+      const at::Tensor fused = ApplyRope(x, cos, sin), composite = ApplyRope(xs, cos, sin);
+      EXPECT_TRUE(at::equal(fused, composite)) << what;
+      fused.backward(g);
+      composite.backward(g);
+      EXPECT_TRUE(at::equal(x.grad(), xs.grad())) << what;
+      const double tol = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 2e-3 : 1.6e-2;
+      EXPECT_LT(MaxRelDiff(fused, RopeReference(base, cos, sin)), tol) << what;
+      EXPECT_LT(MaxRelDiff(x.grad(), RopeReference(g, cos, -sin)), tol) << what;
+    }
+  }
+}
+
 TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (int64_t d : {1, 64, 100, 576, 768, 1024, 1536, 4096, 8192}) {

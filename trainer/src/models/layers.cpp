@@ -7,6 +7,7 @@
 
 #if DISTILL_WITH_CUDA
 #include "../kernels/add_norm_cuda.h"
+#include "../kernels/rope_cuda.h"
 #endif
 
 namespace distill {
@@ -77,6 +78,27 @@ class AddNormFunction : public torch::autograd::Function<AddNormFunction> {
 };
 #endif
 
+#if DISTILL_WITH_CUDA
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return cuda::Rope(x, cos, sin, /*backward=*/false);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    return {cuda::Rope(grads[0].contiguous(), saved[0], saved[1], /*backward=*/true), {}, {}};
+  }
+};
+#endif
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
 // The fused kernel's output dtype when it applies, else nullopt (use the composite).
 std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tensor& y,
                                             const at::Tensor& weight, const at::Tensor& bias) {
@@ -139,6 +161,26 @@ AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Ten
   }
   at::Tensor h = x + y;
   return {h, RmsNorm(h, weight, eps)};
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 4 && cos.dim() == 2 && sin.sizes() == cos.sizes() &&
+                  cos.size(0) == x.size(1) && cos.size(1) == x.size(3),
+              "ApplyRope: x (B, T, H, D) and cos, sin (T, D) expected, got ", x.sizes(), ", ",
+              cos.sizes(), ", ", sin.sizes());
+#if DISTILL_WITH_CUDA
+  const auto floating = [](at::ScalarType t) {
+    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+  };
+  if (x.is_cuda() && x.is_contiguous() && x.size(3) % 2 == 0 && floating(x.scalar_type()) &&
+      cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+      cos.device() == x.device() && sin.device() == x.device()) {
+    return RopeFunction::apply(x, cos.contiguous(), sin.contiguous());
+  }
+#endif
+  const at::Tensor c = cos.to(x.scalar_type()).unsqueeze(1),
+                   s = sin.to(x.scalar_type()).unsqueeze(1);
+  return x * c + RotateHalf(x) * s;
 }
 
 }  // namespace distill

@@ -48,4 +48,11 @@ AddNormResult AddLayerNorm(const at::Tensor& x, const at::Tensor& y,
 AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
                          double eps);
 
+// Rotary position embeddings as transformers' apply_rotary_pos_emb computes them:
+//   out = x * cos + rotate_half(x) * sin,   rotate_half([x1, x2]) = [-x2, x1],
+// with x (B, T, H, D) and cos, sin (T, D) float32 tables, cast to x's dtype first. On CUDA (x
+// contiguous) one kernel each way (kernels/rope_kernel.cuh) where the composite makes ~7 passes
+// over x forward and more backward; it rounds as the composite does, so both give the same bits.
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 }  // namespace distill

@@ -67,11 +67,6 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
   return at::where(medium, smoothed, scaled);
 }
 
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& c)
@@ -87,7 +82,7 @@ class AttentionImpl : public torch::nn::Module {
     }
   }
 
-  // x: (B, T, d_model); cos, sin: (T, head_dim) in x's dtype -> (B, T, d_model)
+  // x: (B, T, d_model); cos, sin: (T, head_dim) fp32 -> (B, T, d_model)
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     const int64_t B = x.size(0), T = x.size(1);
     at::Tensor q = Linear(q_proj_, x).view({B, T, n_head_, head_dim_});
@@ -97,11 +92,8 @@ class AttentionImpl : public torch::nn::Module {
       q = q_norm_->forward(q);
       k = k_norm_->forward(k);
     }
-    q = q.transpose(1, 2);  // (B, heads, T, head_dim)
-    k = k.transpose(1, 2);
-    const at::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
-    q = q * c + RotateHalf(q) * s;
-    k = k * c + RotateHalf(k) * s;
+    q = ApplyRope(q, cos, sin).transpose(1, 2);  // (B, heads, T, head_dim)
+    k = ApplyRope(k, cos, sin).transpose(1, 2);
     at::Tensor out = at::scaled_dot_product_attention(
         q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0, /*is_causal=*/true,
         /*scale=*/std::nullopt, /*enable_gqa=*/n_kv_head_ != n_head_);

@@ -1,0 +1,78 @@
+// Framework-free CUDA kernel of distill::ApplyRope (trainer/src/models/layers.h): rotary position
+// embeddings as transformers applies them, out = x * cos + rotate_half(x) * sin with
+// rotate_half([x1, x2]) = [-x2, x1], and the gradient of that w.r.t. x, in one pass each way
+// (the composite is a cast of the tables, a cat, a negation, four products and two sums per
+// direction, each a pass over x).
+//
+// Rounded as the composite rounds (ATen's element-wise ops in x's dtype T: each product and the sum
+// computed in float and rounded to T, the fp32 tables first rounded to T), so the result is the
+// composite's bit for bit; products and sums are never fused (__fmul_rn / __fadd_rn).
+//   forward,  j < D/2:  out[j]       = T(T(x[j] c[j])        + T(-x[j+h] s[j]))
+//                       out[j+h]     = T(T(x[j+h] c[j+h])    + T(x[j] s[j+h]))
+//   backward, j < D/2:  grad_x[j]    = T(T(g[j] c[j])        + T(g[j+h] s[j+h]))
+//                       grad_x[j+h]  = T(T(g[j+h] c[j+h])    - T(g[j] s[j]))
+// (the backward is autograd's: the product's gradient g * c, plus rotate_half's transpose applied
+// to g * s). x: (B, T, H, D) contiguous; cos, sin: (T, D) fp32 contiguous; h = D / 2.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "convert.cuh"
+
+namespace distill::kernels {
+
+constexpr int kRopeThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ float RoundTo(float v) {
+  return ToFloat(FromFloat<T>(v));
+}
+
+template <typename T, bool kBackward>
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKernel(const T* __restrict__ x, const float* __restrict__ cos,
+               const float* __restrict__ sin, T* __restrict__ out, int64_t pairs, int64_t heads,
+               int64_t seq, int64_t half) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / half, j = i - row * half;  // row over (B, T, H)
+    const int64_t t = (row / heads) % seq;
+    const int64_t a = row * 2 * half + j, b = a + half;  // x[j], x[j + h]
+    const int64_t ta = t * 2 * half + j, tb = ta + half;
+    const float ca = RoundTo<T>(cos[ta]), cb = RoundTo<T>(cos[tb]);
+    const float sa = RoundTo<T>(sin[ta]), sb = RoundTo<T>(sin[tb]);
+    const float xa = ToFloat(x[a]), xb = ToFloat(x[b]);
+    float oa, ob;
+    if constexpr (!kBackward) {
+      oa = __fadd_rn(RoundTo<T>(__fmul_rn(xa, ca)), RoundTo<T>(__fmul_rn(-xb, sa)));
+      ob = __fadd_rn(RoundTo<T>(__fmul_rn(xb, cb)), RoundTo<T>(__fmul_rn(xa, sb)));
+    } else {
+      oa = __fadd_rn(RoundTo<T>(__fmul_rn(xa, ca)), RoundTo<T>(__fmul_rn(xb, sb)));
+      ob = __fadd_rn(RoundTo<T>(__fmul_rn(xb, cb)), -RoundTo<T>(__fmul_rn(xa, sa)));
+    }
+    out[a] = FromFloat<T>(oa);
+    out[b] = FromFloat<T>(ob);
+  }
+}
+
+template <typename T>
+cudaError_t LaunchRope(const T* x, const float* cos, const float* sin, T* out, int64_t rows,
+                       int64_t heads, int64_t seq, int64_t dim, bool backward, int num_sms,
+                       cudaStream_t stream) {
+  const int64_t half = dim / 2, pairs = rows * half;
+  if (pairs == 0) return cudaSuccess;
+  const int64_t want = (pairs + kRopeThreads - 1) / kRopeThreads;
+  const int blocks = static_cast<int>(want < int64_t(num_sms) * 16 ? want : int64_t(num_sms) * 16);
+  if (backward) {
+    RopeKernel<T, true><<<blocks, kRopeThreads, 0, stream>>>(x, cos, sin, out, pairs, heads, seq,
+                                                             half);
+  } else {
+    RopeKernel<T, false><<<blocks, kRopeThreads, 0, stream>>>(x, cos, sin, out, pairs, heads, seq,
+                                                              half);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace distill::kernels
