@@ -34,6 +34,7 @@ struct Case {
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class StepGraphTrainer : public ::testing::TestWithParam<Case> {};
 
@@ -198,6 +199,33 @@ TEST(StepGraph, AMicroBatchThatSyncsFallsBackToEagerWithAWarning) {
   }
   // The stream and allocator are usable afterwards.
   EXPECT_TRUE(at::allclose((toy.w * 2).sum().cpu(), at::scalar_tensor(4.0)));
+}
+
+// Dropout in a replayed graph draws new masks every replay (ATen's CUDAGraph registers the
+// default generator and advances its offset per replay), as eager launches do.
+TEST(StepGraph, DropoutMasksDifferFromReplayToReplay) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Toy toy;
+  StepGraph graph(at::kCUDA, {toy.w}, /*warmup_calls=*/1);
+  // The first 20 entries of a 64-element dropout mask as a number, per call.
+  StepGraph::MicroBatch masks = [&](const at::Tensor& inputs, const at::Tensor&,
+                                    const at::Tensor& scale, at::Tensor& kd, at::Tensor&) {
+    const at::Tensor kept =
+        at::dropout(at::ones({64}, inputs.options().dtype(at::kFloat)), 0.5, /*train=*/true).ne(0);
+    const at::Tensor bits = at::pow(2.0, at::arange(20, kept.options().dtype(at::kFloat)));
+    const at::Tensor loss = (toy.w * inputs.to(at::kFloat)).sum();
+    (loss * scale).backward();
+    kd.add_((kept.narrow(0, 0, 20).to(at::kFloat) * bits).sum());
+  };
+  std::vector<double> seen;
+  for (int call = 0; call < 5; ++call) {
+    if (toy.w.grad().defined()) toy.w.mutable_grad().zero_();
+    seen.push_back(graph.Accumulate({ToyBatch(1)}, 1.0, masks).first.item<double>());
+  }
+  EXPECT_TRUE(graph.captured());
+  // Calls 1-4 are replays: 2^20 possible masks, four draws all equal only if the offset is stuck.
+  EXPECT_FALSE(seen[1] == seen[2] && seen[2] == seen[3] && seen[3] == seen[4])
+      << seen[1] << " " << seen[2] << " " << seen[3] << " " << seen[4];
 }
 
 TEST(StepGraph, AParameterWhoseStorageChangedEndsTheGraph) {

@@ -60,7 +60,7 @@ int64_t RealVocabSize(const Config& config) {
 // in one process, not under --profile-steps (whose phase timers need the eager launches); true:
 // the same, an error data-parallel (config parsing refuses it on the CPU; train.device auto
 // without a GPU resolves to the CPU and is refused here).
-bool UsesCudaGraph(CudaGraph setting, bool cuda, bool data_parallel, bool profiling,
+bool UsesCudaGraph(CudaGraph setting, bool cuda, bool data_parallel, bool profiling, bool dropout,
                    std::vector<std::string>& warnings) {
   if (setting == CudaGraph::kOff) return false;
   if (setting == CudaGraph::kOn && (!cuda || data_parallel)) {
@@ -76,6 +76,7 @@ bool UsesCudaGraph(CudaGraph setting, bool cuda, bool data_parallel, bool profil
         "without CUDA kernels (configure with a CUDA toolkit, docs/trainer.md)");
   }
   (void)profiling;
+  (void)dropout;
   (void)warnings;
   return false;
 #else
@@ -83,6 +84,15 @@ bool UsesCudaGraph(CudaGraph setting, bool cuda, bool data_parallel, bool profil
   if (profiling) {
     warnings.push_back(
         "train.cuda_graph: off under --profile-steps (the phase timers time eager launches)");
+    return false;
+  }
+  // ATen's CUDAGraph advances the default generator per replay, so replayed dropout draws new
+  // masks (StepGraph.DropoutMasksDifferFromReplayToReplay); until that test has run on a GPU,
+  // auto leaves stochastic students eager and true is the user's call.
+  if (dropout && setting == CudaGraph::kAuto) {
+    warnings.push_back(
+        "train.cuda_graph: auto is off with student.dropout > 0 (set train.cuda_graph: true to "
+        "replay dropout from a CUDA graph)");
     return false;
   }
   return true;
@@ -213,7 +223,7 @@ Trainer::Trainer(Config config, RunOptions options)
         dist_->rank(), dist_->active());
   }
   if (UsesCudaGraph(config_.train.cuda_graph, device_.is_cuda(), dist_->active(),
-                    profiler_ != nullptr, warnings)) {
+                    profiler_ != nullptr, config_.student.dropout > 0, warnings)) {
     graph_ = std::make_unique<StepGraph>(device_, student_->parameters());
   }
   for (const auto& line : warnings) progress_->Log(line);
@@ -437,7 +447,11 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
         step, term, value,
         latest ? "the last checkpoint, " + *latest + ", is intact" : "no checkpoint yet", hint));
   }
-  optimizer_->zero_grad(/*set_to_none=*/true);
+  if (graph_) {
+    ZeroGradients(student_->parameters());  // in place: the graph (or its capture) adds into them
+  } else {
+    optimizer_->zero_grad(/*set_to_none=*/true);
+  }
   ++skipped_steps_;
   if (skipped_steps_ > config_.train.max_skipped_steps) {
     throw NonFiniteError(

@@ -31,9 +31,9 @@ at::Tensor Rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   cudaError_t err = cudaSuccess;
   switch (x.scalar_type()) {
     case at::kFloat:
-      err = kernels::LaunchRope(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                                out.data_ptr<float>(), rows, x.size(2), T, D, backward, sms,
-                                stream);
+      err =
+          kernels::LaunchRope(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                              out.data_ptr<float>(), rows, x.size(2), T, D, backward, sms, stream);
       break;
     case at::kBFloat16:
       err = kernels::LaunchRope(reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
@@ -42,10 +42,10 @@ at::Tensor Rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                                 T, D, backward, sms, stream);
       break;
     case at::kHalf:
-      err = kernels::LaunchRope(reinterpret_cast<const __half*>(x.data_ptr()),
-                                cos.data_ptr<float>(), sin.data_ptr<float>(),
-                                reinterpret_cast<__half*>(out.data_ptr()), rows, x.size(2), T, D,
-                                backward, sms, stream);
+      err =
+          kernels::LaunchRope(reinterpret_cast<const __half*>(x.data_ptr()), cos.data_ptr<float>(),
+                              sin.data_ptr<float>(), reinterpret_cast<__half*>(out.data_ptr()),
+                              rows, x.size(2), T, D, backward, sms, stream);
       break;
     default:
       TORCH_CHECK(false, "Rope (CUDA): x must be float32, bfloat16 or float16, got ",

@@ -66,11 +66,11 @@ cudaError_t LaunchRope(const T* x, const float* cos, const float* sin, T* out, i
   const int64_t want = (pairs + kRopeThreads - 1) / kRopeThreads;
   const int blocks = static_cast<int>(want < int64_t(num_sms) * 16 ? want : int64_t(num_sms) * 16);
   if (backward) {
-    RopeKernel<T, true><<<blocks, kRopeThreads, 0, stream>>>(x, cos, sin, out, pairs, heads, seq,
-                                                             half);
+    RopeKernel<T, true>
+        <<<blocks, kRopeThreads, 0, stream>>>(x, cos, sin, out, pairs, heads, seq, half);
   } else {
-    RopeKernel<T, false><<<blocks, kRopeThreads, 0, stream>>>(x, cos, sin, out, pairs, heads, seq,
-                                                              half);
+    RopeKernel<T, false>
+        <<<blocks, kRopeThreads, 0, stream>>>(x, cos, sin, out, pairs, heads, seq, half);
   }
   return cudaGetLastError();
 }
