@@ -197,8 +197,20 @@ TEST(StepGraph, AMicroBatchThatSyncsFallsBackToEagerWithAWarning) {
       EXPECT_FALSE(warning) << *warning;
     }
   }
-  // The stream and allocator are usable afterwards.
+  // The stream, the allocator and the random generator are usable afterwards (a generator left
+  // in capture mode would throw on the first random op).
   EXPECT_TRUE(at::allclose((toy.w * 2).sum().cpu(), at::scalar_tensor(4.0)));
+  const at::Tensor kept = at::dropout(at::ones({1000}, toy.w.options()), 0.5, /*train=*/true);
+  EXPECT_GT(kept.ne(0).sum().item<int64_t>(), 300);
+  // A second StepGraph captures (and replays) normally after the failed one.
+  Toy fine;
+  StepGraph next(at::kCUDA, {fine.w}, /*warmup_calls=*/1);
+  for (int call = 0; call < 3; ++call) {
+    if (fine.w.grad().defined()) fine.w.mutable_grad().zero_();
+    EXPECT_DOUBLE_EQ(next.Accumulate({ToyBatch(1)}, 1.0, fine.Body()).first.item<double>(), 5.0);
+  }
+  EXPECT_TRUE(next.captured());
+  EXPECT_FALSE(next.TakeWarning());
 }
 
 // Dropout in a replayed graph draws new masks every replay (ATen's CUDAGraph registers the

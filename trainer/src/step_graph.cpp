@@ -3,9 +3,12 @@
 #include <stdexcept>
 
 #if DISTILL_WITH_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -26,11 +29,12 @@ at::Tensor Pinned(const at::Tensor& t) { return t.is_pinned() ? t : t.pin_memory
 }  // namespace
 
 struct StepGraph::Impl {
+  // `d` with its index (cuda -> cuda:<current>): the allocator's pool calls need one.
   Impl(const at::Device& d, std::vector<at::Tensor> p, int warmup)
-      : device(d),
+      : device(d.has_index() ? d : at::Device(at::kCUDA, c10::cuda::current_device())),
         params(std::move(p)),
         warmup_calls(warmup),
-        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
 
   at::Device device;
   std::vector<at::Tensor> params;
@@ -97,8 +101,13 @@ struct StepGraph::Impl {
     graph->replay();
   }
 
-  // Ends a capture that an exception interrupted, and gives its memory pool back.
-  void AbandonCapture(at::cuda::MempoolId_t pool) {
+  // Undoes what an interrupted CUDAGraph::capture_begin set up and capture_end would have undone:
+  // the stream's capture, the device and pinned-host allocators' routing into the graph's pool
+  // (and the pools), and the default random generator's capture mode (restored from `rng`, its
+  // copy from before the capture: left capturing, every later eager random op would throw). Each
+  // step tolerates not having happened. `ended`: capture_end got as far as owning the pools (the
+  // graph's destructor releases them).
+  void AbandonCapture(at::cuda::MempoolId_t pool, const at::Generator& rng, bool ended) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
         status != cudaStreamCaptureStatusNone) {
@@ -108,15 +117,21 @@ struct StepGraph::Impl {
       }
     }
     (void)cudaGetLastError();  // capture errors are not sticky; clear the last one
-    // The allocator's side of CUDAGraph::capture_end (each throws where it already happened).
-    try {
-      c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool);
-    } catch (const c10::Error&) {
+    auto quietly = [](auto&& f) {
+      try {
+        f();
+      } catch (const c10::Error&) {  // that step had not happened (or was already undone)
+      }
+    };
+    quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device.index(), pool); });
+    quietly([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+    if (!ended) {
+      quietly([&] { c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool); });
+      quietly([&] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
     }
-    try {
-      c10::cuda::CUDACachingAllocator::releasePool(device.index(), pool);
-    } catch (const c10::Error&) {
-    }
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.graphsafe_set_state(rng);
   }
 
   // Captures `body` on a micro-batch of b's shape; false (and given up) where that failed.
@@ -131,11 +146,18 @@ struct StepGraph::Impl {
     targets = at::empty(b.targets.sizes(), b.targets.options().device(device));
     const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
     graph = std::make_unique<at::cuda::CUDAGraph>();
+    // The default generator as it was: a failed capture restores it (AbandonCapture).
+    at::Generator rng;
+    {
+      at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+      const std::lock_guard<std::mutex> lock(gen.mutex());
+      rng = gen.clone();
+    }
     std::string failure;
     bool began = false;
     try {
+      began = true;  // AbandonCapture tolerates a capture_begin that did not get far
       graph->capture_begin(pool);
-      began = true;
       body(inputs, targets, scale, kd_sum, ce_sum);
       graph->capture_end();
       began = false;
@@ -144,7 +166,15 @@ struct StepGraph::Impl {
     } catch (const std::exception& e) {
       failure = FirstLine(e.what());
     }
-    if (!failure.empty() && began) AbandonCapture(pool);
+    if (!failure.empty() && began) {
+      bool ended = false;  // pool() answers only after capture_end took the pools over
+      try {
+        (void)graph->pool();
+        ended = true;
+      } catch (const c10::Error&) {
+      }
+      AbandonCapture(pool, rng, ended);
+    }
     // Nothing ran: the .grad tensors hold what they held. One a capture created or replaced
     // would be graph memory the next step does not add into: put the old one back.
     for (size_t i = 0; i < params.size(); ++i) {
@@ -188,6 +218,20 @@ std::pair<at::Tensor, at::Tensor> StepGraph::Accumulate(const std::vector<Batch>
   at::cuda::CUDAEvent ready;
   ready.record(caller);
   ready.block(g.stream);
+  // The caller's stream waits for the side stream's work however this call ends (an exception
+  // from an eager micro-batch included).
+  struct Join {
+    const c10::cuda::CUDAStream& side;
+    const c10::cuda::CUDAStream& caller;
+    ~Join() {
+      try {
+        at::cuda::CUDAEvent done;
+        done.record(side);
+        done.block(caller);
+      } catch (const c10::Error&) {  // a broken device: the next CUDA call reports it
+      }
+    }
+  } join{g.stream, caller};
   {
     const c10::cuda::CUDAStreamGuard guard(g.stream);
     if (!g.kd_sum.defined()) {
@@ -204,7 +248,8 @@ std::pair<at::Tensor, at::Tensor> StepGraph::Accumulate(const std::vector<Batch>
     }
     if (g.graph) g.RestoreGrads();
     for (const Batch& b : batches) {
-      if (g.graph && b.inputs.sizes() == g.inputs.sizes()) {
+      if (g.graph && b.inputs.sizes() == g.inputs.sizes() &&
+          b.targets.sizes() == g.targets.sizes()) {
         g.Replay(b);
       } else if (!g.graph && !g.given_up && g.calls >= g.warmup_calls && g.Capture(b, body)) {
         g.Replay(b);
@@ -214,9 +259,6 @@ std::pair<at::Tensor, at::Tensor> StepGraph::Accumulate(const std::vector<Batch>
     }
     ++g.calls;
   }
-  at::cuda::CUDAEvent done;
-  done.record(g.stream);
-  done.block(caller);
   return {g.kd_sum, g.ce_sum};
 }
 

@@ -166,6 +166,11 @@ Trainer::Trainer(Config config, RunOptions options)
     throw std::runtime_error(
         "train.precision: bf16 autocast needs CUDA but train.device resolved to cpu; use fp32");
   }
+  // train.cuda_graph: decided (and true refused where it cannot be) before anything is written.
+  std::vector<std::string> graph_warnings;
+  const bool use_graph =
+      UsesCudaGraph(config_.train.cuda_graph, device_.is_cuda(), dist_->active(),
+                    options_.profile.steps > 0, config_.student.dropout > 0, graph_warnings);
   // Only rank 0 touches the run directory; the others learn whether it holds this run (and
   // wait until it is prepared, so that they can read its checkpoint). Nothing is written
   // before the data and models are built: a start that fails leaves the directory as it was.
@@ -222,10 +227,8 @@ Trainer::Trainer(Config config, RunOptions options)
         options_.profile, device_, (fs::path(config_.train.out_dir) / "profile").string(),
         dist_->rank(), dist_->active());
   }
-  if (UsesCudaGraph(config_.train.cuda_graph, device_.is_cuda(), dist_->active(),
-                    profiler_ != nullptr, config_.student.dropout > 0, warnings)) {
-    graph_ = std::make_unique<StepGraph>(device_, student_->parameters());
-  }
+  if (use_graph) graph_ = std::make_unique<StepGraph>(device_, student_->parameters());
+  warnings.insert(warnings.end(), graph_warnings.begin(), graph_warnings.end());
   for (const auto& line : warnings) progress_->Log(line);
   warnings_ = std::move(warnings);
   progress_->Log(fmt::format(

@@ -19,8 +19,9 @@
 //    or a failed capture (an op in the step that synchronises with the host) is reported by
 //    TakeWarning and the step falls back to eager launches for good, with the same results.
 //
-// Results: the same kernels run on the same data, so a replayed step gives the eager step's
-// loss and gradients (tests/trainer/step_graph_test.cpp checks it on CUDA).
+// Results: the same kernels run on the same data, so a replayed step gives the eager step's loss
+// and gradients up to float rounding (cuBLAS may pick another algorithm on the side stream;
+// tests/trainer/step_graph_test.cpp compares them on CUDA).
 #pragma once
 
 #include <cstdint>
