@@ -6,7 +6,8 @@
 //
 // Rounded as the composite rounds (ATen's element-wise ops in x's dtype T: each product and the sum
 // computed in float and rounded to T, the fp32 tables first rounded to T), so the result is the
-// composite's bit for bit; products and sums are never fused (__fmul_rn / __fadd_rn).
+// composite's bit for bit (up to the sign of a zero: autograd adds +0 slices where this keeps a
+// -0); products and sums are never fused (__fmul_rn / __fadd_rn).
 //   forward,  j < D/2:  out[j]       = T(T(x[j] c[j])        + T(-x[j+h] s[j]))
 //                       out[j+h]     = T(T(x[j+h] c[j+h])    + T(x[j] s[j+h]))
 //   backward, j < D/2:  grad_x[j]    = T(T(g[j] c[j])        + T(g[j+h] s[j+h]))

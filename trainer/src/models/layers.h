@@ -52,7 +52,9 @@ AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Ten
 //   out = x * cos + rotate_half(x) * sin,   rotate_half([x1, x2]) = [-x2, x1],
 // with x (B, T, H, D) and cos, sin (T, D) float32 tables, cast to x's dtype first. On CUDA (x
 // contiguous) one kernel each way (kernels/rope_kernel.cuh) where the composite makes ~7 passes
-// over x forward and more backward; it rounds as the composite does, so both give the same bits.
+// over x forward and more backward; it rounds as the composite does, so both give the same values
+// bit for bit (but for the sign of a zero gradient: the composite adds +0 where the kernel keeps
+// -0).
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace distill
