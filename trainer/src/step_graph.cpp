@@ -154,20 +154,17 @@ struct StepGraph::Impl {
       rng = gen.clone();
     }
     std::string failure;
-    bool began = false;
     try {
-      began = true;  // AbandonCapture tolerates a capture_begin that did not get far
       graph->capture_begin(pool);
       body(inputs, targets, scale, kd_sum, ce_sum);
       graph->capture_end();
-      began = false;
     } catch (const c10::Error& e) {
       failure = FirstLine(e.what_without_backtrace());
     } catch (const std::exception& e) {
       failure = FirstLine(e.what());
     }
-    if (!failure.empty() && began) {
-      bool ended = false;  // pool() answers only after capture_end took the pools over
+    if (!failure.empty()) {  // AbandonCapture tolerates a capture_begin that did not get far
+      bool ended = false;    // pool() answers only after capture_end took the pools over
       try {
         (void)graph->pool();
         ended = true;

@@ -39,8 +39,8 @@ class CausalLM : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   int64_t logits_width() const { return config_.padded_vocab_size(); }
   // (logits_width(),) bool, true for the columns the model masks to -inf: the rows past
-  // vocab_size that pad_vocab_to_multiple_of added (every family).
-  at::Tensor padded_mask() const;
+  // vocab_size that pad_vocab_to_multiple_of added (every family), made on `device`.
+  at::Tensor padded_mask(const at::Device& device = at::kCPU) const;
   // Matrices decay; vectors (biases, LayerNorm/RMSNorm gains) do not.
   virtual ParameterGroups parameter_groups();
   int64_t num_parameters() const;

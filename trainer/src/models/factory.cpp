@@ -26,8 +26,9 @@ int64_t ModelConfig::mlp_width() const {
   return std::max<int64_t>(1, std::llround(mlp_ratio * d_model));
 }
 
-at::Tensor CausalLM::padded_mask() const {
-  return at::arange(logits_width()).ge(config_.vocab_size);
+at::Tensor CausalLM::padded_mask(const at::Device& device) const {
+  return at::arange(logits_width(), at::TensorOptions(device).dtype(at::kLong))
+      .ge(config_.vocab_size);
 }
 
 LogitsOperands MakeLogitsOperands(const CausalLM& model, const at::Tensor& hidden) {

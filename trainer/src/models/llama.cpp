@@ -240,9 +240,8 @@ class LlamaLM : public CausalLM {
     at::Tensor logits = at::linear(forward_hidden(tokens), lm_head_weight());
     if (config_.padded_vocab_size() == config_.vocab_size) return logits;
     // The mask made on the logits' device (no host copy per forward).
-    const at::Tensor padded =
-        at::arange(logits.size(-1), logits.options().dtype(at::kLong)).ge(config_.vocab_size);
-    return logits.masked_fill(padded, -std::numeric_limits<double>::infinity());
+    return logits.masked_fill(padded_mask(logits.device()),
+                              -std::numeric_limits<double>::infinity());
   }
 
  private:
