@@ -246,6 +246,21 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
   for (const auto& c : cases) EXPECT_EQ(ErrorOf(c.yaml), c.message) << c.yaml;
 }
 
+// The auto | true | false keys take YAML's other boolean spellings, as the bool keys do.
+TEST(ConfigTest, AutoTrueFalseKeysTakeYamlBooleans) {
+  const Config on =
+      ParseConfig(kValidDistill, "x.yaml", {"distill.fused_linear=yes", "train.cuda_graph=On"});
+  EXPECT_EQ(on.distill.fused_linear, FusedLinear::kOn);
+  EXPECT_EQ(on.train.cuda_graph, CudaGraph::kOn);
+  const Config off = ParseConfig(std::string(kValidDistill) + "distill:\n  fused_linear: no\n",
+                                 "x.yaml", {"train.cuda_graph=False"});
+  EXPECT_EQ(off.distill.fused_linear, FusedLinear::kOff);
+  EXPECT_EQ(off.train.cuda_graph, CudaGraph::kOff);
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.cuda_graph=maybe"}),
+            "override \"train.cuda_graph=maybe\": train.cuda_graph: expected one of: auto, true, "
+            "false, got \"maybe\"");
+}
+
 TEST(ConfigTest, InvalidYamlNamesTheLine) {
   EXPECT_EQ(ErrorOf("train:\n  mode: [distill\n"),
             "x.yaml:3: invalid YAML: end of sequence flow not found");

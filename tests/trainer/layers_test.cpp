@@ -1,8 +1,11 @@
 // The model layers of trainer/src/models/layers.h: the LayerNorm with column-sum weight
-// gradients and the composite AddNorm on the CPU (against ATen / float64), the fused CUDA
-// AddNorm kernels against a float64 reference over widths, dtypes and autocast, and whole models
-// on CUDA (fused) against the same weights on the CPU (composite).
+// gradients, the composite AddNorm, RoPE and SwiGLU on the CPU (against ATen / float64), the
+// fused CUDA kernels (AddNorm against a float64 reference over widths, dtypes and autocast; RoPE
+// and SwiGLU against the composite, value for value, and float64), and whole models on CUDA
+// (fused) against the same weights on the CPU (composite).
 #include <gtest/gtest.h>
+
+#include <array>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -194,6 +197,74 @@ TEST(LayersCudaTest, FusedRopeIsTheCompositeBitForBit) {
       const double tol = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 2e-3 : 1.6e-2;
       EXPECT_LT(MaxRelDiff(fused, RopeReference(base, cos, sin)), tol) << what;
       EXPECT_LT(MaxRelDiff(x.grad(), RopeReference(g, cos, -sin)), tol) << what;
+    }
+  }
+}
+
+// SwiGLU's float64 reference: silu(gate) * up and its gradients, everything in float64.
+std::array<at::Tensor, 3> SwiGluReference(const at::Tensor& gate, const at::Tensor& up,
+                                          const at::Tensor& grad) {
+  const at::Tensor g = gate.detach().cpu().to(at::kDouble), u = up.detach().cpu().to(at::kDouble),
+                   dy = grad.detach().cpu().to(at::kDouble);
+  const at::Tensor s = at::sigmoid(g);
+  return {g * s * u, dy * u * s * (1 + g * (1 - s)), dy * g * s};
+}
+
+TEST(LayersTest, CompositeSwiGluMatchesFloat64) {
+  torch::manual_seed(5);
+  const at::Tensor gate = (at::randn({3, 5, 7}, at::kDouble) * 4).requires_grad_();
+  const at::Tensor up = at::randn({3, 5, 7}, at::kDouble).requires_grad_();
+  const at::Tensor grad = at::randn({3, 5, 7}, at::kDouble);
+  const at::Tensor out = SwiGlu(gate, up);
+  out.backward(grad);
+  const auto ref = SwiGluReference(gate, up, grad);
+  EXPECT_LT(MaxRelDiff(out, ref[0]), 1e-12);
+  EXPECT_LT(MaxRelDiff(gate.grad(), ref[1]), 1e-12);
+  EXPECT_LT(MaxRelDiff(up.grad(), ref[2]), 1e-12);
+  EXPECT_THROW(SwiGlu(gate, up.narrow(-1, 0, 6)), c10::Error);
+}
+
+// The fused kernels give the composite's values (forward and both gradients) in every dtype, on
+// sizes that are and are not a multiple of the 16-byte vector and on a misaligned contiguous view
+// (the scalar path), and are within the dtype's rounding of float64. The composite runs on CUDA
+// too, for non-contiguous inputs.
+TEST(LayersCudaTest, FusedSwiGluIsTheComposite) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(6);
+  for (const int64_t n : {1, 7, 8, 1000, 4096 * 3 + 5}) {
+    for (const bool misaligned : {false, true}) {
+      for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        const std::string what =
+            fmt::format("n {} {}{}", n, c10::toString(dtype), misaligned ? " misaligned" : "");
+        // A contiguous (2, n) pair, one element past an aligned start when `misaligned`.
+        const auto make = [&](double scale) {
+          const at::Tensor flat = (at::randn({2 * n + 1}) * scale).to(dtype).cuda();
+          return flat.narrow(0, misaligned ? 1 : 0, 2 * n).view({2, n});
+        };
+        const at::Tensor gate0 = make(4.0), up0 = make(1.0), grad = make(1.0);
+        const at::Tensor gate = gate0.clone().requires_grad_(), up = up0.clone().requires_grad_();
+        const at::Tensor gate_m = misaligned ? gate0.detach().requires_grad_() : gate;
+        const at::Tensor up_m = misaligned ? up0.detach().requires_grad_() : up;
+        // The composite's inputs: the same values, every second element of a wider tensor.
+        const auto strided = [](const at::Tensor& t) {
+          at::Tensor wide = at::zeros({2, 2 * t.size(1)}, t.options());
+          wide.slice(1, 0, 2 * t.size(1), 2).copy_(t);
+          return wide.slice(1, 0, 2 * t.size(1), 2).detach().requires_grad_();
+        };
+        const at::Tensor gate_s = strided(gate0), up_s = strided(up0);
+        ASSERT_FALSE(gate_s.is_contiguous());
+        const at::Tensor fused = SwiGlu(gate_m, up_m), composite = SwiGlu(gate_s, up_s);
+        EXPECT_TRUE(at::equal(fused, composite)) << what;
+        fused.backward(grad);
+        composite.backward(grad);
+        EXPECT_TRUE(at::equal(gate_m.grad(), gate_s.grad())) << what << " grad gate";
+        EXPECT_TRUE(at::equal(up_m.grad(), up_s.grad())) << what << " grad up";
+        const auto ref = SwiGluReference(gate0, up0, grad);
+        const double tol = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 4e-3 : 3.2e-2;
+        EXPECT_LT(MaxRelDiff(fused, ref[0]), tol) << what;
+        EXPECT_LT(MaxRelDiff(gate_m.grad(), ref[1]), tol) << what;
+        EXPECT_LT(MaxRelDiff(up_m.grad(), ref[2]), tol) << what;
+      }
     }
   }
 }

@@ -1,6 +1,7 @@
 // The key table: every configuration key is declared here exactly once.
 #include "config_schema.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -76,6 +77,16 @@ std::optional<T> Convert(const YAML::Node& node) {
     const auto& names = EnumNames<T>::kNames;
     for (size_t i = 0; i < names.size(); ++i) {
       if (node.Scalar() == names[i]) return static_cast<T>(i);
+    }
+    // An enum named auto | true | false (distill.fused_linear, train.cuda_graph) takes YAML's
+    // other boolean spellings as the bool keys do (yes / no, on / off, True / False, ...).
+    const auto true_at = std::find(names.begin(), names.end(), std::string_view("true"));
+    const auto false_at = std::find(names.begin(), names.end(), std::string_view("false"));
+    if (true_at != names.end() && false_at != names.end()) {
+      bool value = false;
+      if (YAML::convert<bool>::decode(node, value)) {
+        return static_cast<T>((value ? true_at : false_at) - names.begin());
+      }
     }
     return std::nullopt;
   } else {
@@ -459,8 +470,8 @@ std::vector<KeyDecl> Declare() {
       "CUDA: each micro-batch's forward, loss and backward is captured once as a CUDA graph "
       "(after 2 eager steps) and replayed, so small models are not bound by kernel launches "
       "(docs/trainer.md). auto: on for one CUDA process; off data-parallel, under "
-      "--profile-steps, with student dropout and on the CPU. true: also with dropout; refused on "
-      "the CPU and data-parallel.");
+      "--profile-steps and on the CPU. true: the same, but refused on the CPU and "
+      "data-parallel.");
   return k;
 }
 

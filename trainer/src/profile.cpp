@@ -58,7 +58,12 @@ StepProfiler::StepProfiler(ProfileOptions options, const at::Device& device, std
       distributed_(distributed) {}
 
 StepProfiler::~StepProfiler() {
-  if (state_ == State::kTracing) kineto::disableProfiler();  // an exception left it on
+  if (state_ != State::kTracing) return;
+  try {
+    kineto::disableProfiler();  // an exception left it on
+  } catch (const std::exception&) {
+    // Not running after all: nothing to stop (a destructor must not throw).
+  }
 }
 
 void StepProfiler::Synchronize() const {
@@ -97,13 +102,26 @@ std::vector<std::string> StepProfiler::AfterStep(int64_t tokens) {
   return lines;
 }
 
+// The run ended inside a window: what it has is written, and the log says what is missing.
 std::vector<std::string> StepProfiler::Finish() {
-  if (state_ == State::kTracing) return EndTrace();
-  if (state_ == State::kTiming && steps_in_state_ > 0) return EndTiming();
-  return {};
+  std::vector<std::string> lines;
+  if (state_ == State::kTracing) {
+    lines = EndTrace();
+  } else if (state_ == State::kTiming && steps_in_state_ > 0) {
+    lines = EndTiming();
+  }
+  if (state_ != State::kDone || steps_in_state_ < options_.steps) {
+    lines.push_back(fmt::format(
+        "profile: the run ended before --profile-steps {} steps were traced and {} timed after "
+        "--profile-skip {} (train.steps must be at least {})",
+        options_.steps, options_.steps, options_.skip, options_.skip + 2 * options_.steps));
+  }
+  state_ = State::kDone;
+  return lines;
 }
 
 std::vector<std::string> StepProfiler::EndTrace() {
+  state_ = State::kDone;  // the caller moves on to timing; never disabled twice
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   fs::create_directories(dir_);
   const std::string name = distributed_ ? fmt::format("trace_rank{}.json", rank_) : "trace.json";

@@ -8,6 +8,7 @@
 #if DISTILL_WITH_CUDA
 #include "../kernels/add_norm_cuda.h"
 #include "../kernels/rope_cuda.h"
+#include "../kernels/swiglu_cuda.h"
 #endif
 
 namespace distill {
@@ -90,6 +91,22 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     return {cuda::Rope(grads[0].contiguous(), saved[0], saved[1], /*backward=*/true), {}, {}};
+  }
+};
+#endif
+
+#if DISTILL_WITH_CUDA
+class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return cuda::SwiGlu(gate, up);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_gate, grad_up] = cuda::SwiGluBackward(grads[0].contiguous(), saved[0], saved[1]);
+    return {grad_gate, grad_up};
   }
 };
 #endif
@@ -181,6 +198,21 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   const at::Tensor c = cos.to(x.scalar_type()).unsqueeze(1),
                    s = sin.to(x.scalar_type()).unsqueeze(1);
   return x * c + RotateHalf(x) * s;
+}
+
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "SwiGlu: gate and up must have one shape, got ",
+              gate.sizes(), " and ", up.sizes());
+#if DISTILL_WITH_CUDA
+  const auto floating = [](at::ScalarType t) {
+    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+  };
+  if (gate.is_cuda() && up.device() == gate.device() && gate.scalar_type() == up.scalar_type() &&
+      floating(gate.scalar_type()) && gate.is_contiguous() && up.is_contiguous()) {
+    return SwiGluFunction::apply(gate, up);
+  }
+#endif
+  return at::silu(gate) * up;
 }
 
 }  // namespace distill

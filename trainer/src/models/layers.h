@@ -57,4 +57,10 @@ AddNormResult AddRmsNorm(const at::Tensor& x, const at::Tensor& y, const at::Ten
 // -0).
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// The SwiGLU MLP's activation, silu(gate) * up, as transformers' LlamaMLP computes it. On CUDA
+// (gate and up contiguous, of one shape and dtype) one kernel each way (kernels/swiglu_kernel.cuh)
+// where the composite makes 2 passes forward and 3 backward, and keeps silu(gate) beside gate and
+// up for the backward; it rounds as the composite does, so both give the same values.
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
+
 }  // namespace distill

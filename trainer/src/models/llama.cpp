@@ -118,7 +118,7 @@ class MlpImpl : public torch::nn::Module {
     down_proj_ = register_module("down_proj", MakeLinear(h, d, c.mlp_bias));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return Linear(down_proj_, at::silu(Linear(gate_proj_, x)) * Linear(up_proj_, x));
+    return Linear(down_proj_, SwiGlu(Linear(gate_proj_, x), Linear(up_proj_, x)));
   }
 
  private:
