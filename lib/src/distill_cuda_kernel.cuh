@@ -241,7 +241,7 @@ __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns,
 }
 
 // Forward of one row per block, over its columns [0, max(ns, nt)); with kGrad, the gradient too.
-// (Launched with up to 512 threads, distill_forward_threads; the bound of 1024 keeps it within 64
+// (Launched with up to 128 threads, distill_forward_threads; the bound of 1024 keeps it within 64
 // registers, so that 8 blocks of 128 threads fit an SM.)
 template <typename T, bool kGrad>
 __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a) {
@@ -526,20 +526,21 @@ __global__ void distill_rescale_kernel(T* grad, int64_t n, const float* grad_out
 }  // namespace distill_detail
 
 // Threads per block of the forward for rows of n_any columns of T: about 4 vectors per thread
-// and pass, at least 64, at most 128 (512 when the forward also writes the gradient). Small
-// blocks put several rows on an SM (up to 8 of 128 threads at the kernel's 64 registers), so one
-// row's block reductions and load latencies overlap another's loads: measured on an H200 (bf16,
-// session 14, `bench/distill_ab.py`), 128 threads against 1024 made the forward 12–39% faster
-// (tvd 8192 x 151936 4.39 -> 3.88 ms, forward_kl 2.75 -> 2.31; 8192 x 49152 1.61 -> 1.32 and
-// 1.16 -> 0.79; 4096 x 32000 0.63 -> 0.49 and 0.48 -> 0.29); the forward that writes the
-// gradient (three passes) was fastest at 512 (6.98 -> 6.63 ms with its backward at 8192 x 151936).
+// and pass, 64 to 128. Small blocks put several rows on an SM (up to 8 of 128 threads at the
+// kernel's 64 registers), so one row's block reductions and load latencies overlap another's
+// loads: measured on an H200 (bf16, session 14, `bench/distill_ab.py`), 128 threads against up to
+// 1024 made the forward 12-39% faster (tvd 8192 x 151936 4.39 -> 3.94 ms, forward_kl 2.75 ->
+// 2.36; 8192 x 49152 1.61 -> 1.38 and 1.16 -> 0.80; 4096 x 32000 0.63 -> 0.51 and 0.48 -> 0.31).
+// The forward that also writes the gradient (grad_scale) runs the same blocks although it was
+// ~5% faster at 512 threads: the block size sets the order of the row sums, and the loss and
+// gradient must not change in the last bit with the hint
+// (DistillLoss.GradScaleHintGivesTheSameGradientForAnyGradOutput).
 template <typename T>
-int distill_forward_threads(int64_t n_any, bool grad) {
+int distill_forward_threads(int64_t n_any) {
   constexpr int64_t N = distill_detail::Vec<T>::N;
   const int64_t vecs = (n_any + N - 1) / N;
   const int threads = int((vecs + 3) / 4 + 31) / 32 * 32;
-  const int most = grad ? 512 : 128;
-  return threads < 64 ? 64 : (threads > most ? most : threads);
+  return threads < 64 ? 64 : (threads > 128 ? 128 : threads);
 }
 
 namespace distill_detail {
@@ -569,8 +570,7 @@ cudaError_t distill_forward(const DistillArgs<T>& a, cudaStream_t stream) {
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const int64_t ns = a.ws < a.V ? a.ws : a.V, nt = a.wt < a.V ? a.wt : a.V;
-  const dim3 grid(unsigned(a.rows)),
-      block(unsigned(distill_forward_threads<T>(ns > nt ? ns : nt, grad)));
+  const dim3 grid(unsigned(a.rows)), block(unsigned(distill_forward_threads<T>(ns > nt ? ns : nt)));
   if (grad)
     distill_forward_kernel<T, true><<<grid, block, 0, stream>>>(a);
   else

@@ -190,6 +190,8 @@ TEST(LayersCudaTest, FusedRopeIsTheCompositeBitForBit) {
       const at::Tensor xs = wide.slice(-1, 0, 2 * sh.D, 2).detach().requires_grad_();
       ASSERT_FALSE(xs.is_contiguous());
       const at::Tensor fused = ApplyRope(x, cos, sin), composite = ApplyRope(xs, cos, sin);
+      ASSERT_NE(fused.grad_fn()->name().find("RopeFunction"), std::string::npos) << what;
+      ASSERT_EQ(composite.grad_fn()->name().find("RopeFunction"), std::string::npos) << what;
       EXPECT_TRUE(at::equal(fused, composite)) << what;
       fused.backward(g);
       composite.backward(g);
@@ -254,7 +256,10 @@ TEST(LayersCudaTest, FusedSwiGluIsTheComposite) {
         const at::Tensor gate_s = strided(gate0), up_s = strided(up0);
         ASSERT_FALSE(gate_s.is_contiguous());
         const at::Tensor fused = SwiGlu(gate_m, up_m), composite = SwiGlu(gate_s, up_s);
-        EXPECT_TRUE(at::equal(fused, composite)) << what;
+        // The two paths really ran: the kernel's autograd node, and the composite's product.
+        ASSERT_NE(fused.grad_fn()->name().find("SwiGluFunction"), std::string::npos)
+            << fused.grad_fn()->name();
+        ASSERT_EQ(composite.grad_fn()->name().find("SwiGluFunction"), std::string::npos);
         fused.backward(grad);
         composite.backward(grad);
         EXPECT_TRUE(at::equal(gate_m.grad(), gate_s.grad())) << what << " grad gate";

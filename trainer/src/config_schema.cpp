@@ -470,8 +470,8 @@ std::vector<KeyDecl> Declare() {
       "CUDA: each micro-batch's forward, loss and backward is captured once as a CUDA graph "
       "(after 2 eager steps) and replayed, so small models are not bound by kernel launches "
       "(docs/trainer.md). auto: on for one CUDA process; off data-parallel, under "
-      "--profile-steps and on the CPU. true: the same, but refused on the CPU and "
-      "data-parallel.");
+      "--profile-steps, with student dropout and on the CPU. true: also with dropout; refused on "
+      "the CPU and data-parallel.");
   return k;
 }
 

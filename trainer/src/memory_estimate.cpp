@@ -25,8 +25,9 @@ constexpr double kFrozenBytesPerParameter = 4;  // the teacher: weights only, no
 // (models/gpt.cpp, models/llama.cpp). gpt: the LayerNorm inputs and outputs, q/k/v, the
 // attention output and its projection's input, the residual: ~10 d_model; the MLP's GELU input
 // and output: 2 mlp_width. llama: RMSNorm keeps fp32 intermediates and RoPE copies q and k:
-// ~16 d_model; SwiGLU keeps gate, up, silu(gate) and the product: 4 mlp_width. Attention scores
-// (T x T) are not counted: SDPA's fused kernels keep O(T) per row.
+// ~16 d_model; SwiGLU keeps gate, up, silu(gate) and the product: 4 mlp_width (3 with the fused
+// CUDA kernel, which recomputes silu(gate) in its backward; the estimate keeps the composite's 4).
+// Attention scores (T x T) are not counted: SDPA's fused kernels keep O(T) per row.
 struct PerToken {
   double d_model, mlp_width;
 };

@@ -112,9 +112,10 @@ std::vector<std::string> StepProfiler::Finish() {
   }
   if (state_ != State::kDone || steps_in_state_ < options_.steps) {
     lines.push_back(fmt::format(
-        "profile: the run ended before --profile-steps {} steps were traced and {} timed after "
-        "--profile-skip {} (train.steps must be at least {})",
-        options_.steps, options_.steps, options_.skip, options_.skip + 2 * options_.steps));
+        "profile: the run ended {} steps after this process started, before its --profile-skip {} "
+        "+ {} traced + {} timed steps ({} in all; --profile-steps {})",
+        steps_seen_, options_.skip, options_.steps, options_.steps,
+        options_.skip + 2 * options_.steps, options_.steps));
   }
   state_ = State::kDone;
   return lines;

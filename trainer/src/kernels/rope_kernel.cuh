@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     RopePack<T> xa, xb, oa, ob;
     xa.raw = __ldg(reinterpret_cast<const uint4*>(x + a));
     xb.raw = __ldg(reinterpret_cast<const uint4*>(x + b));
-    float ca[N], cb[N], sa[N], sb[N];
+    alignas(16) float ca[N], cb[N], sa[N], sb[N];
 #pragma unroll
     for (int k = 0; k < N; k += 4) {
       *reinterpret_cast<float4*>(ca + k) = __ldg(reinterpret_cast<const float4*>(cos + ta + k));

@@ -119,8 +119,8 @@ cudaError_t LaunchSwiGluForward(const T* gate, const T* up, T* out, int64_t n, i
 
 // grad_gate, grad_up from the output's gradient dy.
 template <typename T>
-cudaError_t LaunchSwiGluBackward(const T* dy, const T* gate, const T* up, T* grad_gate,
-                                 T* grad_up, int64_t n, int num_sms, cudaStream_t stream) {
+cudaError_t LaunchSwiGluBackward(const T* dy, const T* gate, const T* up, T* grad_gate, T* grad_up,
+                                 int64_t n, int num_sms, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool vec = SwiGluAligned(dy) && SwiGluAligned(gate) && SwiGluAligned(up) &&
                    SwiGluAligned(grad_gate) && SwiGluAligned(grad_up);
