@@ -26,11 +26,6 @@ namespace distill::kernels {
 
 constexpr int kRopeThreads = 256;
 
-template <typename T>
-__device__ __forceinline__ float RoundTo(float v) {
-  return ToFloat(FromFloat<T>(v));
-}
-
 // One pair (x[j], x[j + h]) of the formulas above, a, b the two elements, c*, s* the tables'.
 template <typename T, bool kBackward>
 __device__ __forceinline__ void RopePair(float xa, float xb, float ca, float cb, float sa, float sb,
@@ -51,16 +46,6 @@ __device__ __forceinline__ void RopePair(float xa, float xb, float ca, float cb,
   out_b = FromFloat<T>(ob);
 }
 
-// 16 bytes of T.
-template <typename T>
-struct RopePack {
-  static constexpr int N = 16 / int(sizeof(T));
-  union {
-    uint4 raw;
-    T v[N];
-  };
-};
-
 // N = 16 / sizeof(T) pairs per thread: 16-byte loads and stores of x and out, float4 loads of
 // the tables (every pointer 16-byte aligned, h a multiple of N). The scalar kernel below does
 // one pair per thread, for any D.
@@ -69,7 +54,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     RopeVecKernel(const T* __restrict__ x, const float* __restrict__ cos,
                   const float* __restrict__ sin, T* __restrict__ out, int64_t chunks, int64_t heads,
                   int64_t seq, int64_t half) {
-  constexpr int N = RopePack<T>::N;
+  constexpr int N = Pack16<T>::N;
   const int64_t per_row = half / N;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -77,7 +62,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     const int64_t t = (row / heads) % seq;
     const int64_t a = row * 2 * half + j, b = a + half;
     const int64_t ta = t * 2 * half + j, tb = ta + half;
-    RopePack<T> xa, xb, oa, ob;
+    Pack16<T> xa, xb, oa, ob;
     xa.raw = __ldg(reinterpret_cast<const uint4*>(x + a));
     xb.raw = __ldg(reinterpret_cast<const uint4*>(x + b));
     alignas(16) float ca[N], cb[N], sa[N], sb[N];
@@ -114,17 +99,15 @@ __global__ void __launch_bounds__(kRopeThreads)
   }
 }
 
-inline bool RopeAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <typename T>
 cudaError_t LaunchRope(const T* x, const float* cos, const float* sin, T* out, int64_t rows,
                        int64_t heads, int64_t seq, int64_t dim, bool backward, int num_sms,
                        cudaStream_t stream) {
   const int64_t half = dim / 2, pairs = rows * half;
   if (pairs == 0) return cudaSuccess;
-  constexpr int N = RopePack<T>::N;
+  constexpr int N = Pack16<T>::N;
   const bool vec =
-      half % N == 0 && RopeAligned(x) && RopeAligned(out) && RopeAligned(cos) && RopeAligned(sin);
+      half % N == 0 && Aligned16(x) && Aligned16(out) && Aligned16(cos) && Aligned16(sin);
   const int64_t work = vec ? pairs / N : pairs;
   const int64_t want = (work + kRopeThreads - 1) / kRopeThreads;
   const int blocks = static_cast<int>(want < int64_t(num_sms) * 32 ? want : int64_t(num_sms) * 32);

@@ -23,32 +23,18 @@ namespace distill::kernels {
 
 constexpr int kSwiGluThreads = 256;
 
-template <typename T>
-struct SwiGluPack {
-  static constexpr int N = 16 / int(sizeof(T));
-  union {
-    uint4 raw;
-    T v[N];
-  };
-};
-
-template <typename T>
-__device__ __forceinline__ float SwiGluRound(float v) {
-  return ToFloat(FromFloat<T>(v));
-}
-
 __device__ __forceinline__ float SiluOf(float x) { return x / (1.f + expf(-x)); }
 
 template <typename T>
 __device__ __forceinline__ T SwiGluOut(T g, T u) {
-  return FromFloat<T>(SwiGluRound<T>(SiluOf(ToFloat(g))) * ToFloat(u));
+  return FromFloat<T>(RoundTo<T>(SiluOf(ToFloat(g))) * ToFloat(u));
 }
 
 template <typename T>
 __device__ __forceinline__ void SwiGluGrad(T dy_t, T g_t, T u_t, T& grad_g, T& grad_u) {
   const float dy = ToFloat(dy_t), x = ToFloat(g_t), u = ToFloat(u_t);
-  grad_u = FromFloat<T>(dy * SwiGluRound<T>(SiluOf(x)));
-  const float d = SwiGluRound<T>(dy * u);
+  grad_u = FromFloat<T>(dy * RoundTo<T>(SiluOf(x)));
+  const float d = RoundTo<T>(dy * u);
   const float s = 1.f / (1.f + expf(-x));
   grad_g = FromFloat<T>(d * s * (1.f + x * (1.f - s)));
 }
@@ -58,12 +44,12 @@ template <typename T>
 __global__ void __launch_bounds__(kSwiGluThreads)
     SwiGluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
                         int64_t n, bool vec) {
-  constexpr int N = SwiGluPack<T>::N;
+  constexpr int N = Pack16<T>::N;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t vecs = vec ? n / N : 0;
   for (int64_t i = first; i < vecs; i += stride) {
-    SwiGluPack<T> g, u, o;
+    Pack16<T> g, u, o;
     g.raw = __ldg(reinterpret_cast<const uint4*>(gate) + i);
     u.raw = __ldg(reinterpret_cast<const uint4*>(up) + i);
 #pragma unroll
@@ -78,12 +64,12 @@ __global__ void __launch_bounds__(kSwiGluThreads)
     SwiGluBackwardKernel(const T* __restrict__ dy, const T* __restrict__ gate,
                          const T* __restrict__ up, T* __restrict__ grad_gate,
                          T* __restrict__ grad_up, int64_t n, bool vec) {
-  constexpr int N = SwiGluPack<T>::N;
+  constexpr int N = Pack16<T>::N;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t vecs = vec ? n / N : 0;
   for (int64_t i = first; i < vecs; i += stride) {
-    SwiGluPack<T> d, g, u, gg, gu;
+    Pack16<T> d, g, u, gg, gu;
     d.raw = __ldg(reinterpret_cast<const uint4*>(dy) + i);
     g.raw = __ldg(reinterpret_cast<const uint4*>(gate) + i);
     u.raw = __ldg(reinterpret_cast<const uint4*>(up) + i);
@@ -97,8 +83,6 @@ __global__ void __launch_bounds__(kSwiGluThreads)
   }
 }
 
-inline bool SwiGluAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 inline int SwiGluBlocks(int64_t work, int num_sms) {
   const int64_t want = (work + kSwiGluThreads - 1) / kSwiGluThreads;
   const int64_t most = int64_t(num_sms) * 32;
@@ -110,8 +94,8 @@ template <typename T>
 cudaError_t LaunchSwiGluForward(const T* gate, const T* up, T* out, int64_t n, int num_sms,
                                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const bool vec = SwiGluAligned(gate) && SwiGluAligned(up) && SwiGluAligned(out);
-  const int64_t work = vec ? n / SwiGluPack<T>::N + n % SwiGluPack<T>::N : n;
+  const bool vec = Aligned16(gate) && Aligned16(up) && Aligned16(out);
+  const int64_t work = vec ? n / Pack16<T>::N + n % Pack16<T>::N : n;
   SwiGluForwardKernel<T>
       <<<SwiGluBlocks(work, num_sms), kSwiGluThreads, 0, stream>>>(gate, up, out, n, vec);
   return cudaGetLastError();
@@ -122,9 +106,9 @@ template <typename T>
 cudaError_t LaunchSwiGluBackward(const T* dy, const T* gate, const T* up, T* grad_gate, T* grad_up,
                                  int64_t n, int num_sms, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const bool vec = SwiGluAligned(dy) && SwiGluAligned(gate) && SwiGluAligned(up) &&
-                   SwiGluAligned(grad_gate) && SwiGluAligned(grad_up);
-  const int64_t work = vec ? n / SwiGluPack<T>::N + n % SwiGluPack<T>::N : n;
+  const bool vec = Aligned16(dy) && Aligned16(gate) && Aligned16(up) && Aligned16(grad_gate) &&
+                   Aligned16(grad_up);
+  const int64_t work = vec ? n / Pack16<T>::N + n % Pack16<T>::N : n;
   SwiGluBackwardKernel<T><<<SwiGluBlocks(work, num_sms), kSwiGluThreads, 0, stream>>>(
       dy, gate, up, grad_gate, grad_up, n, vec);
   return cudaGetLastError();

@@ -111,6 +111,11 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
 };
 #endif
 
+// The dtypes the model kernels (kernels/*.cuh) are built for.
+[[maybe_unused]] bool KernelDtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -120,13 +125,10 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tensor& y,
                                             const at::Tensor& weight, const at::Tensor& bias) {
 #if DISTILL_WITH_CUDA
-  const auto floating = [](at::ScalarType t) {
-    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
-  };
   if (x.is_cuda() && x.scalar_type() == at::kFloat && x.sizes() == y.sizes() &&
-      y.device() == x.device() && floating(y.scalar_type()) && weight.scalar_type() == at::kFloat &&
-      (!bias.defined() || bias.scalar_type() == at::kFloat) && x.dim() >= 1 &&
-      cuda::Supported(x.size(-1))) {
+      y.device() == x.device() && KernelDtype(y.scalar_type()) &&
+      weight.scalar_type() == at::kFloat && (!bias.defined() || bias.scalar_type() == at::kFloat) &&
+      x.dim() >= 1 && cuda::Supported(x.size(-1))) {
     return at::autocast::is_autocast_enabled(at::kCUDA)
                ? at::autocast::get_autocast_dtype(at::kCUDA)
                : at::kFloat;
@@ -186,10 +188,7 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
               "ApplyRope: x (B, T, H, D) and cos, sin (T, D) expected, got ", x.sizes(), ", ",
               cos.sizes(), ", ", sin.sizes());
 #if DISTILL_WITH_CUDA
-  const auto floating = [](at::ScalarType t) {
-    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
-  };
-  if (x.is_cuda() && x.is_contiguous() && x.size(3) % 2 == 0 && floating(x.scalar_type()) &&
+  if (x.is_cuda() && x.is_contiguous() && x.size(3) % 2 == 0 && KernelDtype(x.scalar_type()) &&
       cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
       cos.device() == x.device() && sin.device() == x.device()) {
     return RopeFunction::apply(x, cos.contiguous(), sin.contiguous());
@@ -204,11 +203,8 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes(), "SwiGlu: gate and up must have one shape, got ",
               gate.sizes(), " and ", up.sizes());
 #if DISTILL_WITH_CUDA
-  const auto floating = [](at::ScalarType t) {
-    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
-  };
   if (gate.is_cuda() && up.device() == gate.device() && gate.scalar_type() == up.scalar_type() &&
-      floating(gate.scalar_type()) && gate.is_contiguous() && up.is_contiguous()) {
+      KernelDtype(gate.scalar_type()) && gate.is_contiguous() && up.is_contiguous()) {
     return SwiGluFunction::apply(gate, up);
   }
 #endif
