@@ -43,8 +43,8 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, load_vecs, scaled, prob, kLog2e, kLn2, MaxSum: distill's, shared (to_float,
-// from_float: cuda_common.cuh).
+// Vec, load_vec, load_vecs, scaled, prob, prob_norm, kLog2e, kLn2, MaxSum: distill's, shared
+// (to_float, from_float: cuda_common.cuh).
 using namespace distill_detail;
 
 // One vector of a row added to a normaliser (MaxSum, combine, add_scaled: distill's).
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(256)
   const bool vx = reinterpret_cast<uintptr_t>(x) % 16 == 0,
              vg = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
   const float* st = a.stats + row * kCeStatsPerRow;
-  const float mx = st[0], ls = st[1];
+  const ProbNorm norm = prob_norm(st[0], st[1]);
   // A label out of range: the row's gradient is NaN (as its loss), no column is the target.
   const float go = ce_label_in_range(y, a.V)
                        ? (a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale)
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp;
-        prob(scaled(to_float(v[u].v[k]), kLog2e), mx, ls, p, lp);
+        prob(scaled(to_float(v[u].v[k]), kLog2e), norm, p, lp);
         const float g = go * (p - (j + k == y ? 1.f : 0.f));
         out.v[k] = from_float<T>(j + k < a.V ? g : 0.f);  // padding: 0 whatever grad_output is
       }

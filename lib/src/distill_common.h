@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels_common.h"
 #include "lossfns/divergence.h"
@@ -33,6 +34,24 @@ enum Divergence : int64_t {
   kReverseKl = static_cast<int64_t>(lossfns::Divergence::kReverseKl),
   kJsd = static_cast<int64_t>(lossfns::Divergence::kJsd),
 };
+
+// Calls f(std::integral_constant<int64_t, d>{}) for the divergence code d and returns what f
+// returns: the CPU row kernels and the CUDA kernels are specialised on the divergence (on CUDA a
+// runtime test per element cost ~15 instructions, docs/benchmarks.md). The ops check the code
+// before any kernel runs; anything else is taken as JSD.
+template <typename F>
+decltype(auto) with_divergence(int64_t divergence, F&& f) {
+  switch (divergence) {
+    case kTvd:
+      return f(std::integral_constant<int64_t, kTvd>{});
+    case kForwardKl:
+      return f(std::integral_constant<int64_t, kForwardKl>{});
+    case kReverseKl:
+      return f(std::integral_constant<int64_t, kReverseKl>{});
+    default:
+      return f(std::integral_constant<int64_t, kJsd>{});
+  }
+}
 
 // Whether the gradient needs the row constant sum_k p_k g_k (saved by the forward).
 LOSSFNS_HOST_DEVICE bool needs_row_constant(int64_t divergence) { return divergence != kForwardKl; }

@@ -223,21 +223,6 @@ struct CpuRows {
   bool ignored(int64_t r) const { return labels != nullptr && labels[r] == ignore_index; }
 };
 
-// Calls f with the divergence as a compile-time constant (the row kernels are specialised on it).
-template <typename F>
-void with_divergence(int64_t divergence, F&& f) {
-  switch (divergence) {
-    case kTvd:
-      return f(std::integral_constant<int64_t, kTvd>{});
-    case kForwardKl:
-      return f(std::integral_constant<int64_t, kForwardKl>{});
-    case kReverseKl:
-      return f(std::integral_constant<int64_t, kReverseKl>{});
-    default:
-      return f(std::integral_constant<int64_t, kJsd>{});
-  }
-}
-
 // The row loops below are flattened: every call in them (the row kernels, log_prob, the exp/log
 // polynomials) is inlined, so each loop vectorises whatever gcc's inlining budget for the file
 // (with plain inlining the JSD loop ran 2x and the TVD loop 3x slower in some builds, depending on

@@ -12,6 +12,12 @@
 //  - backward: reads the logits once more and writes the gradient once, unless the forward
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.
+//
+// Instruction issue, not memory, bounds these kernels on the H200 (Nsight Compute, session 15:
+// 85-91% of the issue slots busy, DRAM at 35-56% of its peak), so the per-element code is kept
+// short: the divergence is a template parameter (one kernel per divergence; a runtime switch
+// cost ~15 instructions per element), the per-element exponentials are one SFU instruction
+// (exp2_ftz), and -inf logits need no per-element test (prob_norm).
 #pragma once
 
 #include <cstdint>
@@ -78,6 +84,17 @@ struct CudaMath {
 // pass must see the same x2 as the max was taken over (an FMA of x * k2 - max keeps the
 // product's rounding error, |x2| * 2^-24, and at |x2| ~ 1e4 that error shifts p by 5e-4).
 __device__ __forceinline__ float scaled(float x, float k2) { return __fmul_rn(x, k2); }
+
+// 2^x in one SFU instruction (ex2.approx.ftz): the value exp2f gives wherever the result is at
+// least 2^-126 (exp2f runs the same instruction there), 0 below it where exp2f returns a
+// subnormal (and costs four instructions more to do so), 0 for -inf, NaN for NaN. For the
+// per-element exponentials: a sum of them that includes the row's maximum (1) is unchanged by
+// the flush, and a probability below 2^-126 weighs nothing in a loss or a gradient.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 template <typename T>
 __device__ __forceinline__ T neg_inf() {
@@ -147,7 +164,8 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
                  (b.max == m ? b.sum : __fmul_rn(b.sum, exp2f(b.max - m)))};
 }
 
-// N log2-scaled logits added to a normaliser: one rescale per vector, one exp2 per element.
+// N log2-scaled logits added to a normaliser: one rescale per vector, one exp2 per element
+// (exp2_ftz: the sum includes the max's 1, so the flush leaves it the same bits).
 // -inf elements add exactly 0 (also while the max is -inf); a NaN element makes the sum NaN
 // (fmaxf drops NaN from the max, exp2f(NaN) keeps it in the sum); +inf makes it NaN too.
 template <int N>
@@ -157,8 +175,11 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x2)[N]) {
   for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
   const float m = fmaxf(ms.max, vmax);
   float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, exp2f(ms.max - m));
+  // While the max is -inf every element is -inf or NaN: subtracting 0 keeps -inf at -inf (adds
+  // 0) where -inf - -inf would be NaN.
+  const float mm = m == -INFINITY ? 0.f : m;
 #pragma unroll
-  for (int k = 0; k < N; ++k) s += x2[k] == -INFINITY ? 0.f : exp2f(x2[k] - m);
+  for (int k = 0; k < N; ++k) s += exp2_ftz(x2[k] - mm);
   return {m, s};
 }
 
@@ -195,10 +216,11 @@ __device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&
   const float m = fmaxf(ms.max, vmax);
   const float r = ms.max == m ? 1.f : exp2f(ms.max - m);
   float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * r, im = ms.imax;
+  const float mm = m == -INFINITY ? 0.f : m;  // as add_scaled's
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     const bool none = x2[k] == -INFINITY, other_none = o2[k] == -INFINITY;
-    const float w = none ? 0.f : exp2f(x2[k] - m);
+    const float w = exp2_ftz(x2[k] - mm);  // 0 where none
     s += w;
     d += none || other_none ? 0.f : w * (x2[k] - o2[k]);
     im = fmaxf(im, other_none ? x2[k] : -INFINITY);
@@ -213,13 +235,39 @@ struct MaxSum2 {
   MaxSum o;
 };
 
-// p and its natural log from a log2-scaled logit x2 and its row's max and log2 of the sum of
-// exp2(x2 - max) (0 and -inf for x2 = -inf).
-__device__ __forceinline__ void prob(float x2, float mx, float ls, float& p, float& lp) {
-  const bool none = x2 == -INFINITY;
-  const float l2 = (x2 - mx) - ls;
-  p = none ? 0.f : exp2f(l2);
-  lp = none ? -INFINITY : l2 * kLn2;
+// A row's normaliser as prob() takes it: its max and log2 of the sum of exp2(x2 - max), except
+// for a row without mass (max -inf: every logit -inf, or NaN), which becomes {0, 0} so that its
+// -inf logits give p 0 and lp -inf with no test per element (-inf - -inf would be NaN).
+struct ProbNorm {
+  float mx, ls;
+};
+__device__ __forceinline__ ProbNorm prob_norm(float mx, float ls) {
+  return mx == -INFINITY ? ProbNorm{0.f, 0.f} : ProbNorm{mx, ls};
+}
+
+// p and its natural log from a log2-scaled logit x2 and its row's normaliser: 0 and -inf for
+// x2 = -inf; p 0 (lp finite) where it is below 2^-126 (exp2_ftz); NaN for NaN. lp is rounded on
+// its own (__fmul_rn): a product fused into a later lp - lq would leave bit-identical logits a
+// nonzero difference (reverse KL's gradient at a tie, caught by distill_test once the divergence
+// became a template parameter and the compiler could see through the call).
+__device__ __forceinline__ void prob(float x2, ProbNorm n, float& p, float& lp) {
+  const float l2 = (x2 - n.mx) - n.ls;
+  p = exp2_ftz(l2);
+  lp = __fmul_rn(l2, kLn2);
+}
+
+// Gradient 0 for the columns of the vector at j that lie at or past n_any (padding, -inf on both
+// sides), whatever the formula gave there: 0 in a finite row, but NaN in a row that holds a NaN
+// or +inf logit (its normaliser is NaN). The forward that writes the gradient and the backward
+// both pass their vectors through it, so they agree on the padding bit for bit. One test per
+// vector.
+template <typename T>
+__device__ __forceinline__ void zero_padding(Vec<T>& out, int64_t j, int64_t n_any) {
+  if (j + Vec<T>::N > n_any) {
+#pragma unroll
+    for (int k = 0; k < Vec<T>::N; ++k)
+      if (j + k >= n_any) out.v[k] = from_float<T>(0.f);
+  }
 }
 
 // The element loop every pass shares: f(j, s_j, t_j) over the row's columns [0, n), N at a time
@@ -241,9 +289,10 @@ __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns,
 }
 
 // Forward of one row per block, over its columns [0, max(ns, nt)); with kGrad, the gradient too.
-// (Launched with up to 128 threads, distill_forward_threads; the bound of 1024 keeps it within 64
-// registers, so that 8 blocks of 128 threads fit an SM.)
-template <typename T, bool kGrad>
+// kDiv: the divergence (a.divergence, dispatched by the launcher). (Launched with up to 128
+// threads, distill_forward_threads; the bound of 1024 keeps it within 64 registers, so that 8
+// blocks of 128 threads fit an SM.)
+template <typename T, bool kGrad, int64_t kDiv>
 __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a) {
   constexpr int N = Vec<T>::N;
   __shared__ float red[block_reduce_words<MaxSum2>()];
@@ -265,8 +314,8 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
 
   // Pass 1: the maxima and the sums of exp2 of both rows, online (one read of the row where a
   // max pass and a sum pass took two; docs/benchmarks.md); for the KLs also their loss, online.
-  const int64_t div = a.divergence;
-  const bool rev = div == kReverseKl, kl = rev || div == kForwardKl;
+  constexpr int64_t div = kDiv;
+  constexpr bool rev = div == kReverseKl, kl = rev || div == kForwardKl;
   MaxSum2 ms{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}};
   // One loop per kind (the branch outside the loop): 0 TVD and JSD (no dot: computing it cost
   // TVD ~12% of its forward), 1 forward KL (q weighs), 2 reverse KL (p weighs).
@@ -292,12 +341,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
       }
     });
   };
-  if (rev)
-    pass1(std::integral_constant<int, 2>{});
-  else if (kl)
-    pass1(std::integral_constant<int, 1>{});
-  else
-    pass1(std::integral_constant<int, 0>{});
+  pass1(std::integral_constant < int, rev ? 2 : (kl ? 1 : 0) > {});
   ms = block_allreduce(
       ms,
       [](MaxSum2 u, MaxSum2 v) {
@@ -310,22 +354,23 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0).
   const float ls_s = mx_s == -INFINITY ? 0.f : log2f(sum_s),
               ls_t = mx_t == -INFINITY ? 0.f : log2f(sum_t);
+  const ProbNorm ns_s = prob_norm(mx_s, ls_s), ns_t = prob_norm(mx_t, ls_t);
 
   // Pass 2: the row's loss and its row constant sum_j p_j g_j. The KLs have both from pass 1:
   // with w the weighting distribution (q for forward KL, p for reverse) and o the other,
   // KL(w || o) = sum_j w_j (lw_j - lo_j) = ln 2 (dot / sum_w + (max_o - max_w) + (ls_o - ls_w)):
   // exactly 0 for identical rows (dot 0, equal maxima and sums), 0 when w has no mass, +inf when
   // w has mass where o has none; reverse KL's row constant is its loss.
-  const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
+  const JsdConstants<float> jsd(div == kJsd ? a.beta : 0.5f);
   float2 lc{0.f, 0.f};
-  if (kl) {
+  if constexpr (kl) {
     const float mx_w = rev ? mx_s : mx_t, mx_o = rev ? mx_t : mx_s;
     const float ls_w = rev ? ls_s : ls_t, ls_o = rev ? ls_t : ls_s;
     // NaN in either row (a NaN logit makes its sum NaN, also in a row of NaN alone, whose max is
     // -inf): NaN, as the two-pass definition gives. Else: no mass on w: 0; mass on w where o has
     // none (prob()'s w_j > 0 for the largest such column): +inf; else the formula.
     const bool nan = isnan(w.sum) || isnan(ms.o.sum) || isnan(ms.w.dot);
-    const bool inf = ms.w.imax != -INFINITY && exp2f((ms.w.imax - mx_w) - ls_w) > 0.f;
+    const bool inf = ms.w.imax != -INFINITY && exp2_ftz((ms.w.imax - mx_w) - ls_w) > 0.f;
     const float loss = nan                 ? NAN
                        : mx_w == -INFINITY ? 0.f
                        : inf               ? INFINITY
@@ -336,8 +381,8 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
-        prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
+        prob(scaled(to_float(x.v[k]), k2), ns_s, p, lp);
+        prob(scaled(to_float(y.v[k]), k2), ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         lc.x += term;
         lc.y += p * g;
@@ -366,12 +411,12 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(scaled(to_float(x.v[k]), k2), mx_s, ls_s, p, lp);
-        prob(scaled(to_float(y.v[k]), k2), mx_t, ls_t, q, lq);
+        prob(scaled(to_float(x.v[k]), k2), ns_s, p, lp);
+        prob(scaled(to_float(y.v[k]), k2), ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
-        out.v[k] =
-            from_float<T>(row_scale * divergence_grad(div, p, q, g, c));  // 0 past ns: p = 0, q = 0
+        out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));
       }
+      zero_padding(out, j, n_any);
       if (vg && j + N <= gend) {
         *reinterpret_cast<uint4*>(grad + j) = out.raw;
       } else {
@@ -439,7 +484,7 @@ static __global__ void distill_finalize_kernel(DistillArgs<float> a) {
 // thread that writes it, before it writes it; the only other reads are the vectors past a block's
 // last column that its final iteration loads and discards (the next block's, maybe already
 // overwritten: never used).
-template <typename T, bool kCe>
+template <typename T, bool kCe, int64_t kDiv>
 __global__ void __launch_bounds__(256)
     distill_backward_kernel(DistillArgs<T> a, int64_t chunk_cols) {
   constexpr int N = Vec<T>::N;
@@ -453,23 +498,25 @@ __global__ void __launch_bounds__(256)
     return;
   }
   const int64_t ns = a.ws < a.V ? a.ws : a.V, nt = a.wt < a.V ? a.wt : a.V;
+  const int64_t n_any = ns > nt ? ns : nt;  // past it: padding, gradient 0 (zero_padding)
   const T* s = a.s + row * a.s_stride;
   const T* t = a.t + row * a.t_stride;
   const bool vs = reinterpret_cast<uintptr_t>(s) % 16 == 0,
              vt = reinterpret_cast<uintptr_t>(t) % 16 == 0;
   const float* st = a.stats + row * kStatsPerRow;
-  const float mx_s = st[0], ls_s = st[1], mx_t = st[2], ls_t = st[3], c = st[4];
+  const ProbNorm ns_s = prob_norm(st[0], st[1]), ns_t = prob_norm(st[2], st[3]);
+  const float c = st[4];
   const float go = a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale;
   const float row_scale = go * a.inv_t, k2 = a.inv_t * kLog2e;
-  const JsdConstants<float> jsd(a.divergence == kJsd ? a.beta : 0.5f);
-  const int64_t div = a.divergence;
+  constexpr int64_t div = kDiv;
+  const JsdConstants<float> jsd(div == kJsd ? a.beta : 0.5f);
   // The cross-entropy's weight, statistics and label (kCe; cw 0: no term).
-  float cw = 0.f, ce_mx = 0.f, ce_ls = 0.f;
+  float cw = 0.f;
+  ProbNorm ce{0.f, 0.f};
   int64_t y = -1;
   if constexpr (kCe) {
     cw = a.ce_weight[row];
-    ce_mx = a.ce_stats[row * a.ce_stats_stride];
-    ce_ls = a.ce_stats[row * a.ce_stats_stride + 1];
+    ce = prob_norm(a.ce_stats[row * a.ce_stats_stride], a.ce_stats[row * a.ce_stats_stride + 1]);
     y = a.labels != nullptr ? a.labels[row] : -1;
   }
   constexpr int kU = 2;  // vectors of each row per thread in flight
@@ -486,19 +533,20 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(scaled(to_float(xs[u].v[k]), k2), mx_s, ls_s, p, lp);
-        prob(scaled(to_float(ys[u].v[k]), k2), mx_t, ls_t, q, lq);
+        prob(scaled(to_float(xs[u].v[k]), k2), ns_s, p, lp);
+        prob(scaled(to_float(ys[u].v[k]), k2), ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         float d = row_scale * divergence_grad(div, p, q, g, c);
         if constexpr (kCe) {
           if (cw != 0.f && j + k < ns) {  // past ns: no column of the cross-entropy
             float p1, lp1;
-            prob(scaled(to_float(xs[u].v[k]), kLog2e), ce_mx, ce_ls, p1, lp1);
+            prob(scaled(to_float(xs[u].v[k]), kLog2e), ce, p1, lp1);
             d += cw * (j + k == y ? p1 - 1.f : p1);
           }
         }
         out.v[k] = from_float<T>(d);
       }
+      zero_padding(out, j, n_any);
       if (vg && j + N <= end) {
         *reinterpret_cast<uint4*>(grad + j) = out.raw;
       } else {
@@ -571,11 +619,15 @@ cudaError_t distill_forward(const DistillArgs<T>& a, cudaStream_t stream) {
   }
   const int64_t ns = a.ws < a.V ? a.ws : a.V, nt = a.wt < a.V ? a.wt : a.V;
   const dim3 grid(unsigned(a.rows)), block(unsigned(distill_forward_threads<T>(ns > nt ? ns : nt)));
-  if (grad)
-    distill_forward_kernel<T, true><<<grid, block, 0, stream>>>(a);
-  else
-    distill_forward_kernel<T, false><<<grid, block, 0, stream>>>(a);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  err = with_divergence(a.divergence, [&](auto div) {
+    constexpr int64_t kDiv = decltype(div)::value;
+    if (grad)
+      distill_forward_kernel<T, true, kDiv><<<grid, block, 0, stream>>>(a);
+    else
+      distill_forward_kernel<T, false, kDiv><<<grid, block, 0, stream>>>(a);
+    return cudaGetLastError();
+  });
+  if (err != cudaSuccess) return err;
   distill_finalize_kernel<<<1, 1024, 0, stream>>>(as_float_args(a));
   return cudaGetLastError();
 }
@@ -593,11 +645,14 @@ cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream) {
   const int64_t chunks = (a.ws + chunk - 1) / chunk;
   if (chunks > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(unsigned(a.rows), unsigned(chunks));
-  if (a.ce_weight != nullptr)
-    distill_backward_kernel<T, true><<<grid, 256, 0, stream>>>(a, chunk);
-  else
-    distill_backward_kernel<T, false><<<grid, 256, 0, stream>>>(a, chunk);
-  return cudaGetLastError();
+  return with_divergence(a.divergence, [&](auto div) {
+    constexpr int64_t kDiv = decltype(div)::value;
+    if (a.ce_weight != nullptr)
+      distill_backward_kernel<T, true, kDiv><<<grid, 256, 0, stream>>>(a, chunk);
+    else
+      distill_backward_kernel<T, false, kDiv><<<grid, 256, 0, stream>>>(a, chunk);
+    return cudaGetLastError();
+  });
 }
 
 template <typename T>
