@@ -356,6 +356,43 @@ TEST(DistillLoss, PaddingColumnsAreNeverRead) {
     }
 }
 
+TEST(DistillLoss, ARowWithANaNOrInfKeepsItsPaddingGradientAtZero) {
+  // A NaN or +inf logit makes its row's loss NaN (on CUDA its normaliser is NaN, and so is every
+  // real column's gradient of that row); the padding columns past vocab_size still get gradient
+  // exactly 0, with and without grad_scale (on CUDA the forward that writes the gradient and the
+  // backward that recomputes it both zero them), and the other rows keep their gradient.
+  at::manual_seed(8);
+  const std::vector<int64_t> others{0, 1, 3};
+  const at::Tensor other_rows = at::tensor(others);
+  for (const auto& dev : devices())
+    for (Divergence div : kAll)
+      for (double bad : {std::nan(""), kInf})
+        for (bool student : {true, false}) {
+          std::ostringstream what;
+          what << divergence_name(div) << " " << dev << " " << bad << " in the "
+               << (student ? "student" : "teacher");
+          const auto opts = at::TensorOptions(dev).dtype(at::kBFloat16);
+          at::Tensor s = at::randn({4, 1000}, opts), t = at::randn({4, 1000}, opts);
+          (student ? s : t).select(0, 2).select(0, 17).fill_(bad);
+          const auto o = DistillLossOptions().divergence(div).vocab_size(990);
+          at::Tensor a = leaf(s), b = leaf(s);
+          const at::Tensor la = distill_loss(a, t, o);
+          la.backward();
+          distill_loss(b, t,
+                       DistillLossOptions(o).grad_scale(at::ones({1}, at::TensorOptions(dev))))
+              .backward();
+          EXPECT_TRUE(std::isnan(la.item<double>())) << what.str();
+          for (const at::Tensor& g : {a.grad(), b.grad()}) {
+            EXPECT_EQ(g.narrow(1, 990, 10).abs().max().item<double>(), 0.0) << what.str();
+            EXPECT_TRUE(g.index_select(0, other_rows.to(dev)).isfinite().all().item<bool>())
+                << what.str();
+          }
+          EXPECT_TRUE(at::equal(a.grad().index_select(0, other_rows.to(dev)),
+                                b.grad().index_select(0, other_rows.to(dev))))
+              << what.str();
+        }
+}
+
 TEST(DistillLoss, IdenticalRowsGiveExactlyZeroForEveryDivergenceDtypeAndTemperature) {
   at::manual_seed(4);
   for (const auto& dev : devices())
