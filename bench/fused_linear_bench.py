@@ -18,8 +18,8 @@ Rows per (shape, divergence, ce_weight):
   liger       Liger's LigerFusedLinearJSDFunction with a float32 lm_head gradient (accum_dtype):
               jsd, and the KLs as beta 0 / 1; it has no TVD and no cross-entropy (those rows are
               left out), when LIGER_PATH points at a directory holding liger_kernel/
-Columns: median ms of forward + backward, the peak MiB the step allocates beyond its inputs (the
-gradients included), and the largest difference from the composite of the loss (relative) and of
+Columns: median ms of forward + backward (the implementations timed in interleaved rounds), the
+peak MiB the step allocates beyond its inputs (the gradients included), and the largest difference from the composite of the loss (relative) and of
 d loss / d lm_head (relative to its largest element). Liger is never committed: copy its
 src/liger_kernel (ops/fused_linear_jsd.py and what it imports) under LIGER_PATH.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -80,6 +81,20 @@ def impls(lossfns, liger, divergence, beta, T, ce_weight, chunk):
     return out
 
 
+def interleaved(steps, device, iters, rounds=4):
+    """Median ms of each step function over `rounds` interleaved rounds (the order alternating), each
+    the median of iters / rounds runs after one warm-up: the GPU's clocks drift by several percent
+    between runs a minute apart (power and heat; 5-8% measured on the H200 in session 16), which
+    timing one implementation after the other would attribute to the implementations."""
+    per = max(1, iters // rounds)
+    names = list(steps)
+    medians = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            medians[name].append(time_fn(steps[name], device, per, warmup=1))
+    return {name: statistics.median(m) for name, m in medians.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -121,31 +136,37 @@ def main():
         labels = labels.to(dev)
         for div in args.divergences.split(","):
             for ce in map(float, args.ce_weights.split(",")):
-                ref = None
+                steps, params = {}, {}
                 for name, fn in impls(lossfns, liger, div, args.beta, args.temperature, ce, args.chunk).items():
                     h, w = sh.clone().requires_grad_(), sw.clone().requires_grad_()
 
-                    def step():
+                    def step(fn=fn, h=h, w=w):
                         h.grad = w.grad = None
                         loss = fn(h, w, th, tw, labels)
                         loss.backward()
                         return loss
                     try:
-                        ms = time_fn(step, dev, iters)
-                        peak = None
-                        if cuda:
-                            h.grad = w.grad = None
-                            torch.cuda.synchronize()
-                            base = torch.cuda.memory_allocated()
-                            torch.cuda.reset_peak_memory_stats()
-                        loss = step().detach().float()
-                        if cuda:
-                            torch.cuda.synchronize()
-                            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                        step()
                     except Exception as e:  # noqa: BLE001 (a row that cannot run says why)
                         print(f"{shape:>24} {div:>10} {ce:>4} {name:>9} failed: {str(e).splitlines()[0][:80]}")
                         continue
+                    steps[name], params[name] = step, (h, w)
+                times = interleaved(steps, dev, iters)
+                ref = None
+                for name, step in steps.items():
+                    h, w = params[name]
+                    peak = None
+                    if cuda:
+                        h.grad = w.grad = None
+                        torch.cuda.synchronize()
+                        base = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
+                    loss = step().detach().float()
+                    if cuda:
+                        torch.cuda.synchronize()
+                        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
                     gw = w.grad.float()
+                    ms = times[name]
                     if ref is None:
                         ref = (ms, loss, gw)
                     d_loss = ((loss - ref[1]).abs() / ref[1].abs().clamp_min(1e-30)).item()
@@ -156,8 +177,8 @@ def main():
                     peak_s = f"{peak:9.0f}" if peak is not None else f"{'-':>9}"
                     print(f"{shape:>24} {div:>10} {ce:>4} {name:>9} {ms:9.2f} {peak_s} {ref[0] / ms:7.2f}x "
                           f"{d_loss:8.1e} {d_gw:8.1e}", flush=True)
-                    del gw, h, w
-                del ref
+                    del gw
+                del ref, steps, params
         del sh, sw, th, tw
     if args.json:
         with open(args.json, "w") as fh:

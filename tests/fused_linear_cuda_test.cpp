@@ -3,6 +3,7 @@
 // of logits. Built when the CUDA kernels are; skips without a GPU. The numbers against the
 // composite are in fused_linear_test.cpp.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+
+#include <limits>
 
 #include "lossfns/fused_linear.h"
 
@@ -32,6 +35,37 @@ FusedLinearDistillOptions jsd_with_ce(std::optional<int64_t> chunk) {
       .distill(DistillLossOptions().divergence(Divergence::kJsd).temperature(2.0))
       .ce_weight(0.5)
       .chunk_size(chunk);
+}
+
+// The backward's float32 lm_head gradient times grad_output, rounded once to the lm_head's dtype:
+// the CUDA kernel gives ATen's multiplication into that dtype bit for bit, at sizes that are and
+// are not a multiple of its 8-element vectors, from an unaligned float32 view, with NaN and inf.
+TEST(FusedLinearCuda, ScaleCastEqualsAtenMultiplicationIntoTheDtype) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_scale_cast", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+  at::manual_seed(3);
+  const auto f32 = at::TensorOptions(at::kCUDA).dtype(at::kFloat);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{1003}, int64_t{1} << 20}) {
+      for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+        at::Tensor base = at::randn({n + offset}, f32) * 1e3;
+        base.index_put_({0}, std::numeric_limits<float>::quiet_NaN());
+        if (n + offset > 2) base.index_put_({2}, std::numeric_limits<float>::infinity());
+        const at::Tensor src = base.narrow(0, offset, n);
+        const at::Tensor go = at::full({}, 0.7, f32);
+        at::Tensor want = at::empty({n}, f32.dtype(dtype));
+        at::mul_out(want, src, go);
+        const at::Tensor got = op.call(src, go, dtype);
+        ASSERT_EQ(got.scalar_type(), dtype);
+        // NaN where ATen has NaN (the two round NaN to different bit patterns), equal elsewhere.
+        EXPECT_TRUE(got.isnan().equal(want.isnan()) && got.nan_to_num().equal(want.nan_to_num()))
+            << "dtype " << dtype << " n " << n << " offset " << offset;
+      }
+    }
+  }
 }
 
 TEST(FusedLinearCuda, RunsOnTheCurrentNonDefaultStream) {

@@ -42,4 +42,8 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_backward_op(
     const at::Tensor& teacher_lm_head, const std::optional<at::Tensor>& labels,
     const FusedArgs& args, bool grad_hidden, bool grad_lm_head);
 
+// lossfns::_scale_cast: src * scale (scale a 1-element tensor) rounded once to dtype, in one pass
+// (the backward of a reduced loss: the float32 lm_head gradient times grad_output).
+at::Tensor scale_cast_op(const at::Tensor& src, const at::Tensor& scale, at::ScalarType dtype);
+
 }  // namespace lossfns::detail

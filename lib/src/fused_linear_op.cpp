@@ -7,6 +7,8 @@
 //                                            driver, fused_linear_driver.cpp)
 //   lossfns::_fused_linear_distill_backward  internal: reduction 'none' only, every chunk again
 //                                            with the per-token grad_output
+//   lossfns::_scale_cast                     internal: float32 src * scale rounded once to a
+//                                            dtype (CPU: ATen; CUDA: fused_linear_cuda.cu)
 // A reduced loss's backward is two multiplications by the scalar grad_output: the (BT, H_s) and
 // (V_s, H_s) gradients are what forward keeps (the latter in float32 for half inputs, rounded to
 // their dtype by that multiplication), never the logits.
@@ -53,6 +55,14 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_backward_op(
   return op.call(grad_output, sh, sw, th, tw, labels, a.divergence, a.beta, a.temperature,
                  a.ignore_index, a.V, a.kd_weight, a.ce_weight, a.chunk_size, grad_hidden,
                  grad_lm_head);
+}
+
+at::Tensor scale_cast_op(const at::Tensor& src, const at::Tensor& scale, at::ScalarType dtype) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::_scale_cast", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+  return op.call(src, scale, dtype);
 }
 
 namespace {
@@ -158,11 +168,10 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
       if (need_h) gh = saved[0] * go;
       if (need_w) {  // float32 for half inputs: scaled and rounded in one pass
         const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-        if (at::GradMode::is_enabled() && go.requires_grad()) {  // create_graph: out= has no grad
+        if (at::GradMode::is_enabled() && go.requires_grad()) {  // create_graph: differentiable
           gw = (saved[1] * go).to(dtype);
         } else {
-          gw = at::empty(saved[1].sizes(), saved[1].options().dtype(dtype));
-          at::mul_out(gw, saved[1], go);
+          gw = scale_cast_op(saved[1], go, dtype);
         }
       }
     } else if (go.defined()) {
@@ -252,6 +261,7 @@ TORCH_LIBRARY_FRAGMENT(lossfns, m) {
       "float temperature, int ignore_index, int V, float kd_weight, float ce_weight, int "
       "chunk_size, "
       "bool grad_hidden, bool grad_lm_head) -> (Tensor, Tensor)");
+  m.def("_scale_cast(Tensor src, Tensor scale, ScalarType dtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lossfns, Autograd, m) {
