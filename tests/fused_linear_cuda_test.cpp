@@ -4,6 +4,7 @@
 // composite are in fused_linear_test.cpp.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -49,7 +50,10 @@ TEST(FusedLinearCuda, ScaleCastEqualsAtenMultiplicationIntoTheDtype) {
   at::manual_seed(3);
   const auto f32 = at::TensorOptions(at::kCUDA).dtype(at::kFloat);
   for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{1003}, int64_t{1} << 20}) {
+    // The last size takes every block of the grid (at most 8 per SM) through its loop 3 times.
+    const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{1003}, int64_t{1} << 20,
+                            sms * 8 * 2048 * 3 + 5}) {
       for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
         at::Tensor base = at::randn({n + offset}, f32) * 1e3;
         base.index_put_({0}, std::numeric_limits<float>::quiet_NaN());
@@ -65,6 +69,12 @@ TEST(FusedLinearCuda, ScaleCastEqualsAtenMultiplicationIntoTheDtype) {
             << "dtype " << dtype << " n " << n << " offset " << offset;
       }
     }
+    // A non-contiguous source (a transposed view): taken as its contiguous copy.
+    const at::Tensor t = (at::randn({300, 17}, f32) * 10).t();
+    const at::Tensor go = at::full({1}, -1.5, f32);
+    at::Tensor want = at::empty(t.sizes(), f32.dtype(dtype));
+    at::mul_out(want, t, go);
+    EXPECT_TRUE(op.call(t, go, dtype).equal(want)) << "dtype " << dtype << " transposed";
   }
 }
 

@@ -99,14 +99,15 @@ at::ScalarType acc_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// Bytes the chunk driver may hold per chunk: on CUDA min(free / 8, 3 GiB), free counting the
+// Bytes the chunk driver may hold per chunk: on CUDA min(free / 8, 2 GiB), free counting the
 // caching allocator's reserved but unused blocks; on the CPU a fixed 256 MiB. Fewer chunks are
-// faster (each one after the first re-reads and re-writes the float32 lm_head gradient, and
-// smaller GEMMs tile worse): on the H200 two chunks of 4096 tokens instead of three of 2752 at
-// V = 151936 (the 3 GiB cap against 2) were 1.5-2% faster, at a peak still ~10% of the unfused
-// composite's (docs/fused_linear.md, session 16).
+// a little faster (each one after the first re-reads and re-writes the float32 lm_head gradient,
+// and smaller GEMMs tile worse: 1.5-2% at V = 151936 with a 3 GiB cap, 2 chunks of 4096 instead
+// of 3 of 2752), but a 3 GiB cap also made the trainer's smollm2 step hold one chunk of 16384
+// tokens instead of two: +2.9 GiB of peak memory for no measurable speed (docs/fused_linear.md,
+// session 16). The op is chosen for its memory, so the cap stays at 2 GiB.
 int64_t memory_budget(const at::Device& device) {
-  constexpr int64_t kCap = int64_t{3} << 30, kCpu = int64_t{256} << 20;
+  constexpr int64_t kCap = int64_t{2} << 30, kCpu = int64_t{256} << 20;
   if (device.is_cpu()) return kCpu;
   c10::DeviceAllocator* alloc = c10::getDeviceAllocator(device.type());
   const auto free_total = alloc->getMemoryInfo(device.index());

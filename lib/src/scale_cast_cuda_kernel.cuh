@@ -58,8 +58,8 @@ cudaError_t scale_cast(const float* src, T* out, int64_t n, const float* scale, 
   if (n == 0) return cudaSuccess;
   const int64_t per_block = 256 * 8;
   const int64_t most = int64_t(num_sms) * 8;
-  const int64_t blocks = (n + per_block - 1) / per_block < most ? (n + per_block - 1) / per_block
-                                                                 : most;
+  const int64_t blocks =
+      (n + per_block - 1) / per_block < most ? (n + per_block - 1) / per_block : most;
   scale_cast_detail::scale_cast_kernel<T><<<unsigned(blocks), 256, 0, stream>>>(src, out, n, scale);
   return cudaGetLastError();
 }

@@ -179,6 +179,13 @@ def _fused_linear_forward_fake(sh, sw, th, tw, labels, divergence, beta, tempera
 def _fused_linear_backward_fake(grad_output, sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index, V,
                                 kd_weight, ce_weight, chunk_size, grad_hidden, grad_lm_head):
     return _fused_grads(sh, sw, grad_hidden, grad_lm_head)
+
+
+@torch.library.register_fake("lossfns::_scale_cast")
+def _scale_cast_fake(src, scale, dtype):
+    # src * scale rounded once to dtype (the backward of a reduced fused linear loss).
+    torch._check(scale.numel() == 1, lambda: f"lossfns._scale_cast: scale must have 1 element; got {tuple(scale.shape)}")
+    return src.new_empty(src.shape, dtype=dtype)
 # --- lossfns.cross_entropy_loss (lib/src/cross_entropy_op.cpp, _cpu.cpp, _cuda.cu) --------------
 _CE_STATS_PER_ROW = 2  # lib/src/cross_entropy_common.h, kCeStatsPerRow
 

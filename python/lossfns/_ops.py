@@ -136,7 +136,7 @@ def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: tor
             per token (its backward recomputes every chunk).
         kd_weight, ce_weight: the terms' weights (a weight of 0 drops its term; its value is still
             computed).
-        chunk_size: tokens per chunk; None: automatic (CUDA: min(free memory / 8, 3 GiB) of chunk
+        chunk_size: tokens per chunk; None: automatic (CUDA: min(free memory / 8, 2 GiB) of chunk
             temporaries; CPU: 256 MiB).
         return_parts: return ``FusedLinearDistillResult(loss, divergence, ce)`` (the terms detached,
             for logging) instead of the loss alone.

@@ -426,6 +426,10 @@ def test_opcheck_fused_linear_ops(device, reduction):
     torch.library.opcheck(torch.ops.lossfns._fused_linear_distill_backward.default,
                           (torch.rand(7, dtype=dtype, device=device), sh, sw, th, tw, lab, jsd, 0.3, 1.5, -100, 280,
                            0.8, 0.4, 3, True, True))
+    acc = torch.randn(280, 5, dtype=torch.float32, device=device)  # the backward's lm_head gradient scaling
+    for out_dtype in (torch.bfloat16, torch.float32):
+        torch.library.opcheck(torch.ops.lossfns._scale_cast.default,
+                              (acc, torch.tensor(0.7, device=device), out_dtype))
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -2,7 +2,8 @@
 // gradients, the composite AddNorm, RoPE and SwiGLU on the CPU (against ATen / float64), the
 // fused CUDA kernels (AddNorm against a float64 reference over widths, dtypes and autocast; RoPE
 // and SwiGLU against the composite, value for value, and float64), and whole models on CUDA
-// (fused) against the same weights on the CPU (composite).
+// (fused) against the same weights on the CPU (composite); a frozen model's matmul weights stored
+// in bf16 (StoreMatmulWeightsAs) compute what autocast computed from fp32 ones, bit for bit.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -11,6 +12,8 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 #include "distill/autocast.h"
@@ -335,6 +338,71 @@ TEST(LayersCudaTest, GptOnCudaMatchesCpu) {
 TEST(LayersCudaTest, LlamaOnCudaMatchesCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   CheckModel(ModelFamily::kLlama);
+}
+
+// A frozen teacher's matmul weights stored in bf16 give the logits (and the fused-linear path's
+// operands) that bf16 autocast gave from the fp32 weights, bit for bit; the embeddings and norms
+// stay fp32, a tied lm_head with them, an untied one is converted.
+void CheckStoredBf16(ModelFamily family, bool tied) {
+  ModelConfig config;
+  config.family = family;
+  config.vocab_size = 100;
+  config.n_layer = 2;
+  config.d_model = 64;
+  config.n_head = 4;
+  config.tie_embeddings = tied;
+  if (family == ModelFamily::kLlama) {
+    config.n_kv_head = 2;
+    config.attention_bias = true;  // biases are converted too
+  }
+  torch::manual_seed(5);
+  Model model = MakeModel(config);
+  model->to(at::Device(at::kCUDA, 0));
+  model->eval();
+  for (auto& p : model->parameters()) p.set_requires_grad(false);
+  const at::Tensor tokens = at::randint(0, config.vocab_size, {2, 40}, at::kLong).cuda();
+  auto run = [&] {
+    torch::NoGradGuard no_grad;
+    AutocastGuard autocast(true);
+    const LogitsOperands ops = MakeLogitsOperands(*model, model->forward_hidden(tokens));
+    return std::array<at::Tensor, 3>{model->forward(tokens), ops.hidden, ops.lm_head};
+  };
+  const auto before = run();
+  int64_t linears = 0;
+  for (const auto& m : model->modules(false)) {
+    if (const auto* l = m->as<torch::nn::LinearImpl>()) linears += 1 + (l->bias.defined() ? 1 : 0);
+  }
+  const bool raw_head = !tied && family == ModelFamily::kGpt;  // GPT's untied head: a parameter
+  EXPECT_EQ(StoreMatmulWeightsAs(*model, at::kBFloat16), linears + (raw_head ? 1 : 0));
+  EXPECT_EQ(model->lm_head_weight().scalar_type(), tied ? at::kFloat : at::kBFloat16);
+  for (const auto& m : model->modules(false)) {
+    if (const auto* e = m->as<torch::nn::EmbeddingImpl>()) {
+      EXPECT_EQ(e->weight.scalar_type(), at::kFloat);
+    }
+  }
+  const auto after = run();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(after[i].scalar_type(), before[i].scalar_type()) << i;
+    EXPECT_TRUE(after[i].equal(before[i])) << "output " << i << " tied " << tied;
+  }
+  EXPECT_EQ(StoreMatmulWeightsAs(*model, at::kBFloat16), 0);  // nothing left to convert
+}
+
+TEST(LayersCudaTest, FrozenMatmulWeightsInBf16GiveAutocastsBits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const ModelFamily family : {ModelFamily::kGpt, ModelFamily::kLlama}) {
+    for (const bool tied : {true, false}) CheckStoredBf16(family, tied);
+  }
+}
+
+TEST(LayersTest, StoreMatmulWeightsAsRefusesATrainableModel) {
+  ModelConfig config;
+  config.vocab_size = 50;
+  config.n_layer = 1;
+  config.d_model = 32;
+  config.n_head = 2;
+  Model model = MakeModel(config);
+  EXPECT_THROW(StoreMatmulWeightsAs(*model, at::kBFloat16), c10::Error);
 }
 
 }  // namespace

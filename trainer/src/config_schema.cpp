@@ -371,7 +371,7 @@ std::vector<KeyDecl> Declare() {
       OneOfEnum<FusedLinear>(),
       "Distill mode: the loss from both models' last hidden states and lm_heads in token chunks "
       "(lossfns::fused_linear_distill_loss), so no (BT, V) logits exist: far less memory, the "
-      "loss 0.95-1.12x the time (docs/trainer.md). auto: on CUDA, not on the CPU.");
+      "loss 0.93-1.09x the time (docs/fused_linear.md). auto: on CUDA, not on the CPU.");
 
   Add(
       k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },

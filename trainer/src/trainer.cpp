@@ -194,6 +194,12 @@ Trainer::Trainer(Config config, RunOptions options)
   if (config_.student.init_from_teacher && config_.student.hf_dir.empty()) {
     CopyWeights(*teacher_, *student_);
   }
+  if (distill_ && config_.train.precision == Precision::kBf16 && device_.is_cuda()) {
+    // The frozen teacher's matmul weights in bf16 once, instead of autocast re-casting each at
+    // every micro-batch (it caches casts only of tensors that require grad): the same bits, half
+    // their memory (docs/trainer.md, "bf16").
+    StoreMatmulWeightsAs(*teacher_, at::kBFloat16);
+  }
   student_->train();
 
   optimizer_ = MakeOptimizer(config_.optim, *student_);

@@ -72,6 +72,16 @@ Model MakeModel(const ModelConfig& config);
 // Copies every parameter and buffer of `from` into `to` (same architecture), bit for bit.
 void CopyWeights(const CausalLM& from, CausalLM& to);
 
+// Stores a frozen model's matmul operands in `dtype`: every torch::nn::Linear's weight and bias
+// and an lm_head that is not the token embedding. Embeddings and norms keep their dtype (the
+// residual stream starts from the embedding in fp32, the norm kernels read fp32 weights). Under
+// autocast to `dtype` the model then computes the same bits (autocast's cast of an fp32 weight
+// is the same round-to-nearest-even .to(dtype), which is a no-op on a weight already in it) with
+// none of those casts: autocast caches them only for tensors that require grad, so a frozen
+// model's were redone at every forward. Returns the number of tensors converted. For a model
+// that will not be trained again (its parameters must not require grad).
+int64_t StoreMatmulWeightsAs(CausalLM& model, at::ScalarType dtype);
+
 // The architecture keys as one line, stored in checkpoints to reject mismatched loads.
 std::string ArchitectureString(const ModelConfig& config);
 

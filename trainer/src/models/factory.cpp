@@ -2,6 +2,11 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "distill/model.h"
 
@@ -57,6 +62,36 @@ void CopyWeights(const CausalLM& from, CausalLM& to) {
   for (auto& item : to.named_parameters()) item.value().copy_(src[item.key()]);
   auto src_buffers = from.named_buffers();
   for (auto& item : to.named_buffers()) item.value().copy_(src_buffers[item.key()]);
+}
+
+int64_t StoreMatmulWeightsAs(CausalLM& model, at::ScalarType dtype) {
+  for (const auto& p : model.parameters()) {  // checked before anything changes
+    TORCH_CHECK(!p.requires_grad(),
+                "StoreMatmulWeightsAs: for a frozen model; a parameter requires grad (freeze "
+                "the model first: set_requires_grad(false) on every parameter)");
+  }
+  torch::NoGradGuard no_grad;
+  int64_t converted = 0;
+  auto store = [&](const at::Tensor& p) {
+    if (!p.defined() || p.scalar_type() == dtype) return;
+    p.set_data(p.to(dtype));  // the parameter itself (its TensorImpl), not a copy
+    ++converted;
+  };
+  std::vector<at::Tensor> embeddings;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (const auto* e = m->as<torch::nn::EmbeddingImpl>()) embeddings.push_back(e->weight);
+  }
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (auto* linear = m->as<torch::nn::LinearImpl>()) {
+      store(linear->weight);
+      store(linear->bias);
+    }
+  }
+  const at::Tensor head = model.lm_head_weight();  // a Linear's (done), a raw parameter, or tied
+  const bool tied = std::any_of(embeddings.begin(), embeddings.end(),
+                                [&](const at::Tensor& e) { return e.is_same(head); });
+  if (!tied) store(head);
+  return converted;
 }
 
 std::string ArchitectureString(const ModelConfig& c) {
