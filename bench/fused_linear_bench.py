@@ -19,9 +19,10 @@ Rows per (shape, divergence, ce_weight):
               jsd, and the KLs as beta 0 / 1; it has no TVD and no cross-entropy (those rows are
               left out), when LIGER_PATH points at a directory holding liger_kernel/
 Columns: median ms of forward + backward (the implementations timed in interleaved rounds), the
-peak MiB the step allocates beyond its inputs (the gradients included), and the largest difference from the composite of the loss (relative) and of
-d loss / d lm_head (relative to its largest element). Liger is never committed: copy its
-src/liger_kernel (ops/fused_linear_jsd.py and what it imports) under LIGER_PATH.
+peak MiB the step allocates beyond its inputs (the gradients included), and the largest
+difference from the composite of the loss (relative) and of d loss / d lm_head (relative to its
+largest element). Liger is never committed: copy its src/liger_kernel (ops/fused_linear_jsd.py and
+what it imports) under LIGER_PATH.
 """
 from __future__ import annotations
 

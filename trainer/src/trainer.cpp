@@ -197,7 +197,7 @@ Trainer::Trainer(Config config, RunOptions options)
   if (distill_ && config_.train.precision == Precision::kBf16 && device_.is_cuda()) {
     // The frozen teacher's matmul weights in bf16 once, instead of autocast re-casting each at
     // every micro-batch (it caches casts only of tensors that require grad): the same bits, half
-    // their memory (docs/trainer.md, "bf16").
+    // their memory (docs/trainer.md, "CUDA").
     StoreMatmulWeightsAs(*teacher_, at::kBFloat16);
   }
   student_->train();
