@@ -356,11 +356,14 @@ TEST(DistillLoss, PaddingColumnsAreNeverRead) {
     }
 }
 
-TEST(DistillLoss, ARowWithANaNOrInfKeepsItsPaddingGradientAtZero) {
-  // A NaN or +inf logit makes its row's loss NaN (on CUDA its normaliser is NaN, and so is every
-  // real column's gradient of that row); the padding columns past vocab_size still get gradient
-  // exactly 0, with and without grad_scale (on CUDA the forward that writes the gradient and the
-  // backward that recomputes it both zero them), and the other rows keep their gradient.
+TEST(DistillLoss, ARowWithANaNOrInfGetsNaNGradientsAndZeroPadding) {
+  // A NaN or +inf logit, in the student or the teacher, makes its row's loss NaN and its gradient
+  // NaN at every real column (here all finite but one) for every divergence: TVD's sign(p - q)
+  // is 0 where q is NaN and JSD's logs of ratios are clamped, so before the saved row constant
+  // carried the NaN (saved_row_constant) a NaN teacher row gave TVD a zero gradient and JSD a
+  // finite one. The padding columns past vocab_size still get gradient exactly 0, with and
+  // without grad_scale (on CUDA the forward that writes the gradient and the backward that
+  // recomputes it both zero them), and the other rows keep their gradient.
   at::manual_seed(8);
   const std::vector<int64_t> others{0, 1, 3};
   const at::Tensor other_rows = at::tensor(others);
@@ -383,6 +386,7 @@ TEST(DistillLoss, ARowWithANaNOrInfKeepsItsPaddingGradientAtZero) {
               .backward();
           EXPECT_TRUE(std::isnan(la.item<double>())) << what.str();
           for (const at::Tensor& g : {a.grad(), b.grad()}) {
+            EXPECT_TRUE(g.select(0, 2).narrow(0, 0, 990).isnan().all().item<bool>()) << what.str();
             EXPECT_EQ(g.narrow(1, 990, 10).abs().max().item<double>(), 0.0) << what.str();
             EXPECT_TRUE(g.index_select(0, other_rows.to(dev)).isfinite().all().item<bool>())
                 << what.str();

@@ -56,6 +56,18 @@ decltype(auto) with_divergence(int64_t divergence, F&& f) {
 // Whether the gradient needs the row constant sum_k p_k g_k (saved by the forward).
 LOSSFNS_HOST_DEVICE bool needs_row_constant(int64_t divergence) { return divergence != kForwardKl; }
 
+// The row constant as the forward saves it: sum_k p_k g_k, but NaN where the row's loss is NaN (a
+// NaN or +inf logit in either row). Alone it could stay finite there: TVD's g is sign(p - q),
+// which is 0 where q is NaN, and JSD's logs of ratios are clamped to their bounds, so a NaN
+// teacher row gave TVD a zero gradient and JSD a finite one under a NaN loss. A NaN constant
+// makes the row's every gradient NaN, as its loss ("NaN in, NaN out", docs/distill.md); per row,
+// nothing per element. 0 where the divergence needs no constant.
+template <typename Acc>
+LOSSFNS_HOST_DEVICE Acc saved_row_constant(int64_t divergence, Acc loss, Acc c) {
+  if (!needs_row_constant(divergence)) return Acc(0);
+  return loss != loss ? loss : c;
+}
+
 // Per-row state between forward and backward: kStatsPerRow floats per row.
 //   [0] max_j a_j, [1] log sum_j exp(a_j - max): logsumexp(a) kept in two parts, so that
 //       lp = (a - max) - log_sum is exact near the max whatever the logits' magnitude (one

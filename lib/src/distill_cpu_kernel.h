@@ -178,7 +178,7 @@ void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants
   stats[1] = lse_s.log_sum;
   stats[2] = lse_t.max;
   stats[3] = lse_t.log_sum;
-  stats[4] = needs_row_constant(kDiv) ? c : Acc(0);
+  stats[4] = saved_row_constant(kDiv, loss, c);
   stats[kStatLoss] = loss;
 }
 

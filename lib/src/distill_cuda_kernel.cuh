@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     });
     lc = block_sum2(lc, red);
   }
-  const float c = needs_row_constant(div) ? lc.y : 0.f;
+  const float c = saved_row_constant<float>(div, lc.x, lc.y);
   if (threadIdx.x == 0) {
     float* st = a.stats + row * kStatsPerRow;
     st[0] = mx_s;

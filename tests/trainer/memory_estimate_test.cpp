@@ -64,6 +64,37 @@ TEST(MemoryEstimateTest, ParameterCountMatchesBuiltModels) {
     const Model model = MakeModel(c);
     EXPECT_EQ(ParameterCount(c), static_cast<double>(model->num_parameters()))
         << ArchitectureString(c);
+    // MatmulParameterCount: what StoreMatmulWeightsAs converts, counted on the built model.
+    for (auto& p : model->parameters()) p.set_requires_grad(false);
+    StoreMatmulWeightsAs(*model, at::kBFloat16);
+    double converted = 0;
+    for (const auto& p : model->parameters())
+      if (p.scalar_type() == at::kBFloat16) converted += static_cast<double>(p.numel());
+    EXPECT_EQ(MatmulParameterCount(c), converted) << ArchitectureString(c);
+  }
+}
+
+// Under bf16 on CUDA the trainer keeps the frozen teacher's matmul weights in bf16: the teacher
+// term is those at 2 B and the rest at 4 B, the bytes of a teacher so converted.
+TEST(MemoryEstimateTest, Bf16TeacherTermIsTheConvertedTeachersBytes) {
+  for (bool tied : {true, false}) {
+    Config c = TinyConfig("unused");
+    c.train.mode = Mode::kDistill;
+    c.teacher.checkpoint = "teacher.pt";  // not read: the estimate needs the architecture only
+    c.train.precision = Precision::kBf16;
+    c.teacher.tie_embeddings = tied;
+    const MemoryEstimate estimate = EstimateMemory(c, c10::DeviceType::CUDA);
+    ASSERT_GE(estimate.terms.size(), 2u);
+    const Model teacher = MakeModel(c.teacher);
+    for (auto& p : teacher->parameters()) p.set_requires_grad(false);
+    StoreMatmulWeightsAs(*teacher, at::kBFloat16);
+    double bytes = 0;
+    for (const auto& p : teacher->parameters()) bytes += TensorBytes(p);
+    EXPECT_EQ(estimate.terms[1].bytes, bytes) << estimate.terms[1].what;
+    EXPECT_NE(estimate.terms[1].what.find("bf16"), std::string::npos) << estimate.terms[1].what;
+    // The same config on the CPU (no autocast there): 4 B per parameter.
+    EXPECT_EQ(EstimateMemory(c, c10::DeviceType::CPU).terms[1].bytes,
+              4 * ParameterCount(c.teacher));
   }
 }
 

@@ -106,9 +106,20 @@ MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
   }
   if (distill) {
     const double teacher_params = ParameterCount(c.teacher);
-    e.terms.push_back(
-        {fmt::format("teacher weights ({} parameters x 4 B, frozen)", FormatCount(teacher_params)),
-         teacher_params * kFrozenBytesPerParameter, ModelKeys(c.teacher, "teacher")});
+    if (bf16) {  // the trainer stores the frozen teacher's matmul weights in bf16 (trainer.cpp)
+      const double matmul = MatmulParameterCount(c.teacher);
+      e.terms.push_back(
+          {fmt::format("teacher weights ({} parameters, frozen: {} matmul weights x 2 B (bf16), "
+                       "the rest x 4 B)",
+                       FormatCount(teacher_params), FormatCount(matmul)),
+           matmul * 2 + (teacher_params - matmul) * kFrozenBytesPerParameter,
+           ModelKeys(c.teacher, "teacher")});
+    } else {
+      e.terms.push_back({fmt::format("teacher weights ({} parameters x 4 B, frozen)",
+                                     FormatCount(teacher_params)),
+                         teacher_params * kFrozenBytesPerParameter,
+                         ModelKeys(c.teacher, "teacher")});
+    }
   }
 
   const PerToken per_layer = ActivationsPerLayer(s.family);
@@ -203,6 +214,28 @@ double ParameterCount(const ModelConfig& c) {
       if (c.mlp_bias) layer += 2 * H + D;
       if (c.qk_norm) layer += 2.0 * c.head_size();
       return V * D + L * layer + D + lm_head;
+    }
+  }
+  return 0;
+}
+
+double MatmulParameterCount(const ModelConfig& c) {
+  const double V = static_cast<double>(c.padded_vocab_size());
+  const double D = static_cast<double>(c.d_model);
+  const double H = static_cast<double>(c.mlp_width());
+  const double L = static_cast<double>(c.n_layer);
+  const double lm_head = c.tie_embeddings ? 0 : V * D;
+  switch (c.family) {
+    case ModelFamily::kGpt:  // qkv, attn_out, mlp_in, mlp_out with their biases
+      return L * ((3 * D * D + 3 * D) + (D * D + D) + (D * H + H) + (H * D + D)) + lm_head;
+    case ModelFamily::kLlama: {
+      const double q = static_cast<double>(c.n_head) * c.head_size();
+      const double kv = static_cast<double>(c.kv_heads()) * c.head_size();
+      double layer = D * q + 2 * D * kv + q * D + 3 * D * H;
+      if (c.attention_bias) layer += q + 2 * kv;
+      if (c.attention_out_bias) layer += D;
+      if (c.mlp_bias) layer += 2 * H + D;
+      return L * layer + lm_head;
     }
   }
   return 0;

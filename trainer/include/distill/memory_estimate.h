@@ -47,6 +47,11 @@ struct AvailableMemory {
 // below 2^53.
 double ParameterCount(const ModelConfig& config);
 
+// Of those, the matmul operands StoreMatmulWeightsAs converts (models/factory.cpp): every linear
+// layer's weight and bias and an untied lm_head; not the embeddings and norms. The estimate
+// counts them at 2 B for a frozen teacher under bf16 on CUDA, where the trainer stores them so.
+double MatmulParameterCount(const ModelConfig& config);
+
 // The estimate of one training run of `config` on a device of kind `device_type` (bf16 autocast
 // only happens on CUDA), per rank of `world_size` data-parallel ranks (each holds a whole
 // replica, its micro-batches of the same size, and the gradient buckets). A pipeline (run.h
