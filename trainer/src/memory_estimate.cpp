@@ -193,32 +193,6 @@ double MemoryEstimate::total() const {
   return sum;
 }
 
-double ParameterCount(const ModelConfig& c) {
-  const double V = static_cast<double>(c.padded_vocab_size());
-  const double D = static_cast<double>(c.d_model);
-  const double H = static_cast<double>(c.mlp_width());
-  const double L = static_cast<double>(c.n_layer);
-  const double lm_head = c.tie_embeddings ? 0 : V * D;
-  switch (c.family) {
-    case ModelFamily::kGpt: {
-      // Per block: two LayerNorms (gain, bias), qkv, attn_out, mlp_in, mlp_out (with biases).
-      const double block = 4 * D + (3 * D * D + 3 * D) + (D * D + D) + (D * H + H) + (H * D + D);
-      return V * D + static_cast<double>(c.context_length) * D + L * block + 2 * D + lm_head;
-    }
-    case ModelFamily::kLlama: {
-      const double q = static_cast<double>(c.n_head) * c.head_size();
-      const double kv = static_cast<double>(c.kv_heads()) * c.head_size();
-      double layer = D * q + 2 * D * kv + q * D + 3 * D * H + 2 * D;
-      if (c.attention_bias) layer += q + 2 * kv;
-      if (c.attention_out_bias) layer += D;
-      if (c.mlp_bias) layer += 2 * H + D;
-      if (c.qk_norm) layer += 2.0 * c.head_size();
-      return V * D + L * layer + D + lm_head;
-    }
-  }
-  return 0;
-}
-
 double MatmulParameterCount(const ModelConfig& c) {
   const double V = static_cast<double>(c.padded_vocab_size());
   const double D = static_cast<double>(c.d_model);
@@ -239,6 +213,23 @@ double MatmulParameterCount(const ModelConfig& c) {
     }
   }
   return 0;
+}
+
+double ParameterCount(const ModelConfig& c) {
+  // The matmuls', then the embeddings and norms.
+  const double V = static_cast<double>(c.padded_vocab_size());
+  const double D = static_cast<double>(c.d_model);
+  const double L = static_cast<double>(c.n_layer);
+  double rest = V * D;  // the token embedding (the lm_head too when tied)
+  switch (c.family) {
+    case ModelFamily::kGpt:  // learned positions; two LayerNorms per block and the final one
+      rest += static_cast<double>(c.context_length) * D + L * 4 * D + 2 * D;
+      break;
+    case ModelFamily::kLlama:  // two RMSNorms per block (and q/k norms), the final one
+      rest += L * 2 * D + D + (c.qk_norm ? L * 2.0 * c.head_size() : 0.0);
+      break;
+  }
+  return MatmulParameterCount(c) + rest;
 }
 
 MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type, int world_size) {
