@@ -98,6 +98,26 @@ TEST(MemoryEstimateTest, Bf16TeacherTermIsTheConvertedTeachersBytes) {
   }
 }
 
+// Before the teacher's matmul weights become bf16 both models' fp32 weights are on the device
+// together (trainer.cpp builds the teacher, then the student): a large teacher with a small
+// student needs that more than its steady state, and the estimate is never below it.
+TEST(MemoryEstimateTest, Bf16EstimateCoversTheStartUpWithBothModelsInFp32) {
+  Config c = TinyConfig("unused");
+  c.train.mode = Mode::kDistill;
+  c.teacher.checkpoint = "teacher.pt";
+  c.train.precision = Precision::kBf16;
+  const double fp32_weights = 4 * (ParameterCount(c.teacher) + ParameterCount(c.student));
+  EXPECT_GE(EstimateMemory(c, c10::DeviceType::CUDA).total(), fp32_weights);
+  c.teacher.n_layer = 8;
+  c.teacher.d_model = 256;
+  c.teacher.n_head = 4;
+  c.data.batch_size = 1;
+  const MemoryEstimate big = EstimateMemory(c, c10::DeviceType::CUDA);
+  EXPECT_DOUBLE_EQ(big.total(), 4 * (ParameterCount(c.teacher) + ParameterCount(c.student)));
+  EXPECT_NE(big.terms.back().what.find("start-up"), std::string::npos) << big.terms.back().what;
+  ExpectContains(big.terms.back().keys, {"teacher.n_layer", "teacher.d_model"});
+}
+
 // After a distillation step the student holds weights, gradients and AdamW's two moments, the
 // teacher its weights: the first two terms of the estimate are exactly those bytes, measured.
 TEST(MemoryEstimateTest, TrainedStateTermsAreTheMeasuredBytes) {

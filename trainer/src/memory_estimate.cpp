@@ -84,8 +84,8 @@ std::string WidthKeys(const ModelConfig& m, const std::string& section) {
 
 // One plain training run. `student_section` names the config section whose architecture the
 // run's student has (the pipeline's teacher stage trains the teacher's architecture).
-MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
-                           const std::string& student_section, int world_size) {
+MemoryEstimate EstimateSteadyRun(const Config& c, c10::DeviceType device_type,
+                                 const std::string& student_section, int world_size) {
   const bool distill = c.train.mode == Mode::kDistill;
   const bool bf16 = c.train.precision == Precision::kBf16 && device_type == c10::DeviceType::CUDA;
   const double activation_bytes = bf16 ? 2 : 4;
@@ -170,6 +170,29 @@ MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
   e.terms.push_back({fmt::format("(BT, V) = ({}, {}) logits and their gradients in the loss",
                                  FormatCount(tokens), FormatCount(width)),
                      tokens * width * logits, logit_keys});
+  return e;
+}
+
+// One plain training run, at its peak: the steady state above, or the start-up when that is
+// more. Under bf16 on CUDA the trainer builds the teacher with fp32 weights, then the student
+// (which may be initialised from them), and only then stores the teacher's matmul weights in
+// bf16 (trainer.cpp): both models' fp32 weights are on the device together first, which a large
+// teacher with a small student needs more than the steady state.
+MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
+                           const std::string& student_section, int world_size) {
+  MemoryEstimate e = EstimateSteadyRun(c, device_type, student_section, world_size);
+  const bool bf16 = c.train.precision == Precision::kBf16 && device_type == c10::DeviceType::CUDA;
+  if (c.train.mode == Mode::kDistill && bf16) {
+    const double teacher = ParameterCount(c.teacher), student = ParameterCount(c.student);
+    const double start = 4 * (teacher + student), steady = e.total();
+    if (start > steady) {
+      e.terms.push_back(
+          {fmt::format("start-up: the teacher's matmul weights in fp32 until the student is built "
+                       "({} parameters x 4 B for both models together)",
+                       FormatCount(teacher + student)),
+           start - steady, ModelKeys(c.teacher, "teacher")});
+    }
+  }
   return e;
 }
 
