@@ -3,7 +3,8 @@
 // fused CUDA kernels (AddNorm against a float64 reference over widths, dtypes and autocast; RoPE
 // and SwiGLU against the composite, value for value, and float64), and whole models on CUDA
 // (fused) against the same weights on the CPU (composite); a frozen model's matmul weights stored
-// in bf16 (StoreMatmulWeightsAs) compute what autocast computed from fp32 ones, bit for bit.
+// in bf16 (StoreMatmulWeightsAs) compute what autocast computed from fp32 ones, bit for bit; the
+// CUDA Linear's bias gradient (a column-sum kernel) against float64 and at::linear's.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -291,6 +292,61 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
       CheckFused({333, 1024, at::kFloat, /*autocast=*/false, rms, grad_h});
       CheckFused({333, 768, at::kBFloat16, /*autocast=*/true, rms, grad_h});
       CheckFused({333, 768, at::kFloat, /*autocast=*/true, rms, grad_h});
+    }
+  }
+}
+
+// distill::Linear on CUDA (a bias that takes a gradient): the output, the input's and the
+// weight's gradients are at::linear's bit for bit (the same matmuls), and the bias gradient is
+// the column sum of the output's gradient in fp32 (against float64; within bf16 rounding of
+// at::linear's under autocast, which rounds it to bf16). Widths that take the 16-byte path and
+// widths that do not, a misaligned gradient, one row and many.
+TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(9);
+  struct Shape {
+    int64_t batch, seq, in, out;
+  };
+  for (const Shape& sh : {Shape{2, 4096, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001},
+                          Shape{5, 7, 8, 1}, Shape{1, 300, 32, 96}}) {
+    for (const bool autocast : {false, true}) {
+      for (const bool misaligned : {false, true}) {
+        const std::string what =
+            fmt::format("{}x{}x{} -> {} autocast {}{}", sh.batch, sh.seq, sh.in, sh.out, autocast,
+                        misaligned ? " misaligned" : "");
+        torch::nn::Linear layer(sh.in, sh.out), ref(sh.in, sh.out);
+        layer->to(at::kCUDA);
+        ref->to(at::kCUDA);
+        {
+          torch::NoGradGuard no_grad;
+          ref->weight.copy_(layer->weight);
+          ref->bias.copy_(layer->bias);
+        }
+        const at::Tensor x0 = at::randn({sh.batch, sh.seq, sh.in}).cuda();
+        const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
+        at::Tensor y, yr;
+        {
+          AutocastGuard guard(autocast);
+          y = Linear(layer, x);
+          yr = at::linear(xr, ref->weight, ref->bias);
+        }
+        ASSERT_NE(y.grad_fn()->name().find("LinearFunction"), std::string::npos)
+            << y.grad_fn()->name();
+        EXPECT_TRUE(at::equal(y, yr)) << what;
+        // The output's gradient, one element past an aligned start when `misaligned`.
+        const int64_t n = y.numel();
+        const at::Tensor flat = at::randn({n + 1}, y.options());
+        const at::Tensor grad = flat.narrow(0, misaligned ? 1 : 0, n).view(y.sizes());
+        y.backward(grad);
+        yr.backward(grad);
+        EXPECT_TRUE(at::equal(x.grad(), xr.grad())) << what << " input gradient";
+        EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
+        ASSERT_EQ(layer->bias.grad().scalar_type(), at::kFloat);
+        const at::Tensor want = grad.to(at::kDouble).reshape({-1, sh.out}).sum(0);
+        EXPECT_LT(MaxRelDiff(layer->bias.grad(), want), 1e-5) << what << " bias";
+        EXPECT_LT(MaxRelDiff(layer->bias.grad(), ref->bias.grad()), autocast ? 4e-3 : 1e-5)
+            << what << " bias against at::linear's";
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "add_norm_kernel.cuh"
+#include "col_sum_cuda.h"
 
 namespace distill::cuda {
 namespace {
@@ -134,8 +135,10 @@ AddNormBackwardResult AddNormBackward(const at::Tensor& grad_out, const at::Tens
     dw.zero_();
     db.zero_();
   }
-  r.grad_weight = dw.sum(0);
-  if (need_bias_grad) r.grad_bias = db.sum(0);
+  // The blocks' partial column sums summed (ColumnSum: ATen's sum over dim 0 of these
+  // (8 x SMs, D) partials took ~10 us a call, a third of some steps' norm backward).
+  r.grad_weight = ColumnSum(dw);
+  if (need_bias_grad) r.grad_bias = ColumnSum(db);
   return r;
 }
 

@@ -7,6 +7,7 @@
 
 #if DISTILL_WITH_CUDA
 #include "../kernels/add_norm_cuda.h"
+#include "../kernels/col_sum_cuda.h"
 #include "../kernels/rope_cuda.h"
 #include "../kernels/swiglu_cuda.h"
 #endif
@@ -111,6 +112,48 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
 };
 #endif
 
+#if DISTILL_WITH_CUDA
+// at::linear with the bias gradient as a column sum (layers.h, Linear). Under autocast the
+// operands are autocast's casts (the weight's and bias's from its cache, as at::linear's own
+// would be), so the forward is at::linear's; the input's and weight's gradients are the matmuls
+// of at::linear's backward (addmm's: g W and, for its transposed weight operand, g^T x), cast
+// back to their dtypes as autocast's casts do.
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    at::Tensor xc = x, wc = weight, bc = bias;
+    if (at::autocast::is_autocast_enabled(at::kCUDA)) {
+      const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+      xc = at::autocast::cached_cast(dtype, x, c10::DeviceType::CUDA);
+      wc = at::autocast::cached_cast(dtype, weight, c10::DeviceType::CUDA);
+      bc = at::autocast::cached_cast(dtype, bias, c10::DeviceType::CUDA);
+    }
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
+    return at::linear(xc, wc, bc);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &xc = saved[0], &wc = saved[1];
+    auto dtype = [&](const char* key) {
+      return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
+    };
+    const at::Tensor g = grads[0].reshape({-1, wc.size(0)}).contiguous();  // (tokens, out)
+    at::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = at::mm(g, wc).view(xc.sizes()).to(dtype("x_dtype"));
+    if (ctx->needs_input_grad(1)) {
+      grad_w = at::mm(g.t(), xc.reshape({-1, wc.size(1)})).to(dtype("w_dtype"));
+    }
+    if (ctx->needs_input_grad(2)) grad_b = cuda::ColumnSum(g).to(dtype("b_dtype"));
+    return {grad_x, grad_w, grad_b};
+  }
+};
+#endif
+
 // The dtypes the model kernels (kernels/*.cuh) are built for.
 [[maybe_unused]] bool KernelDtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
@@ -150,6 +193,19 @@ AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& 
 }
 
 }  // namespace
+
+at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+#if DISTILL_WITH_CUDA
+  const at::Tensor &w = layer->weight, &b = layer->bias;
+  if (x.is_cuda() && x.dim() >= 1 && b.defined() && b.requires_grad() &&
+      at::GradMode::is_enabled() && w.device() == x.device() && b.device() == x.device() &&
+      KernelDtype(x.scalar_type()) && KernelDtype(w.scalar_type()) &&
+      KernelDtype(b.scalar_type())) {
+    return LinearFunction::apply(x, w, b);
+  }
+#endif
+  return at::linear(x, layer->weight, layer->bias);
+}
 
 at::Tensor LayerNorm(const torch::nn::LayerNorm& layer, const at::Tensor& x) {
   const auto& options = layer->options;

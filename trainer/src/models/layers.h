@@ -13,13 +13,14 @@ namespace distill {
 // ~11% of a 235M-parameter GPT's training step), and its backward sums the bias gradient in a
 // separate pass. at::linear is autocast-aware (the bias is cast with the weight) and folds the
 // bias into the matmul (addmm on the flattened batch).
-inline at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);
-}
-
-}  // namespace distill
-
-namespace distill {
+//
+// On CUDA, for a bias that takes a gradient, the backward is at::linear's but for the bias
+// gradient: the column sums of the output's gradient by one kernel at the copy bandwidth
+// (kernels/col_sum_kernel.cuh), in fp32 and kept so, where autograd's sum of the bf16 gradient
+// over the tokens ran at ~44% of it (~21 ms of a 235M GPT's 460 ms step, docs/benchmarks.md,
+// session 17) and rounded it to bf16 before the fp32 bias took it. The input's and weight's
+// gradients are the same matmuls as at::linear's backward.
+at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x);
 
 // y = LayerNorm(x) * weight + bias over the last dimension: at::native_layer_norm forward and
 // its input gradient, but the weight and bias gradients as plain column sums. ATen's fused

@@ -1,0 +1,51 @@
+// Torch adapter of the column sums (col_sum_kernel.cuh): checks, allocates, launches on the current
+// stream, checks the launch.
+#include "col_sum_cuda.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "col_sum_kernel.cuh"
+
+namespace distill::cuda {
+
+at::Tensor ColumnSum(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(),
+              "ColumnSum (CUDA): x must be a contiguous 2-d CUDA tensor, got ", x.sizes(), " on ",
+              x.device(), x.is_contiguous() ? "" : ", not contiguous");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty({n}, x.options().dtype(at::kFloat));
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const int64_t splits = kernels::ColumnSumSplits<T>(rows, n, sms);
+    at::Tensor partial = at::empty({splits, n}, out.options());
+    const bool vec = kernels::Aligned16(x.const_data_ptr()) &&
+                     n % (16 / static_cast<int64_t>(sizeof(T))) == 0;
+    return kernels::LaunchColumnSum(reinterpret_cast<const T*>(x.const_data_ptr()),
+                                    partial.mutable_data_ptr<float>(),
+                                    out.mutable_data_ptr<float>(), rows, n, splits, vec, stream);
+  };
+  cudaError_t err = cudaSuccess;
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      err = run(static_cast<float*>(nullptr));
+      break;
+    case at::kBFloat16:
+      err = run(static_cast<__nv_bfloat16*>(nullptr));
+      break;
+    case at::kHalf:
+      err = run(static_cast<__half*>(nullptr));
+      break;
+    default:
+      TORCH_CHECK(false, "ColumnSum (CUDA): x must be float32, bfloat16 or float16, got ",
+                  x.scalar_type());
+  }
+  TORCH_CHECK(err == cudaSuccess, "ColumnSum (CUDA): launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
+}  // namespace distill::cuda
