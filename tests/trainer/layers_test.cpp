@@ -300,7 +300,7 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
 // weight's gradients are at::linear's bit for bit (the same matmuls), and the bias gradient is
 // the column sum of the output's gradient in fp32 (against float64; within bf16 rounding of
 // at::linear's under autocast, which rounds it to bf16). Widths that take the 16-byte path and
-// widths that do not, a misaligned gradient, one row and many.
+// widths that do not, a misaligned gradient, one row and many, 3-d and 2-d inputs.
 TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(9);
@@ -308,7 +308,7 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
     int64_t batch, seq, in, out;
   };
   for (const Shape& sh : {Shape{2, 4096, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001},
-                          Shape{5, 7, 8, 1}, Shape{1, 300, 32, 96}}) {
+                          Shape{5, 7, 8, 1}, Shape{1, 300, 32, 96}, Shape{0, 300, 32, 96}}) {
     for (const bool autocast : {false, true}) {
       for (const bool misaligned : {false, true}) {
         const std::string what =
@@ -322,7 +322,10 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
           ref->weight.copy_(layer->weight);
           ref->bias.copy_(layer->bias);
         }
-        const at::Tensor x0 = at::randn({sh.batch, sh.seq, sh.in}).cuda();
+        // batch 0: a 2-d (tokens, in) input.
+        const at::Tensor x0 =
+            (sh.batch > 0 ? at::randn({sh.batch, sh.seq, sh.in}) : at::randn({sh.seq, sh.in}))
+                .cuda();
         const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
         at::Tensor y, yr;
         {
@@ -344,7 +347,7 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
         ASSERT_EQ(layer->bias.grad().scalar_type(), at::kFloat);
         const at::Tensor want = grad.to(at::kDouble).reshape({-1, sh.out}).sum(0);
         EXPECT_LT(MaxRelDiff(layer->bias.grad(), want), 1e-5) << what << " bias";
-        EXPECT_LT(MaxRelDiff(layer->bias.grad(), ref->bias.grad()), autocast ? 4e-3 : 1e-5)
+        EXPECT_LT(MaxRelDiff(layer->bias.grad(), ref->bias.grad()), autocast ? 5e-3 : 1e-5)
             << what << " bias against at::linear's";
       }
     }

@@ -17,14 +17,15 @@ at::Tensor ColumnSum(const at::Tensor& x) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), n = x.size(1);
   at::Tensor out = at::empty({n}, x.options().dtype(at::kFloat));
+  if (n == 0) return out;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   auto run = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const int64_t splits = kernels::ColumnSumSplits<T>(rows, n, sms);
+    const bool vec =
+        kernels::Aligned16(x.const_data_ptr()) && n % (16 / static_cast<int64_t>(sizeof(T))) == 0;
+    const int64_t splits = kernels::ColumnSumSplits<T>(rows, n, sms, vec);
     at::Tensor partial = at::empty({splits, n}, out.options());
-    const bool vec = kernels::Aligned16(x.const_data_ptr()) &&
-                     n % (16 / static_cast<int64_t>(sizeof(T))) == 0;
     return kernels::LaunchColumnSum(reinterpret_cast<const T*>(x.const_data_ptr()),
                                     partial.mutable_data_ptr<float>(),
                                     out.mutable_data_ptr<float>(), rows, n, splits, vec, stream);

@@ -73,11 +73,12 @@ __global__ void ColumnSumFinalKernel(const float* __restrict__ partial, float* _
   out[col] = s;
 }
 
-// Row splits for a (rows, n) matrix of T on a device of `sms` SMs: enough tiles for ~4 blocks per
-// SM, at least 64 rows (8 per warp) per split.
+// Row splits for a (rows, n) matrix of T on a device of `sms` SMs, n > 0, for the vector path
+// (`vec`) or the one-column-per-lane path: enough tiles for ~4 blocks per SM, at least 64 rows
+// (8 per warp) per split.
 template <typename T>
-int64_t ColumnSumSplits(int64_t rows, int64_t n, int sms) {
-  constexpr int64_t kV = 16 / int64_t(sizeof(T));
+int64_t ColumnSumSplits(int64_t rows, int64_t n, int sms, bool vec) {
+  const int64_t kV = vec ? 16 / int64_t(sizeof(T)) : 1;
   const int64_t tiles = (n + 32 * kV - 1) / (32 * kV);
   int64_t splits = (int64_t(sms) * 4 + tiles - 1) / tiles;
   const int64_t most = (rows + 63) / 64;

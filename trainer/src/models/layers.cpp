@@ -114,10 +114,12 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
 
 #if DISTILL_WITH_CUDA
 // at::linear with the bias gradient as a column sum (layers.h, Linear). Under autocast the
-// operands are autocast's casts (the weight's and bias's from its cache, as at::linear's own
-// would be), so the forward is at::linear's; the input's and weight's gradients are the matmuls
-// of at::linear's backward (addmm's: g W and, for its transposed weight operand, g^T x), cast
-// back to their dtypes as autocast's casts do.
+// operands are cast to its dtype as autocast would (the same round-to-nearest-even .to), so the
+// forward is at::linear's; the input's and weight's gradients are the matmuls of at::linear's
+// backward (addmm's: g W and, for its transposed weight operand, g^T x), cast back to their
+// dtypes as autocast's casts do. Plain casts, not autocast's cache: forward runs with grad mode
+// off, and a cast cached there would carry no gradient history to a later autocast op on the
+// same parameter in the region (review, session 17); each operand is used once per forward.
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -125,9 +127,13 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     at::Tensor xc = x, wc = weight, bc = bias;
     if (at::autocast::is_autocast_enabled(at::kCUDA)) {
       const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-      xc = at::autocast::cached_cast(dtype, x, c10::DeviceType::CUDA);
-      wc = at::autocast::cached_cast(dtype, weight, c10::DeviceType::CUDA);
-      bc = at::autocast::cached_cast(dtype, bias, c10::DeviceType::CUDA);
+      auto cast = [&](const at::Tensor& t) {
+        return at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble ? t.to(dtype)
+                                                                                     : t;
+      };
+      xc = cast(x);
+      wc = cast(weight);
+      bc = cast(bias);
     }
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
