@@ -82,6 +82,13 @@ std::string WidthKeys(const ModelConfig& m, const std::string& section) {
                      m.intermediate_size > 0 ? "intermediate_size" : "mlp_ratio");
 }
 
+// Whether the run stores its frozen teacher's matmul weights in bf16 (trainer.cpp: distillation
+// under bf16 autocast, which only happens on CUDA).
+bool TeacherMatmulsInBf16(const Config& c, c10::DeviceType device_type) {
+  return c.train.mode == Mode::kDistill && c.train.precision == Precision::kBf16 &&
+         device_type == c10::DeviceType::CUDA;
+}
+
 // One plain training run. `student_section` names the config section whose architecture the
 // run's student has (the pipeline's teacher stage trains the teacher's architecture).
 MemoryEstimate EstimateSteadyRun(const Config& c, c10::DeviceType device_type,
@@ -106,20 +113,17 @@ MemoryEstimate EstimateSteadyRun(const Config& c, c10::DeviceType device_type,
   }
   if (distill) {
     const double teacher_params = ParameterCount(c.teacher);
-    if (bf16) {  // the trainer stores the frozen teacher's matmul weights in bf16 (trainer.cpp)
-      const double matmul = MatmulParameterCount(c.teacher);
-      e.terms.push_back(
-          {fmt::format("teacher weights ({} parameters, frozen: {} matmul weights x 2 B (bf16), "
-                       "the rest x 4 B)",
-                       FormatCount(teacher_params), FormatCount(matmul)),
-           matmul * 2 + (teacher_params - matmul) * kFrozenBytesPerParameter,
-           ModelKeys(c.teacher, "teacher")});
-    } else {
-      e.terms.push_back({fmt::format("teacher weights ({} parameters x 4 B, frozen)",
-                                     FormatCount(teacher_params)),
-                         teacher_params * kFrozenBytesPerParameter,
-                         ModelKeys(c.teacher, "teacher")});
-    }
+    const double bf16_params =
+        TeacherMatmulsInBf16(c, device_type) ? MatmulParameterCount(c.teacher) : 0;
+    e.terms.push_back(
+        {bf16_params > 0
+             ? fmt::format("teacher weights ({} parameters, frozen: {} matmul weights x 2 B "
+                           "(bf16), the rest x 4 B)",
+                           FormatCount(teacher_params), FormatCount(bf16_params))
+             : fmt::format("teacher weights ({} parameters x 4 B, frozen)",
+                           FormatCount(teacher_params)),
+         bf16_params * 2 + (teacher_params - bf16_params) * kFrozenBytesPerParameter,
+         ModelKeys(c.teacher, "teacher")});
   }
 
   const PerToken per_layer = ActivationsPerLayer(s.family);
@@ -181,8 +185,7 @@ MemoryEstimate EstimateSteadyRun(const Config& c, c10::DeviceType device_type,
 MemoryEstimate EstimateRun(const Config& c, c10::DeviceType device_type,
                            const std::string& student_section, int world_size) {
   MemoryEstimate e = EstimateSteadyRun(c, device_type, student_section, world_size);
-  const bool bf16 = c.train.precision == Precision::kBf16 && device_type == c10::DeviceType::CUDA;
-  if (c.train.mode == Mode::kDistill && bf16) {
+  if (TeacherMatmulsInBf16(c, device_type)) {
     const double teacher = ParameterCount(c.teacher), student = ParameterCount(c.student);
     const double start = 4 * (teacher + student), steady = e.total();
     if (start > steady) {

@@ -8,25 +8,17 @@
 
 #include "add_norm_kernel.cuh"
 #include "col_sum_cuda.h"
+#include "dispatch.h"
 
 namespace distill::cuda {
 namespace {
 
 using kernels::kAddNormThreads;
 
+// AddNorm's dtypes: WithKernelType (dispatch.h) named for this op.
 template <typename F>
 void WithType(at::ScalarType t, const char* what, F&& f) {
-  switch (t) {
-    case at::kFloat:
-      return f(float{});
-    case at::kBFloat16:
-      return f(__nv_bfloat16{});
-    case at::kHalf:
-      return f(__half{});
-    default:
-      TORCH_CHECK(false, "AddNorm (CUDA): ", what, " must be float32, bfloat16 or float16, got ",
-                  t);
-  }
+  WithKernelType(t, "AddNorm", what, std::forward<F>(f));
 }
 
 // kPer, the values per thread: the smallest power of two with kThreads * kPer >= D.

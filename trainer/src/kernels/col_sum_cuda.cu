@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "col_sum_kernel.cuh"
+#include "dispatch.h"
 
 namespace distill::cuda {
 
@@ -20,8 +21,8 @@ at::Tensor ColumnSum(const at::Tensor& x) {
   if (n == 0) return out;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  auto run = [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  const cudaError_t err = WithKernelType(x.scalar_type(), "ColumnSum", "x", [&](auto tag) {
+    using T = decltype(tag);
     const bool vec =
         kernels::Aligned16(x.const_data_ptr()) && n % (16 / static_cast<int64_t>(sizeof(T))) == 0;
     const int64_t splits = kernels::ColumnSumSplits<T>(rows, n, sms, vec);
@@ -29,22 +30,7 @@ at::Tensor ColumnSum(const at::Tensor& x) {
     return kernels::LaunchColumnSum(reinterpret_cast<const T*>(x.const_data_ptr()),
                                     partial.mutable_data_ptr<float>(),
                                     out.mutable_data_ptr<float>(), rows, n, splits, vec, stream);
-  };
-  cudaError_t err = cudaSuccess;
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      err = run(static_cast<float*>(nullptr));
-      break;
-    case at::kBFloat16:
-      err = run(static_cast<__nv_bfloat16*>(nullptr));
-      break;
-    case at::kHalf:
-      err = run(static_cast<__half*>(nullptr));
-      break;
-    default:
-      TORCH_CHECK(false, "ColumnSum (CUDA): x must be float32, bfloat16 or float16, got ",
-                  x.scalar_type());
-  }
+  });
   TORCH_CHECK(err == cudaSuccess, "ColumnSum (CUDA): launch failed: ", cudaGetErrorString(err));
   return out;
 }

@@ -6,6 +6,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "dispatch.h"
 #include "swiglu_kernel.cuh"
 
 namespace distill::cuda {
@@ -17,22 +18,6 @@ void CheckLike(const at::Tensor& t, const at::Tensor& gate, const char* name) {
               "SwiGlu (CUDA): ", name, " must be a contiguous ", gate.scalar_type(), " tensor of ",
               "shape ", gate.sizes(), " on ", gate.device(), " (as gate), got ", t.scalar_type(),
               " ", t.sizes(), " on ", t.device(), t.is_contiguous() ? "" : ", not contiguous");
-}
-
-// Calls f(T*) with T the kernels' type for x's dtype (float, __nv_bfloat16, __half).
-template <typename F>
-cudaError_t Dispatch(const at::Tensor& x, F&& f) {
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      return f(static_cast<float*>(nullptr));
-    case at::kBFloat16:
-      return f(static_cast<__nv_bfloat16*>(nullptr));
-    case at::kHalf:
-      return f(static_cast<__half*>(nullptr));
-    default:
-      TORCH_CHECK(false, "SwiGlu (CUDA): gate must be float32, bfloat16 or float16, got ",
-                  x.scalar_type());
-  }
 }
 
 template <typename T>
@@ -53,8 +38,8 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
   at::Tensor out = at::empty_like(gate);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const cudaError_t err = Dispatch(gate, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  const cudaError_t err = WithKernelType(gate.scalar_type(), "SwiGlu", "gate", [&](auto tag) {
+    using T = decltype(tag);
     return kernels::LaunchSwiGluForward(In<T>(gate), In<T>(up), Out<T>(out), gate.numel(), sms,
                                         stream);
   });
@@ -71,8 +56,8 @@ std::pair<at::Tensor, at::Tensor> SwiGluBackward(const at::Tensor& grad, const a
   at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const cudaError_t err = Dispatch(gate, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  const cudaError_t err = WithKernelType(gate.scalar_type(), "SwiGlu", "gate", [&](auto tag) {
+    using T = decltype(tag);
     return kernels::LaunchSwiGluBackward(In<T>(grad), In<T>(gate), In<T>(up), Out<T>(grad_gate),
                                          Out<T>(grad_up), gate.numel(), sms, stream);
   });

@@ -127,13 +127,9 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     at::Tensor xc = x, wc = weight, bc = bias;
     if (at::autocast::is_autocast_enabled(at::kCUDA)) {
       const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-      auto cast = [&](const at::Tensor& t) {
-        return at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble ? t.to(dtype)
-                                                                                     : t;
-      };
-      xc = cast(x);
-      wc = cast(weight);
-      bc = cast(bias);
+      xc = x.to(dtype);  // all three fp32, bf16 or fp16 (Linear checks): autocast casts them all
+      wc = weight.to(dtype);
+      bc = bias.to(dtype);
     }
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
