@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "distill/distributed.h"
 #include "distill/trainer.h"
 #include "test_util.h"
 
@@ -182,6 +183,41 @@ TEST(TrainingTest, NonFiniteStopsBeforeTheOptimizerStep) {
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << i;
   EXPECT_EQ(trainer.step(), 2);
   EXPECT_EQ(*LatestCheckpoint(c.train.out_dir), CheckpointPath(c.train.out_dir, 2));
+}
+
+// Step queues the clipping behind the micro-batches and reads the loss terms and the norm in one
+// transfer: its grad_norm is the norm before clipping of the gradients AccumulateGradients gives
+// on the same micro-batches (a twin trainer), its losses are theirs, and the gradients it leaves
+// are clipped to optim.grad_clip.
+TEST(TrainingTest, StepReportsTheNormBeforeClippingAndClips) {
+  Config c = TinyDistillConfig(TempRunDir("-step"));
+  c.optim.grad_clip = 1e-3;  // far below the gradients' norm: the step clips
+  Config twin = c;
+  twin.train.out_dir = TempRunDir("-twin");
+  Trainer reference(twin, RunOptions::Quiet());
+  std::vector<Batch> batches;
+  for (int64_t index : RankMicroBatches(0, c.train.grad_accum, 0, 1)) {
+    batches.push_back(reference.data().TrainBatch(index));
+  }
+  reference.optimizer().zero_grad(true);
+  const StepResult expected = reference.AccumulateGradients(batches);
+  auto norm_of = [](const std::vector<at::Tensor>& grads) {
+    double squares = 0;
+    for (const auto& g : grads) squares += g.to(at::kDouble).square().sum().item<double>();
+    return std::sqrt(squares);
+  };
+  const double norm = norm_of(Grads(reference.student()));
+  ASSERT_GT(norm, 100 * c.optim.grad_clip);
+
+  Trainer trainer(c, RunOptions::Quiet());
+  const StepResult r = trainer.Step();
+  EXPECT_NEAR(r.grad_norm, norm, 1e-5 * norm);
+  EXPECT_EQ(r.tokens, expected.tokens);
+  EXPECT_NEAR(r.kd_loss, expected.kd_loss, 1e-6 * expected.kd_loss);
+  EXPECT_NEAR(r.ce_loss, expected.ce_loss, 1e-6 * expected.ce_loss);
+  EXPECT_FALSE(r.skipped);
+  const double clipped = norm_of(Grads(trainer.student()));
+  EXPECT_NEAR(clipped, c.optim.grad_clip, 1e-4 * c.optim.grad_clip);
 }
 
 // skip: the update is skipped (weights unchanged, the step and data move on), counted, and an

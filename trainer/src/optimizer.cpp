@@ -93,21 +93,26 @@ std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, Ca
   return std::make_unique<FusedAdamW>(groups, torch::optim::AdamWOptions(config.lr));
 }
 
-double ClipGradNorm(const std::vector<at::Tensor>& parameters, double max_norm) {
+at::Tensor QueueClipGradNorm(const std::vector<at::Tensor>& parameters, double max_norm) {
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (grads.empty()) return 0.0;
+  if (grads.empty()) return {};
   at::NoGradGuard no_grad;
   // One multi-tensor launch for the per-tensor norms (fp32 accumulation), one for their norm.
-  const at::Tensor total = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
+  at::Tensor total = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2)), 2);
   if (std::isfinite(max_norm)) {
     // The scale stays on the device: clamp(max_norm / (norm + 1e-6), max=1), as torch's.
     const at::Tensor scale = at::clamp_max(max_norm / (total + 1e-6), 1.0);
     at::_foreach_mul_(grads, scale);
   }
-  return total.item<double>();
+  return total;
+}
+
+double ClipGradNorm(const std::vector<at::Tensor>& parameters, double max_norm) {
+  const at::Tensor total = QueueClipGradNorm(parameters, max_norm);
+  return total.defined() ? total.item<double>() : 0.0;
 }
 
 }  // namespace distill

@@ -314,22 +314,22 @@ std::vector<Batch> Trainer::StepBatches(int64_t data_position) {
 
 StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
                                         int64_t normalizer_tokens) {
-  return AccumulateGradients(micro_batches, normalizer_tokens, nullptr);
+  return ReadLosses(QueueMicroBatches(micro_batches, normalizer_tokens, nullptr), at::Tensor());
 }
 
-StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
-                                        int64_t normalizer_tokens,
-                                        const std::function<void()>& while_device_works) {
-  int64_t tokens = normalizer_tokens;
-  if (tokens == 0) {
-    for (const auto& b : micro_batches) tokens += b.num_targets;
+Trainer::QueuedLosses Trainer::QueueMicroBatches(const std::vector<Batch>& micro_batches,
+                                                 int64_t normalizer_tokens,
+                                                 const std::function<void()>& while_device_works) {
+  QueuedLosses q;
+  q.tokens = normalizer_tokens;
+  if (q.tokens == 0) {
+    for (const auto& b : micro_batches) q.tokens += b.num_targets;
   }
-  const double scale = 1.0 / std::max<int64_t>(tokens, 1);
-  at::Tensor kd_sum, ce_sum;
+  q.scale = 1.0 / std::max<int64_t>(q.tokens, 1);
   StepProfiler* profiler = profiler_.get();  // nullptr unless --profile-steps
   if (graph_) {
-    std::tie(kd_sum, ce_sum) =
-        graph_->Accumulate(micro_batches, scale,
+    std::tie(q.kd_sum, q.ce_sum) =
+        graph_->Accumulate(micro_batches, q.scale,
                            [this](const at::Tensor& inputs, const at::Tensor& targets,
                                   const at::Tensor& scale_tensor, at::Tensor& kd, at::Tensor& ce) {
                              MicroBatchPass(inputs, targets, scale_tensor, 0.0, kd, ce);
@@ -339,8 +339,8 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
       warnings_.push_back(*warning);
     }
   } else {
-    kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
-    ce_sum = kd_sum.clone();
+    q.kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
+    q.ce_sum = q.kd_sum.clone();
     for (size_t mb = 0; mb < micro_batches.size(); ++mb) {
       const Batch& batch = micro_batches[mb];
       at::Tensor inputs, targets;
@@ -352,16 +352,26 @@ StepResult Trainer::AccumulateGradients(const std::vector<Batch>& micro_batches,
       // Data-parallel: the last micro-batch's backward starts each gradient bucket's all-reduce
       // as soon as the bucket is complete (Step waits for them).
       if (reducer_) reducer_->BeginBackward(/*last=*/mb + 1 == micro_batches.size());
-      MicroBatchPass(inputs, targets, at::Tensor(), scale, kd_sum, ce_sum);
+      MicroBatchPass(inputs, targets, at::Tensor(), q.scale, q.kd_sum, q.ce_sum);
     }
   }
   if (while_device_works) while_device_works();  // the work is queued, not finished
-  PhaseScope phase(profiler, Phase::kLoss);      // waits for the step's forward and backward
+  return q;
+}
+
+StepResult Trainer::ReadLosses(const QueuedLosses& q, const at::Tensor& grad_norm) const {
+  PhaseScope phase(profiler_.get(), Phase::kLoss);  // waits for the step's forward and backward
+  std::vector<at::Tensor> terms = {q.kd_sum.to(at::kDouble), q.ce_sum.to(at::kDouble)};
+  if (grad_norm.defined()) terms.push_back(grad_norm.to(at::kDouble));
+  // One transfer (one wait) for all of them: each .item() would wait on its own.
+  const at::Tensor host = at::stack(terms).to(at::kCPU);
+  const double* v = host.const_data_ptr<double>();
   StepResult r;
-  r.tokens = tokens;
-  r.kd_loss = kd_sum.item<double>() * scale;
-  r.ce_loss = ce_sum.item<double>() * scale;
+  r.tokens = q.tokens;
+  r.kd_loss = v[0] * q.scale;
+  r.ce_loss = v[1] * q.scale;
   r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
+  if (grad_norm.defined()) r.grad_norm = v[2];
   return r;
 }
 
@@ -393,33 +403,49 @@ StepResult Trainer::Step() {
     global_tokens = dist_->AllReduceSum(local_tokens);
   }
   // The next step's batches are made on the host while the device runs this step's work (not
-  // under --profile-steps, whose data phase times them; not after the last step).
+  // under --profile-steps, whose data phase times them; not after the last step), and on CUDA
+  // put in pinned memory there too: pinned at the next step's start, the device would wait.
   const int64_t next = position_.data_position + config_.train.grad_accum;
   const bool prefetch = profiler == nullptr && position_.step + 1 < config_.train.steps;
-  StepResult r = AccumulateGradients(micro_batches, global_tokens, [&] {
-    if (prefetch) prefetched_ = {next, StepBatches(next)};
+  const QueuedLosses queued = QueueMicroBatches(micro_batches, global_tokens, [&] {
+    if (!prefetch) return;
+    std::vector<Batch> batches = StepBatches(next);
+    if (device_.is_cuda()) {
+      for (Batch& b : batches) {
+        b.inputs = b.inputs.pin_memory();
+        b.targets = b.targets.pin_memory();
+      }
+    }
+    prefetched_ = {next, std::move(batches)};
   });
+  if (dist_->active() && reducer_) {
+    // The gradient buckets' all-reduces, started during the last backward: wait for them (and
+    // start those of parameters that got no gradient) before the norm reads the gradients.
+    PhaseScope phase(profiler, Phase::kCommunication);
+    reducer_->Finish();
+  }
+  // The clipping is queued behind the micro-batches before anything is read, so that the device
+  // does not wait for the host between them: the loss terms and the norm come back in one
+  // transfer. max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
+  const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
+  at::Tensor grad_norm;
+  {
+    PhaseScope phase(profiler, Phase::kClip);
+    grad_norm = QueueClipGradNorm(student_->parameters(), max_norm);
+  }
+  StepResult r = ReadLosses(queued, grad_norm);
   const int signal = StopSignals::Pending();
   stop_signal_ = signal;
   if (dist_->active()) {
     PhaseScope phase(profiler, Phase::kCommunication);
-    // The gradient buckets' all-reduces, started during the last backward: wait for them (and
-    // start those of parameters that got no gradient), then the step's loss terms. A SIGTERM /
-    // SIGINT rides along in that same all-reduce (free: no extra communication), so every rank
-    // sees it at the same step and all stop together.
-    if (reducer_) reducer_->Finish();
+    // The step's loss terms. A SIGTERM / SIGINT rides along in that same all-reduce (free: no
+    // extra communication), so every rank sees it at the same step and all stop together.
     const std::vector<double> terms = dist_->AllReduceSum(
         {r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0});
     r.kd_loss = terms[0];
     r.ce_loss = terms[1];
     r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
     stop_signal_ = terms[2] > 0 ? SIGTERM : terms[3] > 0 ? SIGINT : 0;
-  }
-  // max_norm = inf measures the norm without clipping (the coefficient clamps to 1).
-  const double max_norm = config_.optim.grad_clip > 0 ? config_.optim.grad_clip : INFINITY;
-  {
-    PhaseScope phase(profiler, Phase::kClip);
-    r.grad_norm = ClipGradNorm(student_->parameters(), max_norm);
   }
   r.lr = lr;
   // The loss terms are on the host already and clipping computed the norm: no extra sync.

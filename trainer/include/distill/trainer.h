@@ -135,10 +135,18 @@ class Trainer {
   bool SkipNonFinite(const StepResult& r);
   // The step's micro-batches at `data_position` (this rank's share), prefetched or made now.
   std::vector<Batch> StepBatches(int64_t data_position);
-  // AccumulateGradients, calling `while_device_works` (when set) once the micro-batches are
-  // queued on the device and before their results are read.
-  StepResult AccumulateGradients(const std::vector<Batch>& micro_batches, int64_t normalizer_tokens,
+  // AccumulateGradients' work queued on the device, its loss sums not read yet.
+  struct QueuedLosses {
+    at::Tensor kd_sum, ce_sum;  // 0-d float sums on the device (times scale: the batchmeans)
+    int64_t tokens = 0;
+    double scale = 0;  // 1 / the normalising token count
+  };
+  // Queues the micro-batches (as AccumulateGradients), then calls `while_device_works` (when
+  // set) while the device runs them.
+  QueuedLosses QueueMicroBatches(const std::vector<Batch>& micro_batches, int64_t normalizer_tokens,
                                  const std::function<void()>& while_device_works);
+  // Waits for `q` and reads its loss terms, and `grad_norm` (when defined), in one transfer.
+  StepResult ReadLosses(const QueuedLosses& q, const at::Tensor& grad_norm) const;
   // One micro-batch on the device: forward, loss, and the backward of its loss times the scale
   // (`scale_tensor` when defined, else `scale`); adds the loss sums into kd_sum and ce_sum.
   void MicroBatchPass(const at::Tensor& inputs, const at::Tensor& targets,
