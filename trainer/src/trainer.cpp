@@ -360,7 +360,9 @@ Trainer::QueuedLosses Trainer::QueueMicroBatches(const std::vector<Batch>& micro
 }
 
 StepResult Trainer::ReadLosses(const QueuedLosses& q, const at::Tensor& grad_norm) const {
-  PhaseScope phase(profiler_.get(), Phase::kLoss);  // waits for the step's forward and backward
+  // Waits for the step's forward and backward (and what Step queued after them: the clipping,
+  // data-parallel the gradient all-reduces).
+  PhaseScope phase(profiler_.get(), Phase::kLoss);
   std::vector<at::Tensor> terms = {q.kd_sum.to(at::kDouble), q.ce_sum.to(at::kDouble)};
   if (grad_norm.defined()) terms.push_back(grad_norm.to(at::kDouble));
   // One transfer (one wait) for all of them: each .item() would wait on its own.

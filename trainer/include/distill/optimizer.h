@@ -33,9 +33,9 @@ std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const OptimConfig& config, Ca
 // max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_. max_norm = inf measures without
 // touching the gradients. Non-finite norms are returned as they are (the caller decides).
 double ClipGradNorm(const std::vector<at::Tensor>& parameters, double max_norm);
-// ClipGradNorm without the wait: the norm stays on the device (a 0-d float tensor; undefined
-// when no parameter has a gradient) and the clipping is queued, so that the caller can read the
-// norm together with other results in one transfer.
+// ClipGradNorm without the wait: the norm stays on the device (a 0-d tensor of the gradients'
+// dtype; undefined when no parameter has a gradient) and the clipping is queued, so that the caller
+// can read the norm together with other results in one transfer.
 at::Tensor QueueClipGradNorm(const std::vector<at::Tensor>& parameters, double max_norm);
 
 }  // namespace distill
