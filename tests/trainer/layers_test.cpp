@@ -4,10 +4,12 @@
 // and SwiGLU against the composite, value for value, and float64), and whole models on CUDA
 // (fused) against the same weights on the CPU (composite); a frozen model's matmul weights stored
 // in bf16 (StoreMatmulWeightsAs) compute what autocast computed from fp32 ones, bit for bit; the
-// CUDA Linear's bias gradient (a column-sum kernel) against float64 and at::linear's.
+// CUDA Linear's bias gradient (a column-sum kernel) against float64 and at::linear's; the CUDA
+// LinearGelu against gelu(Linear(...)), bit for bit, and float64.
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -296,10 +298,11 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
   }
 }
 
-// distill::Linear on CUDA (a bias that takes a gradient): the output, the input's and the
-// weight's gradients are at::linear's bit for bit (the same matmuls), and the bias gradient is
-// the column sum of the output's gradient in fp32 (against float64; within bf16 rounding of
-// at::linear's under autocast, which rounds it to bf16). Widths that take the 16-byte path and
+// distill::Linear on CUDA (a bias that takes a gradient): the output and the input's gradient are
+// at::linear's bit for bit (the same matmuls), the weight's too in fp32 and, under autocast, the
+// same GEMM writing fp32; the bias gradient is the column sum of the output's gradient in fp32
+// (against float64; within bf16 rounding of at::linear's under autocast, which rounds it to
+// bf16). Widths that take the 16-byte path and
 // widths that do not, a misaligned gradient, one row and many, 3-d and 2-d inputs.
 TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
@@ -343,12 +346,94 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
         y.backward(grad);
         yr.backward(grad);
         EXPECT_TRUE(at::equal(x.grad(), xr.grad())) << what << " input gradient";
-        EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
+        if (autocast) {
+          // The weight gradient's GEMM writes fp32: g^T x of the bf16 operands, unrounded; within
+          // bf16 rounding of at::linear's (which rounds the product to bf16).
+          const at::Tensor g2 = grad.reshape({-1, sh.out}).to(at::kBFloat16);
+          const at::Tensor x2 = x0.reshape({-1, sh.in}).to(at::kBFloat16);
+          ASSERT_EQ(layer->weight.grad().scalar_type(), at::kFloat);
+          EXPECT_TRUE(at::equal(layer->weight.grad(), at::mm(g2.t(), x2, at::kFloat)))
+              << what << " weight";
+          EXPECT_LT(MaxRelDiff(layer->weight.grad(), ref->weight.grad()), 8e-3) << what;
+        } else {
+          EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
+        }
         ASSERT_EQ(layer->bias.grad().scalar_type(), at::kFloat);
         const at::Tensor want = grad.to(at::kDouble).reshape({-1, sh.out}).sum(0);
         EXPECT_LT(MaxRelDiff(layer->bias.grad(), want), 1e-5) << what << " bias";
         EXPECT_LT(MaxRelDiff(layer->bias.grad(), ref->bias.grad()), autocast ? 5e-3 : 1e-5)
             << what << " bias against at::linear's";
+      }
+    }
+  }
+}
+
+// distill::LinearGelu on CUDA is gelu(Linear(...)) bit for bit: the output (ATen's formula in the
+// kernel), and the gradients of the input, the weight and the bias (the fused pass's column sums
+// are ColumnSum's of the same gradient, in the same order), with and without autocast, on widths
+// that take the 16-byte path and widths that do not, with a misaligned output gradient, for 3-d
+// and 2-d inputs of one row, many and none; within the dtype's rounding of float64; and without
+// grad mode (the forward kernel alone) at::gelu(at::linear(...))'s values.
+TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(10);
+  struct Shape {
+    int64_t batch, seq, in, out;
+  };
+  for (const Shape& sh :
+       {Shape{2, 1024, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001}, Shape{5, 7, 8, 1},
+        Shape{1, 300, 32, 96}, Shape{0, 300, 32, 96}, Shape{1, 0, 32, 96}}) {
+    for (const bool autocast : {false, true}) {
+      for (const bool misaligned : {false, true}) {
+        const std::string what =
+            fmt::format("{}x{}x{} -> {} autocast {}{}", sh.batch, sh.seq, sh.in, sh.out, autocast,
+                        misaligned ? " misaligned" : "");
+        torch::nn::Linear layer(sh.in, sh.out), ref(sh.in, sh.out);
+        layer->to(at::kCUDA);
+        ref->to(at::kCUDA);
+        {
+          torch::NoGradGuard no_grad;
+          layer->bias.normal_();  // pre-activations on both sides of 0
+          ref->weight.copy_(layer->weight);
+          ref->bias.copy_(layer->bias);
+        }
+        // batch 0: a 2-d (tokens, in) input; seq 0: no rows.
+        const at::Tensor x0 =
+            (sh.batch > 0 ? at::randn({sh.batch, sh.seq, sh.in}) : at::randn({sh.seq, sh.in}))
+                .cuda();
+        const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
+        at::Tensor y, yr, y_nograd;
+        {
+          AutocastGuard guard(autocast);
+          y = LinearGelu(layer, x);
+          yr = at::gelu(Linear(ref, xr));
+          torch::NoGradGuard no_grad;
+          y_nograd = LinearGelu(layer, x0);
+        }
+        ASSERT_NE(y.grad_fn()->name().find("LinearGeluFunction"), std::string::npos)
+            << y.grad_fn()->name();
+        ASSERT_NE(yr.grad_fn()->name().find("GeluBackward"), std::string::npos)
+            << yr.grad_fn()->name();
+        EXPECT_TRUE(at::equal(y, yr)) << what;
+        EXPECT_TRUE(at::equal(y_nograd, yr)) << what << " without grad mode";
+        const int64_t n = y.numel();
+        const at::Tensor flat = at::randn({n + 1}, y.options());
+        const at::Tensor grad = flat.narrow(0, misaligned ? 1 : 0, n).view(y.sizes());
+        y.backward(grad);
+        yr.backward(grad);
+        EXPECT_TRUE(at::equal(x.grad(), xr.grad())) << what << " input gradient";
+        EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
+        EXPECT_TRUE(at::equal(layer->bias.grad(), ref->bias.grad())) << what << " bias";
+        // float64: the operands as the matmul took them, everything after in float64.
+        const at::ScalarType op = autocast ? at::kBFloat16 : at::kFloat;
+        const auto f64 = [&](const at::Tensor& t) { return t.detach().to(op).to(at::kDouble); };
+        const at::Tensor u = at::linear(f64(x0), f64(layer->weight), f64(layer->bias));
+        const at::Tensor cdf = 0.5 * (1 + at::erf(u / std::sqrt(2.0)));
+        const at::Tensor pdf = at::exp(-0.5 * u * u) / std::sqrt(2 * M_PI);
+        const at::Tensor du = grad.to(op).to(at::kDouble) * (cdf + u * pdf);
+        const double tol = autocast ? 3.2e-2 : 1e-5;
+        if (y.numel() > 0) EXPECT_LT(MaxRelDiff(y, u * cdf), tol) << what;
+        EXPECT_LT(MaxRelDiff(layer->bias.grad(), du.reshape({-1, sh.out}).sum(0)), tol) << what;
       }
     }
   }

@@ -63,11 +63,13 @@ __global__ void __launch_bounds__(32 * kColSumWarps)
   }
 }
 
-__global__ void ColumnSumFinalKernel(const float* __restrict__ partial, float* __restrict__ out,
+// (A template, float only, so that every .cu including this header may instantiate it.)
+template <typename Acc>
+__global__ void ColumnSumFinalKernel(const Acc* __restrict__ partial, Acc* __restrict__ out,
                                      int64_t n, int64_t splits) {
   const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= n) return;
-  float s = 0.f;
+  Acc s = 0.f;
 #pragma unroll 8
   for (int64_t i = 0; i < splits; ++i) s += partial[i * n + col];  // loads ahead of the adds
   out[col] = s;
@@ -105,7 +107,8 @@ cudaError_t LaunchColumnSum(const T* x, float* partial, float* out, int64_t rows
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  ColumnSumFinalKernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(partial, out, n, splits);
+  ColumnSumFinalKernel<float>
+      <<<unsigned((n + 255) / 256), 256, 0, stream>>>(partial, out, n, splits);
   return cudaGetLastError();
 }
 

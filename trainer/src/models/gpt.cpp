@@ -55,7 +55,7 @@ class BlockImpl : public torch::nn::Module {
     attn = attn.transpose(1, 2).reshape({B, T, D});
     const AddNormResult mlp_in =
         AddLayerNorm(attn_in.h, resid_dropout_->forward(Linear(attn_out_, attn)), ln_mlp_);
-    at::Tensor m = Linear(mlp_out_, at::gelu(Linear(mlp_in_, mlp_in.out)));
+    at::Tensor m = Linear(mlp_out_, LinearGelu(mlp_in_, mlp_in.out));
     return {mlp_in.h, resid_dropout_->forward(m)};
   }
 

@@ -8,6 +8,7 @@
 #if DISTILL_WITH_CUDA
 #include "../kernels/add_norm_cuda.h"
 #include "../kernels/col_sum_cuda.h"
+#include "../kernels/gelu_cuda.h"
 #include "../kernels/rope_cuda.h"
 #include "../kernels/swiglu_cuda.h"
 #endif
@@ -113,45 +114,90 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
 #endif
 
 #if DISTILL_WITH_CUDA
-// at::linear with the bias gradient as a column sum (layers.h, Linear). Under autocast the
-// operands are cast to its dtype as autocast would (the same round-to-nearest-even .to), so the
-// forward is at::linear's; the input's and weight's gradients are the matmuls of at::linear's
-// backward (addmm's: g W and, for its transposed weight operand, g^T x), cast back to their
-// dtypes as autocast's casts do. Plain casts, not autocast's cache: forward runs with grad mode
-// off, and a cast cached there would carry no gradient history to a later autocast op on the
-// same parameter in the region (review, session 17); each operand is used once per forward.
+// x, W and b as at::linear under autocast would take them: cast to its dtype (the same
+// round-to-nearest-even .to) when autocast is on. Plain casts, not autocast's cache: forward runs
+// with grad mode off, and a cast cached there would carry no gradient history to a later autocast
+// op on the same parameter in the region (review, session 17); each operand is used once per
+// forward.
+struct LinearOperands {
+  at::Tensor x, w, b;
+};
+LinearOperands AutocastOperands(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!at::autocast::is_autocast_enabled(at::kCUDA)) return {x, w, b};
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  return {x.to(dtype), w.to(dtype), b.to(dtype)};  // all fp32, bf16 or fp16 (Linear checks)
+}
+
+// Saves what LinearBackward needs: the operands the matmul took and the dtypes of the originals.
+void SaveLinear(AutogradContext* ctx, const LinearOperands& c, const at::Tensor& x,
+                const at::Tensor& w, const at::Tensor& b, at::TensorList more = {}) {
+  std::vector<at::Tensor> saved{c.x, c.w};
+  saved.insert(saved.end(), more.begin(), more.end());
+  ctx->save_for_backward(saved);
+  ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+  ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+  ctx->saved_data["b_dtype"] = static_cast<int64_t>(b.scalar_type());
+}
+
+// The gradients of y = x W^T + b from the output's gradient g (tokens, out) and, when given, the
+// column sums of g (the bias gradient in fp32; else ColumnSum(g) here): the input's is at::linear's
+// matmul g W, cast back to x's dtype; the weight's is g^T x, and for an fp32 weight under autocast
+// the GEMM writes it in fp32 (cuBLAS accumulates in fp32 either way): no bf16 rounding of the
+// gradient and no cast kernel after it, where at::linear's backward writes bf16 and autocast's
+// cast then makes the fp32 copy.
+variable_list LinearBackward(AutogradContext* ctx, const at::Tensor& g, at::Tensor col_sums) {
+  const variable_list saved = ctx->get_saved_variables();
+  const at::Tensor &xc = saved[0], &wc = saved[1];
+  auto dtype = [&](const char* key) {
+    return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
+  };
+  at::Tensor grad_x, grad_w, grad_b;
+  if (ctx->needs_input_grad(0)) grad_x = at::mm(g, wc).view(xc.sizes()).to(dtype("x_dtype"));
+  if (ctx->needs_input_grad(1)) {
+    const at::Tensor x2 = xc.reshape({-1, wc.size(1)});
+    const at::ScalarType w_dtype = dtype("w_dtype");
+    grad_w = w_dtype == at::kFloat && g.scalar_type() != at::kFloat ? at::mm(g.t(), x2, at::kFloat)
+                                                                    : at::mm(g.t(), x2).to(w_dtype);
+  }
+  if (ctx->needs_input_grad(2)) {
+    grad_b = (col_sums.defined() ? col_sums : cuda::ColumnSum(g)).to(dtype("b_dtype"));
+  }
+  return {grad_x, grad_w, grad_b};
+}
+
+// at::linear with the bias gradient as a column sum (layers.h, Linear): the forward is
+// at::linear's on AutocastOperands, the backward LinearBackward.
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
-    at::Tensor xc = x, wc = weight, bc = bias;
-    if (at::autocast::is_autocast_enabled(at::kCUDA)) {
-      const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-      xc = x.to(dtype);  // all three fp32, bf16 or fp16 (Linear checks): autocast casts them all
-      wc = weight.to(dtype);
-      bc = bias.to(dtype);
-    }
-    ctx->save_for_backward({xc, wc});
-    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
-    return at::linear(xc, wc, bc);
+    const LinearOperands c = AutocastOperands(x, weight, bias);
+    SaveLinear(ctx, c, x, weight, bias);
+    return at::linear(c.x, c.w, c.b);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &xc = saved[0], &wc = saved[1];
-    auto dtype = [&](const char* key) {
-      return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
-    };
-    const at::Tensor g = grads[0].reshape({-1, wc.size(0)}).contiguous();  // (tokens, out)
-    at::Tensor grad_x, grad_w, grad_b;
-    if (ctx->needs_input_grad(0)) grad_x = at::mm(g, wc).view(xc.sizes()).to(dtype("x_dtype"));
-    if (ctx->needs_input_grad(1)) {
-      grad_w = at::mm(g.t(), xc.reshape({-1, wc.size(1)})).to(dtype("w_dtype"));
-    }
-    if (ctx->needs_input_grad(2)) grad_b = cuda::ColumnSum(g).to(dtype("b_dtype"));
-    return {grad_x, grad_w, grad_b};
+    const int64_t out = ctx->get_saved_variables()[1].size(0);
+    return LinearBackward(ctx, grads[0].reshape({-1, out}).contiguous(), at::Tensor());
+  }
+};
+
+// gelu(at::linear(x, W, b)) (layers.h, LinearGelu): the activation by cuda::Gelu, and in the
+// backward its gradient and the bias gradient (the column sums of that gradient) in one pass.
+class LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    const LinearOperands c = AutocastOperands(x, weight, bias);
+    const at::Tensor u = at::linear(c.x, c.w, c.b);
+    SaveLinear(ctx, c, x, weight, bias, {u});
+    return cuda::Gelu(u);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor u = ctx->get_saved_variables()[2];
+    auto [du, sums] = cuda::GeluBackwardWithColumnSum(grads[0].contiguous(), u);
+    return LinearBackward(ctx, du.view({-1, u.size(-1)}), sums);
   }
 };
 #endif
@@ -194,19 +240,37 @@ AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& 
 #endif
 }
 
+// Whether Linear and LinearGelu take their CUDA autograd functions: a bias that takes a gradient
+// (the column-sum kernels are its gradient), grad mode on, one device, the kernels' dtypes.
+[[maybe_unused]] bool LinearOnCuda(const torch::nn::Linear& layer, const at::Tensor& x) {
+  const at::Tensor &w = layer->weight, &b = layer->bias;
+  return x.is_cuda() && x.dim() >= 1 && b.defined() && b.requires_grad() &&
+         at::GradMode::is_enabled() && w.device() == x.device() && b.device() == x.device() &&
+         KernelDtype(x.scalar_type()) && KernelDtype(w.scalar_type()) &&
+         KernelDtype(b.scalar_type());
+}
+
 }  // namespace
 
 at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x) {
 #if DISTILL_WITH_CUDA
-  const at::Tensor &w = layer->weight, &b = layer->bias;
-  if (x.is_cuda() && x.dim() >= 1 && b.defined() && b.requires_grad() &&
-      at::GradMode::is_enabled() && w.device() == x.device() && b.device() == x.device() &&
-      KernelDtype(x.scalar_type()) && KernelDtype(w.scalar_type()) &&
-      KernelDtype(b.scalar_type())) {
-    return LinearFunction::apply(x, w, b);
-  }
+  if (LinearOnCuda(layer, x)) return LinearFunction::apply(x, layer->weight, layer->bias);
 #endif
   return at::linear(x, layer->weight, layer->bias);
+}
+
+at::Tensor LinearGelu(const torch::nn::Linear& layer, const at::Tensor& x) {
+#if DISTILL_WITH_CUDA
+  if (LinearOnCuda(layer, x)) return LinearGeluFunction::apply(x, layer->weight, layer->bias);
+  const at::Tensor u = at::linear(x, layer->weight, layer->bias);
+  if (u.is_cuda() && u.is_contiguous() && u.dim() >= 1 && KernelDtype(u.scalar_type()) &&
+      !(at::GradMode::is_enabled() && u.requires_grad())) {
+    return cuda::Gelu(u);  // no gradient to keep (e.g. the frozen teacher): the kernel alone
+  }
+  return at::gelu(u);
+#else
+  return at::gelu(at::linear(x, layer->weight, layer->bias));
+#endif
 }
 
 at::Tensor LayerNorm(const torch::nn::LayerNorm& layer, const at::Tensor& x) {

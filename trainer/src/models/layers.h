@@ -19,8 +19,20 @@ namespace distill {
 // (kernels/col_sum_kernel.cuh), in fp32 and kept so, where autograd's sum of the bf16 gradient
 // over the tokens ran at ~44% of it (~21 ms of a 235M GPT's 460 ms step, docs/benchmarks.md,
 // session 17) and rounded it to bf16 before the fp32 bias took it. The input's and weight's
-// gradients are the same matmuls as at::linear's backward.
+// gradients are the same matmuls as at::linear's backward, but for an fp32 weight under autocast
+// the weight gradient's GEMM writes it in fp32 (not bf16 and then a cast kernel): the product
+// is not rounded to bf16 before the fp32 gradient takes it.
 at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x);
+
+// gelu(Linear(layer, x)) with the exact (erf) GELU, as at::gelu computes it: the GPT family's MLP
+// input. On CUDA the activation is one vectorised kernel (kernels/gelu_kernel.cuh: ATen's
+// formula, the same values as at::gelu's with the toolkit's erff and expf; a test checks them),
+// and where Linear takes its CUDA path, its backward computes the activation's
+// gradient and the layer's bias gradient (the column sums of that gradient) in one pass, where
+// at::gelu_backward wrote the gradient and the column sums read it back (~4 ms of a 235M GPT's
+// step). The same values as gelu(Linear(layer, x)), bias gradient included (the same sums in the
+// same order).
+at::Tensor LinearGelu(const torch::nn::Linear& layer, const at::Tensor& x);
 
 // y = LayerNorm(x) * weight + bias over the last dimension: at::native_layer_norm forward and
 // its input gradient, but the weight and bias gradients as plain column sums. ATen's fused

@@ -1,0 +1,151 @@
+// Framework-free CUDA kernels of distill::LinearGelu (trainer/src/models/layers.h): the GPT
+// family's MLP activation, the exact (erf) GELU of the first linear layer's output u,
+//   a = u * 0.5 * (1 + erf(u / sqrt(2))),
+// and its backward fused with the bias gradient of that linear layer: the column sums of the
+// activation's input gradient du = dy * gelu'(u), which the linear layer's backward would
+// otherwise read back in a pass of its own (ColumnSum, col_sum_kernel.cuh).
+//
+// Rounded as ATen rounds (GeluCUDAKernelImpl and GeluBackwardCUDAKernelImpl in
+// ActivationGeluKernel.cu: the math in float, the result rounded to the storage type T), written
+// as they are written so that the compiler makes the same instructions of them; the column sums
+// are ColumnSum's of the rounded du, in the same order (the same tiles, row splits and final
+// pass), so the fused backward gives ColumnSum(gelu_backward(dy, u)) bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "col_sum_kernel.cuh"
+#include "convert.cuh"
+
+namespace distill::kernels {
+
+constexpr int kGeluThreads = 256;
+
+__device__ __forceinline__ float GeluOf(float x) {
+  constexpr float kAlpha = M_SQRT1_2;
+  return x * 0.5f * (1.f + ::erf(x * kAlpha));
+}
+
+__device__ __forceinline__ float GeluGradOf(float dy, float x) {
+  constexpr float kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5f;
+  constexpr float kAlpha = M_SQRT1_2;
+  const float cdf = 0.5f * (1.f + ::erf(x * kAlpha));
+  const float pdf = ::exp(-0.5f * x * x) * kBeta;
+  return dy * (cdf + x * pdf);
+}
+
+// a = gelu(u) over n elements: 16-byte vectors when both pointers are aligned (`vec`), then the
+// tail.
+template <typename T>
+__global__ void __launch_bounds__(kGeluThreads)
+    GeluForwardKernel(const T* __restrict__ u, T* __restrict__ a, int64_t n, bool vec) {
+  constexpr int N = Pack16<T>::N;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t vecs = vec ? n / N : 0;
+  for (int64_t i = first; i < vecs; i += stride) {
+    Pack16<T> x, o;
+    x.raw = __ldg(reinterpret_cast<const uint4*>(u) + i);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = FromFloat<T>(GeluOf(ToFloat(x.v[k])));
+    reinterpret_cast<uint4*>(a)[i] = o.raw;
+  }
+  for (int64_t j = vecs * N + first; j < n; j += stride) a[j] = FromFloat<T>(GeluOf(ToFloat(u[j])));
+}
+
+// du = gelu'(u) * dy for a (rows, n) matrix, written, and its column sums per row split, as
+// ColumnSumPartialKernel sums them (its tiles of 32 lanes x kV columns, its warps over the rows of
+// a split, the warps' sums added in order): row blockIdx.y of `partial` (splits, n).
+template <typename T, int kV>
+__global__ void __launch_bounds__(32 * kColSumWarps)
+    GeluBackwardColumnSumKernel(const T* __restrict__ dy, const T* __restrict__ u,
+                                T* __restrict__ du, float* __restrict__ partial, int64_t rows,
+                                int64_t n, int64_t rows_per_split) {
+  __shared__ float tile[kColSumWarps][32 * kV];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t col0 = (int64_t(blockIdx.x) * 32 + lane) * kV;
+  const int64_t r_begin = int64_t(blockIdx.y) * rows_per_split;
+  const int64_t r_end = r_begin + rows_per_split < rows ? r_begin + rows_per_split : rows;
+  float acc[kV];
+#pragma unroll
+  for (int k = 0; k < kV; ++k) acc[k] = 0.f;
+  if (col0 < n) {
+#pragma unroll 4
+    for (int64_t r = r_begin + warp; r < r_end; r += kColSumWarps) {
+      const int64_t at = r * n + col0;
+      if constexpr (kV > 1) {
+        Pack16<T> d, x, o;
+        d.raw = __ldg(reinterpret_cast<const uint4*>(dy + at));
+        x.raw = __ldg(reinterpret_cast<const uint4*>(u + at));
+#pragma unroll
+        for (int k = 0; k < kV; ++k) {
+          o.v[k] = FromFloat<T>(GeluGradOf(ToFloat(d.v[k]), ToFloat(x.v[k])));
+          // The stored value added, as ColumnSum adds what it loads: for fp32, no multiply-add
+          // contracted from GeluGradOf's last product into the sum.
+          acc[k] = __fadd_rn(acc[k], ToFloat(o.v[k]));
+        }
+        *reinterpret_cast<uint4*>(du + at) = o.raw;
+      } else {
+        const T o = FromFloat<T>(GeluGradOf(ToFloat(dy[at]), ToFloat(u[at])));
+        du[at] = o;
+        acc[0] = __fadd_rn(acc[0], ToFloat(o));
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kV; ++k) tile[warp][lane * kV + k] = acc[k];
+  __syncthreads();
+  for (int c = threadIdx.x; c < 32 * kV; c += 32 * kColSumWarps) {
+    const int64_t col = int64_t(blockIdx.x) * 32 * kV + c;
+    if (col >= n) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kColSumWarps; ++w) s += tile[w][c];
+    partial[int64_t(blockIdx.y) * n + col] = s;
+  }
+}
+
+// a = gelu(u), n elements.
+template <typename T>
+cudaError_t LaunchGeluForward(const T* u, T* a, int64_t n, int num_sms, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const bool vec = Aligned16(u) && Aligned16(a);
+  const int64_t work = vec ? n / Pack16<T>::N + n % Pack16<T>::N : n;
+  const int64_t want = (work + kGeluThreads - 1) / kGeluThreads, most = int64_t(num_sms) * 32;
+  const int blocks = static_cast<int>(want < 1 ? 1 : want < most ? want : most);
+  GeluForwardKernel<T><<<blocks, kGeluThreads, 0, stream>>>(u, a, n, vec);
+  return cudaGetLastError();
+}
+
+// du = gelu_backward(dy, u) and out (n,) = its column sums over the rows, for contiguous (rows,
+// n) matrices. `splits` (partial: splits * n floats) sets the order of the sums: ColumnSum's for
+// du is ColumnSumSplits<T>(rows, n, sms, du 16-byte aligned and n a multiple of 16 / sizeof(T)).
+// `vec` (dy, u and du 16-byte aligned, n such a multiple) only picks the kernel: a column's sum is
+// in the same order on both.
+template <typename T>
+cudaError_t LaunchGeluBackwardColumnSum(const T* dy, const T* u, T* du, float* partial, float* out,
+                                        int64_t rows, int64_t n, int64_t splits, bool vec,
+                                        cudaStream_t stream) {
+  constexpr int kV = 16 / int(sizeof(T));
+  if (n == 0) return cudaSuccess;
+  const int64_t rows_per_split = (rows + splits - 1) / splits;
+  if (vec) {
+    const dim3 grid(unsigned((n + 32 * kV - 1) / (32 * kV)), unsigned(splits));
+    GeluBackwardColumnSumKernel<T, kV>
+        <<<grid, 32 * kColSumWarps, 0, stream>>>(dy, u, du, partial, rows, n, rows_per_split);
+  } else {
+    const dim3 grid(unsigned((n + 31) / 32), unsigned(splits));
+    GeluBackwardColumnSumKernel<T, 1>
+        <<<grid, 32 * kColSumWarps, 0, stream>>>(dy, u, du, partial, rows, n, rows_per_split);
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  ColumnSumFinalKernel<float>
+      <<<unsigned((n + 255) / 256), 256, 0, stream>>>(partial, out, n, splits);
+  return cudaGetLastError();
+}
+
+}  // namespace distill::kernels
