@@ -74,12 +74,13 @@ struct FusedCase {
   int64_t rows, d;
   at::ScalarType y_dtype;
   bool autocast, rms, grad_h;
+  bool misaligned = false;  // the output's gradient starts one element past an aligned address
 };
 
 std::string Name(const FusedCase& c) {
-  return fmt::format("rows {} d {} y {} autocast {} {} grad_h {}", c.rows, c.d,
+  return fmt::format("rows {} d {} y {} autocast {} {} grad_h {}{}", c.rows, c.d,
                      c.y_dtype == at::kFloat ? "fp32" : "bf16", c.autocast, c.rms ? "rms" : "layer",
-                     c.grad_h);
+                     c.grad_h, c.misaligned ? " misaligned" : "");
 }
 
 void CheckFused(const FusedCase& c) {
@@ -99,7 +100,11 @@ void CheckFused(const FusedCase& c) {
   }
   ASSERT_EQ(r.out.scalar_type(), c.autocast ? at::kBFloat16 : at::kFloat);
   ASSERT_EQ(r.h.scalar_type(), at::kFloat);
-  const at::Tensor go = at::randn({c.rows, c.d}).to(cuda).to(r.out.scalar_type());
+  const at::Tensor go = at::randn({c.rows * c.d + 1})
+                            .to(cuda)
+                            .to(r.out.scalar_type())
+                            .narrow(0, c.misaligned ? 1 : 0, c.rows * c.d)
+                            .view({c.rows, c.d});
   const at::Tensor gh = at::randn({c.rows, c.d}).to(cuda);
   std::vector<at::Tensor> inputs = {xf, yf, w};
   if (!c.rms) inputs.push_back(b);
@@ -282,7 +287,8 @@ TEST(LayersCudaTest, FusedSwiGluIsTheComposite) {
 
 TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (int64_t d : {1, 64, 100, 576, 768, 1024, 1536, 4096, 8192}) {
+  // 577 and 1022: rows of 4-value vectors' size but not a multiple of 4 (the scalar path).
+  for (int64_t d : {1, 64, 100, 576, 577, 768, 1022, 1024, 1536, 4096, 8192}) {
     for (int64_t rows : {1, 37, 2048}) {
       for (bool rms : {false, true}) {
         CheckFused({rows, d, at::kBFloat16, /*autocast=*/true, rms, /*grad_h=*/true});
@@ -294,6 +300,8 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
       CheckFused({333, 1024, at::kFloat, /*autocast=*/false, rms, grad_h});
       CheckFused({333, 768, at::kBFloat16, /*autocast=*/true, rms, grad_h});
       CheckFused({333, 768, at::kFloat, /*autocast=*/true, rms, grad_h});
+      CheckFused({333, 1024, at::kFloat, /*autocast=*/false, rms, grad_h, /*misaligned=*/true});
+      CheckFused({333, 768, at::kBFloat16, /*autocast=*/true, rms, grad_h, /*misaligned=*/true});
     }
   }
 }
@@ -432,7 +440,9 @@ TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
         const at::Tensor pdf = at::exp(-0.5 * u * u) / std::sqrt(2 * M_PI);
         const at::Tensor du = grad.to(op).to(at::kDouble) * (cdf + u * pdf);
         const double tol = autocast ? 3.2e-2 : 1e-5;
-        if (y.numel() > 0) EXPECT_LT(MaxRelDiff(y, u * cdf), tol) << what;
+        if (y.numel() > 0) {
+          EXPECT_LT(MaxRelDiff(y, u * cdf), tol) << what;
+        }
         EXPECT_LT(MaxRelDiff(layer->bias.grad(), du.reshape({-1, sh.out}).sum(0)), tol) << what;
       }
     }

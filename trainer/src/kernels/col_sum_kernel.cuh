@@ -22,12 +22,32 @@ namespace distill::kernels {
 
 constexpr int kColSumWarps = 8;
 
+// The end of a column-sum tile: each lane's kV sums (acc) through shared memory, each of the
+// tile's 32 * kV columns summed over the warps in order by one thread, into row blockIdx.y of the
+// partials (splits, n). Every block of the tile's kernels calls it once, after its rows.
+template <int kV>
+__device__ __forceinline__ void ColumnSumTileToPartial(const float (&acc)[kV],
+                                                       float* __restrict__ partial, int64_t n) {
+  __shared__ float tile[kColSumWarps][32 * kV];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < kV; ++k) tile[warp][lane * kV + k] = acc[k];
+  __syncthreads();
+  for (int c = threadIdx.x; c < 32 * kV; c += 32 * kColSumWarps) {
+    const int64_t col = int64_t(blockIdx.x) * 32 * kV + c;
+    if (col >= n) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kColSumWarps; ++w) s += tile[w][c];
+    partial[int64_t(blockIdx.y) * n + col] = s;
+  }
+}
+
 // kV: columns per lane (16 bytes of T when the rows are 16-byte aligned, else 1).
 template <typename T, int kV>
 __global__ void __launch_bounds__(32 * kColSumWarps)
     ColumnSumPartialKernel(const T* __restrict__ x, float* __restrict__ partial, int64_t rows,
                            int64_t n, int64_t rows_per_split) {
-  __shared__ float tile[kColSumWarps][32 * kV];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t col0 = (int64_t(blockIdx.x) * 32 + lane) * kV;
   const int64_t r_begin = int64_t(blockIdx.y) * rows_per_split;
@@ -49,18 +69,7 @@ __global__ void __launch_bounds__(32 * kColSumWarps)
       }
     }
   }
-#pragma unroll
-  for (int k = 0; k < kV; ++k) tile[warp][lane * kV + k] = acc[k];
-  __syncthreads();
-  // The tile's 32 * kV columns, each summed over the warps in order by one thread.
-  for (int c = threadIdx.x; c < 32 * kV; c += 32 * kColSumWarps) {
-    const int64_t col = int64_t(blockIdx.x) * 32 * kV + c;
-    if (col >= n) continue;
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kColSumWarps; ++w) s += tile[w][c];
-    partial[int64_t(blockIdx.y) * n + col] = s;
-  }
+  ColumnSumTileToPartial<kV>(acc, partial, n);
 }
 
 // (A template, float only, so that every .cu including this header may instantiate it.)

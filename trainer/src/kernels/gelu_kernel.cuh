@@ -64,7 +64,6 @@ __global__ void __launch_bounds__(32 * kColSumWarps)
     GeluBackwardColumnSumKernel(const T* __restrict__ dy, const T* __restrict__ u,
                                 T* __restrict__ du, float* __restrict__ partial, int64_t rows,
                                 int64_t n, int64_t rows_per_split) {
-  __shared__ float tile[kColSumWarps][32 * kV];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t col0 = (int64_t(blockIdx.x) * 32 + lane) * kV;
   const int64_t r_begin = int64_t(blockIdx.y) * rows_per_split;
@@ -95,17 +94,7 @@ __global__ void __launch_bounds__(32 * kColSumWarps)
       }
     }
   }
-#pragma unroll
-  for (int k = 0; k < kV; ++k) tile[warp][lane * kV + k] = acc[k];
-  __syncthreads();
-  for (int c = threadIdx.x; c < 32 * kV; c += 32 * kColSumWarps) {
-    const int64_t col = int64_t(blockIdx.x) * 32 * kV + c;
-    if (col >= n) continue;
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kColSumWarps; ++w) s += tile[w][c];
-    partial[int64_t(blockIdx.y) * n + col] = s;
-  }
+  ColumnSumTileToPartial<kV>(acc, partial, n);
 }
 
 // a = gelu(u), n elements.
