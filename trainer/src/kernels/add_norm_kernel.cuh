@@ -138,7 +138,7 @@ __device__ __forceinline__ void StoreVec(T* __restrict__ p, const float (&in)[kV
 // (gridDim.x x D, fp32), summed over blocks afterwards.
 // A thread holds kPer values of a row as kPer / kV vectors of kV consecutive columns, columns
 // (threadIdx.x + i * kThreads) * kV + e: kV = 4 (one 16-byte fp32 load per vector; D a multiple
-// of 4 and the rows aligned) makes a third of the load instructions of kV = 1 (at D = 1024 the
+// of 4 and the rows aligned) makes a quarter of the per-value loads of kV = 1 (at D = 1024 the
 // scalar loads ran the kernel at ~57% of the copy bandwidth).
 template <typename TY, typename TO, bool kRms, int kPer, int kV = 1>
 __global__ void __launch_bounds__(kAddNormThreads)
