@@ -150,9 +150,13 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     // symbolic under torch.compile.
     const bool saved_grad = s.is_cuda() && grad_scale.has_value() && grad_scale->defined() &&
                             reduction != kernels::kNone;
-    // The scale the saved gradient is for: a copy (backward updates it; never the caller's).
+    // The scale the saved gradient is for: a copy (backward updates it; never the caller's),
+    // made by one copying op (a float32 grad_scale's to(kFloat) would return the input itself,
+    // which an op below autograd must not: opcheck's test_schema).
     const at::Tensor gs =
-        saved_grad ? grad_scale->detach().to(at::kFloat).reshape({1}).clone() : none;
+        saved_grad ? grad_scale->detach().reshape({1}).to(at::kFloat, /*non_blocking=*/false,
+                                                          /*copy=*/true)
+                   : none;
     ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none,
                             stats, scale, grad, gs});
     ctx->saved_data["saved_grad"] = saved_grad;

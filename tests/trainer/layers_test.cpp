@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -74,13 +75,21 @@ struct FusedCase {
   int64_t rows, d;
   at::ScalarType y_dtype;
   bool autocast, rms, grad_h;
-  bool misaligned = false;  // the output's gradient starts one element past an aligned address
+  bool misaligned = false;    // the output's gradient starts one element past an aligned address
+  bool misaligned_h = false;  // grad_h likewise
+  bool misaligned_w = false;  // the weight and bias likewise (views one element into a buffer)
 };
 
 std::string Name(const FusedCase& c) {
-  return fmt::format("rows {} d {} y {} autocast {} {} grad_h {}{}", c.rows, c.d,
-                     c.y_dtype == at::kFloat ? "fp32" : "bf16", c.autocast, c.rms ? "rms" : "layer",
-                     c.grad_h, c.misaligned ? " misaligned" : "");
+  return fmt::format("rows {} d {} y {} autocast {} {} grad_h {}{}{}{}", c.rows, c.d,
+                     c10::toString(c.y_dtype), c.autocast, c.rms ? "rms" : "layer", c.grad_h,
+                     c.misaligned ? " misaligned" : "", c.misaligned_h ? " misaligned grad_h" : "",
+                     c.misaligned_w ? " misaligned weight" : "");
+}
+
+// A contiguous (rows, d) view one element past an aligned start when `misaligned`.
+at::Tensor MaybeMisaligned(const at::Tensor& flat_src, int64_t rows, int64_t d, bool misaligned) {
+  return flat_src.narrow(0, misaligned ? 1 : 0, rows * d).view({rows, d});
 }
 
 void CheckFused(const FusedCase& c) {
@@ -91,21 +100,38 @@ void CheckFused(const FusedCase& c) {
   const at::Tensor x = (at::randn({c.rows, c.d}) * 2 + 0.5).to(cuda);
   const at::Tensor y = at::randn({c.rows, c.d}).to(cuda).to(c.y_dtype);
   auto ln = MakeLayerNorm(c.d, cuda);
+  if (c.misaligned_w) {
+    // The module's own parameters moved one element into a wider buffer (as a flat parameter
+    // buffer can place them), keeping their values.
+    torch::NoGradGuard no_grad;
+    for (at::Tensor p : {ln->weight, ln->bias}) {
+      const at::Tensor buf = at::empty({c.d + 1}, p.options());
+      buf.narrow(0, 1, c.d).copy_(p);
+      p.set_(buf.storage(), 1, {c.d}, {1});
+    }
+    ASSERT_NE(reinterpret_cast<uintptr_t>(ln->weight.const_data_ptr()) % 16, 0u);
+  }
   const at::Tensor w = ln->weight, b = ln->bias;
   const at::Tensor xf = x.clone().requires_grad_(), yf = y.clone().requires_grad_();
+  // Under autocast the output takes y's 16-bit dtype (bf16, or fp16 when y is fp16).
+  const at::ScalarType out_dtype = !c.autocast              ? at::kFloat
+                                   : c.y_dtype == at::kHalf ? at::kHalf
+                                                            : at::kBFloat16;
   AddNormResult r;
   {
     AutocastGuard autocast(c.autocast);
+    if (c.autocast) at::autocast::set_autocast_dtype(at::kCUDA, out_dtype);
     r = c.rms ? AddRmsNorm(xf, yf, w, eps) : AddLayerNorm(xf, yf, ln);
+    if (c.autocast) at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
   }
-  ASSERT_EQ(r.out.scalar_type(), c.autocast ? at::kBFloat16 : at::kFloat);
+  ASSERT_EQ(r.out.scalar_type(), out_dtype);
   ASSERT_EQ(r.h.scalar_type(), at::kFloat);
-  const at::Tensor go = at::randn({c.rows * c.d + 1})
-                            .to(cuda)
-                            .to(r.out.scalar_type())
-                            .narrow(0, c.misaligned ? 1 : 0, c.rows * c.d)
-                            .view({c.rows, c.d});
-  const at::Tensor gh = at::randn({c.rows, c.d}).to(cuda);
+  ASSERT_NE(r.out.grad_fn()->name().find("AddNormFunction"), std::string::npos)
+      << r.out.grad_fn()->name();
+  const at::Tensor go = MaybeMisaligned(at::randn({c.rows * c.d + 1}).to(cuda).to(out_dtype),
+                                        c.rows, c.d, c.misaligned);
+  const at::Tensor gh =
+      MaybeMisaligned(at::randn({c.rows * c.d + 1}).to(cuda), c.rows, c.d, c.misaligned_h);
   std::vector<at::Tensor> inputs = {xf, yf, w};
   if (!c.rms) inputs.push_back(b);
   std::vector<at::Tensor> outputs = {r.out}, grads = {go};
@@ -131,11 +157,14 @@ void CheckFused(const FusedCase& c) {
   }
   const auto want = torch::autograd::grad(ref_outputs, ref_inputs, ref_grads);
 
-  const bool bf16_out = c.autocast, bf16_y = c.y_dtype != at::kFloat;
+  // A 16-bit result is within its dtype's rounding (bf16 2^-8, fp16 2^-11) of float64.
+  const auto tol = [](at::ScalarType t) {
+    return t == at::kBFloat16 ? 8e-3 : t == at::kHalf ? 1e-3 : 2e-5;
+  };
   EXPECT_LT(MaxRelDiff(r.h, hd), 1e-6);
-  EXPECT_LT(MaxRelDiff(r.out, outd), bf16_out ? 8e-3 : 2e-5);
+  EXPECT_LT(MaxRelDiff(r.out, outd), tol(out_dtype));
   EXPECT_LT(MaxRelDiff(got[0], want[0]), 2e-5) << "grad x";
-  EXPECT_LT(MaxRelDiff(got[1], want[1]), bf16_y ? 8e-3 : 2e-5) << "grad y";
+  EXPECT_LT(MaxRelDiff(got[1], want[1]), tol(c.y_dtype)) << "grad y";
   EXPECT_LT(MaxRelDiff(got[2], want[2]), 2e-5) << "grad weight";
   if (!c.rms) {
     EXPECT_LT(MaxRelDiff(got[3], want[3]), 2e-5) << "grad bias";
@@ -302,6 +331,20 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
       CheckFused({333, 768, at::kFloat, /*autocast=*/true, rms, grad_h});
       CheckFused({333, 1024, at::kFloat, /*autocast=*/false, rms, grad_h, /*misaligned=*/true});
       CheckFused({333, 768, at::kBFloat16, /*autocast=*/true, rms, grad_h, /*misaligned=*/true});
+    }
+  }
+  // The 16-byte path's other operands and dtypes, at widths it takes (768, 1024) and one it does
+  // not (1022): a misaligned grad_h, a misaligned weight (the scalar path for both), fp16 y and
+  // output, a bf16 or fp16 y with an fp32 output (no autocast).
+  for (bool rms : {false, true}) {
+    for (int64_t d : {768, 1022, 1024}) {
+      CheckFused({333, d, at::kBFloat16, true, rms, true, false, /*misaligned_h=*/true});
+      CheckFused({333, d, at::kBFloat16, true, rms, true, false, false, /*misaligned_w=*/true});
+      CheckFused({333, d, at::kFloat, false, rms, false, false, false, /*misaligned_w=*/true});
+      CheckFused({333, d, at::kHalf, true, rms, true});
+      CheckFused({333, d, at::kHalf, true, rms, false, /*misaligned=*/true});
+      CheckFused({333, d, at::kBFloat16, false, rms, true});
+      CheckFused({333, d, at::kHalf, false, rms, false});
     }
   }
 }
