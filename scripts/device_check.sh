@@ -4,7 +4,7 @@
 # convergence and multi-GPU scripts. Everything lands in ${OUT:-out}/results.tgz; the ctest log and
 # the benchmark's table and JSON are also copied to ${OUT}/. Usage: bash scripts/device_check.sh
 # Environment: SKIP_BENCH=1, SKIP_CONVERGENCE=1, BUDGET_S (the convergence runs' time),
-# CTEST_ARGS (e.g. "-L python": a part of the tests).
+# CTEST_EXCLUDE_LABELS and CTEST_ARGS (a part of the tests: see the ctest line).
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}  # the device tool's per-call limit is 600 s: leave time to pack results
@@ -20,12 +20,14 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PA
   { tail -40 "$W/configure.log"; exit 1; }
 cmake --build build-device -j "$(nproc)" >"$W/build.log" 2>&1 || { grep -E "error|FAILED" -A5 "$W/build.log" | head -60; exit 1; }
 stage build-done
-# -LE docs_numbers: the docs' CPU numbers are the development machine's (another CPU type skips them).
-# CTEST_ARGS: more ctest arguments, to split the run where one call has a time limit (the device
-# tool's 600 s: the full run takes longer), e.g. CTEST_ARGS="-LE python" in one call and
-# CTEST_ARGS="-L python" with SKIP_BENCH=1 SKIP_CONVERGENCE=1 in the next.
-# shellcheck disable=SC2086  # CTEST_ARGS is a list of words
-ctest --test-dir build-device -j 4 --output-on-failure -LE docs_numbers ${CTEST_ARGS:-} 2>&1 |
+# Excluded labels: docs_numbers (the docs' CPU numbers are the development machine's; another CPU
+# type skips them) and CTEST_EXCLUDE_LABELS, in one -LE pattern (ctest ANDs repeated -LE
+# options). To split the run where one call has a time limit (the device tool's 600 s; the full
+# run takes longer): CTEST_EXCLUDE_LABELS=python in one call, CTEST_ARGS="-L python" with
+# SKIP_BENCH=1 SKIP_CONVERGENCE=1 in the next. CTEST_ARGS: more ctest arguments, split on spaces.
+LE="docs_numbers${CTEST_EXCLUDE_LABELS:+|$CTEST_EXCLUDE_LABELS}"
+read -ra EXTRA <<<"${CTEST_ARGS:-}"
+ctest --test-dir build-device -j 4 --output-on-failure -LE "$LE" "${EXTRA[@]}" 2>&1 |
   tee "$W/ctest.log" | tail -8
 stage ctest-done
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

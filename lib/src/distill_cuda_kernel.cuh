@@ -6,10 +6,10 @@
 //  - forward: one block per row; the passes a row needs (the maxima and the sums of exp together,
 //    online, with the KLs' loss; TVD's and JSD's divergence and row constant, which need the
 //    normalised p and q; the gradient when it is computed in forward)
-//    each read the row from global memory, the L2 cache serving part of the re-reads. (Two
-//    cluster variants measured slower on the H200 and were removed: one that staged each row
-//    once in the shared memory of a thread-block cluster, and one that split a row's passes over
-//    a cluster's blocks to keep fewer rows in flight (session 21): docs/benchmarks.md.)
+//    each read the row from global memory, the L2 cache serving part of the re-reads. (Cluster
+//    variants measured slower on the H200 and were not kept: rows staged in the shared memory of
+//    a thread-block cluster, and rows split over a cluster's blocks to keep fewer rows in flight,
+//    sessions 11 and 21: docs/benchmarks.md.)
 //  - backward: reads the logits once more and writes the gradient once, unless the forward
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.

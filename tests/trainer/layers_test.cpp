@@ -78,12 +78,14 @@ struct FusedCase {
   bool misaligned = false;    // the output's gradient starts one element past an aligned address
   bool misaligned_h = false;  // grad_h likewise
   bool misaligned_w = false;  // the weight and bias likewise (views one element into a buffer)
+  bool fp16_out = false;      // under autocast: fp16 autocast (the output fp16), else bf16
 };
 
 std::string Name(const FusedCase& c) {
-  return fmt::format("rows {} d {} y {} autocast {} {} grad_h {}{}{}{}", c.rows, c.d,
-                     c10::toString(c.y_dtype), c.autocast, c.rms ? "rms" : "layer", c.grad_h,
-                     c.misaligned ? " misaligned" : "", c.misaligned_h ? " misaligned grad_h" : "",
+  return fmt::format("rows {} d {} y {} autocast {}{} {} grad_h {}{}{}{}", c.rows, c.d,
+                     c10::toString(c.y_dtype), c.autocast, c.fp16_out ? " fp16" : "",
+                     c.rms ? "rms" : "layer", c.grad_h, c.misaligned ? " misaligned" : "",
+                     c.misaligned_h ? " misaligned grad_h" : "",
                      c.misaligned_w ? " misaligned weight" : "");
 }
 
@@ -113,10 +115,10 @@ void CheckFused(const FusedCase& c) {
   }
   const at::Tensor w = ln->weight, b = ln->bias;
   const at::Tensor xf = x.clone().requires_grad_(), yf = y.clone().requires_grad_();
-  // Under autocast the output takes y's 16-bit dtype (bf16, or fp16 when y is fp16).
-  const at::ScalarType out_dtype = !c.autocast              ? at::kFloat
-                                   : c.y_dtype == at::kHalf ? at::kHalf
-                                                            : at::kBFloat16;
+  // The output's dtype is autocast's (FusedOutDtype), whatever y's.
+  const at::ScalarType out_dtype = !c.autocast  ? at::kFloat
+                                   : c.fp16_out ? at::kHalf
+                                                : at::kBFloat16;
   AddNormResult r;
   {
     AutocastGuard autocast(c.autocast);
@@ -335,14 +337,18 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
   }
   // The 16-byte path's other operands and dtypes, at widths it takes (768, 1024) and one it does
   // not (1022): a misaligned grad_h, a misaligned weight (the scalar path for both), fp16 y and
-  // output, a bf16 or fp16 y with an fp32 output (no autocast).
+  // output, mixed 16-bit y and output, a bf16 or fp16 y with an fp32 output (no autocast).
+  // (grad_h false: h is unused, its gradient undefined, and the kernel reads none.)
   for (bool rms : {false, true}) {
     for (int64_t d : {768, 1022, 1024}) {
       CheckFused({333, d, at::kBFloat16, true, rms, true, false, /*misaligned_h=*/true});
       CheckFused({333, d, at::kBFloat16, true, rms, true, false, false, /*misaligned_w=*/true});
       CheckFused({333, d, at::kFloat, false, rms, false, false, false, /*misaligned_w=*/true});
-      CheckFused({333, d, at::kHalf, true, rms, true});
-      CheckFused({333, d, at::kHalf, true, rms, false, /*misaligned=*/true});
+      CheckFused({333, d, at::kHalf, true, rms, true, false, false, false, /*fp16_out=*/true});
+      CheckFused({333, d, at::kHalf, true, rms, false, /*misaligned=*/true, false, false, true});
+      CheckFused({333, d, at::kBFloat16, true, rms, true, false, false, false, /*fp16_out=*/true});
+      CheckFused({333, d, at::kHalf, true, rms, false});
+      CheckFused({333, d, at::kFloat, true, rms, true, false, false, false, /*fp16_out=*/true});
       CheckFused({333, d, at::kBFloat16, false, rms, true});
       CheckFused({333, d, at::kHalf, false, rms, false});
     }

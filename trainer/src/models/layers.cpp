@@ -56,10 +56,15 @@ class AddNormFunction : public torch::autograd::Function<AddNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
                                const at::Tensor& weight, const at::Tensor& bias, bool has_bias,
                                double eps, bool rms, int64_t out_dtype) {
-    auto r = cuda::AddNormForward(x.contiguous(), y.contiguous(), weight.contiguous(),
+    // The backward's kernel reads the weight's memory as the forward's: the contiguous one.
+    const at::Tensor w = weight.contiguous();
+    auto r = cuda::AddNormForward(x.contiguous(), y.contiguous(), w,
                                   has_bias ? bias.contiguous() : at::Tensor(), eps, rms,
                                   static_cast<at::ScalarType>(out_dtype));
-    ctx->save_for_backward({r.h, weight, r.mean, r.rstd});
+    ctx->save_for_backward({r.h, w, r.mean, r.rstd});
+    // An output nobody used (h after the last layer) gets an undefined gradient, not a zero-filled
+    // one: the kernel then reads no grad_h.
+    ctx->set_materialize_grads(false);
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["y_dtype"] = static_cast<int64_t>(y.scalar_type());
     ctx->saved_data["has_bias"] = has_bias;
