@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help prints and exits 0; a command-line error (an unknown flag, a missing argument)
+    // prints CLI11's message and exits 2, as a config error does (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     if (print_reference) {

@@ -118,6 +118,9 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_FALSE(c.train.resume);
   EXPECT_TRUE(c.train.baseline);
   EXPECT_EQ(c.train.out_dir, "elsewhere");
+  // A trailing separator names the same run directory.
+  EXPECT_EQ(ParseConfig(kValidDistill, "x.yaml", {"train.out_dir=runs/x//"}).train.out_dir,
+            "runs/x");
   // And every key's dumped line differs from the default dump (each override took effect).
   const std::string default_dump = ConfigToYaml(ParseConfig(kValidDistill, "x.yaml"));
   std::istringstream a(dumped), b(default_dump);

@@ -179,6 +179,32 @@ TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
   EXPECT_TRUE(model->forward(ids).narrow(-1, 50, 14).isneginf().all().item<bool>());
 }
 
+// "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to
+// go inside it, and the final rename failed moving it into itself).
+TEST(HfModel, ExportToAPathWithATrailingSeparatorWritesThatDirectory) {
+  ModelConfig c;
+  c.family = ModelFamily::kLlama;
+  c.vocab_size = 32;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_kv_head = 1;
+  c.d_model = 16;
+  c.intermediate_size = 24;
+  c.context_length = 16;
+  Model model = MakeModel(c);
+  const std::string root = TempRunDir();
+  std::filesystem::create_directories(root);
+  const std::string out = root + "/exported";
+  ExportHf(*model, out + "/", {}, false);
+  EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(root))
+    names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"exported"});
+  EXPECT_THAT([&] { ExportHf(*model, out + "/", {}, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("already exists")));
+}
+
 TEST(HfModel, ExportOfAGptModelIsRefused) {
   ModelConfig gpt;
   Model model = MakeModel(gpt);

@@ -12,6 +12,7 @@
 #include "config_schema.h"
 #include "distill/config.h"
 #include "distill/hf_config.h"
+#include "distill/run_dir.h"
 
 namespace distill {
 namespace {
@@ -408,6 +409,8 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
                     source_name, root.Mark().line + 1, Describe(root)));
   }
   for (const auto& text : overrides) ApplyOverride(text, config, locations);
+  // "runs/x/" is the run "runs/x" (its baseline runs/x-baseline, not runs/x/-baseline).
+  config.train.out_dir = WithoutTrailingSeparators(config.train.out_dir);
   // Self-distillation from a Hugging Face teacher: the student starts from the same directory.
   if (config.student.init_from_teacher && config.student.hf_dir.empty() &&
       !config.teacher.hf_dir.empty()) {

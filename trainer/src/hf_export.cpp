@@ -84,7 +84,9 @@ void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportS
         "export",
         out_dir, kModelFamilyNames[static_cast<size_t>(model.config().family)]));
   }
-  const fs::path target = fs::path(out_dir);
+  // "exported/" is the directory "exported": its temporary and old copies are its siblings
+  // (with the separator they were inside it, and the final rename moved it into itself).
+  const fs::path target = fs::path(WithoutTrailingSeparators(out_dir));
   if (fs::exists(target) && !replace) {
     throw std::runtime_error(fmt::format(
         "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));

@@ -89,6 +89,11 @@ bool RemoveIfOnlyMarker(const std::string& dir) {
   return true;
 }
 
+std::string WithoutTrailingSeparators(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
 void RemoveTree(const std::string& path) {
   if (!fs::exists(path)) return;
   auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {

@@ -59,6 +59,11 @@ uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash = 0xcbf29ce4842223
 // Fnv1a64 of RunIdentity(config), as 16 hex digits.
 std::string RunIdentityHash(const Config& config);
 
+// `path` without trailing '/' ("runs/x/" -> "runs/x"; "/" stays "/"): a directory the trainer
+// creates or names siblings of (`<out_dir>-baseline`, `<dir>.tmp-<pid>`) is one path however it
+// was typed.
+std::string WithoutTrailingSeparators(std::string path);
+
 // Deletes `path` and everything under it (no-op when absent). POSIX nftw, not
 // std::filesystem::remove_all: the torch wheel's libtorch.so exports a broken copy of the
 // latter that the dynamic linker may bind instead of libstdc++'s (it crashes).
