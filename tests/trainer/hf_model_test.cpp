@@ -151,11 +151,11 @@ TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
 
 // A random-init llama whose vocabulary was padded (pad_vocab_to_multiple_of) exports its real rows
 // only: config.json's vocab_size is the real one, and the logits agree on the real columns.
-TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
+// A one-layer random llama of `vocab` tokens (untied embeddings).
+ModelConfig TinyLlama(int64_t vocab) {
   ModelConfig c;
   c.family = ModelFamily::kLlama;
-  c.vocab_size = 50;
-  c.pad_vocab_to_multiple_of = 16;  // 64 rows
+  c.vocab_size = vocab;
   c.n_layer = 1;
   c.n_head = 2;
   c.n_kv_head = 1;
@@ -163,6 +163,12 @@ TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
   c.intermediate_size = 24;
   c.context_length = 32;
   c.tie_embeddings = false;
+  return c;
+}
+
+TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
+  ModelConfig c = TinyLlama(50);
+  c.pad_vocab_to_multiple_of = 16;  // 64 rows
   Model model = MakeModel(c);
   model->eval();
   const std::string out = TempRunDir();
@@ -182,16 +188,7 @@ TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
 // "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to
 // go inside it, and the final rename failed moving it into itself).
 TEST(HfModel, ExportToAPathWithATrailingSeparatorWritesThatDirectory) {
-  ModelConfig c;
-  c.family = ModelFamily::kLlama;
-  c.vocab_size = 32;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_kv_head = 1;
-  c.d_model = 16;
-  c.intermediate_size = 24;
-  c.context_length = 16;
-  Model model = MakeModel(c);
+  Model model = MakeModel(TinyLlama(32));
   const std::string root = TempRunDir();
   std::filesystem::create_directories(root);
   const std::string out = root + "/exported";
