@@ -390,6 +390,17 @@ TEST(ConfigTest, DirectoryAsConfigIsAnError) {
   }
 }
 
+// A stream without end (a device given as --config) is cut off with an error, not read until
+// memory runs out.
+TEST(ConfigTest, EndlessConfigStreamIsAConfigError) {
+  try {
+    LoadConfigFile("/dev/zero");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "/dev/zero: more than 16 MiB; expected a YAML config file (a few KiB)");
+  }
+}
+
 TEST(ConfigTest, MissingFileIsAConfigError) {
   try {
     LoadConfigFile("/nonexistent/x.yaml");

@@ -402,6 +402,8 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
   std::ofstream(step4, std::ios::binary | std::ios::trunc) << step4_bytes.substr(0, 1000);
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
   std::ofstream(step2, std::ios::binary | std::ios::trunc) << "";
+  const std::string config_yaml = ReadAll(c.train.out_dir + "/config.yaml");
+  c.train.steps = 6;  // a key the resume would write into config.yaml
   try {
     Trainer t(c, RunOptions::Quiet());
     FAIL() << "resumed without an intact checkpoint";
@@ -411,6 +413,8 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
     EXPECT_NE(message.find(step2 + ": not a distill_trainer checkpoint"), std::string::npos)
         << message;
   }
+  // The failed start left the directory as it was.
+  EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml"), config_yaml);
 }
 
 // A checkpoint carries its run's identity: one copied into another run's directory is refused
@@ -436,6 +440,83 @@ TEST(ResumeTest, CheckpointOfAnotherRunIsRefused) {
   Model model = MakeModel(b.student);
   EXPECT_EQ(LoadWeights(b.train.out_dir, *model, at::Device(at::kCPU)),
             CheckpointPath(b.train.out_dir, 4));
+}
+
+// Only files named as the trainer names its checkpoints (step_<digits>.pt) are checkpoints: a
+// user's copies beside them are neither resumed from nor pruned, and the steps order by number
+// (past 7 digits the zero-padded names no longer sort by step). A device is no checkpoint.
+TEST(ResumeTest, OnlyTheTrainersCheckpointNamesAreCheckpoints) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.checkpoint_interval = 2;
+  c.train.keep_checkpoints = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const fs::path dir = fs::path(c.train.out_dir) / "checkpoints";
+  for (const char* name : {"step_best.pt", "step_0000002_keep.pt", "step_.pt", "step_2.pt.bak"}) {
+    fs::copy_file(CheckpointPath(c.train.out_dir, 2), dir / name);
+  }
+  EXPECT_EQ(LatestCheckpoint(c.train.out_dir), CheckpointPath(c.train.out_dir, 4));
+  c.train.steps = 8;
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    EXPECT_EQ(resumed.step(), 4);  // not 2, from a copy
+    resumed.Train();
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_.pt", "step_0000002_keep.pt", "step_0000006.pt",
+                                             "step_0000008.pt", "step_2.pt.bak", "step_best.pt"}));
+
+  const std::string other = TempRunDir("-order");
+  fs::create_directories(fs::path(other) / "checkpoints");
+  for (const char* name : {"step_9999999.pt", "step_10000000.pt", "step_0000003.pt"}) {
+    std::ofstream(fs::path(other) / "checkpoints" / name) << "x";
+  }
+  EXPECT_EQ(LatestCheckpoint(other),
+            (fs::path(other) / "checkpoints" / "step_10000000.pt").string());
+
+  Model model = MakeModel(c.student);
+  try {
+    LoadWeights("/dev/zero", *model, at::Device(at::kCPU));
+    FAIL() << "read a device as a checkpoint";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(),
+                 "teacher.checkpoint: \"/dev/zero\" is not a regular file (a device or pipe); "
+                 "expected a checkpoint file or a run directory");
+  }
+}
+
+// --fresh on a pipeline deletes the previous run only once the first stage has built its models
+// and data: a start that fails (a typo in data.path) leaves the previous run as it was, and the
+// corrected command then starts over.
+TEST(ResumeTest, PipelineFreshThatFailsAtStartDeletesNothing) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.mode = Mode::kDistill;
+  c.teacher.pretrain_steps = 2;
+  c.train.steps = 2;
+  ASSERT_TRUE(IsPipeline(c));
+  std::ostringstream out;
+  distill::Run(c, RunFlags{false, true}, out);
+  const std::string teacher = CheckpointPath(c.train.out_dir + "/teacher", 2);
+  const std::string student = CheckpointPath(c.train.out_dir + "/student", 2);
+  ASSERT_TRUE(fs::exists(teacher) && fs::exists(student));
+  Config typo = c;
+  typo.data.source = "text";
+  typo.data.path = c.train.out_dir + "-missing.txt";
+  for (ModelConfig* m :
+       {static_cast<ModelConfig*>(&typo.student), static_cast<ModelConfig*>(&typo.teacher)}) {
+    m->vocab_size = 256;
+  }
+  EXPECT_THROW(distill::Run(typo, RunFlags{true, true}, out), std::runtime_error);
+  EXPECT_TRUE(fs::exists(teacher));
+  EXPECT_TRUE(fs::exists(student));
+  // The same command that made it resumes it; --fresh with a good config starts over.
+  std::ostringstream again, fresh;
+  distill::Run(c, RunFlags{false, true}, again);
+  distill::Run(c, RunFlags{true, true}, fresh);
+  EXPECT_EQ(again.str(), fresh.str());
+  EXPECT_TRUE(fs::exists(student));
 }
 
 // The handlers set a flag (the process keeps running) and are restored afterwards.

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -26,17 +28,38 @@ at::Generator DefaultGenerator(const at::Device& device) {
   return at::globalContext().defaultGenerator(device);
 }
 
+// The step of a checkpoint's file name, "step_<digits>.pt" (CheckpointPath's; at most 18 digits),
+// else nullopt: a user's "step_best.pt" or "step_0000002_keep.pt" is no checkpoint of the run,
+// never resumed from and never pruned.
+std::optional<int64_t> CheckpointStep(const std::string& name) {
+  constexpr size_t kPrefix = 5, kSuffix = 3;  // "step_", ".pt"
+  if (name.size() <= kPrefix + kSuffix || name.size() > kPrefix + 18 + kSuffix ||
+      name.compare(0, kPrefix, "step_") != 0 ||
+      name.compare(name.size() - kSuffix, kSuffix, ".pt") != 0) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  for (size_t i = kPrefix; i < name.size() - kSuffix; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// The run's checkpoint files, oldest step first (by the parsed number: past 7 digits the
+// zero-padded names no longer sort by step).
 std::vector<fs::path> CheckpointFiles(const std::string& run_dir) {
-  std::vector<fs::path> files;
+  std::vector<std::pair<int64_t, fs::path>> found;
   const fs::path dir = fs::path(run_dir) / "checkpoints";
-  if (!fs::is_directory(dir)) return files;
+  if (!fs::is_directory(dir)) return {};
   for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && entry.path().extension() == ".pt") {
-      files.push_back(entry.path());
+    if (auto step = CheckpointStep(entry.path().filename().string())) {
+      found.emplace_back(*step, entry.path());
     }
   }
-  std::sort(files.begin(), files.end());  // zero-padded step numbers sort by step
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> files;
+  for (auto& f : found) files.push_back(std::move(f.second));
   return files;
 }
 
@@ -59,6 +82,13 @@ constexpr size_t kHeaderSize = kMagicSize + 17;  // + 16 hex digits + '\n'
 
 // The file's bytes, checksum verified; returns the torch archive part.
 std::string ReadVerified(const std::string& path, std::string* bytes) {
+  std::error_code error;
+  if (fs::exists(path, error) && !fs::is_regular_file(path, error)) {  // /dev/zero would never end
+    throw CorruptCheckpointError(
+        fmt::format("{}: not a regular file (a directory, device or pipe); expected a checkpoint "
+                    "file",
+                    path));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CorruptCheckpointError(fmt::format("{}: cannot be opened", path));
   std::stringstream content;
@@ -202,18 +232,24 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   return position;
 }
 
-std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device) {
+std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
+                        const std::string& what) {
   std::string file = path;
   if (fs::is_directory(path)) {
     auto latest = LatestCheckpoint(path);
     if (!latest) {
-      throw std::runtime_error(fmt::format(
-          "teacher.checkpoint: \"{}\" is a directory without checkpoints/step_*.pt", path));
+      throw std::runtime_error(
+          fmt::format("{}: \"{}\" is a directory without checkpoints/step_*.pt", what, path));
     }
     file = *latest;
   } else if (!fs::exists(path)) {
     throw std::runtime_error(
-        fmt::format("teacher.checkpoint: \"{}\" does not exist{}", path, RelativeTo(path)));
+        fmt::format("{}: \"{}\" does not exist{}", what, path, RelativeTo(path)));
+  } else if (!fs::is_regular_file(path)) {
+    throw std::runtime_error(fmt::format(
+        "{}: \"{}\" is not a regular file (a device or pipe); expected a checkpoint file or a "
+        "run directory",
+        what, path));
   }
   // A teacher comes from another run by design: only the architecture must match.
   torch::serialize::InputArchive archive;

@@ -430,9 +430,17 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseConfig(text.str(), path, overrides);
+  // A pipe (--config <(...)) is read as a file; a stream without end (/dev/zero) is cut off.
+  constexpr std::streamsize kMaxBytes = std::streamsize{16} << 20;
+  std::string text(static_cast<size_t>(kMaxBytes) + 1, '\0');
+  in.read(text.data(), kMaxBytes + 1);
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
+  if (in.gcount() > kMaxBytes) {
+    throw ConfigError(fmt::format("{}: more than {} MiB; expected a YAML config file (a few KiB)",
+                                  path, kMaxBytes >> 20));
+  }
+  text.resize(static_cast<size_t>(in.gcount()));
+  return ParseConfig(text, path, overrides);
 }
 
 std::string ConfigToYaml(const Config& config) {

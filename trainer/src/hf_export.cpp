@@ -124,7 +124,7 @@ std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
   }
   const Config config = LoadConfigFile(config_file.string());
   Model model = MakeModel(config.student);
-  const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU));
+  const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU), "export");
   ExportHf(*model, out_dir, ExportSources(config), /*replace=*/false);
   return checkpoint;
 }

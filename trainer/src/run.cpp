@@ -25,11 +25,13 @@ std::string StudentName(const Config& config) {
   return config.distill.kd_weight == 0 ? "student (ce only)" : "student (distilled)";
 }
 
-ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags) {
-  Trainer trainer(
-      config,
-      RunOptions{
-          flags.fresh, flags.quiet, flags.distributed, {flags.profile_steps, flags.profile_skip}});
+ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags,
+                   std::function<void()> before_commit = {}) {
+  Trainer trainer(config, RunOptions{flags.fresh,
+                                     flags.quiet,
+                                     flags.distributed,
+                                     {flags.profile_steps, flags.profile_skip},
+                                     std::move(before_commit)});
   const EvalResult result = trainer.Train();
   return {name, config.train.out_dir, trainer.student().num_parameters(), result.val_loss,
           trainer.data().EntropyFloor().value_or(NAN)};
@@ -115,12 +117,23 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
       rows.push_back(TrainOne(baseline, "student (hard labels)", flags));
     }
   } else {
-    // The pipeline's own directory holds its config; --fresh clears all stages at once.
-    dist.MainDecides([&] { return PrepareRunDir(config, flags.fresh); });
+    // The pipeline's own directory holds its config; --fresh clears all stages at once. Checked
+    // now, written (and with --fresh deleted) only when the first stage has built its models and
+    // data, just before that stage writes its own directory: a first stage that fails at
+    // start-up (a typo in data.path) leaves the previous run as it was. The first stage plans
+    // with --fresh too, so that it does not refuse the old stage directory the commit deletes.
+    RunDirPlan plan;
+    dist.MainDecides([&] {
+      plan = PlanRunDir(config, flags.fresh);
+      return plan.same_run;
+    });
     RunFlags stage_flags = flags;
     stage_flags.fresh = false;
+    RunFlags first_flags = flags;
+    first_flags.fresh = plan.delete_first;
     try {
-      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", stage_flags));
+      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", first_flags,
+                              [&] { CommitRunDir(config, plan); }));
       rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags));
       if (config.train.baseline) {
         rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));

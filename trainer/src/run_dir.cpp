@@ -179,7 +179,8 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
 
 void CommitRunDir(const Config& config, const RunDirPlan& plan) {
   const fs::path dir = config.train.out_dir;
-  if (plan.delete_first) {
+  // (Already gone when it lay inside a pipeline directory that --fresh has just deleted.)
+  if (plan.delete_first && fs::exists(dir)) {
     if (!IsOwnRunDir(dir.string())) {  // PlanRunDir checked; never delete what is not ours
       throw RunDirError(fmt::format("{}: no {} marker; not deleting it", dir.string(), kRunMarker));
     }

@@ -203,11 +203,8 @@ Trainer::Trainer(Config config, RunOptions options)
   student_->train();
 
   optimizer_ = MakeOptimizer(config_.optim, *student_);
-  dist_->MainDecides([&] {
-    CommitRunDir(config_, plan);
-    return true;
-  });
-
+  // The run's checkpoint (read only) before the directory is written: a resume whose every
+  // checkpoint is corrupt fails with the directory as it was.
   std::vector<std::string> warnings;
   if (same_run) {
     if (auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
@@ -217,6 +214,11 @@ Trainer::Trainer(Config config, RunOptions options)
       checkpointed_step_ = position_.step;
     }
   }
+  dist_->MainDecides([&] {
+    if (options_.before_commit) options_.before_commit();
+    CommitRunDir(config_, plan);
+    return true;
+  });
   // Every rank built the same weights from the same seed (or checkpoint); broadcasting rank 0's
   // makes that a guarantee rather than an assumption.
   dist_->BroadcastParameters(*student_);

@@ -56,8 +56,10 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings);
 
 // Loads only the weights (the teacher). `path`: a checkpoint file, or a run directory whose
-// latest checkpoint is used. Returns the file loaded.
-std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device);
+// latest checkpoint is used. Returns the file loaded. `what` starts the errors (the config key,
+// or the command).
+std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
+                        const std::string& what = "teacher.checkpoint");
 
 // The newest checkpoint in <run_dir>/checkpoints, if any.
 std::optional<std::string> LatestCheckpoint(const std::string& run_dir);

@@ -45,6 +45,10 @@ struct RunOptions {
   // --profile-steps: a trace, then phase timers, of a few steps into <out_dir>/profile/
   // (profile.h); steps 0: off, nothing added to a step.
   ProfileOptions profile;
+  // Called once on rank 0 just before the run directory is first written, after the models and
+  // data were built: a pipeline commits its own directory there (with --fresh, the deletion of
+  // its previous run), so that a stage that fails at start-up deletes nothing.
+  std::function<void()> before_commit;
 
   // A run without console output (tests, examples): RunOptions::Quiet(/*fresh=*/true).
   static RunOptions Quiet(bool fresh = false, Distributed* distributed = nullptr) {
