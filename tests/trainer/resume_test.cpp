@@ -108,18 +108,24 @@ TEST(ResumeTest, ElapsedTimeCarriesOverAResume) {
   EXPECT_GT(std::stod(text.substr(at + 12)), at3.elapsed_s) << text;
 }
 
+// The names in <run_dir>/checkpoints, sorted.
+std::vector<std::string> CheckpointDirNames(const std::string& run_dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(run_dir + "/checkpoints")) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 TEST(ResumeTest, CheckpointsAreWrittenAndPruned) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 6;
   c.train.checkpoint_interval = 2;
   c.train.keep_checkpoints = 2;
   Trainer(c, RunOptions::Quiet()).Train();
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(c.train.out_dir + "/checkpoints")) {
-    names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step_0000004.pt", "step_0000006.pt"}));
+  EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
+            (std::vector<std::string>{"step_0000004.pt", "step_0000006.pt"}));
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/summary.json"));
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/config.yaml"));
 }
@@ -462,11 +468,9 @@ TEST(ResumeTest, OnlyTheTrainersCheckpointNamesAreCheckpoints) {
     EXPECT_EQ(resumed.step(), 4);  // not 2, from a copy
     resumed.Train();
   }
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step_.pt", "step_0000002_keep.pt", "step_0000006.pt",
-                                             "step_0000008.pt", "step_2.pt.bak", "step_best.pt"}));
+  EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
+            (std::vector<std::string>{"step_.pt", "step_0000002_keep.pt", "step_0000006.pt",
+                                      "step_0000008.pt", "step_2.pt.bak", "step_best.pt"}));
 
   const std::string other = TempRunDir("-order");
   fs::create_directories(fs::path(other) / "checkpoints");

@@ -431,15 +431,17 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   // A pipe (--config <(...)) is read as a file; a stream without end (/dev/zero) is cut off.
-  constexpr std::streamsize kMaxBytes = std::streamsize{16} << 20;
-  std::string text(static_cast<size_t>(kMaxBytes) + 1, '\0');
-  in.read(text.data(), kMaxBytes + 1);
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
-  if (in.gcount() > kMaxBytes) {
-    throw ConfigError(fmt::format("{}: more than {} MiB; expected a YAML config file (a few KiB)",
-                                  path, kMaxBytes >> 20));
+  constexpr size_t kMaxBytes = size_t{16} << 20;
+  std::string text;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxBytes) {
+      throw ConfigError(fmt::format("{}: more than {} MiB; expected a YAML config file (a few KiB)",
+                                    path, kMaxBytes >> 20));
+    }
   }
-  text.resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   return ParseConfig(text, path, overrides);
 }
 

@@ -196,10 +196,4 @@ void CommitRunDir(const Config& config, const RunDirPlan& plan) {
   WriteFileAtomically((dir / "config.yaml").string(), ConfigToYaml(config));
 }
 
-bool PrepareRunDir(const Config& config, bool fresh) {
-  const RunDirPlan plan = PlanRunDir(config, fresh);
-  CommitRunDir(config, plan);
-  return plan.same_run;
-}
-
 }  // namespace distill

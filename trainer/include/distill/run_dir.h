@@ -47,8 +47,6 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh);
 // Carries out `plan`: deletes (delete_first), creates the directory with its marker when new,
 // and writes config.yaml. Call it once the run's models and data were built.
 void CommitRunDir(const Config& config, const RunDirPlan& plan);
-// PlanRunDir + CommitRunDir. Returns RunDirPlan::same_run.
-bool PrepareRunDir(const Config& config, bool fresh);
 // Whether `dir` carries kRunMarker (was created by the trainer).
 bool IsOwnRunDir(const std::string& dir);
 // Deletes `dir` if it holds nothing but a marker and config.yaml (what a start that failed
