@@ -349,7 +349,8 @@ TEST_F(ReliabilityTest, CorruptAndForeignCheckpointsThroughTheCommandLine) {
 
 // NaN injected through a teacher whose weights overflow (finite, so the checkpoint is
 // accepted; its forward gives inf, the softmax NaN): stop ends at step 1 with the term named
-// and no checkpoint written; skip gives up after train.max_skipped_steps.
+// and no checkpoint written; skip gives up after train.max_skipped_steps, or at the end when it
+// skipped every step.
 TEST_F(ReliabilityTest, NonFiniteTeacherStopsTheRunThroughTheCommandLine) {
   const Config config = LoadConfigFile(student_yaml_);
   Model teacher = MakeModel(config.teacher);
@@ -370,6 +371,13 @@ TEST_F(ReliabilityTest, NonFiniteTeacherStopsTheRunThroughTheCommandLine) {
       {"teacher.checkpoint=" + bad_teacher, "train.nonfinite=skip", "train.max_skipped_steps=2"});
   EXPECT_EQ(skip.exit_status, 1) << skip;
   ExpectContains(skip.err, {"step 3: ", "more than train.max_skipped_steps (2)"});
+  // Under the limit, a run whose every step was skipped still ends as an error.
+  const Outcome all_skipped = Distill(work_ + "/nan_all", {}, 0,
+                                      {"teacher.checkpoint=" + bad_teacher, "train.nonfinite=skip",
+                                       "train.max_skipped_steps=1000000"});
+  EXPECT_EQ(all_skipped.exit_status, 1) << all_skipped;
+  ExpectContains(all_skipped.err,
+                 {"steps of this run were skipped as non-finite", "the student was never updated"});
 }
 
 // Hostile configs (values, files, sizes): each is one line on stderr, exit 2 (config) or 1,

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "distill/checkpoint.h"
@@ -145,8 +146,8 @@ TEST(ResumeTest, MetricsRecordsHaveEveryField) {
     std::vector<std::string> fields;
     if (line.find("\"type\":\"train\"") != std::string::npos) {
       ++train_records;
-      fields = {"step", "loss",      "kd_loss",      "ce_loss",
-                "lr",   "grad_norm", "tokens_per_s", "elapsed_s"};
+      fields = {"step",      "loss",          "kd_loss",      "ce_loss",  "lr",
+                "grad_norm", "skipped_steps", "tokens_per_s", "elapsed_s"};
     } else {
       ASSERT_NE(line.find("\"type\":\"eval\""), std::string::npos) << line;
       ++eval_records;
@@ -405,6 +406,29 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
     EXPECT_NE(warning.find("resuming from the previous checkpoint, " + step2), std::string::npos)
         << warning;
   }
+  // Export and a teacher read from the run directory fall back the same way, with a warning.
+  {
+    Model model = MakeModel(c.student);
+    std::vector<std::string> warnings;
+    EXPECT_EQ(LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "export", &warnings),
+              step2);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("warning: export: " + step4 + ": checksum mismatch"),
+              std::string::npos)
+        << warnings[0];
+    EXPECT_NE(warnings[0].find("using the previous checkpoint, " + step2), std::string::npos)
+        << warnings[0];
+    Config distill = c;
+    distill.train.out_dir = TempRunDir("-student");
+    distill.train.mode = Mode::kDistill;
+    SetArchitecture(distill.teacher, c.student);
+    distill.teacher.checkpoint = c.train.out_dir;
+    const Trainer student(distill, RunOptions::Quiet());
+    ASSERT_EQ(student.warnings().size(), 1u);
+    EXPECT_NE(student.warnings()[0].find("warning: teacher.checkpoint: " + step4),
+              std::string::npos)
+        << student.warnings()[0];
+  }
   std::ofstream(step4, std::ios::binary | std::ios::trunc) << step4_bytes.substr(0, 1000);
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
   std::ofstream(step2, std::ios::binary | std::ios::trunc) << "";
@@ -421,6 +445,14 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
   }
   // The failed start left the directory as it was.
   EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml"), config_yaml);
+  Model model = MakeModel(c.student);
+  try {
+    LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "export");
+    FAIL() << "exported without an intact checkpoint";
+  } catch (const CorruptCheckpointError& e) {
+    EXPECT_THAT(e.what(), ::testing::StartsWith("export: no intact checkpoint in "));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(step2 + ": not a distill_trainer checkpoint"));
+  }
 }
 
 // A checkpoint carries its run's identity: one copied into another run's directory is refused

@@ -1,6 +1,9 @@
 // Training invariants on CPU: the loss goes down, gradient accumulation is exact, self-
 // distillation starts at a fixed point, padded vocabulary rows never get gradient.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -239,8 +242,92 @@ TEST(TrainingTest, NonFiniteSkipCountsAndContinues) {
     EXPECT_TRUE(at::equal(trainer.student().lm_head_weight(), before));
   }
   EXPECT_EQ(trainer.step(), 3);
+  EXPECT_EQ(trainer.skipped_steps(), 2);
   EXPECT_THROW(trainer.Step(), NonFiniteError);
   EXPECT_TRUE(at::isfinite(trainer.student().lm_head_weight()).all().item<bool>());
+}
+
+// The skipped steps are counted over the run: the checkpoint carries the count, so resuming
+// neither resets train.max_skipped_steps nor loses the count that summary.json and
+// metrics.jsonl report.
+TEST(TrainingTest, SkippedStepsAreCountedOverResumes) {
+  Config c = TinyDistillConfig(TempRunDir());
+  c.train.nonfinite = NonFinite::kSkip;
+  c.train.max_skipped_steps = 3;
+  c.train.steps = 6;
+  c.train.log_interval = 1;
+  const auto poison_teacher = [](Trainer& trainer) {
+    torch::NoGradGuard no_grad;
+    trainer.teacher()->parameters()[0].fill_(NAN);
+  };
+  {
+    Trainer first(c, RunOptions::Quiet());
+    EXPECT_FALSE(first.Step().skipped);
+    poison_teacher(first);
+    EXPECT_TRUE(first.Step().skipped);
+    EXPECT_TRUE(first.Step().skipped);
+    first.SaveCheckpoint();
+  }
+  Trainer resumed(c, RunOptions::Quiet());  // the teacher is read again: finite
+  EXPECT_EQ(resumed.step(), 3);
+  EXPECT_EQ(resumed.skipped_steps(), 2);
+  EXPECT_FALSE(resumed.Step().skipped);
+  poison_teacher(resumed);
+  EXPECT_TRUE(resumed.Step().skipped);  // the run's third
+  try {
+    resumed.Step();
+    FAIL() << "a fourth skipped step of the run was accepted";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("4 steps of this run were skipped, more than "
+                                         "train.max_skipped_steps (3)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// summary.json and the logged train records count the skipped steps; a run whose every step
+// was skipped never updated the student and is an error, not a normal finish.
+TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
+  Config c = TinyDistillConfig(TempRunDir());
+  c.train.nonfinite = NonFinite::kSkip;
+  c.train.steps = 3;
+  c.train.log_interval = 1;
+  {
+    Trainer trainer(c, RunOptions::Quiet());
+    EXPECT_FALSE(trainer.Step().skipped);
+    {
+      torch::NoGradGuard no_grad;
+      trainer.teacher()->parameters()[0].fill_(NAN);
+    }
+    trainer.Train();  // steps 2 and 3 skipped
+    EXPECT_EQ(trainer.skipped_steps(), 2);
+  }
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_NE(read(c.train.out_dir + "/summary.json").find("\"skipped_steps\":2"), std::string::npos)
+      << read(c.train.out_dir + "/summary.json");
+  const std::string metrics = read(c.train.out_dir + "/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"skipped_steps\":1,"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"skipped_steps\":2,"), std::string::npos) << metrics;
+
+  Config all = TinyDistillConfig(TempRunDir("_all"));
+  all.train.nonfinite = NonFinite::kSkip;
+  all.train.steps = 2;
+  Trainer trainer(all, RunOptions::Quiet());
+  {
+    torch::NoGradGuard no_grad;
+    trainer.teacher()->parameters()[0].fill_(NAN);
+  }
+  try {
+    trainer.Train();
+    FAIL() << "a run whose every step was skipped finished normally";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("all 2 steps of this run were skipped"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(all.train.out_dir + "/summary.json"));
 }
 
 // A checkpoint of non-finite weights is never written.

@@ -1,6 +1,7 @@
 #include "distill/checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -168,6 +169,7 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   archive.write("step", c10::IValue(position.step));
   archive.write("data_position", c10::IValue(position.data_position));
   archive.write("elapsed_s", c10::IValue(position.elapsed_s));
+  archive.write("skipped_steps", c10::IValue(position.skipped_steps));
   archive.write("rng_cpu", DefaultGenerator(at::Device(at::kCPU)).get_state(), /*is_buffer=*/true);
   if (device.is_cuda()) {
     archive.write("rng_cuda", DefaultGenerator(device).get_state(), /*is_buffer=*/true);
@@ -223,6 +225,8 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   position.data_position = value.toInt();
   // Checkpoints written before elapsed_s was saved resume at 0 s.
   if (archive.try_read("elapsed_s", value)) position.elapsed_s = value.toDouble();
+  // ... and before skipped_steps was, with none counted.
+  if (archive.try_read("skipped_steps", value)) position.skipped_steps = value.toInt();
   at::Tensor state;
   archive.read("rng_cpu", state, /*is_buffer=*/true);
   DefaultGenerator(at::Device(at::kCPU)).set_state(state.cpu());
@@ -232,33 +236,66 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   return position;
 }
 
-std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
-                        const std::string& what) {
-  std::string file = path;
-  if (fs::is_directory(path)) {
-    auto latest = LatestCheckpoint(path);
-    if (!latest) {
-      throw std::runtime_error(
-          fmt::format("{}: \"{}\" is a directory without checkpoints/step_*.pt", what, path));
-    }
-    file = *latest;
-  } else if (!fs::exists(path)) {
-    throw std::runtime_error(
-        fmt::format("{}: \"{}\" does not exist{}", what, path, RelativeTo(path)));
-  } else if (!fs::is_regular_file(path)) {
-    throw std::runtime_error(fmt::format(
-        "{}: \"{}\" is not a regular file (a device or pipe); expected a checkpoint file or a "
-        "run directory",
-        what, path));
-  }
-  // A teacher comes from another run by design: only the architecture must match.
+namespace {
+
+// The weights of one checkpoint file into `model` (its architecture checked first).
+void ReadWeights(const std::string& file, CausalLM& model, const at::Device& device) {
   torch::serialize::InputArchive archive;
   OpenArchive(file, device, archive);
   CheckArchitecture(archive, model, file);
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
   model.load(model_archive);
-  return file;
+}
+
+}  // namespace
+
+std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
+                        const std::string& what, std::vector<std::string>* warnings) {
+  if (fs::is_directory(path)) {
+    // A run directory: its newest intact checkpoint, as a resume would take (a corrupt one is
+    // detected by its checksum before the model is touched).
+    const std::vector<fs::path> files = CheckpointFiles(path);
+    if (files.empty()) {
+      throw std::runtime_error(
+          fmt::format("{}: \"{}\" is a directory without checkpoints/step_*.pt", what, path));
+    }
+    std::vector<std::string> failures;
+    for (auto it = files.rbegin(); it != files.rend(); ++it) {
+      try {
+        ReadWeights(it->string(), model, device);
+      } catch (const CorruptCheckpointError& e) {
+        failures.push_back(e.what());
+        continue;
+      }
+      for (const auto& failure : failures) {
+        const std::string line = fmt::format("warning: {}: {}; using the previous checkpoint, {}",
+                                             what, failure, it->string());
+        if (warnings != nullptr) {
+          warnings->push_back(line);
+        } else {
+          std::fprintf(stderr, "%s\n", line.c_str());
+        }
+      }
+      return it->string();
+    }
+    throw CorruptCheckpointError(fmt::format("{}: no intact checkpoint in {}: {}", what,
+                                             (fs::path(path) / "checkpoints").string(),
+                                             fmt::join(failures, "; ")));
+  }
+  if (!fs::exists(path)) {
+    throw std::runtime_error(
+        fmt::format("{}: \"{}\" does not exist{}", what, path, RelativeTo(path)));
+  }
+  if (!fs::is_regular_file(path)) {
+    throw std::runtime_error(fmt::format(
+        "{}: \"{}\" is not a regular file (a device or pipe); expected a checkpoint file or a "
+        "run directory",
+        what, path));
+  }
+  // A teacher comes from another run by design: only the architecture must match.
+  ReadWeights(path, model, device);
+  return path;
 }
 
 std::optional<TrainingPosition> LoadLatestGoodCheckpoint(

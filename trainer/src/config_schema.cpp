@@ -289,7 +289,7 @@ std::vector<KeyDecl> Declare() {
       k, "teacher", [](auto& c) -> auto& { return c.teacher; });
   Add(
       k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, AnyString(),
-      "Teacher weights: a checkpoint file, or a run directory (its latest checkpoint).");
+      "Teacher weights: a checkpoint file, or a run directory (its latest intact checkpoint).");
   Add(
       k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
       IntAtLeast(0),
@@ -459,7 +459,8 @@ std::vector<KeyDecl> Declare() {
       "step; the last checkpoint stays good) or skip (no update; counted and logged).");
   Add(
       k, "train.max_skipped_steps", [](auto& c) -> auto& { return c.train.max_skipped_steps; },
-      IntIn(0, 1000000), "skip: more skipped steps than this in one process is an error.");
+      IntIn(0, 1000000),
+      "skip: more skipped steps than this in the run (over resumes) is an error.");
   Add(
       k, "train.bucket_mb", [](auto& c) -> auto& { return c.train.bucket_mb; }, IntIn(1, 4096),
       "Data-parallel: MiB of gradients per all-reduce bucket; each bucket's all-reduce starts "

@@ -33,8 +33,13 @@ ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags
                                      {flags.profile_steps, flags.profile_skip},
                                      std::move(before_commit)});
   const EvalResult result = trainer.Train();
-  return {name, config.train.out_dir, trainer.student().num_parameters(), result.val_loss,
-          trainer.data().EntropyFloor().value_or(NAN)};
+  return {name,
+          config.train.out_dir,
+          trainer.student().num_parameters(),
+          result.val_loss,
+          trainer.data().EntropyFloor().value_or(NAN),
+          trainer.step(),
+          trainer.skipped_steps()};
 }
 
 // Prints the memory estimate (rank 0, unless quiet) and refuses a config that cannot fit on
@@ -98,6 +103,12 @@ std::string FormatTable(const std::vector<ResultRow>& rows) {
                        known ? fmt::format("{:.4f}", r.entropy_floor) : "n/a",
                        known ? fmt::format("{:+.4f}", r.val_loss - r.entropy_floor) : "n/a",
                        r.run_dir);
+  }
+  for (const auto& r : rows) {
+    if (r.skipped_steps > 0) {
+      out += fmt::format("{}: {} of {} steps skipped as non-finite (train.nonfinite=skip)\n",
+                         r.name, r.skipped_steps, r.steps);
+    }
   }
   return out;
 }

@@ -142,8 +142,8 @@ double LearningRate(const Config& config, int64_t step) {
   return peak;
 }
 
-Model BuildModel(const ModelConfig& config, const std::string& checkpoint,
-                 const at::Device& device) {
+Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device,
+                 std::vector<std::string>* warnings) {
   Model model = MakeModel(config);
   if (!config.hf_dir.empty()) {
     const std::vector<std::string> ignorable = model->hf_ignorable_tensors();
@@ -151,7 +151,9 @@ Model BuildModel(const ModelConfig& config, const std::string& checkpoint,
                      std::set<std::string>(ignorable.begin(), ignorable.end()));
   }
   model->to(device);
-  if (config.hf_dir.empty() && !checkpoint.empty()) LoadWeights(checkpoint, *model, device);
+  if (config.hf_dir.empty() && !checkpoint.empty()) {
+    LoadWeights(checkpoint, *model, device, "teacher.checkpoint", warnings);
+  }
   return model;
 }
 
@@ -185,8 +187,9 @@ Trainer::Trainer(Config config, RunOptions options)
   data_ = MakeDataSource(config_.data, RealVocabSize(config_), config_.distill.ignore_index);
 
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
+  std::vector<std::string> warnings;  // printed once the run's log is open
   if (distill_) {
-    teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_);
+    teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
     teacher_->eval();
     for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
   }
@@ -205,7 +208,6 @@ Trainer::Trainer(Config config, RunOptions options)
   optimizer_ = MakeOptimizer(config_.optim, *student_);
   // The run's checkpoint (read only) before the directory is written: a resume whose every
   // checkpoint is corrupt fails with the directory as it was.
-  std::vector<std::string> warnings;
   if (same_run) {
     if (auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
                                                  device_, RunIdentityHash(config_), &warnings)) {
@@ -493,16 +495,17 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   } else {
     optimizer_->zero_grad(/*set_to_none=*/true);
   }
-  ++skipped_steps_;
-  if (skipped_steps_ > config_.train.max_skipped_steps) {
+  // Counted over the run (the checkpoint carries the count): resuming does not reset the limit.
+  const int64_t skipped = ++position_.skipped_steps;
+  if (skipped > config_.train.max_skipped_steps) {
     throw NonFiniteError(
-        fmt::format("step {}: {} is {} (non-finite) and {} steps were skipped, more than "
-                    "train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
-                    step, term, value, skipped_steps_, config_.train.max_skipped_steps, hint));
+        fmt::format("step {}: {} is {} (non-finite) and {} steps of this run were skipped, more "
+                    "than train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
+                    step, term, value, skipped, config_.train.max_skipped_steps, hint));
   }
   progress_->Log(
       fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})", step,
-                  term, value, skipped_steps_, config_.train.max_skipped_steps));
+                  term, value, skipped, config_.train.max_skipped_steps));
   return true;
 }
 
@@ -587,6 +590,7 @@ void Trainer::LogStep(const StepResult& r) {
                       .Add("ce_loss", r.ce_loss)
                       .Add("lr", r.lr)
                       .Add("grad_norm", r.grad_norm)
+                      .Add("skipped_steps", position_.skipped_steps)
                       .Add("tokens_per_s", tokens_per_second)
                       .Add("elapsed_s", elapsed_));
   progress_->Log(
@@ -659,6 +663,14 @@ void Trainer::TrainUntil(int64_t stop_step) {
 
 EvalResult Trainer::Train() {
   TrainUntil(config_.train.steps);
+  if (position_.step > 0 && position_.skipped_steps == position_.step) {
+    throw NonFiniteError(fmt::format(
+        "all {} steps of this run were skipped as non-finite (train.nonfinite=skip): the student "
+        "was never updated. The log above names the term of each; likely causes: a learning rate "
+        "too high (optim.lr {}), an extreme distill.temperature ({}), or a teacher with "
+        "non-finite weights",
+        position_.step, config_.optim.lr, config_.distill.temperature));
+  }
   EvalResult final_eval;
   if (last_eval_) {
     final_eval = *last_eval_;  // evaluated (and logged) at the last step already
@@ -673,6 +685,7 @@ EvalResult Trainer::Train() {
                       JsonRecord()
                               .Add("mode", std::string(EnumName(config_.train.mode)))
                               .Add("steps", position_.step)
+                              .Add("skipped_steps", position_.skipped_steps)
                               .Add("parameters", student_->num_parameters())
                               .Add("val_loss", final_eval.val_loss)
                               .Add("val_ppl", final_eval.val_ppl)

@@ -32,6 +32,7 @@ struct TrainingPosition {
   int64_t step = 0;           // optimizer steps done
   int64_t data_position = 0;  // training micro-batches consumed
   double elapsed_s = 0;       // training seconds up to this step, over every attempt of the run
+  int64_t skipped_steps = 0;  // steps whose update train.nonfinite=skip skipped, over the run
 };
 
 // Saves atomically to `path` (throws FileError); the RNG states saved are the default
@@ -55,11 +56,14 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
     const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings);
 
-// Loads only the weights (the teacher). `path`: a checkpoint file, or a run directory whose
-// latest checkpoint is used. Returns the file loaded. `what` starts the errors (the config key,
-// or the command).
+// Loads only the weights (the teacher; export). `path`: a checkpoint file, or a run directory
+// whose newest intact checkpoint is used: a corrupt newer one is skipped with a line in
+// `warnings` (on stderr when null) naming it and the one used instead, as a resume does.
+// Returns the file loaded. `what` starts the errors and warnings (the config key, or the
+// command). Throws CorruptCheckpointError when no checkpoint of the directory is intact.
 std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
-                        const std::string& what = "teacher.checkpoint");
+                        const std::string& what = "teacher.checkpoint",
+                        std::vector<std::string>* warnings = nullptr);
 
 // The newest checkpoint in <run_dir>/checkpoints, if any.
 std::optional<std::string> LatestCheckpoint(const std::string& run_dir);

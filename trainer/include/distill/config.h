@@ -230,7 +230,8 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   bool export_hf = true;  // llama family: write <out_dir>/hf (config.json + safetensors) at the end
   // stop: a non-finite kd/ce loss or gradient norm is an error before the optimizer step;
-  // skip: the step's update is skipped (at most max_skipped_steps times in one process).
+  // skip: the step's update is skipped (at most max_skipped_steps times in the run, counted over
+  // resumes; a run whose every step was skipped is an error at its end).
   NonFinite nonfinite = NonFinite::kStop;
   int64_t max_skipped_steps = 10;
   // Data-parallel: MiB of gradients per all-reduce bucket (25, as PyTorch's DDP).

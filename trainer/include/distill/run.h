@@ -39,6 +39,8 @@ struct ResultRow {
   int64_t parameters = 0;
   double val_loss = 0;
   double entropy_floor = 0;  // NaN when unknown (text data)
+  int64_t steps = 0;
+  int64_t skipped_steps = 0;  // train.nonfinite=skip: updates skipped over the run
 };
 
 // Runs `config` and returns one row per trained model; prints the table to `out`.

@@ -84,8 +84,10 @@ double LearningRate(const Config& config, int64_t step);
 // A model of `config` on `device` with its weights: from config.hf_dir (Hugging Face
 // safetensors), else from `checkpoint` (a checkpoint file or run directory) when not empty, else
 // freshly initialised from torch's default generator. Throws naming the file on any problem.
-Model BuildModel(const ModelConfig& config, const std::string& checkpoint,
-                 const at::Device& device);
+// `warnings`: a corrupt newest checkpoint of a run directory skipped (LoadWeights); on stderr
+// when null.
+Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const at::Device& device,
+                 std::vector<std::string>* warnings = nullptr);
 
 class Trainer {
  public:
@@ -117,6 +119,7 @@ class Trainer {
   void SaveCheckpoint();
 
   int64_t step() const { return position_.step; }
+  int64_t skipped_steps() const { return position_.skipped_steps; }  // over the run
   const Config& config() const { return config_; }
   const DataSource& data() const { return *data_; }
   CausalLM& student() { return *student_; }
@@ -180,9 +183,8 @@ class Trainer {
   // Throughput since the last log record.
   int64_t tokens_since_log_ = 0;
   double seconds_since_log_ = 0;
-  double elapsed_ = 0;  // training seconds of the run, carried over a resume by the checkpoint
-  int64_t skipped_steps_ = 0;  // steps skipped as non-finite in this process
-  int stop_signal_ = 0;        // SIGTERM / SIGINT seen (on any rank) at the last step, or 0
+  double elapsed_ = 0;   // training seconds of the run, carried over a resume by the checkpoint
+  int stop_signal_ = 0;  // SIGTERM / SIGINT seen (on any rank) at the last step, or 0
   std::vector<std::string> warnings_;
 };
 
