@@ -470,6 +470,31 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
         }
 }
 
+TEST(DistillLoss, GradScaleIsCheckedOnEveryDevice) {
+  // One floating-point value on the logits' device, also on the CPU, which does not use it: a
+  // call that works on one device works on the other.
+  for (const auto& dev : devices()) {
+    const auto opts = at::TensorOptions(dev);
+    const at::Tensor s = at::randn({4, 16}, opts).requires_grad_(), t = at::randn({4, 16}, opts);
+    for (const at::Tensor& bad : {at::ones({2}, opts), at::ones({1}, opts.dtype(at::kLong)),
+                                  at::ones({1}).to(at::kDouble), at::ones({0}, opts)}) {
+      if (bad.device() == dev && bad.numel() == 1 && bad.is_floating_point()) continue;
+      std::ostringstream what;
+      what << dev << ": " << bad.scalar_type() << " " << bad.sizes() << " on " << bad.device();
+      try {
+        distill_loss(s, t, DistillLossOptions().grad_scale(bad));
+        ADD_FAILURE() << "accepted grad_scale " << what.str();
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("grad_scale must be a 1-element floating-point "
+                                             "tensor on the logits' device"),
+                  std::string::npos)
+            << what.str() << ": " << e.what();
+      }
+    }
+    EXPECT_NO_THROW(distill_loss(s, t, DistillLossOptions().grad_scale(at::ones({1, 1}, opts))));
+  }
+}
+
 TEST(DistillLoss, GradScaleHintSurvivesARetainedGraphAndLeavesItsTensorAlone) {
   // Backward twice through a retained graph, with grad_outputs other than the hint: each
   // gradient is the one without the hint, the first one is not changed by the second backward,

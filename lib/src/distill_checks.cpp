@@ -45,6 +45,15 @@ void check_temperature(const char* op, double temperature) {
       num(temperature));
 }
 
+void check_grad_scale(const at::Tensor& s, const std::optional<at::Tensor>& grad_scale) {
+  if (!grad_scale.has_value() || !grad_scale->defined()) return;
+  const at::Tensor& g = *grad_scale;
+  TORCH_CHECK(g.numel() == 1 && g.device() == s.device() && at::isFloatingType(g.scalar_type()),
+              "lossfns.distill_loss: grad_scale must be a 1-element floating-point tensor on the "
+              "logits' device ",
+              s.device(), "; got ", g.scalar_type(), " ", dims(g.sizes()), " on ", g.device());
+}
+
 DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,
                                    const std::optional<at::Tensor>& labels, int64_t divergence,
                                    double beta, double temperature, int64_t V,

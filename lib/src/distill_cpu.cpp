@@ -76,13 +76,12 @@ kernels::CpuRows<scalar_t> rows_of(const DistillInputs& in, const int64_t* label
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cpu(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
     int64_t divergence, double beta, double temperature, int64_t ignore_index,
-    int64_t reduction_code, int64_t V,
-    const std::optional<at::Tensor>& /*grad_scale: the CPU recomputes in backward*/,
-    bool /*save*/) {
+    int64_t reduction_code, int64_t V, const std::optional<at::Tensor>& grad_scale, bool /*save*/) {
   const kernels::Reduction reduction =
       reduction_from_code(reduction_code, "lossfns._distill_forward");
   const DistillInputs in =
       check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCpuDtypes, "CPU");
+  check_grad_scale(s, grad_scale);  // unused here (the CPU recomputes in backward), yet checked
   const auto acc_dtype = s.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto acc_opts = s.options().dtype(acc_dtype);
   at::Tensor stats = at::empty({in.rows, kernels::kStatsPerRow}, acc_opts);

@@ -53,15 +53,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
   const auto f32 = s.options().dtype(at::kFloat);
   const bool none = reduction == kernels::kNone;
   // The gradient in forward: asked for (grad_scale), for a reduced loss, when backward will run.
+  check_grad_scale(s, grad_scale);
   const bool grad_now = save && grad_scale.has_value() && grad_scale->defined() && !none;
   at::Tensor gs;
-  if (grad_now) {
-    TORCH_CHECK(
-        grad_scale->numel() == 1 && grad_scale->device() == s.device(),
-        "lossfns.distill_loss: grad_scale must be a 1-element tensor on the logits' device ",
-        s.device(), "; got ", dims(grad_scale->sizes()), " on ", grad_scale->device());
-    gs = grad_scale->to(at::kFloat).contiguous();
-  }
+  if (grad_now) gs = grad_scale->to(at::kFloat).contiguous();
   at::Tensor stats = at::empty({in.rows, kernels::kStatsPerRow}, f32);
   at::Tensor scale = at::empty({1}, f32);
   at::Tensor loss = none ? at::empty({in.rows}, f32) : at::empty({}, f32);

@@ -45,6 +45,11 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,
                                    std::initializer_list<at::ScalarType> supported,
                                    const char* backend);
 
+// TORCH_CHECKs a given grad_scale (the promised grad_output): one floating-point value on the
+// logits' device. Checked on every backend, also where it is not used (the CPU recomputes the
+// gradient in backward), so that a call that works on one device works on the other.
+void check_grad_scale(const at::Tensor& s, const std::optional<at::Tensor>& grad_scale);
+
 // Checks of _distill_backward's own inputs (they come from our forward unless someone calls the
 // internal op directly): stats, the (rows, kStatsPerRow) `stats_dtype` tensor _distill_forward
 // returned on the logits' device, and grad_output, one value per row for 'none', else one.

@@ -108,6 +108,11 @@ def _distill_forward_fake(s, t, labels, divergence, beta, temperature, ignore_in
     # loss (rows,) or (); stats (rows, 6); scale (1,); the gradient computed in forward: (rows, ws)
     # on CUDA with a grad_scale for a reduced loss when saving, else (0, ws).
     _check_logits(s, t)
+    if grad_scale is not None:  # as check_grad_scale (lib/src/distill_checks.cpp), on every device
+        torch._check(
+            grad_scale.numel() == 1 and grad_scale.device == s.device and grad_scale.dtype.is_floating_point,
+            lambda: "lossfns.distill_loss: grad_scale must be a 1-element floating-point tensor on the logits' "
+            f"device {s.device}; got {grad_scale.dtype} {list(grad_scale.shape)} on {grad_scale.device}")
     rows, acc = _rows(s), _acc_dtype(s)
     loss = s.new_empty((rows,) if reduction == _NONE else (), dtype=acc)
     stats = s.new_empty((rows, _STATS_PER_ROW), dtype=acc)

@@ -129,6 +129,14 @@ TEST(ResumeTest, CheckpointsAreWrittenAndPruned) {
             (std::vector<std::string>{"step_0000004.pt", "step_0000006.pt"}));
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/summary.json"));
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/config.yaml"));
+  // With its checkpoints removed, the run trains again from step 0, and says so.
+  RemoveTree(
+      (fs::path(c.train.out_dir) / "checkpoints").string());  // not fs::remove_all (libtorch's)
+  const Trainer again(c, RunOptions::Quiet());
+  EXPECT_EQ(again.step(), 0);
+  ASSERT_EQ(again.warnings().size(), 1u);
+  EXPECT_NE(again.warnings()[0].find("has no checkpoint to resume from"), std::string::npos)
+      << again.warnings()[0];
 }
 
 // metrics.jsonl: one flat JSON object per line with every documented field (docs/trainer.md).

@@ -229,8 +229,17 @@ Trainer::Trainer(Config config, RunOptions options)
                                              *dist_);
   }
   if (dist_->is_main()) {
-    metrics_ = std::make_unique<MetricsLog>(
-        (fs::path(config_.train.out_dir) / "metrics.jsonl").string(), position_.step);
+    const fs::path metrics = fs::path(config_.train.out_dir) / "metrics.jsonl";
+    std::error_code error;
+    if (same_run && position_.step == 0 && fs::file_size(metrics, error) > 0 && !error) {
+      // Steps were logged but no checkpoint is left (none written yet, or checkpoints/ removed).
+      warnings.push_back(fmt::format(
+          "warning: {} has no checkpoint to resume from (none was written yet, or checkpoints/ "
+          "was removed): training again from step 0; metrics.jsonl's records are replaced as "
+          "the steps are trained again",
+          config_.train.out_dir));
+    }
+    metrics_ = std::make_unique<MetricsLog>(metrics.string(), position_.step);
   }
   progress_ = std::make_unique<Progress>(config_.train.steps, position_.step,
                                          options_.quiet || !dist_->is_main());
