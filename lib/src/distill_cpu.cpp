@@ -1,7 +1,7 @@
 // CPU adapter of lossfns::distill_loss: checks inputs, picks dtype and divergence, runs the
 // framework-free row kernels (distill_cpu_kernel.h) over rows in parallel, and registers them for
 // the CPU dispatch key. The CPU always recomputes the gradient in backward (a grad_scale hint is
-// accepted and ignored): its forward saves only the per-row statistics.
+// checked and ignored): its forward saves only the per-row statistics.
 #include <type_traits>
 #include <vector>
 

@@ -52,8 +52,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
   const c10::cuda::CUDAGuard guard(s.device());
   const auto f32 = s.options().dtype(at::kFloat);
   const bool none = reduction == kernels::kNone;
-  // The gradient in forward: asked for (grad_scale), for a reduced loss, when backward will run.
   check_grad_scale(s, grad_scale);
+  // The gradient in forward: asked for (grad_scale), for a reduced loss, when backward will run.
   const bool grad_now = save && grad_scale.has_value() && grad_scale->defined() && !none;
   at::Tensor gs;
   if (grad_now) gs = grad_scale->to(at::kFloat).contiguous();

@@ -221,8 +221,9 @@ at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt l
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
   if (!(at::GradMode::is_enabled() && s.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    // grad_scale passed for its check only: without save, no gradient is computed.
     auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index,
-                                  r.reduction, r.V, std::nullopt, false);
+                                  r.reduction, r.V, grad_scale, false);
     return view_loss(std::get<0>(out), s, r.reduction);
   }
   return DistillFunction::apply(s, t, labels, r.divergence, beta, temperature, ignore_index,
@@ -233,10 +234,10 @@ at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt l
 at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt labels,
                                 c10::string_view divergence, double beta, double temperature,
                                 int64_t ignore_index, c10::string_view reduction,
-                                std::optional<int64_t> vocab_size, Opt /*grad_scale*/) {
+                                std::optional<int64_t> vocab_size, Opt grad_scale) {
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
   auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index,
-                                r.reduction, r.V, std::nullopt, false);
+                                r.reduction, r.V, grad_scale, false);  // checked, not used
   return view_loss(std::get<0>(out), s, r.reduction);
 }
 

@@ -84,9 +84,10 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, lab
             * V), as torch's kl_div), ``"sum"``, or ``"none"`` (per row: the logits' shape
             without V). An all-ignored batch gives 0, not NaN.
         vocab_size: columns at or past it are padding: -inf in both whatever they hold, gradient 0.
-        grad_scale: optional 1-element float tensor on the logits' device, the grad_output the
-            backward will bring (e.g. ``kd_weight / tokens``). Given, the CUDA forward computes
-            the gradient while it reads the logits; the result is the same either way.
+        grad_scale: optional 1-element floating-point tensor (any float dtype) on the logits'
+            device, checked on every device: the grad_output the backward will bring (e.g.
+            ``kd_weight / tokens``). Given, the CUDA forward computes the gradient while it reads
+            the logits; the result is the same either way.
 
     Returns:
         A 0-dim float32 tensor (float64 for float64 logits), or the per-row losses for ``"none"``.

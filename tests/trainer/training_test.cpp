@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "distill/distributed.h"
+#include "distill/run.h"
 #include "distill/trainer.h"
 #include "test_util.h"
 
@@ -328,6 +329,22 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
         << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(all.train.out_dir + "/summary.json"));
+  // The finished run opened again says the same, and how to start over.
+  try {
+    Trainer(all, RunOptions::Quiet()).Train();
+    FAIL() << "the finished all-skipped run, opened again, finished normally";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("start over with --fresh"), std::string::npos) << e.what();
+  }
+
+  // Under the results table, a line per model that skipped steps.
+  const std::string table = FormatTable({{"teacher", "runs/t", 10, 2.0, NAN, 3, 0},
+                                         {"student (distilled)", "runs/s", 5, 2.5, NAN, 3, 2}});
+  EXPECT_NE(table.find("\nstudent (distilled): 2 of 3 steps skipped as non-finite "
+                       "(train.nonfinite=skip)\n"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("teacher:"), std::string::npos) << table;
 }
 
 // A checkpoint of non-finite weights is never written.

@@ -279,9 +279,12 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
       }
       return it->string();
     }
-    throw CorruptCheckpointError(fmt::format("{}: no intact checkpoint in {}: {}", what,
-                                             (fs::path(path) / "checkpoints").string(),
-                                             fmt::join(failures, "; ")));
+    throw CorruptCheckpointError(
+        fmt::format("{}: no intact checkpoint in {}: {}; {}", what,
+                    (fs::path(path) / "checkpoints").string(), fmt::join(failures, "; "),
+                    what == "export"
+                        ? "this run has no intact weights to export"
+                        : fmt::format("set {} to an intact checkpoint file or another run", what)));
   }
   if (!fs::exists(path)) {
     throw std::runtime_error(

@@ -235,8 +235,8 @@ Trainer::Trainer(Config config, RunOptions options)
       // Steps were logged but no checkpoint is left (none written yet, or checkpoints/ removed).
       warnings.push_back(fmt::format(
           "warning: {} has no checkpoint to resume from (none was written yet, or checkpoints/ "
-          "was removed): training again from step 0; metrics.jsonl's records are replaced as "
-          "the steps are trained again",
+          "was removed): training again from step 0; metrics.jsonl's earlier records are "
+          "dropped",
           config_.train.out_dir));
     }
     metrics_ = std::make_unique<MetricsLog>(metrics.string(), position_.step);
@@ -476,6 +476,15 @@ StepResult Trainer::Step() {
   return r;
 }
 
+std::string Trainer::NonFiniteCauses(const std::string& lr_detail) const {
+  const std::string lr =
+      fmt::format("a learning rate too high (optim.lr {}{})", config_.optim.lr, lr_detail);
+  if (!distill_) return lr + ", or non-finite initial weights (student.hf_dir)";
+  return fmt::format(
+      "{}, an extreme distill.temperature ({}), or a teacher with non-finite weights", lr,
+      config_.distill.temperature);
+}
+
 bool Trainer::SkipNonFinite(const StepResult& r) {
   const char* term = !std::isfinite(r.kd_loss)     ? "kd_loss"
                      : !std::isfinite(r.ce_loss)   ? "ce_loss"
@@ -487,10 +496,7 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   // "inf" / "-inf" as they are.
   const std::string value = std::isnan(raw) ? "nan" : fmt::format("{}", raw);
   const int64_t step = position_.step + 1;
-  const std::string hint = fmt::format(
-      "a learning rate too high (optim.lr {}, this step {:.3g}), an extreme distill.temperature "
-      "({}), or a teacher with non-finite weights",
-      config_.optim.lr, r.lr, config_.distill.temperature);
+  const std::string hint = NonFiniteCauses(fmt::format(", this step {:.3g}", r.lr));
   if (config_.train.nonfinite == NonFinite::kStop) {
     const auto latest = LatestCheckpoint(config_.train.out_dir);
     throw NonFiniteError(fmt::format(
@@ -674,11 +680,10 @@ EvalResult Trainer::Train() {
   TrainUntil(config_.train.steps);
   if (position_.step > 0 && position_.skipped_steps == position_.step) {
     throw NonFiniteError(fmt::format(
-        "all {} steps of this run were skipped as non-finite (train.nonfinite=skip): the student "
-        "was never updated. The log above names the term of each; likely causes: a learning rate "
-        "too high (optim.lr {}), an extreme distill.temperature ({}), or a teacher with "
-        "non-finite weights",
-        position_.step, config_.optim.lr, config_.distill.temperature));
+        "all {} steps of this run were skipped as non-finite (train.nonfinite=skip): the {} was "
+        "never updated, and running this command again repeats this error. Likely causes: {}; "
+        "fix the cause and start over with --fresh (or another train.out_dir)",
+        position_.step, distill_ ? "student" : "model", NonFiniteCauses("")));
   }
   EvalResult final_eval;
   if (last_eval_) {

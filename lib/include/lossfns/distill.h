@@ -37,11 +37,12 @@ struct DistillLossOptions {
   // Columns at or past vocab_size are padding: -inf in both distributions whatever they hold,
   // gradient 0. std::nullopt: every column counts.
   TORCH_ARG(std::optional<int64_t>, vocab_size) = std::nullopt;
-  // Optional 1-element float tensor on the logits' device: the grad_output the caller's backward
+  // Optional 1-element floating-point tensor on the logits' device (checked on every device, also
+  // where it is not used): the grad_output the caller's backward
   // will bring to this loss (e.g. kd_weight / tokens). Given, the CUDA forward computes the
   // gradient while it has the logits in hand (it reads them once, instead of again in backward);
   // backward then only checks on the device that grad_output equals it (and rescales if not).
-  // A hint: the result is the same with or without it; the CPU ignores it.
+  // A hint: the result is the same with or without it; the CPU checks it, then ignores it.
   TORCH_ARG(std::optional<at::Tensor>, grad_scale) = std::nullopt;
 };
 

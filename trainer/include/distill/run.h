@@ -47,8 +47,9 @@ struct ResultRow {
 std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out);
 
 // `distill_trainer export RUN_DIR OUT_DIR`: the student of the run in run_dir (its config.yaml
-// and latest checkpoint) written as a Hugging Face directory to out_dir, which must not exist
-// yet (hf_export.h). Returns the checkpoint exported.
+// and newest intact checkpoint, a corrupt newer one skipped with a warning on stderr) written as a
+// Hugging Face directory to out_dir, which must not exist yet (hf_export.h). Returns the checkpoint
+// exported.
 std::string ExportRun(const std::string& run_dir, const std::string& out_dir);
 
 // The stage configs of the pipeline (each a plain single run). Exposed for tests and docs.

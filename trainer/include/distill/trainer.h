@@ -140,6 +140,8 @@ class Trainer {
   // After the backward of step `r`: throws NonFiniteError, or (skip) zeroes the gradients and
   // returns true when a loss term or the gradient norm is not finite.
   bool SkipNonFinite(const StepResult& r);
+  // The likely causes of a non-finite step, for the errors (`lr_detail` follows optim.lr).
+  std::string NonFiniteCauses(const std::string& lr_detail) const;
   // The step's micro-batches at `data_position` (this rank's share), prefetched or made now.
   std::vector<Batch> StepBatches(int64_t data_position);
   // AccumulateGradients' work queued on the device, its loss sums not read yet.
