@@ -391,6 +391,29 @@ TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
   EXPECT_FALSE(fs::exists(c.train.out_dir));
 }
 
+// A directory that holds only what an interrupted first start leaves is ours to start in; a
+// config.yaml.tmp without our marker is not (the marker is written first): the start is refused
+// and the file kept.
+TEST(ResumeTest, AConfigTemporaryWithoutTheMarkerIsNotAnInterruptedStart) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  fs::create_directories(c.train.out_dir);
+  std::ofstream(c.train.out_dir + "/config.yaml.tmp") << "mine\n";
+  try {
+    Trainer t(c, RunOptions::Quiet());
+    FAIL() << "started in a directory holding a user's config.yaml.tmp";
+  } catch (const RunDirError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not empty and holds no config.yaml"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml.tmp"), "mine\n");
+  std::ofstream(c.train.out_dir + "/" + kRunMarker) << "run_id: x\n";  // as a killed start left it
+  Trainer(c, RunOptions::Quiet()).Train();
+  EXPECT_FALSE(fs::exists(c.train.out_dir + "/config.yaml.tmp"));
+  EXPECT_TRUE(fs::exists(c.train.out_dir + "/summary.json"));
+}
+
 // A flipped byte or a truncated latest checkpoint is detected by its checksum, named, and the
 // previous intact checkpoint is used instead; with none intact, the error names every file.
 TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {

@@ -19,16 +19,19 @@ namespace {
 
 // A first start killed (or stopped by a full disk) while it wrote the run marker or
 // config.yaml leaves only these: the same command starts the run again instead of refusing a
-// directory that holds nothing but our own files. Anything else in it keeps it refused.
+// directory that holds nothing but our own files. Anything else in it keeps it refused, and so
+// does a config.yaml.tmp without the marker (written first): that one is not ours.
 bool IsInterruptedStart(const fs::path& dir) {
   const std::string marker = kRunMarker;
-  bool any = false;
+  bool any = false, has_marker = false, has_config_tmp = false;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name != marker && name != marker + ".tmp" && name != "config.yaml.tmp") return false;
     any = true;
+    has_marker = has_marker || name == marker;
+    has_config_tmp = has_config_tmp || name == "config.yaml.tmp";
   }
-  return any;
+  return any && (has_marker || !has_config_tmp);
 }
 
 // "key: a  vs  key: b" for the first line where two YAML dumps differ.
