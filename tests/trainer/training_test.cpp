@@ -28,6 +28,12 @@ Batch Rows(const Batch& b, int64_t begin, int64_t end, int64_t ignore_index) {
   return out;
 }
 
+// NaN in the teacher's first parameter (the token embedding): every later step's loss is NaN.
+void PoisonTeacher(Trainer& trainer) {
+  torch::NoGradGuard no_grad;
+  trainer.teacher()->parameters()[0].fill_(NAN);
+}
+
 // The order-1 language with branching 4 has a floor near 1.3 nats against ln(24) = 3.18 for a
 // uniform guess; 40 AdamW steps must get well below the uniform loss. 0.5 nats is far above
 // run-to-run noise (the run is deterministic) and far below what the model learns.
@@ -167,10 +173,7 @@ TEST(TrainingTest, NonFiniteStopsBeforeTheOptimizerStep) {
   c.train.steps = 6;
   Trainer trainer(c, RunOptions::Quiet());
   trainer.TrainUntil(2);
-  {
-    torch::NoGradGuard no_grad;
-    trainer.teacher()->parameters()[0].fill_(NAN);
-  }
+  PoisonTeacher(trainer);
   std::vector<at::Tensor> before;
   for (const auto& p : trainer.student().parameters()) before.push_back(p.clone());
   try {
@@ -232,10 +235,7 @@ TEST(TrainingTest, NonFiniteSkipCountsAndContinues) {
   c.train.max_skipped_steps = 2;
   Trainer trainer(c, RunOptions::Quiet());
   EXPECT_FALSE(trainer.Step().skipped);
-  {
-    torch::NoGradGuard no_grad;
-    trainer.teacher()->parameters()[0].fill_(NAN);
-  }
+  PoisonTeacher(trainer);
   const at::Tensor before = trainer.student().lm_head_weight().clone();
   for (int i = 0; i < 2; ++i) {
     const StepResult r = trainer.Step();
@@ -257,14 +257,10 @@ TEST(TrainingTest, SkippedStepsAreCountedOverResumes) {
   c.train.max_skipped_steps = 3;
   c.train.steps = 6;
   c.train.log_interval = 1;
-  const auto poison_teacher = [](Trainer& trainer) {
-    torch::NoGradGuard no_grad;
-    trainer.teacher()->parameters()[0].fill_(NAN);
-  };
   {
     Trainer first(c, RunOptions::Quiet());
     EXPECT_FALSE(first.Step().skipped);
-    poison_teacher(first);
+    PoisonTeacher(first);
     EXPECT_TRUE(first.Step().skipped);
     EXPECT_TRUE(first.Step().skipped);
     first.SaveCheckpoint();
@@ -273,7 +269,7 @@ TEST(TrainingTest, SkippedStepsAreCountedOverResumes) {
   EXPECT_EQ(resumed.step(), 3);
   EXPECT_EQ(resumed.skipped_steps(), 2);
   EXPECT_FALSE(resumed.Step().skipped);
-  poison_teacher(resumed);
+  PoisonTeacher(resumed);
   EXPECT_TRUE(resumed.Step().skipped);  // the run's third
   try {
     resumed.Step();
@@ -296,10 +292,7 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
   {
     Trainer trainer(c, RunOptions::Quiet());
     EXPECT_FALSE(trainer.Step().skipped);
-    {
-      torch::NoGradGuard no_grad;
-      trainer.teacher()->parameters()[0].fill_(NAN);
-    }
+    PoisonTeacher(trainer);
     trainer.Train();  // steps 2 and 3 skipped
     EXPECT_EQ(trainer.skipped_steps(), 2);
   }
@@ -317,10 +310,7 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
   all.train.nonfinite = NonFinite::kSkip;
   all.train.steps = 2;
   Trainer trainer(all, RunOptions::Quiet());
-  {
-    torch::NoGradGuard no_grad;
-    trainer.teacher()->parameters()[0].fill_(NAN);
-  }
+  PoisonTeacher(trainer);
   try {
     trainer.Train();
     FAIL() << "a run whose every step was skipped finished normally";
