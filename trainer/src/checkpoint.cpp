@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -248,43 +249,60 @@ void ReadWeights(const std::string& file, CausalLM& model, const at::Device& dev
   model.load(model_archive);
 }
 
+struct IntactCheckpoint {
+  std::string file;
+  std::vector<std::string> skipped;  // the errors of the corrupt newer checkpoints
+};
+
+// Calls `load` on the checkpoints of `run_dir`, newest first, until one does not throw
+// CorruptCheckpointError (which a damaged file throws before anything is changed). nullopt: no
+// checkpoints. None intact: throws CorruptCheckpointError "<prefix>no intact checkpoint in
+// <run_dir>/checkpoints: <every file's error>; <fix>".
+std::optional<IntactCheckpoint> LoadNewestIntact(
+    const std::string& run_dir, const std::function<void(const std::string&)>& load,
+    const std::string& prefix, const std::string& fix) {
+  const std::vector<fs::path> files = CheckpointFiles(run_dir);
+  if (files.empty()) return std::nullopt;
+  IntactCheckpoint result;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    try {
+      load(it->string());
+    } catch (const CorruptCheckpointError& e) {
+      result.skipped.push_back(e.what());
+      continue;
+    }
+    result.file = it->string();
+    return result;
+  }
+  throw CorruptCheckpointError(fmt::format("{}no intact checkpoint in {}: {}; {}", prefix,
+                                           (fs::path(run_dir) / "checkpoints").string(),
+                                           fmt::join(result.skipped, "; "), fix));
+}
+
 }  // namespace
 
 std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
                         const std::string& what, std::vector<std::string>* warnings) {
   if (fs::is_directory(path)) {
-    // A run directory: its newest intact checkpoint, as a resume would take (a corrupt one is
-    // detected by its checksum before the model is touched).
-    const std::vector<fs::path> files = CheckpointFiles(path);
-    if (files.empty()) {
+    // A run directory: its newest intact checkpoint, as a resume would take.
+    const auto intact = LoadNewestIntact(
+        path, [&](const std::string& file) { ReadWeights(file, model, device); }, what + ": ",
+        what == "export" ? "this run has no intact weights to export"
+                         : fmt::format("set {} to an intact checkpoint file or another run", what));
+    if (!intact) {
       throw std::runtime_error(
           fmt::format("{}: \"{}\" is a directory without checkpoints/step_*.pt", what, path));
     }
-    std::vector<std::string> failures;
-    for (auto it = files.rbegin(); it != files.rend(); ++it) {
-      try {
-        ReadWeights(it->string(), model, device);
-      } catch (const CorruptCheckpointError& e) {
-        failures.push_back(e.what());
-        continue;
+    for (const auto& failure : intact->skipped) {
+      const std::string line = fmt::format("warning: {}: {}; using the previous checkpoint, {}",
+                                           what, failure, intact->file);
+      if (warnings != nullptr) {
+        warnings->push_back(line);
+      } else {
+        std::fprintf(stderr, "%s\n", line.c_str());
       }
-      for (const auto& failure : failures) {
-        const std::string line = fmt::format("warning: {}: {}; using the previous checkpoint, {}",
-                                             what, failure, it->string());
-        if (warnings != nullptr) {
-          warnings->push_back(line);
-        } else {
-          std::fprintf(stderr, "%s\n", line.c_str());
-        }
-      }
-      return it->string();
     }
-    throw CorruptCheckpointError(
-        fmt::format("{}: no intact checkpoint in {}: {}; {}", what,
-                    (fs::path(path) / "checkpoints").string(), fmt::join(failures, "; "),
-                    what == "export"
-                        ? "this run has no intact weights to export"
-                        : fmt::format("set {} to an intact checkpoint file or another run", what)));
+    return intact->file;
   }
   if (!fs::exists(path)) {
     throw std::runtime_error(
@@ -304,26 +322,19 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
 std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
     const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings) {
-  const std::vector<fs::path> files = CheckpointFiles(run_dir);
-  std::vector<std::string> failures;
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    try {
-      const TrainingPosition position =
-          LoadCheckpoint(it->string(), model, optimizer, device, run_identity);
-      for (const auto& failure : failures) {
-        warnings->push_back(fmt::format("warning: {}; resuming from the previous checkpoint, {}",
-                                        failure, it->string()));
-      }
-      return position;
-    } catch (const CorruptCheckpointError& e) {
-      failures.push_back(e.what());
-    }
+  TrainingPosition position;
+  const auto intact = LoadNewestIntact(
+      run_dir,
+      [&](const std::string& file) {
+        position = LoadCheckpoint(file, model, optimizer, device, run_identity);
+      },
+      "", "move the damaged files away to resume from scratch in this directory, or pass --fresh");
+  if (!intact) return std::nullopt;
+  for (const auto& failure : intact->skipped) {
+    warnings->push_back(fmt::format("warning: {}; resuming from the previous checkpoint, {}",
+                                    failure, intact->file));
   }
-  if (files.empty()) return std::nullopt;
-  throw CorruptCheckpointError(fmt::format(
-      "no intact checkpoint in {}: {}; move the damaged files away to resume from scratch in "
-      "this directory, or pass --fresh",
-      (fs::path(run_dir) / "checkpoints").string(), fmt::join(failures, "; ")));
+  return position;
 }
 
 }  // namespace distill
