@@ -9,7 +9,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "distill/checkpoint.h"
 #include "distill/distributed.h"
+#include "distill/model.h"
 #include "distill/run.h"
 #include "distill/trainer.h"
 #include "test_util.h"
@@ -325,6 +327,22 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
     FAIL() << "the finished all-skipped run, opened again, finished normally";
   } catch (const NonFiniteError& e) {
     EXPECT_NE(std::string(e.what()).find("start over with --fresh"), std::string::npos) << e.what();
+  }
+  // Its checkpoint holds the untrained student: loading it (export, a teacher) says so; the
+  // first run's (one step trained) does not.
+  {
+    Model model = MakeModel(all.student);
+    std::vector<std::string> warnings;
+    const std::string file = LoadWeights(all.train.out_dir, *model, at::Device(at::kCPU),
+                                         "teacher.checkpoint", &warnings);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0], "warning: teacher.checkpoint: " + file +
+                               ": all 2 steps before this checkpoint were skipped as non-finite "
+                               "(train.nonfinite=skip): these are the run's initial, untrained "
+                               "weights");
+    warnings.clear();
+    LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "export", &warnings);
+    EXPECT_TRUE(warnings.empty()) << warnings[0];
   }
 
   // Under the results table, a line per model that skipped steps.

@@ -239,14 +239,26 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
 
 namespace {
 
-// The weights of one checkpoint file into `model` (its architecture checked first).
-void ReadWeights(const std::string& file, CausalLM& model, const at::Device& device) {
+// The weights of one checkpoint file into `model` (its architecture checked first). Returns a
+// warning when the run that wrote it skipped every one of its steps as non-finite (the weights
+// are its initial ones), else "".
+std::string ReadWeights(const std::string& file, CausalLM& model, const at::Device& device,
+                        const std::string& what) {
   torch::serialize::InputArchive archive;
   OpenArchive(file, device, archive);
   CheckArchitecture(archive, model, file);
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
   model.load(model_archive);
+  c10::IValue step, skipped;
+  if (archive.try_read("step", step) && archive.try_read("skipped_steps", skipped) &&
+      step.toInt() > 0 && skipped.toInt() == step.toInt()) {
+    return fmt::format(
+        "warning: {}: {}: all {} steps before this checkpoint were skipped as non-finite "
+        "(train.nonfinite=skip): these are the run's initial, untrained weights",
+        what, file, step.toInt());
+  }
+  return "";
 }
 
 struct IntactCheckpoint {
@@ -283,10 +295,19 @@ std::optional<IntactCheckpoint> LoadNewestIntact(
 
 std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
                         const std::string& what, std::vector<std::string>* warnings) {
+  std::string untrained;
+  const auto warn = [&](const std::string& line) {
+    if (warnings != nullptr) {
+      warnings->push_back(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  };
   if (fs::is_directory(path)) {
     // A run directory: its newest intact checkpoint, as a resume would take.
     const auto intact = LoadNewestIntact(
-        path, [&](const std::string& file) { ReadWeights(file, model, device); }, what + ": ",
+        path, [&](const std::string& file) { untrained = ReadWeights(file, model, device, what); },
+        what + ": ",
         what == "export" ? "this run has no intact weights to export"
                          : fmt::format("set {} to an intact checkpoint file or another run", what));
     if (!intact) {
@@ -294,14 +315,10 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
           fmt::format("{}: \"{}\" is a directory without checkpoints/step_*.pt", what, path));
     }
     for (const auto& failure : intact->skipped) {
-      const std::string line = fmt::format("warning: {}: {}; using the previous checkpoint, {}",
-                                           what, failure, intact->file);
-      if (warnings != nullptr) {
-        warnings->push_back(line);
-      } else {
-        std::fprintf(stderr, "%s\n", line.c_str());
-      }
+      warn(fmt::format("warning: {}: {}; using the previous checkpoint, {}", what, failure,
+                       intact->file));
     }
+    if (!untrained.empty()) warn(untrained);
     return intact->file;
   }
   if (!fs::exists(path)) {
@@ -315,7 +332,8 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
         what, path));
   }
   // A teacher comes from another run by design: only the architecture must match.
-  ReadWeights(path, model, device);
+  untrained = ReadWeights(path, model, device, what);
+  if (!untrained.empty()) warn(untrained);
   return path;
 }
 
