@@ -6,7 +6,8 @@
 //  - forward: one block per row; the passes a row needs (the maxima and the sums of exp together,
 //    online, with the KLs' loss; TVD's and JSD's divergence and row constant, which need the
 //    normalised p and q; the gradient when it is computed in forward)
-//    each read the row from global memory, the L2 cache serving part of the re-reads. (Cluster
+//    each read the row from global memory, the L2 cache serving part of the re-reads (TVD's and
+//    JSD's second pass runs backwards, from the columns read last: for_each_vec). (Cluster
 //    variants measured slower on the H200 and were not kept: rows staged in the shared memory of
 //    a thread-block cluster, and rows split over a cluster's blocks to keep fewer rows in flight,
 //    sessions 11 and 21: docs/benchmarks.md.)
@@ -131,14 +132,18 @@ __device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t j, int64_t n, b
 }
 
 // kU vectors of a row at j0, j0 + step, ...: all in flight at once. 16-byte loads when the row is
-// aligned (vx) and every vector lies inside [0, n); else element by element, -inf past n.
-template <typename T, int kU>
+// aligned (vx) and every vector lies inside [0, n); else element by element, -inf past n. kLast:
+// the last read of these bytes, loaded evict-first (ld.global.cs) so that they leave the L2 before
+// the lines other rows will read again.
+template <bool kLast = false, typename T, int kU>
 __device__ __forceinline__ void load_vecs(const T* x, int64_t j0, int64_t step, int64_t n, bool vx,
                                           Vec<T> (&v)[kU]) {
   if (vx && j0 + (kU - 1) * step + Vec<T>::N <= n) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
-      v[u].raw = __ldg(reinterpret_cast<const uint4*>(x + j0 + u * step));
+    for (int u = 0; u < kU; ++u) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + j0 + u * step);
+      v[u].raw = kLast ? __ldcs(p) : __ldg(p);
+    }
   } else {
 #pragma unroll
     for (int u = 0; u < kU; ++u) v[u] = load_vec(x, j0 + u * step, n, vx);
@@ -276,19 +281,35 @@ __device__ __forceinline__ void zero_padding(Vec<T>& out, int64_t j, int64_t n_a
 
 // The element loop every pass shares: f(j, s_j, t_j) over the row's columns [0, n), N at a time
 // (s, t: the row; columns at or past ns / nt are -inf). A thread takes the vectors at j, j + step,
-// ... in that order, kU of each row in flight (load_vecs).
-template <typename T, typename F>
+// ... in that order (kReverse: the same groups, last first), kU of each row in flight
+// (load_vecs; kLast: the row's last read).
+//
+// TVD's and JSD's second forward pass runs backwards: it starts where the first ended, on the
+// columns read most recently, which are the ones still in the L2 (with ~1000 rows in flight at
+// V = 151936 almost nothing else of a row is); without the gradient it loads them evict-first.
+// Measured on the H200 (bf16, session 23, bench/distill_ab.py, two interleaved rounds): forward +
+// backward of tvd and jsd 1-2% faster at 8192 x 151936, 2-5% at 8192 x 49152, 6-8% at
+// 4096 x 32000 (docs/benchmarks.md).
+template <bool kReverse, bool kLast, typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns, int64_t nt,
                                              bool vs, bool vt, int64_t n, F&& f) {
   constexpr int N = Vec<T>::N, kU = 2;
-  const int64_t step = int64_t(blockDim.x) * N;
-  for (int64_t j0 = int64_t(threadIdx.x) * N; j0 < n; j0 += kU * step) {
+  const int64_t step = int64_t(blockDim.x) * N, first = int64_t(threadIdx.x) * N;
+  const auto group = [&](int64_t j0) {
     Vec<T> xs[kU], ys[kU];
-    load_vecs(s, j0, step, ns, vs, xs);
-    load_vecs(t, j0, step, nt, vt, ys);
+    load_vecs<kLast>(s, j0, step, ns, vs, xs);
+    load_vecs<kLast>(t, j0, step, nt, vt, ys);
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (j0 + u * step < n) f(j0 + u * step, xs[u], ys[u]);
+  };
+  if constexpr (kReverse) {
+    // int: a row has fewer than 2^31 groups of kU * step (>= 16) columns.
+    const int groups = first < n ? int((n - first + kU * step - 1) / (kU * step)) : 0;
+    int64_t j0 = first + int64_t(groups - 1) * (kU * step);
+    for (int g = groups; g > 0; --g, j0 -= kU * step) group(j0);
+  } else {
+    for (int64_t j0 = first; j0 < n; j0 += kU * step) group(j0);
   }
 }
 
@@ -324,7 +345,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   // The weighting side (the teacher for forward KL and for TVD and JSD, the student for reverse
   // KL) with its dot for the KLs; TVD and JSD have no dot (computing it cost TVD ~12% of its
   // forward).
-  for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
+  const auto pass1 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
     float xs[N], ys[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -342,7 +363,8 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
       ms.w = MaxSumDot{wt.max, wt.sum, 0.f, -INFINITY};
       ms.o = add_scaled<N>(ms.o, xs);
     }
-  });
+  };
+  for_each_vec<false, false>(s, t, ns, nt, vs, vt, n_any, pass1);
   ms = block_allreduce(
       ms,
       [](MaxSum2 u, MaxSum2 v) {
@@ -378,7 +400,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
                              : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
     lc = make_float2(loss, loss);
   } else {
-    for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
+    const auto pass2 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
@@ -388,7 +410,11 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
         lc.x += term;
         lc.y += p * g;
       }
-    });
+    };
+    // Backwards: the row's end, read last by pass 1, is still in the L2. (With and without the
+    // gradient alike: the order of the row sums must not depend on grad_scale.) Without the
+    // gradient this is the row's last read.
+    for_each_vec<true, !kGrad>(s, t, ns, nt, vs, vt, n_any, pass2);
     lc = block_sum2(lc, red);
   }
   const float c = saved_row_constant<float>(div, lc.x, lc.y);
@@ -407,7 +433,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     const float row_scale = *a.grad_scale * *a.scale * a.inv_t;
     const bool vg = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
     const int64_t gend = a.ws;
-    for_each_vec(s, t, ns, nt, vs, vt, n_any, [&](int64_t j, const Vec<T>& x, const Vec<T>& y) {
+    const auto pass3 = [&](int64_t j, const Vec<T>& x, const Vec<T>& y) {
       Vec<T> out;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
@@ -425,7 +451,9 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
         for (int k = 0; k < N; ++k)
           if (j + k < gend) grad[j + k] = out.v[k];
       }
-    });
+    };
+    // (Taken backwards after the KLs' one forward pass: measured no faster.)
+    for_each_vec<false, false>(s, t, ns, nt, vs, vt, n_any, pass3);
     // The student's columns past the loop (past n_any: padding past V): gradient 0.
     for (int64_t j = n_any + threadIdx.x; j < gend; j += blockDim.x) grad[j] = from_float<T>(0.f);
   }
