@@ -133,8 +133,8 @@ __device__ __forceinline__ Vec<T> load_vec(const T* row, int64_t j, int64_t n, b
 
 // kU vectors of a row at j0, j0 + step, ...: all in flight at once. 16-byte loads when the row is
 // aligned (vx) and every vector lies inside [0, n); else element by element, -inf past n. kLast:
-// the last read of these bytes, loaded evict-first (ld.global.cs) so that they leave the L2 before
-// the lines other rows will read again.
+// the kernel's last read of these bytes, loaded evict-first (ld.global.cs) so that they leave the
+// L2 before the lines other rows will read again.
 template <bool kLast = false, typename T, int kU>
 __device__ __forceinline__ void load_vecs(const T* x, int64_t j0, int64_t step, int64_t n, bool vx,
                                           Vec<T> (&v)[kU]) {
@@ -282,14 +282,15 @@ __device__ __forceinline__ void zero_padding(Vec<T>& out, int64_t j, int64_t n_a
 // The element loop every pass shares: f(j, s_j, t_j) over the row's columns [0, n), N at a time
 // (s, t: the row; columns at or past ns / nt are -inf). A thread takes the vectors at j, j + step,
 // ... in that order (kReverse: the same groups, last first), kU of each row in flight
-// (load_vecs; kLast: the row's last read).
+// (load_vecs; kLast: the kernel's last read of the row).
 //
 // TVD's and JSD's second forward pass runs backwards: it starts where the first ended, on the
 // columns read most recently, which are the ones still in the L2 (with ~1000 rows in flight at
-// V = 151936 almost nothing else of a row is); without the gradient it loads them evict-first.
-// Measured on the H200 (bf16, session 23, bench/distill_ab.py, two interleaved rounds): forward +
-// backward of tvd and jsd 1-2% faster at 8192 x 151936, 2-5% at 8192 x 49152, 6-8% at
-// 4096 x 32000 (docs/benchmarks.md).
+// V = 151936 almost nothing else of a row is); without the gradient it loads them evict-first
+// (the forward's last read; a backward reads the row again later, as a separate kernel). Measured
+// on the H200 (bf16, session 23, bench/distill_ab.py, two interleaved rounds): forward + backward
+// of tvd and jsd 1-2% faster at 8192 x 151936, 1-6% at 8192 x 49152, 5-9% at 4096 x 32000
+// (docs/benchmarks.md).
 template <bool kReverse, bool kLast, typename T, typename F>
 __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns, int64_t nt,
                                              bool vs, bool vt, int64_t n, F&& f) {
@@ -413,7 +414,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     };
     // Backwards: the row's end, read last by pass 1, is still in the L2. (With and without the
     // gradient alike: the order of the row sums must not depend on grad_scale.) Without the
-    // gradient this is the row's last read.
+    // gradient this is the forward's last read of the row.
     for_each_vec<true, !kGrad>(s, t, ns, nt, vs, vt, n_any, pass2);
     lc = block_sum2(lc, red);
   }

@@ -328,7 +328,7 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
   } catch (const NonFiniteError& e) {
     EXPECT_NE(std::string(e.what()).find("start over with --fresh"), std::string::npos) << e.what();
   }
-  // Its checkpoint holds the untrained student: loading it (export, a teacher) says so; the
+  // Its checkpoint holds the student it started with: loading it (export, a teacher) says so; the
   // first run's (one step trained) does not.
   {
     Model model = MakeModel(all.student);
@@ -338,8 +338,8 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
     ASSERT_EQ(warnings.size(), 1u);
     EXPECT_EQ(warnings[0], "warning: teacher.checkpoint: " + file +
                                ": all 2 steps before this checkpoint were skipped as non-finite "
-                               "(train.nonfinite=skip): these are the run's initial, untrained "
-                               "weights");
+                               "(train.nonfinite=skip): its weights were never updated (the ones "
+                               "the run started from)");
     warnings.clear();
     LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "export", &warnings);
     EXPECT_TRUE(warnings.empty()) << warnings[0];

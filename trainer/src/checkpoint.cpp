@@ -241,7 +241,7 @@ namespace {
 
 // The weights of one checkpoint file into `model` (its architecture checked first). Returns a
 // warning when the run that wrote it skipped every one of its steps as non-finite (the weights
-// are its initial ones), else "".
+// are the ones the run started from, never updated), else "".
 std::string ReadWeights(const std::string& file, CausalLM& model, const at::Device& device,
                         const std::string& what) {
   torch::serialize::InputArchive archive;
@@ -255,7 +255,7 @@ std::string ReadWeights(const std::string& file, CausalLM& model, const at::Devi
       step.toInt() > 0 && skipped.toInt() == step.toInt()) {
     return fmt::format(
         "warning: {}: {}: all {} steps before this checkpoint were skipped as non-finite "
-        "(train.nonfinite=skip): these are the run's initial, untrained weights",
+        "(train.nonfinite=skip): its weights were never updated (the ones the run started from)",
         what, file, step.toInt());
   }
   return "";
@@ -295,7 +295,7 @@ std::optional<IntactCheckpoint> LoadNewestIntact(
 
 std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
                         const std::string& what, std::vector<std::string>* warnings) {
-  std::string untrained;
+  std::string never_updated;
   const auto warn = [&](const std::string& line) {
     if (warnings != nullptr) {
       warnings->push_back(line);
@@ -306,7 +306,8 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
   if (fs::is_directory(path)) {
     // A run directory: its newest intact checkpoint, as a resume would take.
     const auto intact = LoadNewestIntact(
-        path, [&](const std::string& file) { untrained = ReadWeights(file, model, device, what); },
+        path,
+        [&](const std::string& file) { never_updated = ReadWeights(file, model, device, what); },
         what + ": ",
         what == "export" ? "this run has no intact weights to export"
                          : fmt::format("set {} to an intact checkpoint file or another run", what));
@@ -318,7 +319,7 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
       warn(fmt::format("warning: {}: {}; using the previous checkpoint, {}", what, failure,
                        intact->file));
     }
-    if (!untrained.empty()) warn(untrained);
+    if (!never_updated.empty()) warn(never_updated);
     return intact->file;
   }
   if (!fs::exists(path)) {
@@ -332,8 +333,8 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
         what, path));
   }
   // A teacher comes from another run by design: only the architecture must match.
-  untrained = ReadWeights(path, model, device, what);
-  if (!untrained.empty()) warn(untrained);
+  never_updated = ReadWeights(path, model, device, what);
+  if (!never_updated.empty()) warn(never_updated);
   return path;
 }
 

@@ -60,8 +60,8 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
 // whose newest intact checkpoint is used: a corrupt newer one is skipped with a line in
 // `warnings` (on stderr when null) naming it and the one used instead, as a resume does; a
 // checkpoint of a run that skipped every step before it as non-finite (train.nonfinite=skip)
-// adds a line saying that its weights are untrained. Returns the file loaded. `what` starts the
-// errors and warnings (the config key, or the command). Throws CorruptCheckpointError when no
+// adds a line saying that its weights were never updated. Returns the file loaded. `what` starts
+// the errors and warnings (the config key, or the command). Throws CorruptCheckpointError when no
 // checkpoint of the directory is intact.
 std::string LoadWeights(const std::string& path, CausalLM& model, const at::Device& device,
                         const std::string& what = "teacher.checkpoint",
