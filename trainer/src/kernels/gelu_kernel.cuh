@@ -56,11 +56,21 @@ __global__ void __launch_bounds__(kGeluThreads)
   for (int64_t j = vecs * N + first; j < n; j += stride) a[j] = FromFloat<T>(GeluOf(ToFloat(u[j])));
 }
 
+// The backward's occupancy and unrolling by vector width, measured on an H200 at the 235M GPT
+// step's shape, 16384 x 4096 (docs/benchmarks.md, session 23; the same bits for every choice):
+// 16-bit vectors of 8 unrolled twice, 153 us against 165 at 4 (fewer registers, 2 blocks per SM
+// kept); float32 vectors of 4 with at least 5 blocks per SM, 211 us against 301 (more blocks per
+// SM spill and are slower). The scalar kernel keeps the defaults.
+template <int kV>
+constexpr int kGeluBackwardMinBlocks = kV == 4 ? 5 : 1;
+template <int kV>
+constexpr int kGeluBackwardUnroll = kV == 8 ? 2 : 4;
+
 // du = gelu'(u) * dy for a (rows, n) matrix, written, and its column sums per row split, as
 // ColumnSumPartialKernel sums them (its tiles of 32 lanes x kV columns, its warps over the rows of
 // a split, the warps' sums added in order): row blockIdx.y of `partial` (splits, n).
 template <typename T, int kV>
-__global__ void __launch_bounds__(32 * kColSumWarps)
+__global__ void __launch_bounds__(32 * kColSumWarps, kGeluBackwardMinBlocks<kV>)
     GeluBackwardColumnSumKernel(const T* __restrict__ dy, const T* __restrict__ u,
                                 T* __restrict__ du, float* __restrict__ partial, int64_t rows,
                                 int64_t n, int64_t rows_per_split) {
@@ -72,7 +82,7 @@ __global__ void __launch_bounds__(32 * kColSumWarps)
 #pragma unroll
   for (int k = 0; k < kV; ++k) acc[k] = 0.f;
   if (col0 < n) {
-#pragma unroll 4
+#pragma unroll kGeluBackwardUnroll < kV>
     for (int64_t r = r_begin + warp; r < r_end; r += kColSumWarps) {
       const int64_t at = r * n + col0;
       if constexpr (kV > 1) {
