@@ -340,6 +340,30 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
                                ": all 2 steps before this checkpoint were skipped as non-finite "
                                "(train.nonfinite=skip): its weights were never updated (the ones "
                                "the run started from)");
+    // The checkpoint file itself, named as a teacher, says the same.
+    warnings.clear();
+    EXPECT_EQ(LoadWeights(file, *model, at::Device(at::kCPU), "teacher.checkpoint", &warnings),
+              file);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0].rfind("warning: teacher.checkpoint: " + file + ": all 2 steps", 0), 0u)
+        << warnings[0];
+    // A corrupt newer checkpoint is passed over for it with a warning, then the same warning.
+    const std::string newer = CheckpointPath(all.train.out_dir, 3);
+    std::string bytes;
+    {
+      std::ifstream in(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    bytes[bytes.size() / 2] ^= 0x01;
+    std::ofstream(newer, std::ios::binary | std::ios::trunc) << bytes;
+    warnings.clear();
+    EXPECT_EQ(LoadWeights(all.train.out_dir, *model, at::Device(at::kCPU), "export", &warnings),
+              file);
+    ASSERT_EQ(warnings.size(), 2u);
+    EXPECT_EQ(warnings[0].rfind("warning: export: " + newer + ": checksum mismatch", 0), 0u)
+        << warnings[0];
+    EXPECT_EQ(warnings[1].rfind("warning: export: " + file + ": all 2 steps", 0), 0u)
+        << warnings[1];
     warnings.clear();
     LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "export", &warnings);
     EXPECT_TRUE(warnings.empty()) << warnings[0];
