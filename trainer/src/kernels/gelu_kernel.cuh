@@ -57,12 +57,14 @@ __global__ void __launch_bounds__(kGeluThreads)
 }
 
 // The backward's occupancy and unrolling by vector width, measured on an H200 at the 235M GPT
-// step's shape, 16384 x 4096 (docs/benchmarks.md, session 23; the same bits for every choice):
-// 16-bit vectors of 8 unrolled twice, 153 us against 165 at 4 (fewer registers, 2 blocks per SM
-// kept); float32 vectors of 4 with at least 5 blocks per SM, 211 us against 301 (more blocks per
-// SM spill and are slower). The scalar kernel keeps the defaults.
+// step's shape, 16384 x 4096 (docs/benchmarks.md, sessions 23 and 24; the same bits for every
+// choice): 16-bit vectors of 8 unrolled twice with at least 1 block per SM (95 registers, 2 blocks
+// per SM), 153-156 us against 165 for the default bounds and unroll 4 (59 registers, 4 blocks);
+// float32 vectors of 4 with at least 5 blocks per SM, 210 us against 301 (more blocks per SM spill
+// and are slower). The scalar kernel keeps the 32 registers (8 blocks per SM) that ptxas gives
+// it by default: an explicit minimum of 1 would let it take 56.
 template <int kV>
-constexpr int kGeluBackwardMinBlocks = kV == 4 ? 5 : 1;
+constexpr int kGeluBackwardMinBlocks = kV == 8 ? 1 : (kV == 4 ? 5 : 8);
 template <int kV>
 constexpr int kGeluBackwardUnroll = kV == 8 ? 2 : 4;
 
@@ -81,8 +83,9 @@ __global__ void __launch_bounds__(32 * kColSumWarps, kGeluBackwardMinBlocks<kV>)
   float acc[kV];
 #pragma unroll
   for (int k = 0; k < kV; ++k) acc[k] = 0.f;
+  constexpr int kUnroll = kGeluBackwardUnroll<kV>;
   if (col0 < n) {
-#pragma unroll kGeluBackwardUnroll < kV>
+#pragma unroll kUnroll
     for (int64_t r = r_begin + warp; r < r_end; r += kColSumWarps) {
       const int64_t at = r * n + col0;
       if constexpr (kV > 1) {
