@@ -299,7 +299,7 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
     EXPECT_EQ(trainer.skipped_steps(), 2);
   }
   const auto read = [](const std::string& path) {
-    std::ifstream in(path);
+    std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   EXPECT_NE(read(c.train.out_dir + "/summary.json").find("\"skipped_steps\":2"), std::string::npos)
@@ -349,11 +349,7 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
         << warnings[0];
     // A corrupt newer checkpoint is passed over for it with a warning, then the same warning.
     const std::string newer = CheckpointPath(all.train.out_dir, 3);
-    std::string bytes;
-    {
-      std::ifstream in(file, std::ios::binary);
-      bytes.assign(std::istreambuf_iterator<char>(in), {});
-    }
+    std::string bytes = read(file);
     bytes[bytes.size() / 2] ^= 0x01;
     std::ofstream(newer, std::ios::binary | std::ios::trunc) << bytes;
     warnings.clear();
