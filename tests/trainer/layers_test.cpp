@@ -359,7 +359,7 @@ TEST(LayersCudaTest, FusedAddNormMatchesFloat64) {
 // at::linear's bit for bit (the same matmuls), the weight's too in fp32 and, under autocast, the
 // same GEMM writing fp32; the bias gradient is the column sum of the output's gradient in fp32
 // (against float64; within bf16 rounding of at::linear's under autocast, which rounds it to
-// bf16). Widths that take the 16-byte path and
+// bf16), rounded once to float16 for a float16 layer. Widths that take the 16-byte path and
 // widths that do not, a misaligned gradient, one row and many, 3-d and 2-d inputs.
 TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
@@ -369,14 +369,18 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
   };
   for (const Shape& sh : {Shape{2, 4096, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001},
                           Shape{5, 7, 8, 1}, Shape{1, 300, 32, 96}, Shape{0, 300, 32, 96}}) {
-    for (const bool autocast : {false, true}) {
+    // float32; float32 parameters under bf16 autocast (the trainer's); a float16 layer and input
+    // (the 16-bit vectors with __half).
+    for (const at::ScalarType mode : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const bool autocast = mode == at::kBFloat16;
+      const at::ScalarType param = mode == at::kHalf ? at::kHalf : at::kFloat;
       for (const bool misaligned : {false, true}) {
-        const std::string what =
-            fmt::format("{}x{}x{} -> {} autocast {}{}", sh.batch, sh.seq, sh.in, sh.out, autocast,
-                        misaligned ? " misaligned" : "");
+        const std::string what = fmt::format("{}x{}x{} -> {} {}{}", sh.batch, sh.seq, sh.in, sh.out,
+                                             autocast ? "bf16 autocast" : c10::toString(mode),
+                                             misaligned ? " misaligned" : "");
         torch::nn::Linear layer(sh.in, sh.out), ref(sh.in, sh.out);
-        layer->to(at::kCUDA);
-        ref->to(at::kCUDA);
+        layer->to(at::kCUDA, param);
+        ref->to(at::kCUDA, param);
         {
           torch::NoGradGuard no_grad;
           ref->weight.copy_(layer->weight);
@@ -385,7 +389,7 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
         // batch 0: a 2-d (tokens, in) input.
         const at::Tensor x0 =
             (sh.batch > 0 ? at::randn({sh.batch, sh.seq, sh.in}) : at::randn({sh.seq, sh.in}))
-                .cuda();
+                .to(at::kCUDA, param);
         const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
         at::Tensor y, yr;
         {
@@ -415,10 +419,14 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
         } else {
           EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
         }
-        ASSERT_EQ(layer->bias.grad().scalar_type(), at::kFloat);
+        // The bias gradient in the parameter's dtype: float16's is the fp32 sum rounded once.
+        ASSERT_EQ(layer->bias.grad().scalar_type(), param);
         const at::Tensor want = grad.to(at::kDouble).reshape({-1, sh.out}).sum(0);
-        EXPECT_LT(MaxRelDiff(layer->bias.grad(), want), 1e-5) << what << " bias";
-        EXPECT_LT(MaxRelDiff(layer->bias.grad(), ref->bias.grad()), autocast ? 5e-3 : 1e-5)
+        const double bias_tol = mode == at::kHalf ? 1e-3 : 1e-5;
+        EXPECT_LT(MaxRelDiff(layer->bias.grad(), want), bias_tol) << what << " bias";
+        // float16: each side rounded once, within one unit in the last place of the largest.
+        EXPECT_LT(MaxRelDiff(layer->bias.grad(), ref->bias.grad()),
+                  autocast ? 5e-3 : (mode == at::kHalf ? 2e-3 : 1e-5))
             << what << " bias against at::linear's";
       }
     }
@@ -427,10 +435,10 @@ TEST(LayersCudaTest, LinearBiasGradientIsTheColumnSum) {
 
 // distill::LinearGelu on CUDA is gelu(Linear(...)) bit for bit: the output (ATen's formula in the
 // kernel), and the gradients of the input, the weight and the bias (the fused pass's column sums
-// are ColumnSum's of the same gradient, in the same order), with and without autocast, on widths
-// that take the 16-byte path and widths that do not, with a misaligned output gradient, for 3-d
-// and 2-d inputs of one row, many and none; within the dtype's rounding of float64; and without
-// grad mode (the forward kernel alone) at::gelu(at::linear(...))'s values.
+// are ColumnSum's of the same gradient, in the same order), in float32, under bf16 autocast and in
+// float16, on widths that take the 16-byte path and widths that do not, with a misaligned output
+// gradient, for 3-d and 2-d inputs of one row, many and none; within the dtype's rounding of
+// float64; and without grad mode (the forward kernel alone) at::gelu(at::linear(...))'s values.
 TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(10);
@@ -440,14 +448,18 @@ TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
   for (const Shape& sh :
        {Shape{2, 1024, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001}, Shape{5, 7, 8, 1},
         Shape{1, 300, 32, 96}, Shape{0, 300, 32, 96}, Shape{1, 0, 32, 96}}) {
-    for (const bool autocast : {false, true}) {
+    // float32; float32 parameters under bf16 autocast (the trainer's); a float16 layer and input
+    // (the 16-bit vectors with __half).
+    for (const at::ScalarType mode : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const bool autocast = mode == at::kBFloat16;
+      const at::ScalarType param = mode == at::kHalf ? at::kHalf : at::kFloat;
       for (const bool misaligned : {false, true}) {
-        const std::string what =
-            fmt::format("{}x{}x{} -> {} autocast {}{}", sh.batch, sh.seq, sh.in, sh.out, autocast,
-                        misaligned ? " misaligned" : "");
+        const std::string what = fmt::format("{}x{}x{} -> {} {}{}", sh.batch, sh.seq, sh.in, sh.out,
+                                             autocast ? "bf16 autocast" : c10::toString(mode),
+                                             misaligned ? " misaligned" : "");
         torch::nn::Linear layer(sh.in, sh.out), ref(sh.in, sh.out);
-        layer->to(at::kCUDA);
-        ref->to(at::kCUDA);
+        layer->to(at::kCUDA, param);
+        ref->to(at::kCUDA, param);
         {
           torch::NoGradGuard no_grad;
           layer->bias.normal_();  // pre-activations on both sides of 0
@@ -457,7 +469,7 @@ TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
         // batch 0: a 2-d (tokens, in) input; seq 0: no rows.
         const at::Tensor x0 =
             (sh.batch > 0 ? at::randn({sh.batch, sh.seq, sh.in}) : at::randn({sh.seq, sh.in}))
-                .cuda();
+                .to(at::kCUDA, param);
         const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
         at::Tensor y, yr, y_nograd;
         {
@@ -482,13 +494,13 @@ TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
         EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
         EXPECT_TRUE(at::equal(layer->bias.grad(), ref->bias.grad())) << what << " bias";
         // float64: the operands as the matmul took them, everything after in float64.
-        const at::ScalarType op = autocast ? at::kBFloat16 : at::kFloat;
+        const at::ScalarType op = mode;
         const auto f64 = [&](const at::Tensor& t) { return t.detach().to(op).to(at::kDouble); };
         const at::Tensor u = at::linear(f64(x0), f64(layer->weight), f64(layer->bias));
         const at::Tensor cdf = 0.5 * (1 + at::erf(u / std::sqrt(2.0)));
         const at::Tensor pdf = at::exp(-0.5 * u * u) / std::sqrt(2 * M_PI);
         const at::Tensor du = grad.to(op).to(at::kDouble) * (cdf + u * pdf);
-        const double tol = autocast ? 3.2e-2 : 1e-5;
+        const double tol = mode == at::kFloat ? 1e-5 : (mode == at::kHalf ? 8e-3 : 3.2e-2);
         if (y.numel() > 0) {
           EXPECT_LT(MaxRelDiff(y, u * cdf), tol) << what;
         }

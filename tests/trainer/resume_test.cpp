@@ -7,7 +7,6 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -21,12 +20,14 @@
 #include "distill/run_dir.h"
 #include "distill/signals.h"
 #include "distill/trainer.h"
+#include "test_files.h"
 #include "test_util.h"
 
 namespace distill {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ReadBytes;
 using testing::TempRunDir;
 using testing::TinyConfig;
 
@@ -214,8 +215,7 @@ TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
   Trainer(c, RunOptions::Quiet()).Train();
-  std::ifstream marker_in(c.train.out_dir + "/" + kRunMarker);
-  std::string marker((std::istreambuf_iterator<char>(marker_in)), {});
+  const std::string marker = ReadBytes(c.train.out_dir + "/" + kRunMarker);
   EXPECT_NE(marker.find("run_id: "), std::string::npos) << marker;
   EXPECT_NE(marker.find("config_hash: " + RunIdentityHash(c)), std::string::npos) << marker;
 
@@ -284,11 +284,6 @@ class FileSizeLimit {
   void (*previous_handler_)(int) = nullptr;
 };
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
 std::vector<std::string> Names(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
@@ -305,8 +300,8 @@ TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
   Trainer trainer(c, RunOptions::Quiet());
   trainer.TrainUntil(2);
   const std::string good = CheckpointPath(c.train.out_dir, 2);
-  const std::string good_bytes = ReadAll(good);
-  const std::string config_before = ReadAll(c.train.out_dir + "/config.yaml");
+  const std::string good_bytes = ReadBytes(good);
+  const std::string config_before = ReadBytes(c.train.out_dir + "/config.yaml");
   ASSERT_GT(good_bytes.size(), 16384u);
   trainer.Step();
   {
@@ -326,8 +321,8 @@ TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
                  FileError);
   }
   EXPECT_EQ(Names(c.train.out_dir + "/checkpoints"), std::vector<std::string>{"step_0000002.pt"});
-  EXPECT_EQ(ReadAll(good), good_bytes);
-  EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml"), config_before);
+  EXPECT_EQ(ReadBytes(good), good_bytes);
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml"), config_before);
   EXPECT_EQ(Names(c.train.out_dir), (std::vector<std::string>{".distill_run", "checkpoints",
                                                               "config.yaml", "metrics.jsonl"}));
   // The space is back: the same trainer checkpoints and finishes, and a resume continues.
@@ -353,7 +348,7 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   c.train.log_interval = 1;
   Trainer(c, RunOptions::Quiet()).TrainUntil(4);
   const std::string path = c.train.out_dir + "/metrics.jsonl";
-  const std::string up_to_4 = ReadAll(path);
+  const std::string up_to_4 = ReadBytes(path);
   // A crash after step 5's record and in the middle of step 6's.
   std::ofstream(path, std::ios::app) << "{\"type\":\"train\",\"step\":5,\"loss\":1}\n"
                                      << "{\"type\":\"train\",\"step\":6,\"lo";
@@ -364,7 +359,7 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   ASSERT_EQ(resumed.step(), 4);
   ASSERT_EQ(stat(path.c_str(), &after), 0);
   EXPECT_NE(before.st_ino, after.st_ino) << "rewritten in place, not replaced by rename";
-  EXPECT_EQ(ReadAll(path), up_to_4);
+  EXPECT_EQ(ReadBytes(path), up_to_4);
   resumed.TrainUntil(6);
   EXPECT_EQ(LoggedTrainSteps(c.train.out_dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
   std::ifstream in(path);
@@ -407,7 +402,7 @@ TEST(ResumeTest, AConfigTemporaryWithoutTheMarkerIsNotAnInterruptedStart) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml.tmp"), "mine\n");
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml.tmp"), "mine\n");
   std::ofstream(c.train.out_dir + "/" + kRunMarker) << "run_id: x\n";  // as a killed start left it
   Trainer(c, RunOptions::Quiet()).Train();
   EXPECT_FALSE(fs::exists(c.train.out_dir + "/config.yaml.tmp"));
@@ -423,7 +418,7 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
   Trainer(c, RunOptions::Quiet()).TrainUntil(4);
   const std::string step2 = CheckpointPath(c.train.out_dir, 2);
   const std::string step4 = CheckpointPath(c.train.out_dir, 4);
-  const std::string step4_bytes = ReadAll(step4);
+  const std::string step4_bytes = ReadBytes(step4);
 
   std::string flipped = step4_bytes;
   flipped[flipped.size() / 2] ^= 0x01;  // one bit, inside the weights
@@ -463,7 +458,7 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
   std::ofstream(step4, std::ios::binary | std::ios::trunc) << step4_bytes.substr(0, 1000);
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
   std::ofstream(step2, std::ios::binary | std::ios::trunc) << "";
-  const std::string config_yaml = ReadAll(c.train.out_dir + "/config.yaml");
+  const std::string config_yaml = ReadBytes(c.train.out_dir + "/config.yaml");
   c.train.steps = 6;  // a key the resume would write into config.yaml
   try {
     Trainer t(c, RunOptions::Quiet());
@@ -475,7 +470,7 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
         << message;
   }
   // The failed start left the directory as it was.
-  EXPECT_EQ(ReadAll(c.train.out_dir + "/config.yaml"), config_yaml);
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml"), config_yaml);
   Model model = MakeModel(c.student);
   try {
     LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "export");

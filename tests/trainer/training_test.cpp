@@ -2,8 +2,6 @@
 // distillation starts at a fixed point, padded vocabulary rows never get gradient.
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -14,15 +12,18 @@
 #include "distill/model.h"
 #include "distill/run.h"
 #include "distill/trainer.h"
+#include "test_files.h"
 #include "test_util.h"
 
 namespace distill {
 namespace {
 
 using testing::Grads;
+using testing::ReadBytes;
 using testing::TempRunDir;
 using testing::TinyConfig;
 using testing::TinyDistillConfig;
+using testing::WriteBytes;
 
 Batch Rows(const Batch& b, int64_t begin, int64_t end, int64_t ignore_index) {
   Batch out{b.inputs.slice(0, begin, end), b.targets.slice(0, begin, end), 0};
@@ -298,13 +299,10 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
     trainer.Train();  // steps 2 and 3 skipped
     EXPECT_EQ(trainer.skipped_steps(), 2);
   }
-  const auto read = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  EXPECT_NE(read(c.train.out_dir + "/summary.json").find("\"skipped_steps\":2"), std::string::npos)
-      << read(c.train.out_dir + "/summary.json");
-  const std::string metrics = read(c.train.out_dir + "/metrics.jsonl");
+  EXPECT_NE(ReadBytes(c.train.out_dir + "/summary.json").find("\"skipped_steps\":2"),
+            std::string::npos)
+      << ReadBytes(c.train.out_dir + "/summary.json");
+  const std::string metrics = ReadBytes(c.train.out_dir + "/metrics.jsonl");
   EXPECT_NE(metrics.find("\"skipped_steps\":1,"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("\"skipped_steps\":2,"), std::string::npos) << metrics;
 
@@ -349,9 +347,9 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
         << warnings[0];
     // A corrupt newer checkpoint is passed over for it with a warning, then the same warning.
     const std::string newer = CheckpointPath(all.train.out_dir, 3);
-    std::string bytes = read(file);
+    std::string bytes = ReadBytes(file);
     bytes[bytes.size() / 2] ^= 0x01;
-    std::ofstream(newer, std::ios::binary | std::ios::trunc) << bytes;
+    WriteBytes(newer, bytes);
     warnings.clear();
     EXPECT_EQ(LoadWeights(all.train.out_dir, *model, at::Device(at::kCPU), "export", &warnings),
               file);
