@@ -60,8 +60,9 @@ ROWS = [
     Row("235m-pretrain", "bench/configs/gpt235m.yaml", "teacher"),
     Row("82m-distill", "bench/configs/gpt235m.yaml", "student", teacher_row="235m-pretrain"),
     Row("smollm2-distill", "configs/smollm2_distill.yaml", "single", smollm2=True,
-        overrides=["data.source=synthetic", "data.seq_len=2048", "data.min_seq_len=2048",
-                   "data.batch_size=8", "train.grad_accum=2", "train.baseline=false"]),
+        overrides=["data.source=synthetic", 'data.path=""', 'data.val_path=""', "data.seq_len=2048",
+                   "data.min_seq_len=2048", "data.batch_size=8", "train.grad_accum=2",
+                   "train.baseline=false"]),
 ]
 
 # --tiny: every row small enough for a 2-core CPU (the SmolLM2 teacher, when real, keeps its size).

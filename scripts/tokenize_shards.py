@@ -13,10 +13,16 @@ Usage:
 writes data/tok/train_000000.bin, train_000001.bin, ... (--shard-tokens tokens each, the last
 shorter); a directory contributes its *.txt files, sorted. Splits are made by the caller:
 run it again with other inputs and --prefix val.
+
+It never overwrites or deletes what it did not write: an --out-dir that already holds PREFIX_*.bin
+shards is refused (a glob over them would mix two tokenizations), and a run that fails part-way
+(an input that is not UTF-8, a full disk) removes the shards it wrote, so nothing half-done is
+left for a glob to pick up.
 """
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -27,9 +33,12 @@ UINT16 = {"magic": 20240520, "version": 1, "dtype": np.dtype("<u2")}
 UINT32 = {"magic": 20240801, "version": 7, "dtype": np.dtype("<u4")}
 
 
+class Failure(Exception):
+    """An error for the user: printed as "tokenize_shards: <message>", exit status 1."""
+
+
 def fail(message):
-    print(f"tokenize_shards: {message}", file=sys.stderr)
-    sys.exit(1)
+    raise Failure(message)
 
 
 def input_files(inputs):
@@ -97,7 +106,21 @@ def write_shard(path, tokens, fmt):
         fail(f"{path}: cannot write: {e}")
 
 
+def existing_shards(out_dir, prefix):
+    """The files in out_dir named as this script names its shards for `prefix`."""
+    pattern = re.compile(re.escape(prefix) + r"_\d{6}\.bin")
+    return sorted(p.name for p in out_dir.iterdir() if pattern.fullmatch(p.name))
+
+
 def main(argv=None):
+    try:
+        run(argv)
+    except Failure as e:
+        print(f"tokenize_shards: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="text files, or directories of *.txt files")
     parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json")
@@ -128,7 +151,18 @@ def main(argv=None):
     files = input_files(args.inputs)
 
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"--out-dir {out_dir}: exists and is not a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"--out-dir {out_dir}: cannot create: {e}")
+    old = existing_shards(out_dir, args.prefix)
+    if old:
+        fail(f"--out-dir {out_dir} already holds {len(old)} shard{'s' if len(old) != 1 else ''} "
+             f"named {args.prefix}_*.bin ({', '.join(old[:3])}{' ...' if len(old) > 3 else ''}): "
+             f"a glob over them would mix two tokenizations; delete them, or choose another "
+             f"--out-dir or --prefix")
     shards, pending, pending_tokens, total = [], [], 0, 0
 
     def flush(final):
@@ -141,20 +175,28 @@ def main(argv=None):
             rest = stream[args.shard_tokens:]
             pending, pending_tokens = ([rest] if len(rest) else []), len(rest)
 
-    for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            fail(f"{path}: cannot read as UTF-8: {e}")
-        ids = tokenizer.encode(text, add_special_tokens=False).ids
-        document = np.empty(len(ids) + 1, dtype=np.int64)
-        document[0] = eos
-        document[1:] = ids
-        pending.append(document)
-        pending_tokens += len(document)
-        total += len(document)
-        flush(final=False)
-    flush(final=True)
+    try:
+        for path in files:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                fail(f"{path}: cannot read as UTF-8: {e}")
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            document = np.empty(len(ids) + 1, dtype=np.int64)
+            document[0] = eos
+            document[1:] = ids
+            pending.append(document)
+            pending_tokens += len(document)
+            total += len(document)
+            flush(final=False)
+        flush(final=True)
+    except BaseException as e:  # a failure, Ctrl-C: the shards written so far are not a dataset
+        for shard in shards:
+            shard.unlink(missing_ok=True)
+        if shards and isinstance(e, Failure):
+            raise Failure(f"{e} (removed the {len(shards)} shard{'s' if len(shards) != 1 else ''} "
+                          f"this run had written)") from None
+        raise
 
     names = shards[0].name + (f" .. {shards[-1].name}" if len(shards) > 1 else "")
     print(f"tokenize_shards: {len(files)} file{'s' if len(files) != 1 else ''}, {total:,} tokens "

@@ -52,7 +52,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "teacher.vocab_size=30", "teacher.pad_vocab_to_multiple_of=16", "teacher.context_length=80",
       "teacher.n_layer=5", "teacher.n_head=8", "teacher.d_model=256", "teacher.mlp_ratio=3",
       "teacher.dropout=0.5", "teacher.tie_embeddings=false", "teacher.checkpoint=runs/t",
-      "teacher.pretrain_steps=0", "data.source=synthetic", "data.path=some/file.txt",
+      "teacher.pretrain_steps=0", "data.source=tokens", "data.path=some/*.bin",
       "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40", "data.min_seq_len=20",
       "data.seed=-5", "data.synthetic.order=3", "data.synthetic.branching=5",
       "data.synthetic.zipf=0", "distill.divergence=tvd", "distill.jsd_beta=0.25",
@@ -100,7 +100,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_EQ(c.teacher.checkpoint, "runs/t");
   // pretrain_steps > 0 conflicts with a checkpoint: set on its own.
   EXPECT_EQ(ParseConfig("", "x.yaml", {"teacher.pretrain_steps=7"}).teacher.pretrain_steps, 7);
-  EXPECT_EQ(c.data.path, "some/file.txt");
+  EXPECT_EQ(c.data.path, "some/*.bin");
   EXPECT_DOUBLE_EQ(c.data.val_fraction, 0.25);
   EXPECT_EQ(c.data.seed, -5);
   EXPECT_EQ(c.data.synthetic.order, 3);
@@ -132,10 +132,10 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
     differing += la != lb;
   }
   // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
-  // data.source, distill.divergence, train.precision, train.mode, student.init_from_teacher,
+  // distill.divergence, train.precision, train.mode, student.init_from_teacher,
   // teacher.pretrain_steps; and the two hf_dir keys, not set here.
   EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
-  EXPECT_EQ(differing, lines - 6 - static_cast<int>(hf_dir_keys)) << dumped;
+  EXPECT_EQ(differing, lines - 5 - static_cast<int>(hf_dir_keys)) << dumped;
 }
 
 TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
@@ -245,6 +245,16 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "train: {out_dir: \"\"}\n", "x.yaml:5: train: duplicate key (first set at x.yaml:1)"},
       {"train: {mode: distill, out_dir: \"\"}\nteacher: {checkpoint: t}\n",
        "x.yaml:1: train.out_dir: expected a directory path, got \"\""},
+      {head + "data:\n  path: corpus.txt\n",
+       "x.yaml:6: data.path: expected \"\" with data.source synthetic (the synthetic language "
+       "reads no files; set data.source to text or tokens to train on it), got \"corpus.txt\""},
+      {"train: {mode: pretrain}\nstudent: {vocab_size: 256}\ndata:\n  source: text\n  path: "
+       "a.txt\n  val_path: b.txt\n",
+       "x.yaml:6: data.val_path: expected \"\" with data.source text (validation shards are for "
+       "data.source tokens; text holds out data.val_fraction), got \"b.txt\""},
+      {head + "distill:\n  kd_weight: 0\n  ce_weight: 0\n",
+       "x.yaml:6: distill.kd_weight: expected a weight above 0 for the divergence or for "
+       "distill.ce_weight (with both 0 the loss is 0 and the student does not learn), got 0"},
   };
   for (const auto& c : cases) EXPECT_EQ(ErrorOf(c.yaml), c.message) << c.yaml;
 }
@@ -340,6 +350,7 @@ TEST(ConfigTest, ReferenceDocumentsEveryKey) {
 // colon, a leading space, '#', a tab, a control byte) survive config.yaml exactly.
 TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
   Config c = ParseConfig(kValidDistill, "x.yaml");
+  c.data.source = "tokens";  // (a synthetic run refuses a data.path)
   for (const std::string& path :
        {std::string("a\nb"), std::string("say \"hi\""), std::string("C:\\data\\x.txt"),
         std::string("key: value"), std::string(" leading space"), std::string("a #comment"),

@@ -119,7 +119,9 @@ TEST(DistributedCudaTest, WorldOfOneMatchesThePlainRun) {
   Trainer plain(c, RunOptions::Quiet());
   Config dc = c;
   dc.train.out_dir += "-ddp";
-  Trainer ddp(dc, RunOptions::Quiet(/*fresh=*/true, &dist));
+  // (A pointer: the resume below needs the run directory, which this trainer holds until gone.)
+  auto ddp_owner = std::make_unique<Trainer>(dc, RunOptions::Quiet(/*fresh=*/true, &dist));
+  Trainer& ddp = *ddp_owner;
   ASSERT_EQ(ddp.device(), dist.device());
   for (int64_t step = 0; step < c.train.steps; ++step) {
     const StepResult a = plain.Step(), b = ddp.Step();
@@ -137,6 +139,7 @@ TEST(DistributedCudaTest, WorldOfOneMatchesThePlainRun) {
   // Rank 0 writes the run: a checkpoint, and resuming it continues on the same weights.
   ddp.SaveCheckpoint();
   ASSERT_TRUE(LatestCheckpoint(dc.train.out_dir).has_value());
+  ddp_owner.reset();
   Config longer = dc;
   longer.train.steps = 22;
   Trainer resumed(longer, RunOptions::Quiet(/*fresh=*/false, &dist));

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -200,6 +201,21 @@ TEST(HfModel, ExportToAPathWithATrailingSeparatorWritesThatDirectory) {
   EXPECT_EQ(names, std::vector<std::string>{"exported"});
   EXPECT_THAT([&] { ExportHf(*model, out + "/", {}, false); },
               ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("already exists")));
+  // No path, or a path under a file: errors that say so, nothing written.
+  EXPECT_THAT([&] { ExportHf(*model, "", {}, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(
+                  HasSubstr("export: expected a directory path to create, got \"\"")));
+  const std::string file = out + "/config.json";
+  EXPECT_THAT([&] { ExportHf(*model, file + "/sub/x", {}, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("export: cannot create " +
+                                                                     file + "/sub/x: " + file +
+                                                                     " is a file, not a "
+                                                                     "directory")));
+  names.clear();
+  for (const auto& entry : std::filesystem::directory_iterator(out))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
 }
 
 TEST(HfModel, ExportOfAGptModelIsRefused) {
@@ -228,6 +244,17 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
                                "x.yaml");
   EXPECT_EQ(c.student.family, ModelFamily::kLlama);
   EXPECT_EQ(c.student.rope_scaling.type, "llama3");
+  // A later error about a key that config.json set names config.json, not "(default)".
+  try {
+    ParseConfig(fmt::format("train:\n  mode: distill\nteacher:\n  hf_dir: {}\nstudent:\n"
+                            "  vocab_size: 300\ndata:\n  seq_len: 8\n  min_seq_len: 8\n",
+                            dir),
+                "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir + "/config.json: teacher.vocab_size: expected "
+                                          "student.vocab_size (300)"));
+  }
   // A missing directory names the key and the file.
   try {
     ParseConfig("train:\n  mode: pretrain\nstudent:\n  hf_dir: /nonexistent/m\n", "y.yaml");

@@ -2,6 +2,7 @@
 // re-running a finished pipeline (the second `make run`) works.
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +21,7 @@
 #include "distill/run.h"
 #include "distill/run_dir.h"
 #include "distill/signals.h"
+#include "distill/token_shards.h"
 #include "distill/trainer.h"
 #include "test_files.h"
 #include "test_util.h"
@@ -260,6 +263,24 @@ TEST(ResumeTest, FailedStartLeavesNoRunDirectory) {
   // --fresh with a typo: the existing run is not deleted before the start succeeded.
   EXPECT_THROW(Trainer(typo, RunOptions::Quiet(/*fresh=*/true)), std::runtime_error);
   EXPECT_TRUE(LatestCheckpoint(c.train.out_dir).has_value());
+  // --fresh over token shards whose last token is past the vocabulary (no batch of the first
+  // steps would read it): refused at start-up, the existing run kept.
+  Config tokens = c;
+  tokens.data.source = "tokens";
+  const std::string shards = c.train.out_dir + "-shards";
+  fs::create_directories(shards);
+  tokens.data.path = shards + "/train.bin";
+  std::vector<uint32_t> ids(200, 3);
+  ids.back() = 24;
+  WriteTokenShard(tokens.data.path, ids, /*uint32_tokens=*/false);
+  try {
+    Trainer t(tokens, RunOptions::Quiet(/*fresh=*/true));
+    ADD_FAILURE() << "trained on a shard with a token past the vocabulary";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(tokens.data.path + ": token 199 is 24, not below "
+                                                                  "the vocabulary size 24"));
+  }
+  RemoveTree(shards);
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
 }
 
@@ -297,37 +318,90 @@ std::vector<std::string> Names(const std::string& dir) {
 TEST(ResumeTest, FailedWritesAreClearErrorsAndKeepThePreviousState) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 4;
-  Trainer trainer(c, RunOptions::Quiet());
-  trainer.TrainUntil(2);
-  const std::string good = CheckpointPath(c.train.out_dir, 2);
-  const std::string good_bytes = ReadBytes(good);
-  const std::string config_before = ReadBytes(c.train.out_dir + "/config.yaml");
-  ASSERT_GT(good_bytes.size(), 16384u);
-  trainer.Step();
   {
-    FileSizeLimit limit(8192);
-    try {
-      trainer.SaveCheckpoint();
-      ADD_FAILURE() << "a checkpoint larger than the file-size limit was written";
-    } catch (const FileError& e) {
-      const std::string message = e.what();
-      EXPECT_NE(message.find("cannot write " + CheckpointPath(c.train.out_dir, 3) +
-                             ": File too "
-                             "large"),
-                std::string::npos)
-          << message;
+    Trainer trainer(c, RunOptions::Quiet());
+    trainer.TrainUntil(2);
+    const std::string good = CheckpointPath(c.train.out_dir, 2);
+    const std::string good_bytes = ReadBytes(good);
+    const std::string config_before = ReadBytes(c.train.out_dir + "/config.yaml");
+    ASSERT_GT(good_bytes.size(), 16384u);
+    trainer.Step();
+    {
+      FileSizeLimit limit(8192);
+      try {
+        trainer.SaveCheckpoint();
+        ADD_FAILURE() << "a checkpoint larger than the file-size limit was written";
+      } catch (const FileError& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("cannot write " + CheckpointPath(c.train.out_dir, 3) +
+                               ": File too "
+                               "large"),
+                  std::string::npos)
+            << message;
+      }
+      EXPECT_THROW(WriteFileAtomically(c.train.out_dir + "/config.yaml", std::string(10000, 'x')),
+                   FileError);
     }
-    EXPECT_THROW(WriteFileAtomically(c.train.out_dir + "/config.yaml", std::string(10000, 'x')),
-                 FileError);
+    EXPECT_EQ(Names(c.train.out_dir + "/checkpoints"), std::vector<std::string>{"step_0000002.pt"});
+    EXPECT_EQ(ReadBytes(good), good_bytes);
+    EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml"), config_before);
+    EXPECT_EQ(Names(c.train.out_dir),
+              (std::vector<std::string>{".distill_lock", ".distill_run", "checkpoints",
+                                        "config.yaml", "metrics.jsonl"}));
+    // The space is back: the same trainer checkpoints and finishes, and a resume (once this
+    // trainer has let the directory go) continues.
+    trainer.TrainUntil(4);
   }
-  EXPECT_EQ(Names(c.train.out_dir + "/checkpoints"), std::vector<std::string>{"step_0000002.pt"});
-  EXPECT_EQ(ReadBytes(good), good_bytes);
-  EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml"), config_before);
-  EXPECT_EQ(Names(c.train.out_dir), (std::vector<std::string>{".distill_run", "checkpoints",
-                                                              "config.yaml", "metrics.jsonl"}));
-  // The space is back: the same trainer checkpoints and finishes, and a resume continues.
-  trainer.TrainUntil(4);
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 4);
+}
+
+// One trainer per run directory. While one holds it, a second -- a resume, or --fresh -- is
+// refused with the holder named, and the directory is left exactly as it was (the lock file
+// holds "pid <pid> on <host> since <time>"); once the first has let it go, the same command
+// resumes. A run that another trainer started in a new directory between this one's checks and
+// its first write is refused too, not trained over.
+TEST(ResumeTest, ASecondTrainerInTheSameDirectoryIsRefused) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  {
+    Trainer first(c, RunOptions::Quiet());
+    first.TrainUntil(2);
+    const std::string holder = ReadBytes(c.train.out_dir + "/" + kRunLock);
+    EXPECT_EQ(holder.rfind(fmt::format("pid {} on ", ::getpid()), 0), 0u) << holder;
+    const std::vector<std::string> names = Names(c.train.out_dir);
+    const std::string checkpoint = ReadBytes(CheckpointPath(c.train.out_dir, 2));
+    for (const bool fresh : {false, true}) {
+      try {
+        Trainer second(c, RunOptions::Quiet(fresh));
+        ADD_FAILURE() << "a second trainer started in a directory in use, fresh " << fresh;
+      } catch (const RunDirError& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                                  fmt::format("{} is in use by another distill_trainer (pid {} on ",
+                                              c.train.out_dir, ::getpid())));
+      }
+      EXPECT_EQ(Names(c.train.out_dir), names);
+      EXPECT_EQ(ReadBytes(CheckpointPath(c.train.out_dir, 2)), checkpoint);
+    }
+    first.TrainUntil(3);  // the first trainer is unaffected
+  }
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 3);
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet(/*fresh=*/true)).step(), 0);
+
+  // A new directory: the other trainer plans, builds and writes it while this one is building.
+  Config d = TinyConfig(TempRunDir("_new"));
+  d.train.steps = 2;
+  RunOptions late = RunOptions::Quiet();
+  late.before_commit = [&] { Trainer(d, RunOptions::Quiet()).Train(); };
+  try {
+    Trainer t(d, late);
+    ADD_FAILURE() << "a run started over another that began meanwhile";
+  } catch (const RunDirError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(d.train.out_dir +
+                                               " was started by another distill_trainer while "
+                                               "this one was starting; run the command again"));
+  }
+  EXPECT_TRUE(fs::exists(d.train.out_dir + "/summary.json"));
+  EXPECT_EQ(Trainer(d, RunOptions::Quiet()).step(), 2);
 }
 
 // A restart keeps the records up to the checkpoint it resumes from, drops the later ones and a

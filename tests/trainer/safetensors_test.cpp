@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -527,6 +529,30 @@ TEST(LoadModuleFromHf, LastCheckFailingLeavesEverythingUntouched) {
   WriteSafetensors(dir + "/model.safetensors", weights);
   ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
                  {dir + "/model.safetensors", "tensor \"model.norm.scale\"", "I64"});
+  ExpectUntouched(*module, before);
+}
+
+// A NaN or an infinity anywhere in the weights (here one value of the last tensor copied) is an
+// error naming the file, the tensor, the count and the first place, before anything is copied.
+TEST(LoadModuleFromHf, NonFiniteWeightsNameTheTensorAndLeaveEverythingUntouched) {
+  const std::string dir = TempDir();
+  auto weights = GoodWeights();
+  weights[2].second = at::tensor({0.25, std::numeric_limits<double>::quiet_NaN()}).to(at::kHalf);
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  ExpectContains(
+      ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+      {dir + "/model.safetensors", "tensor \"model.norm.scale\"",
+       "expected finite values, got 1 NaN or infinite (the first at flat index 1: nan)"});
+  ExpectUntouched(*module, before);
+  weights = GoodWeights();
+  weights[0].second = at::full({4, 3}, -INFINITY).to(at::kBFloat16);
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+                 {std::string("tensor \"") + kUp + "\"",
+                  "got 12 NaN or infinite (the first at "
+                  "flat index 0: -inf)"});
   ExpectUntouched(*module, before);
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -263,9 +264,10 @@ class TokenDataErrorTest : public ::testing::Test {
     path_ = dir_ + "/shard.bin";
     std::vector<uint32_t> tokens(40, 5);
     WriteTokenShard(path_, tokens, false);
+    WriteTokenShard(dir_ + "/val.bin", tokens, false);
   }
   std::string Load(int64_t vocab = 100) {
-    return ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, path_), vocab); });
+    return ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, dir_ + "/val.bin"), vocab); });
   }
   void Patch(const std::function<void(std::vector<unsigned char>&)>& edit) {
     std::vector<unsigned char> bytes = ReadBytes(path_);
@@ -316,6 +318,20 @@ TEST_F(TokenDataErrorTest, ShorterThanTheHeader) {
   EXPECT_THAT(Load(), HasSubstr(path_ + ": 1000 bytes, shorter than the 1024-byte header"));
 }
 
+// A validation shard that the training glob matches too would be trained on: refused, both
+// globs and the file named (also when the two spell the path differently).
+TEST_F(TokenDataErrorTest, ValidationShardsThatTheTrainingGlobMatches) {
+  const std::string val = dir_ + "/val_000000.bin";
+  WriteTokenShard(val, std::vector<uint32_t>(49, 5), false);
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(dir_ + "/*.bin", val), 100); }),
+              HasSubstr("data.val_path: " + val + " is also a training shard (data.path \"" + dir_ +
+                        "/*.bin\" matches " + val + "); narrow data.path"));
+  EXPECT_THAT(
+      ErrorOf([&] { MakeTokenShardSource(TokensConfig(dir_ + "/*.bin", dir_ + "/./val_*"), 100); }),
+      HasSubstr("is also a training shard"));
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, val), 100); }), "(no error)");
+}
+
 TEST_F(TokenDataErrorTest, NoFileMatchesTheGlob) {
   const std::string pattern = dir_ + "/nothing_*.bin";
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(pattern), 100); }),
@@ -324,24 +340,35 @@ TEST_F(TokenDataErrorTest, NoFileMatchesTheGlob) {
               HasSubstr("data.val_path: no file matches \"" + pattern + "\""));
 }
 
+// Every token of every shard is checked when the source is made (before any training, and
+// before --fresh deletes a previous run), not only those a batch happens to read: the error
+// names the file and the first bad token, in the training shards and the validation shards.
 TEST_F(TokenDataErrorTest, TokenOutsideTheVocabulary) {
   std::vector<uint32_t> tokens(49, 5);
   tokens[37] = 999;
   const std::string bad = dir_ + "/bad_val.bin";
   WriteTokenShard(bad, tokens, false);
-  // Three validation windows, one per batch: tokens 0..16, 16..32 and 32..48.
   DataConfig c = TokensConfig(path_, bad);
   c.batch_size = 1;
-  const auto source = MakeTokenShardSource(c, 100);  // loads: tokens are checked per batch
-  EXPECT_EQ(ErrorOf([&] { source->ValBatch(0); }), "(no error)");
-  EXPECT_EQ(ErrorOf([&] { source->ValBatch(1); }), "(no error)");
-  EXPECT_THAT(ErrorOf([&] { source->ValBatch(2); }),
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(c, 100); }),
               HasSubstr(bad + ": token 37 is 999, not below the vocabulary size 100: tokenized "
                               "with a different tokenizer?"));
   // The vocabulary bound is exclusive: the token equal to the vocabulary size is refused.
-  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(c, 999)->ValBatch(2); }),
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(c, 999); }),
               HasSubstr("token 37 is 999, not below the vocabulary size 999"));
   EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(c, 1000)->ValBatch(2); }), "(no error)");
+  // A training shard (uint32) longer than one scanning chunk (2^22 tokens), its bad tokens in
+  // the second: the first of them is named.
+  const int64_t chunk = int64_t{1} << 22;
+  std::vector<uint32_t> many(static_cast<size_t>(chunk + 1000), 7);
+  many[static_cast<size_t>(chunk + 500)] = 100000;
+  many[static_cast<size_t>(chunk + 10)] = 70000;
+  const std::string big = dir_ + "/big_train.bin";
+  WriteTokenShard(big, many, true);
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(big), 50000); }),
+              HasSubstr(fmt::format("{}: token {} is 70000, not below the vocabulary size 50000",
+                                    big, chunk + 10)));
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(big), 100001); }), "(no error)");
 }
 
 TEST_F(TokenDataErrorTest, TooFewTokensForOneSequence) {

@@ -309,14 +309,17 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
   Config all = TinyDistillConfig(TempRunDir("_all"));
   all.train.nonfinite = NonFinite::kSkip;
   all.train.steps = 2;
-  Trainer trainer(all, RunOptions::Quiet());
-  PoisonTeacher(trainer);
-  try {
-    trainer.Train();
-    FAIL() << "a run whose every step was skipped finished normally";
-  } catch (const NonFiniteError& e) {
-    EXPECT_NE(std::string(e.what()).find("all 2 steps of this run were skipped"), std::string::npos)
-        << e.what();
+  {
+    Trainer trainer(all, RunOptions::Quiet());
+    PoisonTeacher(trainer);
+    try {
+      trainer.Train();
+      FAIL() << "a run whose every step was skipped finished normally";
+    } catch (const NonFiniteError& e) {
+      EXPECT_NE(std::string(e.what()).find("all 2 steps of this run were skipped"),
+                std::string::npos)
+          << e.what();
+    }
   }
   EXPECT_FALSE(std::filesystem::exists(all.train.out_dir + "/summary.json"));
   // The finished run opened again says the same, and how to start over.

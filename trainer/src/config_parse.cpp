@@ -201,6 +201,12 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
                        wanted, model.hf_dir, got));
     }
   }
+  // The keys config.json set are reported at it (an error about teacher.vocab_size names the
+  // file its value came from, not "(default)").
+  for (const auto& key : ArchitectureKeys()) {
+    const std::string path = name + "." + key;
+    if (!at.count(path)) at[path] = model.hf_dir + "/config.json";
+  }
   model = from_hf;
 }
 
@@ -276,9 +282,23 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                      "got {}",
                      (int64_t{1} << 40) / micro_tokens, micro_tokens, c.train.grad_accum));
   }
-  if (c.data.min_seq_len > c.data.seq_len) {
+  if (c.data.source == "synthetic" && c.data.min_seq_len > c.data.seq_len) {  // synthetic only
     fail("data.min_seq_len", fmt::format("expected at most data.seq_len ({}), got {}",
                                          c.data.seq_len, c.data.min_seq_len));
+  }
+  // A path the run would not read is a mistake (data.source left at its default), not a choice.
+  if (c.data.source == "synthetic" && !c.data.path.empty()) {
+    fail("data.path", fmt::format("expected \"\" with data.source synthetic (the synthetic "
+                                  "language reads no files; set data.source to text or tokens to "
+                                  "train on it), got \"{}\"",
+                                  c.data.path));
+  }
+  if (c.data.source != "tokens" && !c.data.val_path.empty()) {
+    fail("data.val_path",
+         fmt::format("expected \"\" with data.source {} (validation shards are for data.source "
+                     "tokens; {} holds out data.val_fraction), got \"{}\"",
+                     c.data.source, c.data.source == "text" ? "text" : "synthetic data",
+                     c.data.val_path));
   }
   if (c.data.source != "synthetic" && c.data.path.empty()) {
     fail("data.path", fmt::format("expected a {} (data.source is {}), got \"\"",
@@ -321,6 +341,12 @@ void CheckCrossKey(const Config& c, const Locations& at) {
          fmt::format("expected 0 when teacher.checkpoint is set (the teacher is loaded, not "
                      "pretrained), got {}",
                      c.teacher.pretrain_steps));
+  }
+  if (c.distill.kd_weight == 0 && c.distill.ce_weight == 0) {
+    fail("distill.kd_weight",
+         "expected a weight above 0 for the divergence or for "
+         "distill.ce_weight (with both 0 the loss is 0 and the student does "
+         "not learn), got 0");
   }
   if (c.distill.vocab_size > 0) {
     // Tokens below distill.vocab_size must be rows of both embeddings; the logits are aligned.

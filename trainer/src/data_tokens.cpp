@@ -15,11 +15,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include "data_internal.h"
@@ -78,6 +80,14 @@ std::vector<std::string> Glob(const std::string& key, const std::string& pattern
   return paths;
 }
 
+// Whether two paths name one file (links and spellings such as "./a" included).
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 // Tokens [begin, end) of one shard.
 struct Segment {
   size_t shard;
@@ -113,7 +123,19 @@ class TokenShardSource : public DataSource {
     for (const std::string& p : train_paths) AddShard(p);
     const size_t num_train = shards_.size();
     if (!c.val_path.empty()) {
-      for (const std::string& p : Glob("data.val_path", c.val_path)) AddShard(p);
+      for (const std::string& p : Glob("data.val_path", c.val_path)) {
+        // A validation shard that data.path matches too would be trained on.
+        for (const std::string& t : train_paths) {
+          if (SameFile(p, t)) {
+            throw std::runtime_error(fmt::format(
+                "data.val_path: {} is also a training shard (data.path \"{}\" matches {}); "
+                "narrow data.path so that it leaves the validation shards out (e.g. "
+                "train_*.bin)",
+                p, c.path, t));
+          }
+        }
+        AddShard(p);
+      }
     }
 
     // Training: whole shards, less the held-out tail of the stream when val_path is empty.
@@ -132,6 +154,9 @@ class TokenShardSource : public DataSource {
     for (size_t s = num_train; s < shards_.size(); ++s) {
       Add(val_, {s, 0, shards_[s]->num_tokens()}, ValWindows(shards_[s]->num_tokens(), T));
     }
+    // Every token below the vocabulary, checked now: before any training, and before --fresh
+    // deletes the previous run (a bad token found by a batch would stop the run mid-way).
+    for (const auto& shard : shards_) CheckTokens(*shard);
     CheckSplit(train_, "data.path", fmt::format("training shards \"{}\"", c.path));
     if (c.val_path.empty()) {
       CheckSplit(val_, "data.val_fraction",
@@ -188,6 +213,18 @@ class TokenShardSource : public DataSource {
     }
   }
 
+  void CheckTokens(const TokenShard& shard) const {
+    const auto [index, token] = shard.FirstTokenAtLeast(static_cast<uint32_t>(
+        std::min<int64_t>(vocab_size_, std::numeric_limits<uint32_t>::max())));
+    if (index >= 0) throw BadToken(shard, index, token);
+  }
+
+  std::runtime_error BadToken(const TokenShard& shard, int64_t index, uint32_t token) const {
+    return ShardError(shard.path(), fmt::format("token {} is {}, not below the vocabulary size {}: "
+                                                "tokenized with a different tokenizer?",
+                                                index, token, vocab_size_));
+  }
+
   // Windows of T + 1 tokens in a segment of n: any start for training; for validation the
   // windows are laid end to end with stride T (as llm.c's loader), so each token of the segment
   // but the first is a target exactly once.
@@ -225,12 +262,8 @@ class TokenShardSource : public DataSource {
       const int64_t start = windows[b].second;
       for (int64_t t = 0; t <= T; ++t) {
         const uint32_t token = shard.Token(start + t);
-        if (token >= static_cast<uint64_t>(vocab_size_)) {
-          throw ShardError(shard.path(),
-                           fmt::format("token {} is {}, not below the vocabulary size {}: "
-                                       "tokenized with a different tokenizer?",
-                                       start + t, token, vocab_size_));
-        }
+        // (Checked at start-up; a shard changed on disk since is caught here.)
+        if (token >= static_cast<uint64_t>(vocab_size_)) throw BadToken(shard, start + t, token);
         if (t < T) in[b * T + t] = token;
         if (t > 0) out[b * T + t - 1] = token;
       }
@@ -303,6 +336,33 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   map_bytes_ = file_bytes;
   num_tokens_ = count;
   tokens_ = static_cast<const unsigned char*>(map) + kShardHeaderBytes;
+}
+
+std::pair<int64_t, uint32_t> TokenShard::FirstTokenAtLeast(uint32_t limit) const {
+  constexpr int64_t kChunk = int64_t{1} << 22;  // tokens per task
+  const int64_t chunks = (num_tokens_ + kChunk - 1) / kChunk;
+  const auto scan = [&](auto* tokens) {
+    std::vector<int64_t> first(static_cast<size_t>(chunks), -1);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t lo = c * kChunk, hi = std::min(num_tokens_, lo + kChunk);
+        uint32_t m = 0;
+        for (int64_t i = lo; i < hi; ++i) m = std::max<uint32_t>(m, tokens[i]);  // vectorised
+        if (m < limit) continue;
+        for (int64_t i = lo; i < hi; ++i) {
+          if (tokens[i] >= limit) {
+            first[static_cast<size_t>(c)] = i;
+            break;
+          }
+        }
+      }
+    });
+    for (const int64_t i : first)
+      if (i >= 0) return std::pair<int64_t, uint32_t>{i, tokens[i]};
+    return std::pair<int64_t, uint32_t>{-1, 0};
+  };
+  return token_bytes_ == 2 ? scan(reinterpret_cast<const uint16_t*>(tokens_))
+                           : scan(reinterpret_cast<const uint32_t*>(tokens_));
 }
 
 TokenShard::~TokenShard() {

@@ -87,6 +87,20 @@ void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportS
   // "exported/" is the directory "exported": its temporary and old copies are its siblings
   // (with the separator they were inside it, and the final rename moved it into itself).
   const fs::path target = fs::path(WithoutTrailingSeparators(out_dir));
+  if (out_dir.empty()) {
+    throw std::runtime_error("export: expected a directory path to create, got \"\"");
+  }
+  // The new directory's parent (created if missing) must be a directory, or be creatable.
+  for (fs::path up = target.parent_path(); !up.empty(); up = up.parent_path()) {
+    if (fs::exists(up)) {
+      if (!fs::is_directory(up)) {
+        throw std::runtime_error(fmt::format(
+            "export: cannot create {}: {} is a file, not a directory", out_dir, up.string()));
+      }
+      break;
+    }
+    if (up == up.parent_path()) break;
+  }
   if (fs::exists(target) && !replace) {
     throw std::runtime_error(fmt::format(
         "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));
@@ -108,6 +122,10 @@ void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportS
     }
     if (fs::exists(target)) fs::rename(target, old);
     fs::rename(tmp, target);
+  } catch (const fs::filesystem_error& e) {  // the path and the reason, without the library's
+    RemoveTree(tmp.string());                // "filesystem error: ... [a] [b]" form
+    throw std::runtime_error(
+        fmt::format("export: cannot write {}: {}", out_dir, e.code().message()));
   } catch (...) {
     RemoveTree(tmp.string());
     throw;

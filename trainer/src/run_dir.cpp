@@ -1,7 +1,14 @@
 #include "distill/run_dir.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <ctime>
@@ -21,17 +28,27 @@ namespace {
 // config.yaml leaves only these: the same command starts the run again instead of refusing a
 // directory that holds nothing but our own files. Anything else in it keeps it refused, and so
 // does a config.yaml.tmp without the marker (written first): that one is not ours.
+// (The lock file, taken before anything else is written, counts as ours too.)
 bool IsInterruptedStart(const fs::path& dir) {
   const std::string marker = kRunMarker;
   bool any = false, has_marker = false, has_config_tmp = false;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
+    if (name == kRunLock) continue;
     if (name != marker && name != marker + ".tmp" && name != "config.yaml.tmp") return false;
     any = true;
     has_marker = has_marker || name == marker;
     has_config_tmp = has_config_tmp || name == "config.yaml.tmp";
   }
-  return any && (has_marker || !has_config_tmp);
+  return !any || has_marker || !has_config_tmp;
+}
+
+// What a directory holding only our start-up files (or nothing) is: a new run's.
+bool IsUnstarted(const fs::path& dir) { return fs::is_empty(dir) || IsInterruptedStart(dir); }
+
+std::string HostName() {
+  char host[256] = {};
+  return gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0' ? host : "an unknown host";
 }
 
 // "key: a  vs  key: b" for the first line where two YAML dumps differ.
@@ -82,11 +99,57 @@ std::string RunIdentityHash(const Config& config) {
 
 bool IsOwnRunDir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kRunMarker); }
 
+RunLock::RunLock(const std::string& dir) : path_((fs::path(dir) / kRunLock).string()) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw RunDirError(
+        fmt::format("cannot create the lock file {}: {}; the run directory must be "
+                    "writable",
+                    path_, std::strerror(errno)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EWOULDBLOCK) {
+      char holder[256] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+      ::close(fd_);
+      fd_ = -1;
+      throw RunDirError(fmt::format(
+          "{} is in use by another distill_trainer ({}); wait for it to finish or stop it (it "
+          "checkpoints on SIGTERM or Ctrl-C), or choose another train.out_dir",
+          dir, who.empty() ? "it holds " + path_ : who));
+    }
+    warning_ = fmt::format(
+        "cannot lock {} ({}: this filesystem has no locks): a second distill_trainer in this "
+        "directory would not be refused",
+        path_, std::strerror(error));
+    return;  // the file stays open: Current() still answers
+  }
+  // Who holds it, for the message of the process it refuses (best effort: the lock is what counts).
+  const std::string who = fmt::format("pid {} on {} since {}\n", ::getpid(), HostName(), UtcNow());
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t written = ::pwrite(fd_, who.data(), who.size(), 0);
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (deleting it would race)
+}
+
+bool RunLock::Current() const {
+  struct stat held {
+  }, now{};
+  return fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &now) == 0 &&
+         held.st_dev == now.st_dev && held.st_ino == now.st_ino;
+}
+
 bool RemoveIfOnlyMarker(const std::string& dir) {
   if (!IsOwnRunDir(dir)) return false;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name != kRunMarker && name != "config.yaml") return false;
+    if (name != kRunMarker && name != "config.yaml" && name != kRunLock) return false;
   }
   RemoveTree(dir);
   return true;
@@ -136,8 +199,13 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         fmt::format("train.out_dir \"{}\" is a file; choose a directory", dir.string()));
   }
   RunDirPlan plan;
-  if (!exists || fs::is_empty(dir) || IsInterruptedStart(dir)) return plan;
+  if (!exists) return plan;  // locked once CommitRunDir has created it
+  if (IsUnstarted(dir)) {
+    plan.lock = std::make_shared<RunLock>(dir.string());
+    return plan;
+  }
   if (fresh && IsOwnRunDir(dir.string())) {
+    plan.lock = std::make_shared<RunLock>(dir.string());  // never delete a run in progress
     plan.delete_first = true;
     return plan;
   }
@@ -154,21 +222,28 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         "by hand (rm -r {}) if it is yours to discard, or choose another train.out_dir",
         dir.string(), kRunMarker, dir.string()));
   }
+  // What deletes it: --fresh for a directory of ours; by hand for one without the marker (--fresh
+  // would refuse it).
+  const std::string discard =
+      IsOwnRunDir(dir.string())
+          ? "pass --fresh (deletes it)"
+          : fmt::format("delete it by hand (rm -r {}; it has no {} marker, so --fresh will not)",
+                        dir.string(), kRunMarker);
   std::string stored_identity;
   try {
     stored_identity = RunIdentity(LoadConfigFile(config_file.string()));
   } catch (const ConfigError& e) {
     throw RunDirError(fmt::format(
-        "{} holds a run whose config no longer parses ({}); pass --fresh to delete it, or "
-        "choose another train.out_dir",
-        dir.string(), e.what()));
+        "{} holds a run whose config no longer parses ({}); to start over {}, or choose another "
+        "train.out_dir",
+        dir.string(), e.what(), discard));
   }
   const std::string wanted = RunIdentity(config);
   if (stored_identity != wanted) {
     throw RunDirError(fmt::format(
         "{} holds a different run ({}); to continue that run use --config {}, to start this "
-        "one pass --fresh (deletes it) or set train.out_dir to another directory",
-        dir.string(), FirstDifference(stored_identity, wanted), config_file.string()));
+        "one {} or set train.out_dir to another directory",
+        dir.string(), FirstDifference(stored_identity, wanted), config_file.string(), discard));
   }
   if (!config.train.resume) {
     throw RunDirError(
@@ -176,21 +251,37 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
                     "continue it, or pass --fresh to start over",
                     dir.string()));
   }
+  plan.lock = std::make_shared<RunLock>(dir.string());
   plan.same_run = true;
   return plan;
 }
 
-void CommitRunDir(const Config& config, const RunDirPlan& plan) {
+void CommitRunDir(const Config& config, RunDirPlan& plan) {
   const fs::path dir = config.train.out_dir;
   // (Already gone when it lay inside a pipeline directory that --fresh has just deleted.)
   if (plan.delete_first && fs::exists(dir)) {
     if (!IsOwnRunDir(dir.string())) {  // PlanRunDir checked; never delete what is not ours
       throw RunDirError(fmt::format("{}: no {} marker; not deleting it", dir.string(), kRunMarker));
     }
-    RemoveTree(dir.string());
+    // Everything but the lock file, which this process holds: no other process can take the
+    // directory between the deletion and the new run's files.
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().filename() != kRunLock) RemoveTree(entry.path().string());
+    }
   }
-  const bool created = !fs::exists(dir) || fs::is_empty(dir) || IsInterruptedStart(dir);
   fs::create_directories(dir);
+  if (plan.lock == nullptr || !plan.lock->Current()) {
+    plan.lock = std::make_shared<RunLock>(dir.string());
+    // Planned as a new run: a process that started one here meanwhile (and may have finished
+    // it) owns the directory now.
+    if (!plan.same_run && !IsUnstarted(dir)) {
+      throw RunDirError(fmt::format(
+          "{} was started by another distill_trainer while this one was starting; run the "
+          "command again to resume that run",
+          dir.string()));
+    }
+  }
+  const bool created = IsUnstarted(dir);
   if (created) {
     WriteFileAtomically((dir / kRunMarker).string(),
                         fmt::format("run_id: {}\ncreated: {}\nconfig_hash: {}\n", RandomRunId(),

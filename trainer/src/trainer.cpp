@@ -221,6 +221,8 @@ Trainer::Trainer(Config config, RunOptions options)
     CommitRunDir(config_, plan);
     return true;
   });
+  run_lock_ = plan.lock;  // held until this trainer is destroyed (rank 0; the others hold none)
+  if (run_lock_ && !run_lock_->warning().empty()) warnings.push_back(run_lock_->warning());
   // Every rank built the same weights from the same seed (or checkpoint); broadcasting rank 0's
   // makes that a guarantee rather than an assumption.
   dist_->BroadcastParameters(*student_);

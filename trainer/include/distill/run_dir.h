@@ -14,10 +14,16 @@
 // markers, or a copy) can still be resumed, but --fresh refuses it. Nothing is created before
 // the models and data of a run were built (PlanRunDir checks, CommitRunDir writes), so a run
 // that fails at start-up leaves no config.yaml behind to refuse the corrected command.
+//
+// One process per run directory: the process that trains in it holds an exclusive lock
+// (flock(2)) on its .distill_lock file from PlanRunDir until it ends, and a second trainer --
+// the same command in another terminal, a job queued again while the first still runs --
+// is refused, naming the holder, before it changes anything (--fresh included).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -34,23 +40,52 @@ class RunDirError : public std::runtime_error {
 // The marker file of a directory created by the trainer.
 inline constexpr const char* kRunMarker = ".distill_run";
 
+// The lock file of a run directory (kept by --fresh, which deletes everything else).
+inline constexpr const char* kRunLock = ".distill_lock";
+
+// An exclusive flock(2) on <dir>/kRunLock (created when missing), released when destroyed. Holds
+// "pid <pid> on <host> since <UTC time>" for the message of the process it refuses. Throws
+// RunDirError when another process holds it (naming it) or the file cannot be created. On a
+// filesystem without locks (ENOLCK, EOPNOTSUPP, ...) it holds nothing and says so in warning().
+class RunLock {
+ public:
+  explicit RunLock(const std::string& dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  // Whether <dir>/kRunLock is still the file this holds (not deleted or replaced since).
+  bool Current() const;
+  const std::string& warning() const { return warning_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::string warning_;
+};
+
 // What CommitRunDir will do with config.train.out_dir.
 struct RunDirPlan {
   bool same_run = false;      // it holds this run: resume from its checkpoints, if any
   bool delete_first = false;  // --fresh on a run directory of ours
+  // The directory's lock, when it exists already (else CommitRunDir takes it once it is
+  // created). Keep the plan (or this pointer) for as long as the run writes the directory.
+  std::shared_ptr<RunLock> lock;
 };
 
-// Checks config.train.out_dir without changing anything: resume, start, or refuse (throws
-// RunDirError saying why and what to do). `fresh` plans the deletion of an existing run
+// Checks config.train.out_dir and locks it when it exists (the lock file is the one thing it may
+// create): resume, start, or refuse (throws RunDirError saying why and what to do; also when
+// another process holds the directory). `fresh` plans the deletion of an existing run
 // directory, which must carry kRunMarker.
 RunDirPlan PlanRunDir(const Config& config, bool fresh);
-// Carries out `plan`: deletes (delete_first), creates the directory with its marker when new,
-// and writes config.yaml. Call it once the run's models and data were built.
-void CommitRunDir(const Config& config, const RunDirPlan& plan);
+// Carries out `plan`: deletes the directory's contents but its lock (delete_first), creates the
+// directory with its marker when new, takes the lock if the plan has none (a directory created
+// now, or deleted since the plan) and writes config.yaml. Call it once the run's models and data
+// were built. A run that another process started in the directory since the plan is refused.
+void CommitRunDir(const Config& config, RunDirPlan& plan);
 // Whether `dir` carries kRunMarker (was created by the trainer).
 bool IsOwnRunDir(const std::string& dir);
-// Deletes `dir` if it holds nothing but a marker and config.yaml (what a start that failed
-// before training left); returns whether it did.
+// Deletes `dir` if it holds nothing but a marker, config.yaml and the lock file (what a start
+// that failed before training left); returns whether it did.
 bool RemoveIfOnlyMarker(const std::string& dir);
 // 64-bit FNV-1a of `data` (stable across platforms and runs, unlike std::hash).
 uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);

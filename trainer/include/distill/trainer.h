@@ -32,6 +32,8 @@ namespace distill {
 
 // A step whose loss terms or gradient norm are not finite (train.nonfinite: stop, or skip past
 // train.max_skipped_steps). Thrown before the optimizer step: the weights are still finite.
+class RunLock;  // distill/run_dir.h
+
 class NonFiniteError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -176,6 +178,7 @@ class Trainer {
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
+  std::shared_ptr<RunLock> run_lock_;    // rank 0 only: train.out_dir is this process's
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<StepProfiler> profiler_;  // --profile-steps only

@@ -660,6 +660,21 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
   }
   // One converted CPU temporary at a time (a second copy of a whole large model would not fit).
   at::NoGradGuard no_grad;
+  // Finite values only (a NaN row of an embedding is used by no training batch that lacks its
+  // token, and would surface as a NaN evaluation or a NaN step much later): a read of its own
+  // before the first copy, so that a throw still leaves the module untouched.
+  for (const auto& [name, target] : targets) {
+    const at::Tensor t = weights.Tensor(name, target.scalar_type());
+    const at::Tensor bad = at::logical_not(at::isfinite(t)).reshape({-1});
+    const int64_t count = bad.sum().item<int64_t>();
+    if (count > 0) {
+      const int64_t first = bad.nonzero()[0][0].item<int64_t>();
+      TensorError(weights.file_of(name), name,
+                  fmt::format("expected finite values, got {} NaN or infinite (the first at flat "
+                              "index {}: {}); the file is damaged or the model diverged",
+                              count, first, t.reshape({-1})[first].item<double>()));
+    }
+  }
   for (const auto& [name, target] : targets) {
     target.copy_(weights.Tensor(name, target.scalar_type()));
   }
