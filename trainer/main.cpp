@@ -36,10 +36,10 @@ int main(int argc, char** argv) {
                  "after --profile-skip steps: N steps under the Kineto profiler (a chrome trace), "
                  "then N steps timed per phase with a device sync at every phase boundary, into "
                  "<out_dir>/profile/; 0 (default): off")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--profile-skip", flags.profile_skip,
                  "warm-up steps of each run before --profile-steps starts (default 3)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   bool no_memory_check = false;
   app.add_flag("--no-memory-check", no_memory_check,
                "train even when the start-up memory estimate exceeds the device's memory");

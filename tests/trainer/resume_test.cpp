@@ -703,6 +703,18 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   std::ostringstream third;
   distill::Run(c, RunFlags{true, true}, third);
   EXPECT_EQ(first.str(), third.str());
+  // The pipeline's directory given where a run's is expected (a teacher, an export) names the
+  // stage runs inside it.
+  Model model = MakeModel(c.student);
+  try {
+    LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "teacher.checkpoint");
+    ADD_FAILURE() << "loaded weights from a pipeline's directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format(
+                              "is a directory without checkpoints/step_*.pt (a pipeline's "
+                              "directory: its runs are {}/teacher or {}/student)",
+                              c.train.out_dir, c.train.out_dir)));
+  }
 }
 
 // A distillation with kd_weight 0 is the cross-entropy-only control: the table says so, in the

@@ -378,6 +378,11 @@ TEST_F(TokenDataErrorTest, TooFewTokensForOneSequence) {
               HasSubstr("data.path: training shards \"" + shorter + "\": 16 tokens in 1 file"));
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, shorter), 100); }),
               HasSubstr("data.val_path: validation shards \"" + shorter + "\": 16 tokens"));
+  // A shard whose header counts no tokens is still a file the glob matched.
+  const std::string empty = dir_ + "/empty.bin";
+  WriteTokenShard(empty, {}, false);
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(empty, path_), 100); }),
+              HasSubstr("data.path: training shards \"" + empty + "\": 0 tokens in 1 file"));
   // Held out from 40 tokens: 20% is 8, too few for 17.
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_), 100); }),
               HasSubstr("data.val_fraction: validation (the last 0.2 of \"" + path_ +

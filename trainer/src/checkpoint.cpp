@@ -312,8 +312,18 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
         what == "export" ? "this run has no intact weights to export"
                          : fmt::format("set {} to an intact checkpoint file or another run", what));
     if (!intact) {
-      throw std::runtime_error(
-          fmt::format("{}: \"{}\" is a directory without checkpoints/step_*.pt", what, path));
+      // A pipeline's directory holds its stages' runs: name them.
+      std::string stages;
+      for (const char* stage : {"teacher", "student"}) {
+        const fs::path sub = fs::path(path) / stage / "checkpoints";
+        if (fs::is_directory(sub)) {
+          stages +=
+              fmt::format("{}{}", stages.empty() ? "" : " or ", (fs::path(path) / stage).string());
+        }
+      }
+      throw std::runtime_error(fmt::format(
+          "{}: \"{}\" is a directory without checkpoints/step_*.pt{}", what, path,
+          stages.empty() ? "" : fmt::format(" (a pipeline's directory: its runs are {})", stages)));
     }
     for (const auto& failure : intact->skipped) {
       warn(fmt::format("warning: {}: {}; using the previous checkpoint, {}", what, failure,

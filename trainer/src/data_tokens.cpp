@@ -149,6 +149,7 @@ class TokenShardSource : public DataSource {
       const int64_t cut = std::min(n, train_left);
       train_left -= cut;
       if (cut > 0) Add(train_, {s, 0, cut}, TrainWindows(cut, T));
+      if (n == 0) ++train_.files;  // an empty shard is still a file the glob matched
       if (cut < n && c.val_path.empty()) Add(val_, {s, cut, n}, ValWindows(n - cut, T));
     }
     for (size_t s = num_train; s < shards_.size(); ++s) {
