@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "distill/config.h"
@@ -257,6 +258,22 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "distill.ce_weight (with both 0 the loss is 0 and the student does not learn), got 0"},
   };
   for (const auto& c : cases) EXPECT_EQ(ErrorOf(c.yaml), c.message) << c.yaml;
+}
+
+// A run's stored config.yaml, read back for its identity or an export, skips the checks that
+// refuse keys a run would not use: a run written before them still resumes and exports.
+TEST(ConfigTest, StoredConfigsSkipTheUnusedKeyChecks) {
+  const std::string yaml = std::string(kValidDistill) +
+                           "data:\n  path: corpus.txt\n  val_path: v.bin\ndistill:\n  kd_weight: "
+                           "0\n  ce_weight: 0\n";
+  EXPECT_THAT(ErrorOf(yaml), ::testing::HasSubstr("data.path: expected \"\" with data.source "
+                                                  "synthetic"));
+  const Config stored = ParseConfig(yaml, "x.yaml", {}, ConfigOrigin::kStored);
+  EXPECT_EQ(stored.data.path, "corpus.txt");
+  EXPECT_EQ(stored.data.val_path, "v.bin");
+  // The other checks still apply.
+  EXPECT_THROW(ParseConfig(yaml + "student:\n  d_model: 66\n", "x.yaml", {}, ConfigOrigin::kStored),
+               ConfigError);
 }
 
 // The auto | true | false keys take YAML's other boolean spellings, as the bool keys do.

@@ -212,7 +212,7 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
 
 // The constraints that involve more than one key. Each error is reported at the key that the
 // user most likely has to change.
-void CheckCrossKey(const Config& c, const Locations& at) {
+void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
   auto fail = [&](const std::string& path, const std::string& what) {
     Fail(Where(at, path), path, what);
   };
@@ -287,17 +287,20 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                                          c.data.seq_len, c.data.min_seq_len));
   }
   // A path the run would not read is a mistake (data.source left at its default), not a choice.
-  if (c.data.source == "synthetic" && !c.data.path.empty()) {
+  const bool requested = origin == ConfigOrigin::kRequested;
+  if (requested && c.data.source == "synthetic" && !c.data.path.empty()) {
     fail("data.path", fmt::format("expected \"\" with data.source synthetic (the synthetic "
                                   "language reads no files; set data.source to text or tokens to "
                                   "train on it), got \"{}\"",
                                   c.data.path));
   }
-  if (c.data.source != "tokens" && !c.data.val_path.empty()) {
+  if (requested && c.data.source != "tokens" && !c.data.val_path.empty()) {
     fail("data.val_path",
          fmt::format("expected \"\" with data.source {} (validation shards are for data.source "
-                     "tokens; {} holds out data.val_fraction), got \"{}\"",
-                     c.data.source, c.data.source == "text" ? "text" : "synthetic data",
+                     "tokens; {}), got \"{}\"",
+                     c.data.source,
+                     c.data.source == "text" ? "text holds out data.val_fraction"
+                                             : "synthetic validation is its own generated stream",
                      c.data.val_path));
   }
   if (c.data.source != "synthetic" && c.data.path.empty()) {
@@ -342,7 +345,7 @@ void CheckCrossKey(const Config& c, const Locations& at) {
                      "pretrained), got {}",
                      c.teacher.pretrain_steps));
   }
-  if (c.distill.kd_weight == 0 && c.distill.ce_weight == 0) {
+  if (requested && c.distill.kd_weight == 0 && c.distill.ce_weight == 0) {
     fail("distill.kd_weight",
          "expected a weight above 0 for the divergence or for "
          "distill.ce_weight (with both 0 the loss is 0 and the student does "
@@ -410,7 +413,7 @@ int SecondDocumentLine(const std::string& text) {
 }  // namespace
 
 Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
-                   const std::vector<std::string>& overrides) {
+                   const std::vector<std::string>& overrides, ConfigOrigin origin) {
   Config config;
   Locations locations;
   YAML::Node root;
@@ -445,11 +448,12 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
   }
   ResolveHfModel("student", config.student, config, locations);
   ResolveHfModel("teacher", config.teacher, config, locations);
-  CheckCrossKey(config, locations);
+  CheckCrossKey(config, locations, origin);
   return config;
 }
 
-Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
+Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides,
+                      ConfigOrigin origin) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw ConfigError(fmt::format("{}: is a directory; expected a YAML config file", path));
@@ -468,7 +472,7 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
     }
   }
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
-  return ParseConfig(text, path, overrides);
+  return ParseConfig(text, path, overrides, origin);
 }
 
 std::string ConfigToYaml(const Config& config) {

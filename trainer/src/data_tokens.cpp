@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -157,7 +159,7 @@ class TokenShardSource : public DataSource {
     }
     // Every token below the vocabulary, checked now: before any training, and before --fresh
     // deletes the previous run (a bad token found by a batch would stop the run mid-way).
-    for (const auto& shard : shards_) CheckTokens(*shard);
+    CheckTokens();
     CheckSplit(train_, "data.path", fmt::format("training shards \"{}\"", c.path));
     if (c.val_path.empty()) {
       CheckSplit(val_, "data.val_fraction",
@@ -214,10 +216,58 @@ class TokenShardSource : public DataSource {
     }
   }
 
-  void CheckTokens(const TokenShard& shard) const {
-    const auto [index, token] = shard.FirstTokenAtLeast(static_cast<uint32_t>(
-        std::min<int64_t>(vocab_size_, std::numeric_limits<uint32_t>::max())));
-    if (index >= 0) throw BadToken(shard, index, token);
+  // Every shard in chunks of 2^22 tokens, all chunks of all shards in parallel; the first bad
+  // token (in shard order) is reported. Shards this process checked already against this
+  // vocabulary, unchanged since (path, inode, size, modification time), are skipped.
+  void CheckTokens() const {
+    constexpr int64_t kChunk = int64_t{1} << 22;
+    const auto limit =
+        static_cast<uint32_t>(std::min<int64_t>(vocab_size_, std::numeric_limits<uint32_t>::max()));
+    std::vector<std::string> keys(shards_.size());
+    std::vector<std::pair<size_t, int64_t>> chunks;  // (shard, first token)
+    {
+      const std::lock_guard<std::mutex> guard(checked_mutex());
+      for (size_t s = 0; s < shards_.size(); ++s) {
+        keys[s] = CheckedKey(*shards_[s]);
+        if (!keys[s].empty() && checked().count(keys[s]) > 0) continue;
+        for (int64_t b = 0; b < shards_[s]->num_tokens(); b += kChunk) chunks.push_back({s, b});
+      }
+    }
+    std::vector<int64_t> first(chunks.size(), -1);
+    at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const auto [s, b] = chunks[static_cast<size_t>(c)];
+        const TokenShard& shard = *shards_[s];
+        first[static_cast<size_t>(c)] =
+            shard.FirstTokenAtLeast(limit, b, std::min(shard.num_tokens(), b + kChunk));
+      }
+    });
+    for (size_t c = 0; c < chunks.size(); ++c) {  // shard order, then position
+      if (first[c] >= 0) {
+        const TokenShard& shard = *shards_[chunks[c].first];
+        throw BadToken(shard, first[c], shard.Token(first[c]));
+      }
+    }
+    const std::lock_guard<std::mutex> guard(checked_mutex());
+    for (const std::string& key : keys)
+      if (!key.empty()) checked().insert(key);
+  }
+
+  // What identifies a shard's bytes and the vocabulary they were checked against ("" when the
+  // file cannot be stat'ed: checked every time).
+  std::string CheckedKey(const TokenShard& shard) const {
+    struct stat st {};
+    if (::stat(shard.path().c_str(), &st) != 0) return "";
+    return fmt::format("{}:{}:{}:{}:{}:{}", st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec,
+                       st.st_mtim.tv_nsec, vocab_size_);
+  }
+  static std::mutex& checked_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::string>& checked() {
+    static std::set<std::string> keys;
+    return keys;
   }
 
   std::runtime_error BadToken(const TokenShard& shard, int64_t index, uint32_t token) const {
@@ -339,28 +389,14 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   tokens_ = static_cast<const unsigned char*>(map) + kShardHeaderBytes;
 }
 
-std::pair<int64_t, uint32_t> TokenShard::FirstTokenAtLeast(uint32_t limit) const {
-  constexpr int64_t kChunk = int64_t{1} << 22;  // tokens per task
-  const int64_t chunks = (num_tokens_ + kChunk - 1) / kChunk;
-  const auto scan = [&](auto* tokens) {
-    std::vector<int64_t> first(static_cast<size_t>(chunks), -1);
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t lo = c * kChunk, hi = std::min(num_tokens_, lo + kChunk);
-        uint32_t m = 0;
-        for (int64_t i = lo; i < hi; ++i) m = std::max<uint32_t>(m, tokens[i]);  // vectorised
-        if (m < limit) continue;
-        for (int64_t i = lo; i < hi; ++i) {
-          if (tokens[i] >= limit) {
-            first[static_cast<size_t>(c)] = i;
-            break;
-          }
-        }
-      }
-    });
-    for (const int64_t i : first)
-      if (i >= 0) return std::pair<int64_t, uint32_t>{i, tokens[i]};
-    return std::pair<int64_t, uint32_t>{-1, 0};
+int64_t TokenShard::FirstTokenAtLeast(uint32_t limit, int64_t begin, int64_t end) const {
+  const auto scan = [&](const auto* tokens) -> int64_t {
+    uint32_t m = 0;
+    for (int64_t i = begin; i < end; ++i) m = std::max<uint32_t>(m, tokens[i]);  // vectorised
+    if (m < limit) return -1;
+    for (int64_t i = begin; i < end; ++i)
+      if (tokens[i] >= limit) return i;
+    return -1;
   };
   return token_bytes_ == 2 ? scan(reinterpret_cast<const uint16_t*>(tokens_))
                            : scan(reinterpret_cast<const uint32_t*>(tokens_));

@@ -140,7 +140,7 @@ std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
         "export: {} is not a run directory (no config.yaml); give the train.out_dir of a run",
         run_dir));
   }
-  const Config config = LoadConfigFile(config_file.string());
+  const Config config = LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored);
   Model model = MakeModel(config.student);
   const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU), "export");
   ExportHf(*model, out_dir, ExportSources(config), /*replace=*/false);

@@ -118,6 +118,7 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
   Distributed& dist = flags.distributed ? *flags.distributed : single;
   CheckMemoryAtStart(config, flags, dist);
   std::vector<ResultRow> rows;
+  RunDirPlan plan;  // a pipeline's directory: its lock is held until results.txt is written
   if (!IsPipeline(config)) {
     const bool distill = config.train.mode == Mode::kDistill;
     rows.push_back(TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags));
@@ -133,7 +134,6 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     // data, just before that stage writes its own directory: a first stage that fails at
     // start-up (a typo in data.path) leaves the previous run as it was. The first stage plans
     // with --fresh too, so that it does not refuse the old stage directory the commit deletes.
-    RunDirPlan plan;
     dist.MainDecides([&] {
       plan = PlanRunDir(config, flags.fresh);
       return plan.same_run;
@@ -152,8 +152,11 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     } catch (...) {
       // A first stage that failed at start-up created no stage directory: remove the pipeline
       // directory too when it holds only our marker and config.yaml, so the corrected command
-      // is not refused as a different run.
-      if (dist.is_main()) RemoveIfOnlyMarker(config.train.out_dir);
+      // is not refused as a different run. Only a directory this process holds: a commit
+      // refused because another process holds it must not delete that process's directory.
+      if (dist.is_main() && plan.lock != nullptr && plan.lock->Current()) {
+        RemoveIfOnlyMarker(config.train.out_dir);
+      }
       throw;
     }
   }

@@ -14,7 +14,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -99,15 +101,36 @@ std::string RunIdentityHash(const Config& config) {
 
 bool IsOwnRunDir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kRunMarker); }
 
+namespace {
+
+// The lock files this process holds, by (device, inode): a pipeline's --fresh deletes the stage
+// runs inside its directory, whose locks its own stages may hold already (LockRunsInside).
+std::mutex held_mutex;
+std::set<std::pair<dev_t, ino_t>> held_files;
+
+bool HeldHere(const fs::path& lock_file) {
+  struct stat st {};
+  if (::stat(lock_file.c_str(), &st) != 0) return false;
+  const std::lock_guard<std::mutex> guard(held_mutex);
+  return held_files.count({st.st_dev, st.st_ino}) > 0;
+}
+
+}  // namespace
+
 RunLock::RunLock(const std::string& dir) : path_((fs::path(dir) / kRunLock).string()) {
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // 0666 less the umask: a teammate's process (a group-writable directory) can lock it too. A
+  // lock file that exists but is not writable still locks, read-only.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     throw RunDirError(
-        fmt::format("cannot create the lock file {}: {}; the run directory must be "
-                    "writable",
-                    path_, std::strerror(errno)));
+        fmt::format("cannot create the lock file {}: {}", path_, std::strerror(errno)));
   }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  int rc = 0;
+  do {
+    rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
     const int error = errno;
     if (error == EWOULDBLOCK) {
       char holder[256] = {};
@@ -121,11 +144,22 @@ RunLock::RunLock(const std::string& dir) : path_((fs::path(dir) / kRunLock).stri
           "checkpoints on SIGTERM or Ctrl-C), or choose another train.out_dir",
           dir, who.empty() ? "it holds " + path_ : who));
     }
-    warning_ = fmt::format(
-        "cannot lock {} ({}: this filesystem has no locks): a second distill_trainer in this "
-        "directory would not be refused",
-        path_, std::strerror(error));
-    return;  // the file stays open: Current() still answers
+    // A filesystem without locks (EBADF: NFS takes an exclusive lock only on a writable file).
+    if (error == ENOLCK || error == EOPNOTSUPP || error == ENOSYS || error == EBADF) {
+      warning_ = fmt::format(
+          "warning: cannot lock {} ({}): a second distill_trainer in this directory would not be "
+          "refused",
+          path_, std::strerror(error));
+      return;  // the file stays open: Current() still answers
+    }
+    ::close(fd_);
+    fd_ = -1;
+    throw RunDirError(fmt::format("cannot lock {}: {}", path_, std::strerror(error)));
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0) {
+    const std::lock_guard<std::mutex> guard(held_mutex);
+    held_files.insert({st.st_dev, st.st_ino});
   }
   // Who holds it, for the message of the process it refuses (best effort: the lock is what counts).
   const std::string who = fmt::format("pid {} on {} since {}\n", ::getpid(), HostName(), UtcNow());
@@ -135,7 +169,13 @@ RunLock::RunLock(const std::string& dir) : path_((fs::path(dir) / kRunLock).stri
 }
 
 RunLock::~RunLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (deleting it would race)
+  if (fd_ < 0) return;
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0) {
+    const std::lock_guard<std::mutex> guard(held_mutex);
+    held_files.erase({st.st_dev, st.st_ino});
+  }
+  ::close(fd_);  // releases the lock; the file stays (deleting it would race)
 }
 
 bool RunLock::Current() const {
@@ -143,6 +183,31 @@ bool RunLock::Current() const {
   }, now{};
   return fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &now) == 0 &&
          held.st_dev == now.st_dev && held.st_ino == now.st_ino;
+}
+
+namespace {
+thread_local std::vector<std::string>* lock_files = nullptr;  // LockRunsInside's nftw callback
+}  // namespace
+
+std::vector<std::unique_ptr<RunLock>> LockRunsInside(const std::string& dir) {
+  // POSIX nftw, not std::filesystem's directory walk (see RemoveTree); links not followed.
+  std::vector<std::string> found;
+  lock_files = &found;
+  auto collect = [](const char* path, const struct stat*, int type, struct FTW* ftw) {
+    // Level 1 is the directory's own lock file; the runs inside are deeper.
+    if (type == FTW_F && ftw->level > 1 && std::strcmp(path + ftw->base, kRunLock) == 0) {
+      lock_files->push_back(path);
+    }
+    return 0;
+  };
+  nftw(dir.c_str(), collect, 16, FTW_PHYS);
+  lock_files = nullptr;
+  std::vector<std::unique_ptr<RunLock>> locks;
+  for (const std::string& file : found) {
+    if (HeldHere(file)) continue;
+    locks.push_back(std::make_unique<RunLock>(fs::path(file).parent_path().string()));
+  }
+  return locks;
 }
 
 bool RemoveIfOnlyMarker(const std::string& dir) {
@@ -200,12 +265,15 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   }
   RunDirPlan plan;
   if (!exists) return plan;  // locked once CommitRunDir has created it
-  if (IsUnstarted(dir)) {
+  // Ours: locked before anything in it is read (another process's --fresh may be deleting it).
+  if (IsUnstarted(dir) || IsOwnRunDir(dir.string())) {
     plan.lock = std::make_shared<RunLock>(dir.string());
-    return plan;
   }
+  if (IsUnstarted(dir)) return plan;
   if (fresh && IsOwnRunDir(dir.string())) {
-    plan.lock = std::make_shared<RunLock>(dir.string());  // never delete a run in progress
+    // Never delete a run in progress, this one or one inside it (a pipeline's stages): checked
+    // now, and again (held) while CommitRunDir deletes.
+    LockRunsInside(dir.string());
     plan.delete_first = true;
     return plan;
   }
@@ -231,7 +299,7 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
                         dir.string(), kRunMarker);
   std::string stored_identity;
   try {
-    stored_identity = RunIdentity(LoadConfigFile(config_file.string()));
+    stored_identity = RunIdentity(LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored));
   } catch (const ConfigError& e) {
     throw RunDirError(fmt::format(
         "{} holds a run whose config no longer parses ({}); to start over {}, or choose another "
@@ -251,7 +319,7 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
                     "continue it, or pass --fresh to start over",
                     dir.string()));
   }
-  plan.lock = std::make_shared<RunLock>(dir.string());
+  if (plan.lock == nullptr) plan.lock = std::make_shared<RunLock>(dir.string());  // no marker
   plan.same_run = true;
   return plan;
 }
@@ -263,11 +331,17 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     if (!IsOwnRunDir(dir.string())) {  // PlanRunDir checked; never delete what is not ours
       throw RunDirError(fmt::format("{}: no {} marker; not deleting it", dir.string(), kRunMarker));
     }
-    // Everything but the lock file, which this process holds: no other process can take the
-    // directory between the deletion and the new run's files.
+    // The runs inside it (a pipeline's stages) locked for the deletion: refused if another
+    // process trains in one.
+    const auto inside = LockRunsInside(dir.string());
+    // Everything but the lock file, which this process holds (no other process can take the
+    // directory between the deletion and the new run's files), and the marker last: a deletion
+    // that fails part-way leaves a directory that --fresh still deletes.
     for (const auto& entry : fs::directory_iterator(dir)) {
-      if (entry.path().filename() != kRunLock) RemoveTree(entry.path().string());
+      const fs::path name = entry.path().filename();
+      if (name != kRunLock && name != kRunMarker) RemoveTree(entry.path().string());
     }
+    RemoveTree((dir / kRunMarker).string());
   }
   fs::create_directories(dir);
   if (plan.lock == nullptr || !plan.lock->Current()) {

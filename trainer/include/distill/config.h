@@ -266,13 +266,21 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Whose config is parsed: one requested now (every check), or a run's stored config.yaml, read
+// back for its identity or an export, which skips the checks that refuse keys a run would not use
+// (data.path with synthetic data, ...): a run written before those checks still resumes and
+// exports.
+enum class ConfigOrigin { kRequested, kStored };
+
 // Parses YAML text (`source_name` is used in messages, e.g. the file path), then applies
 // `overrides` ("key.path=value", each value parsed as YAML and validated like the file), then
 // checks the cross-key constraints. Throws ConfigError.
 Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
-                   const std::vector<std::string>& overrides = {});
+                   const std::vector<std::string>& overrides = {},
+                   ConfigOrigin origin = ConfigOrigin::kRequested);
 // Reads `path` and parses it as above. Throws ConfigError (also when the file cannot be read).
-Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides = {});
+Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides = {},
+                      ConfigOrigin origin = ConfigOrigin::kRequested);
 
 // The resolved config as YAML, every key, in declaration order.
 std::string ConfigToYaml(const Config& config);

@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "distill/config.h"
 #include "distill/file_io.h"  // WriteFileAtomically
@@ -62,6 +63,11 @@ class RunLock {
   int fd_ = -1;
   std::string warning_;
 };
+
+// Locks the run directories inside `dir` (those with a lock file; a pipeline's stages), except
+// those this process holds already: throws RunDirError naming one another process holds. The
+// locks are released when the vector is destroyed.
+std::vector<std::unique_ptr<RunLock>> LockRunsInside(const std::string& dir);
 
 // What CommitRunDir will do with config.train.out_dir.
 struct RunDirPlan {

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "distill/config.h"
@@ -36,9 +35,9 @@ class TokenShard {
   const std::string& path() const { return path_; }
   int64_t num_tokens() const { return num_tokens_; }
   int64_t token_bytes() const { return token_bytes_; }  // 2 (uint16) or 4 (uint32)
-  // The first token at or above `limit` (its index and value), or -1 when every token is below
-  // it. Reads the whole shard: chunks in parallel (at::parallel_for), each chunk's maximum first.
-  std::pair<int64_t, uint32_t> FirstTokenAtLeast(uint32_t limit) const;
+  // The index of the first token in [begin, end) at or above `limit`, or -1 when every one is
+  // below it (the range's maximum first: a vectorised pass).
+  int64_t FirstTokenAtLeast(uint32_t limit, int64_t begin, int64_t end) const;
   // Token i, 0 <= i < num_tokens() (unchecked).
   uint32_t Token(int64_t i) const {
     const unsigned char* p = tokens_ + i * token_bytes_;
@@ -61,9 +60,10 @@ class TokenShard {
 // data.batch_size windows of data.seq_len + 1 tokens, each inside one shard, starting uniformly
 // at random over every valid start; validation batch j is the fixed windows j*B .. j*B+B-1
 // (modulo their number) laid end to end over the validation tokens. Every token of every shard
-// is checked against `vocab_size` here, before any training (one parallel read of the shards:
-// a bad token fails the start, not a run hours in), and again when a batch is built. Throws
-// std::runtime_error naming the key or the file.
+// is checked against `vocab_size` here, before any training (one read of the shards, in chunks
+// in parallel: a bad token fails the start, not a run hours in; a shard already checked in this
+// process -- a pipeline's next stage -- is not read again unless it changed), and again when a
+// batch is built. Throws std::runtime_error naming the key or the file.
 std::unique_ptr<DataSource> MakeTokenShardSource(const DataConfig& config, int64_t vocab_size);
 
 // Writes `tokens` as an llm.c shard: uint16 (magic 20240520, version 1) or, when
