@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -18,8 +19,10 @@
 
 #include "common.h"  // cpu_isa(): which CPU build of the kernels runs
 #include "distill_reference.h"
+#include "lossfns/cross_entropy.h"
 #include "lossfns/distill.h"
 #include "lossfns/distill_module.h"
+#include "lossfns/tvd.h"
 #include "tvd_reference.h"  // all_close, error_of
 
 namespace lossfns::testing {
@@ -468,6 +471,39 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
           EXPECT_TRUE(at::equal(lb, la)) << what.str();
           EXPECT_TRUE(all_close(b.grad(), a.grad(), go == 0.25 ? 0.0 : 1.6e-2, 0.0)) << what.str();
         }
+}
+
+// The ops' backward is first-order only. A gradient taken with create_graph=True is returned,
+// and equals the plain one; differentiating it again raises, naming the op, where it used to
+// drop the second-order term silently (a gradient penalty got the loss's plain gradient).
+TEST(DistillLoss, SecondOrderGradientsRaiseInsteadOfBeingWrong) {
+  const at::Tensor s0 = at::randn({3, 7}, at::kDouble), t = at::randn({3, 7}, at::kDouble);
+  const at::Tensor labels = at::randint(0, 7, {3}, at::kLong);
+  const std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>> ops = {
+      {"lossfns.distill_loss",
+       [&](const at::Tensor& s) {
+         return distill_loss(s, t, DistillLossOptions().divergence(Divergence::kForwardKl));
+       }},
+      {"lossfns.tvd_loss",
+       [&](const at::Tensor& s) { return tvd_loss(at::softmax(s, -1), at::softmax(t, -1)); }},
+      {"lossfns.cross_entropy_loss", [&](const at::Tensor& s) {
+         return cross_entropy_loss(s, labels, CrossEntropyLossOptions());
+       }}};
+  for (const auto& [name, op] : ops) {
+    const at::Tensor s = s0.clone().requires_grad_();
+    const at::Tensor plain = torch::autograd::grad({op(s)}, {s})[0];
+    const at::Tensor g = torch::autograd::grad({op(s)}, {s}, {}, /*retain_graph=*/true,
+                                               /*create_graph=*/true)[0];
+    EXPECT_TRUE(at::allclose(g.detach(), plain, 0, 0)) << name;
+    std::string error = "(no error)";
+    try {
+      (g * g).sum().backward();
+    } catch (const std::exception& e) {  // autograd's error node throws std::runtime_error
+      error = e.what();
+    }
+    EXPECT_NE(error.find(name + ": its gradient cannot be differentiated again"), std::string::npos)
+        << name << ": " << error;
+  }
 }
 
 TEST(DistillLoss, GradScaleIsCheckedOnEveryDevice) {

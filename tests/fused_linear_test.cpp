@@ -460,6 +460,16 @@ TEST(FusedLinearDistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
       has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().ce_weight(0.5)), "needs labels"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().chunk_size(0)),
                   "chunk_size must be >= 1"));
+  // Hidden size 0 (either side): the op's own error, not a reshape's.
+  EXPECT_TRUE(has(err(in.sh.narrow(1, 0, 0), in.sw.narrow(1, 0, 0), in.th, in.tw),
+                  "fused_linear_distill_loss: the hidden sizes H_s and H_t must be >= 1"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th.narrow(1, 0, 0), in.tw.narrow(1, 0, 0)),
+                  "must be >= 1; got student_hidden [4, 3] and teacher_hidden [4, 0]"));
+  // A Divergence value outside the enum is refused as an unknown name, not read out of bounds.
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt,
+                      O().distill(DistillLossOptions().divergence(static_cast<Divergence>(7)))),
+                  "divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '(not "
+                  "a Divergence)'"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt, O().kd_weight(kInf)), "finite"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw, std::nullopt,
                       O().distill(DistillLossOptions().temperature(0))),

@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "autograd_common.h"
 #include "cross_entropy_common.h"
 #include "cross_entropy_internal.h"
 #include "distill_internal.h"  // row_shape
@@ -148,12 +149,15 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
+    const bool create_graph = at::GradMode::is_enabled();
+    at::NoGradGuard no_grad;  // first-order only: see first_order_only
     const at::Tensor grad = cross_entropy_backward_op(
         grad_outputs[0], saved[0], saved[1], saved[2], saved[3],
         ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toInt(),
         ctx->saved_data["V"].toInt());
-    return {grad.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return first_order_only(kOp, create_graph,
+                            {grad.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(),
+                             at::Tensor(), at::Tensor(), at::Tensor()});
   }
 };
 

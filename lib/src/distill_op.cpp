@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "autograd_common.h"
 #include "cross_entropy_common.h"
 #include "cross_entropy_internal.h"
 #include "distill_common.h"
@@ -175,6 +176,8 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
     at::Tensor grad;
+    const bool create_graph = at::GradMode::is_enabled();
+    at::NoGradGuard no_grad;  // first-order only: see first_order_only
     if (ctx->saved_data["saved_grad"].toBool()) {
       const at::Tensor& go = grad_outputs[0];
       if (!ctx->saved_data["rescaled"].toBool()) {
@@ -201,8 +204,10 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
           ctx->saved_data["temperature"].toDouble(), ctx->saved_data["ignore_index"].toInt(),
           ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
     }
-    return {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(),     at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return first_order_only(
+        kOp, create_graph,
+        {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+         at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
   }
 };
 

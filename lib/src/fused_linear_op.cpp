@@ -86,6 +86,9 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
   TORCH_CHECK(sw.dim() == 2 && tw.dim() == 2, kFusedOp,
               ": the lm_heads must be (V_s, H_s) and (V_t, H_t); got ", dims(sw.sizes()), " and ",
               dims(tw.sizes()));
+  TORCH_CHECK(sh.size(-1) >= 1 && th.size(-1) >= 1, kFusedOp,
+              ": the hidden sizes H_s and H_t must be >= 1; got student_hidden ", dims(sh.sizes()),
+              " and teacher_hidden ", dims(th.sizes()));
   TORCH_CHECK(!chunk_size || *chunk_size >= 1, kFusedOp,
               ": chunk_size must be >= 1 (or None: automatic); got ", num(*chunk_size));
   const Resolved r =

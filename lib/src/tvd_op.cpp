@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "autograd_common.h"
 #include "lossfns/defaults.h"
 #include "tvd_common.h"
 #include "tvd_internal.h"
@@ -71,6 +72,8 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const auto shape = ctx->saved_data["shape"].toIntVector();
+    const bool create_graph = at::GradMode::is_enabled();
+    at::NoGradGuard no_grad;  // first-order only: see first_order_only
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const int64_t reduction = ctx->saved_data["reduction"].toInt();
     auto opt = [](const at::Tensor& t) {
@@ -83,12 +86,9 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
             .view(shape);
     // d/dq of 0.5*|p - q| is the negation; computed only when asked for.
     at::Tensor grad_q = ctx->needs_input_grad(1) ? grad_p.neg() : at::Tensor();
-    return {ctx->needs_input_grad(0) ? grad_p : at::Tensor(),
-            grad_q,
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    return first_order_only("lossfns.tvd_loss", create_graph,
+                            {ctx->needs_input_grad(0) ? grad_p : at::Tensor(), grad_q, at::Tensor(),
+                             at::Tensor(), at::Tensor(), at::Tensor()});
   }
 };
 

@@ -1,7 +1,10 @@
 // Checkpoints and run directories: resuming is bit-identical, different runs are refused, and
 // re-running a finished pipeline (the second `make run`) works.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -715,6 +718,47 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
                               "directory: its runs are {}/teacher or {}/student)",
                               c.train.out_dir, c.train.out_dir)));
   }
+}
+
+// A pipeline's --fresh deletes its stage runs: not while another process trains in one (here a
+// child process holding the student stage's lock), and the refusal deletes nothing.
+TEST(ResumeTest, PipelineFreshRefusesAStageInUseByAnotherProcess) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.mode = Mode::kDistill;
+  c.teacher.pretrain_steps = 3;
+  c.train.steps = 2;
+  std::ostringstream table;
+  distill::Run(c, RunFlags{false, true}, table);
+  const std::string student = c.train.out_dir + "/student";
+  const std::vector<std::string> before = Names(student);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {  // async-signal-safe calls only: open, flock, write, pause
+    const int fd = ::open((student + "/" + kRunLock).c_str(), O_RDWR);
+    const char ok = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? 'y' : 'n';
+    [[maybe_unused]] const ssize_t n = ::write(ready[1], &ok, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 'y');
+  try {
+    std::ostringstream again;
+    distill::Run(c, RunFlags{true, true}, again);
+    ADD_FAILURE() << "--fresh deleted a pipeline whose student stage is in use";
+  } catch (const RunDirError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(student + " is in use by another distill_trainer"));
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  EXPECT_EQ(Names(student), before);
+  EXPECT_TRUE(IsOwnRunDir(c.train.out_dir));
+  std::ostringstream third;
+  EXPECT_EQ(distill::Run(c, RunFlags{true, true}, third).size(), 2u);  // free again: --fresh works
 }
 
 // A distillation with kd_weight 0 is the cross-entropy-only control: the table says so, in the

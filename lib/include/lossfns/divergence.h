@@ -22,8 +22,11 @@ enum class Divergence : int64_t { kTvd = 0, kForwardKl = 1, kReverseKl = 2, kJsd
 // The names of Divergence, in its order.
 inline constexpr std::array<const char*, 4> kDivergenceNames = {"tvd", "forward_kl", "reverse_kl",
                                                                 "jsd"};
+// (A value outside the enum, e.g. static_cast<Divergence>(7), is "(not a Divergence)": the ops
+// then refuse it as an unknown name.)
 inline const char* divergence_name(Divergence d) {
-  return kDivergenceNames[static_cast<size_t>(d)];
+  const auto i = static_cast<uint64_t>(d);
+  return i < kDivergenceNames.size() ? kDivergenceNames[i] : "(not a Divergence)";
 }
 // The divergence named `name`, or std::nullopt.
 inline std::optional<Divergence> divergence_from_name(std::string_view name) {
