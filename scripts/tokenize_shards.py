@@ -20,6 +20,7 @@ shards is refused (a glob over them would mix two tokenizations), and a run that
 left for a glob to pick up.
 """
 import argparse
+import errno
 import json
 import os
 import re
@@ -100,7 +101,18 @@ def write_shard(path, tokens, fmt):
             f.write(np.asarray(tokens, dtype=fmt["dtype"]).tobytes())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        # Never over another file: a shard of a second run writing the same names meanwhile.
+        try:
+            os.link(tmp, path)
+            tmp.unlink()
+        except OSError as e:  # a filesystem without hard links: checked, then renamed
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) or path.exists():
+                raise
+            os.replace(tmp, path)
+    except FileExistsError:
+        tmp.unlink(missing_ok=True)
+        fail(f"{path}: appeared while this run wrote it (another tokenize_shards run with the "
+             f"same --out-dir and --prefix?); nothing of it was overwritten")
     except OSError as e:
         tmp.unlink(missing_ok=True)
         fail(f"{path}: cannot write: {e}")

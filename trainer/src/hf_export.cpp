@@ -76,14 +76,11 @@ HfExportSources ExportSources(const Config& config) {
   return sources;
 }
 
-void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
-              bool replace) {
-  if (model.config().family != ModelFamily::kLlama) {
-    throw std::runtime_error(fmt::format(
-        "export to {}: family \"{}\" has no Hugging Face architecture; only llama-family models "
-        "export",
-        out_dir, kModelFamilyNames[static_cast<size_t>(model.config().family)]));
-  }
+namespace {
+
+// ExportHf's work once the family is checked; std::filesystem's errors come out as they are.
+void ExportHfInto(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
+                  bool replace) {
   // "exported/" is the directory "exported": its temporary and old copies are its siblings
   // (with the separator they were inside it, and the final rename moved it into itself).
   const fs::path target = fs::path(WithoutTrailingSeparators(out_dir));
@@ -122,15 +119,32 @@ void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportS
     }
     if (fs::exists(target)) fs::rename(target, old);
     fs::rename(tmp, target);
-  } catch (const fs::filesystem_error& e) {  // the path and the reason, without the library's
-    RemoveTree(tmp.string());                // "filesystem error: ... [a] [b]" form
-    throw std::runtime_error(
-        fmt::format("export: cannot write {}: {}", out_dir, e.code().message()));
   } catch (...) {
     RemoveTree(tmp.string());
+    // The previous export moved aside and the new one not in place: the previous one goes back.
+    std::error_code ignored;
+    if (fs::exists(old, ignored) && !fs::exists(target, ignored)) fs::rename(old, target, ignored);
     throw;
   }
   RemoveTree(old.string());
+}
+
+}  // namespace
+
+void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
+              bool replace) {
+  if (model.config().family != ModelFamily::kLlama) {
+    throw std::runtime_error(fmt::format(
+        "export to {}: family \"{}\" has no Hugging Face architecture; only llama-family models "
+        "export",
+        out_dir, kModelFamilyNames[static_cast<size_t>(model.config().family)]));
+  }
+  try {
+    ExportHfInto(model, out_dir, sources, replace);
+  } catch (const fs::filesystem_error& e) {  // the path and the reason, without the library's
+    throw std::runtime_error(                // "filesystem error: ... [a] [b]" form
+        fmt::format("export: cannot write {}: {}", out_dir, e.code().message()));
+  }
 }
 
 std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {

@@ -37,7 +37,7 @@ struct FusedLinearDistillOptions {
   // `labels`; non-zero needs labels.
   TORCH_ARG(double, ce_weight) = 0.0;
   // Tokens (rows) per chunk. std::nullopt: automatic, from V and the memory budget (on CUDA
-  // min(free / 8, 1 GiB), free counting the caching allocator's unused blocks; 256 MiB on the CPU).
+  // min(free / 8, 2 GiB), free counting the caching allocator's unused blocks; 256 MiB on the CPU).
   TORCH_ARG(std::optional<int64_t>, chunk_size) = std::nullopt;
 };
 

@@ -668,7 +668,7 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
     const at::Tensor bad = at::logical_not(at::isfinite(t)).reshape({-1});
     const int64_t count = bad.sum().item<int64_t>();
     if (count > 0) {
-      const int64_t first = bad.nonzero()[0][0].item<int64_t>();
+      const int64_t first = bad.to(at::kByte).argmax().item<int64_t>();  // the first true
       TensorError(weights.file_of(name), name,
                   fmt::format("expected finite values, got {} NaN or infinite (the first at flat "
                               "index {}: {}); the file is damaged or the model diverged",
