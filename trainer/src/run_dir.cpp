@@ -337,10 +337,12 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     // Everything but the lock file, which this process holds (no other process can take the
     // directory between the deletion and the new run's files), and the marker last: a deletion
     // that fails part-way leaves a directory that --fresh still deletes.
+    std::vector<std::string> doomed;  // listed first: no deletion while the listing runs
     for (const auto& entry : fs::directory_iterator(dir)) {
       const fs::path name = entry.path().filename();
-      if (name != kRunLock && name != kRunMarker) RemoveTree(entry.path().string());
+      if (name != kRunLock && name != kRunMarker) doomed.push_back(entry.path().string());
     }
+    for (const std::string& path : doomed) RemoveTree(path);
     RemoveTree((dir / kRunMarker).string());
   }
   fs::create_directories(dir);
