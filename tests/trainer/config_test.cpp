@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "distill/config.h"
+#include "distill/run_dir.h"
 
 namespace distill {
 namespace {
@@ -67,7 +68,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.baseline=true", "train.out_dir=elsewhere", "train.export_hf=false",
       "train.nonfinite=skip", "train.max_skipped_steps=3", "train.bucket_mb=7",
       "data.val_path=v/*.bin", "distill.vocab_size=25", "distill.fused_linear=true",
-      "train.cuda_graph=false",
+      "train.cuda_graph=false", "train.activation_checkpointing=false",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
       "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",
@@ -99,7 +100,10 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_DOUBLE_EQ(c.teacher.dropout, 0.5);
   EXPECT_FALSE(c.teacher.tie_embeddings);
   EXPECT_EQ(c.teacher.checkpoint, "runs/t");
-  // pretrain_steps > 0 conflicts with a checkpoint: set on its own.
+  // pretrain_steps > 0 conflicts with a checkpoint, activation checkpointing with dropout: set on
+  // their own.
+  EXPECT_TRUE(ParseConfig(kValidDistill, "x.yaml", {"train.activation_checkpointing=true"})
+                  .train.activation_checkpointing);
   EXPECT_EQ(ParseConfig("", "x.yaml", {"teacher.pretrain_steps=7"}).teacher.pretrain_steps, 7);
   EXPECT_EQ(c.data.path, "some/*.bin");
   EXPECT_DOUBLE_EQ(c.data.val_fraction, 0.25);
@@ -134,9 +138,9 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   }
   // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
   // distill.divergence, train.precision, train.mode, student.init_from_teacher,
-  // teacher.pretrain_steps; and the two hf_dir keys, not set here.
+  // teacher.pretrain_steps, train.activation_checkpointing; and the two hf_dir keys, not set here.
   EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
-  EXPECT_EQ(differing, lines - 5 - static_cast<int>(hf_dir_keys)) << dumped;
+  EXPECT_EQ(differing, lines - 6 - static_cast<int>(hf_dir_keys)) << dumped;
 }
 
 TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
@@ -289,6 +293,26 @@ TEST(ConfigTest, AutoTrueFalseKeysTakeYamlBooleans) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.cuda_graph=maybe"}),
             "override \"train.cuda_graph=maybe\": train.cuda_graph: expected one of: auto, true, "
             "false, got \"maybe\"");
+}
+
+// Activation checkpointing recomputes the forward: a trained model with dropout would draw other
+// masks there. The student always trains; the teacher only when the pipeline pretrains it.
+TEST(ConfigTest, ActivationCheckpointingNeedsTheTrainedModelsWithoutDropout) {
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.activation_checkpointing=true", "student.dropout=0.1"}),
+            "override \"student.dropout=0.1\": student.dropout: expected 0 with "
+            "train.activation_checkpointing true (the recomputed forward would draw other dropout "
+            "masks than the first), got 0.1");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.activation_checkpointing=true", "teacher.dropout=0.1"}),
+            "");  // a loaded teacher is not trained
+  EXPECT_THAT(
+      ErrorOf("train:\n  activation_checkpointing: true\nteacher:\n  pretrain_steps: 5\n"
+              "  dropout: 0.2\n"),
+      ::testing::HasSubstr("teacher.dropout: expected 0 with train.activation_checkpointing "
+                           "true"));
+  // How the gradients are computed, not what they are: a run resumes with it switched.
+  const Config off = ParseConfig(kValidDistill, "x.yaml");
+  const Config on = ParseConfig(kValidDistill, "x.yaml", {"train.activation_checkpointing=true"});
+  EXPECT_EQ(RunIdentity(on), RunIdentity(off));
 }
 
 TEST(ConfigTest, InvalidYamlNamesTheLine) {

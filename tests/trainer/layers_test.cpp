@@ -11,8 +11,12 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/cuda.h>
@@ -607,6 +611,135 @@ TEST(LayersCudaTest, FrozenMatmulWeightsInBf16GiveAutocastsBits) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (const ModelFamily family : {ModelFamily::kGpt, ModelFamily::kLlama}) {
     for (const bool tied : {true, false}) CheckStoredBf16(family, tied);
+  }
+}
+
+// Activation checkpointing (CausalLM::set_activation_checkpointing, CheckpointedBlock): a model
+// of `family` on `device` takes two backward passes that accumulate (as a step's micro-batches
+// do), the second one's logits kept; autocast to bf16 on CUDA when `autocast`.
+struct CheckpointRun {
+  at::Tensor logits;
+  std::vector<at::Tensor> grads;
+  int64_t checkpoint_nodes = 0;  // CheckpointFunction nodes in the second pass's graph
+  int64_t graph_nodes = 0;       // all nodes of that graph
+};
+
+CheckpointRun RunCheckpointed(ModelFamily family, bool checkpoint, const at::Device& device,
+                              bool autocast) {
+  ModelConfig config;
+  config.family = family;
+  config.vocab_size = 100;
+  config.n_layer = 3;
+  config.d_model = 64;
+  config.n_head = 4;
+  config.tie_embeddings = family == ModelFamily::kGpt;
+  if (family == ModelFamily::kLlama) config.n_kv_head = 2;
+  torch::manual_seed(5);
+  Model model = MakeModel(config);
+  model->to(device);
+  model->set_activation_checkpointing(checkpoint);
+  torch::manual_seed(6);
+  CheckpointRun run;
+  for (int pass = 0; pass < 2; ++pass) {
+    const at::Tensor tokens = at::randint(0, config.vocab_size, {2, 40}, at::kLong).to(device);
+    {
+      const AutocastGuard guard(autocast);
+      run.logits = model->forward(tokens);
+    }
+    const at::Tensor loss = at::cross_entropy_loss(run.logits.reshape({-1, run.logits.size(-1)})
+                                                       .narrow(1, 0, config.vocab_size)
+                                                       .to(at::kFloat),
+                                                   tokens.reshape({-1}));
+    if (pass == 1) {  // count the graph's nodes (each once)
+      std::vector<torch::autograd::Node*> stack = {loss.grad_fn().get()};
+      std::set<torch::autograd::Node*> seen;
+      while (!stack.empty()) {
+        torch::autograd::Node* node = stack.back();
+        stack.pop_back();
+        if (node == nullptr || !seen.insert(node).second) continue;
+        run.checkpoint_nodes += node->name().find("CheckpointFunction") != std::string::npos;
+        for (const auto& edge : node->next_edges()) stack.push_back(edge.function.get());
+      }
+      run.graph_nodes = static_cast<int64_t>(seen.size());
+    }
+    loss.backward();
+  }
+  run.logits = run.logits.detach();
+  for (const auto& p : model->parameters()) run.grads.push_back(p.grad().clone());
+  return run;
+}
+
+double MaxGradDiff(const CheckpointRun& a, const CheckpointRun& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    worst = std::max(worst, MaxRelDiff(a.grads[i], b.grads[i]));
+  return worst;
+}
+
+// On the CPU the recomputation is the same arithmetic: the same logits and the same gradients,
+// bit for bit, with one checkpoint node per block in place of the blocks' own nodes.
+TEST(LayersTest, CheckpointedBlocksGiveTheSameGradients) {
+  for (const ModelFamily family : {ModelFamily::kGpt, ModelFamily::kLlama}) {
+    const std::string what = family == ModelFamily::kGpt ? "gpt" : "llama";
+    const CheckpointRun plain = RunCheckpointed(family, false, at::kCPU, false);
+    const CheckpointRun checkpointed = RunCheckpointed(family, true, at::kCPU, false);
+    EXPECT_TRUE(at::equal(checkpointed.logits, plain.logits)) << what;
+    ASSERT_EQ(checkpointed.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      EXPECT_TRUE(at::equal(checkpointed.grads[i], plain.grads[i]))
+          << what << " parameter " << i << ": "
+          << MaxRelDiff(checkpointed.grads[i], plain.grads[i]);
+    }
+    EXPECT_EQ(plain.checkpoint_nodes, 0) << what;
+    EXPECT_EQ(checkpointed.checkpoint_nodes, 3) << what;  // n_layer
+    EXPECT_LT(checkpointed.graph_nodes, plain.graph_nodes / 2) << what;
+  }
+}
+
+// On CUDA under bf16 autocast (the fused kernels; the recomputation runs on autograd's device
+// thread under the forward's autocast state): the gradients differ from the plain run's by no
+// more than two plain runs differ from each other (nothing, where the kernels are deterministic),
+// and the forward keeps less memory for the backward.
+TEST(LayersCudaTest, CheckpointedBlocksUnderAutocastGiveTheSameGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  for (const ModelFamily family : {ModelFamily::kGpt, ModelFamily::kLlama}) {
+    const std::string what = family == ModelFamily::kGpt ? "gpt" : "llama";
+    const CheckpointRun plain = RunCheckpointed(family, false, cuda, true);
+    const CheckpointRun again = RunCheckpointed(family, false, cuda, true);
+    const CheckpointRun checkpointed = RunCheckpointed(family, true, cuda, true);
+    EXPECT_TRUE(at::equal(checkpointed.logits, plain.logits)) << what;
+    EXPECT_LE(MaxGradDiff(checkpointed, plain), MaxGradDiff(again, plain)) << what;
+    EXPECT_EQ(checkpointed.checkpoint_nodes, 3) << what;
+  }
+  // Memory held between the forward and the backward: a wider model, so that activations
+  // dominate; the checkpointed one keeps each block's two inputs only.
+  for (const ModelFamily family : {ModelFamily::kGpt, ModelFamily::kLlama}) {
+    ModelConfig config;
+    config.family = family;
+    config.vocab_size = 128;
+    config.n_layer = 4;
+    config.d_model = 256;
+    config.n_head = 4;
+    config.context_length = 512;
+    std::array<int64_t, 2> held{};
+    for (const bool checkpoint : {false, true}) {
+      Model model = MakeModel(config);
+      model->to(cuda);
+      model->set_activation_checkpointing(checkpoint);
+      const at::Tensor tokens = at::randint(0, config.vocab_size, {8, 512}, at::kLong).to(cuda);
+      torch::cuda::synchronize();
+      const int64_t before = at::accelerator::getDeviceStats(0).allocated_bytes[0].current;
+      at::Tensor hidden;
+      {
+        const AutocastGuard guard(true);
+        hidden = model->forward_hidden(tokens);
+      }
+      held[checkpoint] = at::accelerator::getDeviceStats(0).allocated_bytes[0].current - before;
+      hidden.sum().backward();
+    }
+    EXPECT_LT(held[1], held[0] / 3) << (family == ModelFamily::kGpt ? "gpt" : "llama") << ": "
+                                    << held[1] << " vs " << held[0] << " bytes";
   }
 }
 

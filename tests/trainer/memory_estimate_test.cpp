@@ -175,6 +175,21 @@ TEST(MemoryEstimateTest, TermsScaleWithTheirKeys) {
   ExpectContains(stages.terms[0].keys, {"teacher.n_layer"});
 }
 
+// train.activation_checkpointing: the activation term counts each block's two inputs and one
+// block's activations, not every block's.
+TEST(MemoryEstimateTest, ActivationCheckpointingShrinksTheActivationTerm) {
+  Config c = TinyConfig("unused");
+  c.student.n_layer = 12;
+  const MemoryEstimate plain = EstimateMemory(c, c10::DeviceType::CPU);
+  c.train.activation_checkpointing = true;
+  const MemoryEstimate checkpointed = EstimateMemory(c, c10::DeviceType::CPU);
+  ASSERT_EQ(checkpointed.terms.size(), plain.terms.size());
+  EXPECT_LT(checkpointed.terms[1].bytes, plain.terms[1].bytes / 3);
+  EXPECT_EQ(checkpointed.terms[0].bytes, plain.terms[0].bytes);
+  ExpectContains(checkpointed.terms[1].keys, {"train.activation_checkpointing", "student.n_layer"});
+  EXPECT_NE(checkpointed.terms[1].what.find("checkpointed"), std::string::npos);
+}
+
 // The refusal: the total, the terms (largest first) with their keys, what is available and
 // where that number came from, and the override. Availability is injected, not the machine's.
 TEST(MemoryEstimateTest, RefusalNamesKeysEstimateAndAvailable) {

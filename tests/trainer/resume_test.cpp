@@ -36,6 +36,7 @@ namespace fs = std::filesystem;
 using testing::ReadBytes;
 using testing::TempRunDir;
 using testing::TinyConfig;
+using testing::WriteBytes;
 
 void ExpectBitIdentical(CausalLM& a, CausalLM& b) {
   auto pb = b.named_parameters();
@@ -556,6 +557,35 @@ TEST(ResumeTest, CorruptCheckpointsFallBackToThePreviousGoodOne) {
     EXPECT_THAT(e.what(), ::testing::StartsWith("export: no intact checkpoint in "));
     EXPECT_THAT(e.what(), ::testing::HasSubstr(step2 + ": not a distill_trainer checkpoint"));
   }
+}
+
+// A newer checkpoint that a resume skipped as corrupt is not one of the run's newest: pruning
+// after the fallback keeps the checkpoints written since and leaves the skipped file alone (it
+// counted, so keep_checkpoints 1 deleted each new checkpoint as soon as it was written).
+TEST(ResumeTest, PruningAfterAFallbackKeepsTheCheckpointsWrittenSince) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 6;
+  c.train.checkpoint_interval = 2;
+  c.train.keep_checkpoints = 3;
+  Trainer(c, RunOptions::Quiet()).TrainUntil(6);
+  const std::string step2 = CheckpointPath(c.train.out_dir, 2);
+  const std::string step4 = CheckpointPath(c.train.out_dir, 4);
+  const std::string step6 = CheckpointPath(c.train.out_dir, 6);
+  fs::remove(step4);
+  WriteBytes(step6, "not a checkpoint");
+  c.train.keep_checkpoints = 1;
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    ASSERT_EQ(resumed.step(), 2);
+    resumed.TrainUntil(4);
+  }
+  EXPECT_TRUE(fs::exists(step4));
+  EXPECT_FALSE(fs::exists(step2));
+  EXPECT_EQ(ReadBytes(step6), "not a checkpoint");
+  const Trainer again(c, RunOptions::Quiet());
+  EXPECT_EQ(again.step(), 4);
+  ASSERT_EQ(again.warnings().size(), 1u);
+  EXPECT_NE(again.warnings()[0].find(step6), std::string::npos) << again.warnings()[0];
 }
 
 // A checkpoint carries its run's identity: one copied into another run's directory is refused

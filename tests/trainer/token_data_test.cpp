@@ -254,6 +254,7 @@ TEST(TokenDataTest, ValidationFromValPath) {
   }
   EXPECT_THAT(source->Describe(),
               HasSubstr("2 train files (800 tokens), validation 2 files (110 tokens), uint32"));
+  EXPECT_EQ(source->ValidationSequences(), 6);
 }
 
 // Error cases: a valid uint16 shard of 40 tokens at <dir>/shard.bin, then broken.

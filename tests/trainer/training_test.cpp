@@ -11,6 +11,7 @@
 #include "distill/distributed.h"
 #include "distill/model.h"
 #include "distill/run.h"
+#include "distill/token_shards.h"
 #include "distill/trainer.h"
 #include "test_files.h"
 #include "test_util.h"
@@ -51,6 +52,36 @@ TEST(TrainingTest, PretrainStepsReduceValidationLoss) {
   EXPECT_GT(after, *trainer.data().EntropyFloor());  // nothing beats the floor
 }
 
+// Token shards' validation windows are fixed: an evaluation that reads more sequences than there
+// are counts some twice, which the start-up says once, with the setting that avoids it.
+TEST(TrainingTest, EvaluationThatRepeatsValidationWindowsWarns) {
+  Config c = TinyConfig(TempRunDir());
+  c.data.source = "tokens";
+  c.data.path = c.train.out_dir + "-shard.bin";
+  c.data.val_fraction = 0.1;  // 40 of 400 tokens: (40 - 1) / 16 = 2 windows of seq_len 16
+  WriteTokenShard(c.data.path, std::vector<uint32_t>(400, 3), /*uint32_tokens=*/false);
+  const auto warnings_of = [&](int64_t batch_size, int64_t eval_batches, const char* suffix) {
+    Config run = c;
+    run.train.out_dir += suffix;
+    run.data.batch_size = batch_size;
+    run.train.eval_batches = eval_batches;
+    return Trainer(run, RunOptions::Quiet()).warnings();
+  };
+  std::vector<std::string> warnings = warnings_of(1, 3, "-a");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "warning: an evaluation reads train.eval_batches x data.batch_size = 3 x 1 = 3 "
+            "sequences of data.seq_len 16 tokens, but the validation data holds 2 distinct ones: "
+            "some are counted more than once; train.eval_batches 2 reads each at most once");
+  EXPECT_TRUE(warnings_of(1, 2, "-b").empty());
+  warnings = warnings_of(8, 1, "-c");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("the validation data is smaller than one batch of data.batch_size"),
+            std::string::npos)
+      << warnings[0];
+  std::filesystem::remove(c.data.path);
+}
+
 // A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation
 // steps must close a good part of that gap. 0.7 leaves margin both ways on this deterministic run.
 TEST(TrainingTest, DistillStepsReduceValidationKd) {
@@ -61,6 +92,34 @@ TEST(TrainingTest, DistillStepsReduceValidationKd) {
   const EvalResult after = trainer.Train();
   EXPECT_LT(after.val_kd, 0.7 * before.val_kd) << before.val_kd << " -> " << after.val_kd;
   EXPECT_EQ(after.teacher_val_loss, before.teacher_val_loss);  // the teacher is frozen
+}
+
+// train.activation_checkpointing computes the same gradients: a few steps of two micro-batches
+// each give the same weights, bit for bit on the CPU, in both families, pretraining and
+// distilling (the frozen teacher's forward keeps nothing either way).
+TEST(TrainingTest, ActivationCheckpointingTrainsTheSameWeights) {
+  const auto trained = [](Config c, bool checkpoint, const std::string& suffix) {
+    c.train.out_dir += suffix;
+    c.train.steps = 3;
+    c.train.grad_accum = 2;
+    c.train.activation_checkpointing = checkpoint;
+    Trainer trainer(c, RunOptions::Quiet());
+    EXPECT_EQ(trainer.student().activation_checkpointing(), checkpoint);
+    trainer.TrainUntil(3);
+    std::vector<at::Tensor> weights;
+    for (const auto& p : trainer.student().parameters()) weights.push_back(p.detach().clone());
+    return weights;
+  };
+  Config llama = TinyConfig(TempRunDir("-llama"));
+  llama.student.family = ModelFamily::kLlama;
+  for (const Config& c : {TinyDistillConfig(TempRunDir()), llama}) {
+    const std::vector<at::Tensor> plain = trained(c, false, "-plain");
+    const std::vector<at::Tensor> checkpointed = trained(c, true, "-checkpointed");
+    ASSERT_EQ(plain.size(), checkpointed.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(at::equal(plain[i], checkpointed[i])) << c.train.out_dir << " parameter " << i;
+    }
+  }
 }
 
 // One batch split into micro-batches of different token counts gives the step's gradient up to

@@ -48,9 +48,9 @@ std::optional<int64_t> CheckpointStep(const std::string& name) {
   return step;
 }
 
-// The run's checkpoint files, oldest step first (by the parsed number: past 7 digits the
-// zero-padded names no longer sort by step).
-std::vector<fs::path> CheckpointFiles(const std::string& run_dir) {
+// The run's checkpoints with their steps, oldest step first (by the parsed number: past 7
+// digits the zero-padded names no longer sort by step).
+std::vector<std::pair<int64_t, fs::path>> CheckpointEntries(const std::string& run_dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   const fs::path dir = fs::path(run_dir) / "checkpoints";
   if (!fs::is_directory(dir)) return {};
@@ -60,6 +60,12 @@ std::vector<fs::path> CheckpointFiles(const std::string& run_dir) {
     }
   }
   std::sort(found.begin(), found.end());
+  return found;
+}
+
+// CheckpointEntries' files alone.
+std::vector<fs::path> CheckpointFiles(const std::string& run_dir) {
+  auto found = CheckpointEntries(run_dir);
   std::vector<fs::path> files;
   for (auto& f : found) files.push_back(std::move(f.second));
   return files;
@@ -140,8 +146,11 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir) {
   return files.back().string();
 }
 
-void PruneCheckpoints(const std::string& run_dir, int64_t keep) {
-  auto files = CheckpointFiles(run_dir);
+void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step) {
+  std::vector<fs::path> files;  // the checkpoints up to `step`, oldest first
+  for (auto& [s, path] : CheckpointEntries(run_dir)) {
+    if (s <= step) files.push_back(std::move(path));
+  }
   for (size_t i = 0; i + keep < files.size(); ++i) fs::remove(files[i]);
 }
 

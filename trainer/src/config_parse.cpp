@@ -317,6 +317,20 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     fail("train.cuda_graph",
          "expected auto or false with train.device cpu (CUDA graphs need CUDA), got true");
   }
+  if (c.train.activation_checkpointing) {
+    // The trained models: the student, and a teacher that the pipeline pretrains first.
+    const bool teacher_trained = distill && c.teacher.pretrain_steps > 0;
+    for (const auto& [name, dropout] :
+         {std::pair<std::string, double>{"student", c.student.dropout},
+          {"teacher", teacher_trained ? c.teacher.dropout : 0.0}}) {
+      if (dropout > 0) {
+        fail(name + ".dropout",
+             fmt::format("expected 0 with train.activation_checkpointing true (the recomputed "
+                         "forward would draw other dropout masks than the first), got {}",
+                         dropout));
+      }
+    }
+  }
   if (!distill) {
     if (c.train.baseline) fail("train.baseline", "expected false in pretrain mode, got true");
     if (c.student.init_from_teacher) {

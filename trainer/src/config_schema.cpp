@@ -432,7 +432,8 @@ std::vector<KeyDecl> Declare() {
   Add(
       k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
       IntIn(1, int64_t{1} << 20),
-      "Validation micro-batches per evaluation (always the same ones).");
+      "Validation micro-batches per evaluation (always the same ones; past the count of token "
+      "shards' validation windows they repeat, with a warning at the start).");
   Add(
       k, "train.checkpoint_interval", [](auto& c) -> auto& { return c.train.checkpoint_interval; },
       IntAtLeast(0), "Checkpoint every this many steps (0: only at the end).");
@@ -473,6 +474,12 @@ std::vector<KeyDecl> Declare() {
       "(docs/trainer.md). auto: on for one CUDA process; off data-parallel, under "
       "--profile-steps, with student dropout and on the CPU. true: also with dropout; refused on "
       "the CPU and data-parallel.");
+  Add(
+      k, "train.activation_checkpointing",
+      [](auto& c) -> auto& { return c.train.activation_checkpointing; }, Bool(),
+      "Keep only each transformer block's inputs for the backward and run the block again there: "
+      "the same gradients with a fraction of the activation memory, for about a third more "
+      "compute (docs/trainer.md). Needs dropout 0 in the trained model.");
   return k;
 }
 

@@ -192,6 +192,7 @@ class TokenShardSource : public DataSource {
   }
 
   std::optional<double> EntropyFloor() const override { return std::nullopt; }
+  std::optional<int64_t> ValidationSequences() const override { return val_.windows(); }
 
   std::string Describe() const override {
     const std::string val = config_.val_path.empty()

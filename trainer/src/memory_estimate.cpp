@@ -127,11 +127,18 @@ MemoryEstimate EstimateSteadyRun(const Config& c, c10::DeviceType device_type,
   }
 
   const PerToken per_layer = ActivationsPerLayer(s.family);
-  double activations =
-      tokens * activation_bytes *
-      (s.n_layer * (per_layer.d_model * s.d_model + per_layer.mlp_width * s.mlp_width()) +
-       3.0 * s.d_model);  // + the embeddings' output and the final norm
+  const double layer_elements = per_layer.d_model * s.d_model + per_layer.mlp_width * s.mlp_width();
+  double activations = tokens * activation_bytes * 3.0 * s.d_model;  // embeddings, final norm
   std::string activation_keys = "data.batch_size, data.seq_len, " + WidthKeys(s, student_section);
+  if (c.train.activation_checkpointing) {
+    // Each block keeps its inputs (the fp32 residual stream and the previous block's output);
+    // the backward holds one block's recomputed activations at a time.
+    activations += tokens * (s.n_layer * (4.0 + activation_bytes) * s.d_model +
+                             activation_bytes * layer_elements);
+    activation_keys += ", train.activation_checkpointing";
+  } else {
+    activations += tokens * activation_bytes * s.n_layer * layer_elements;
+  }
   if (distill) {
     // The teacher's forward keeps nothing for a backward: one layer's working set at a time.
     const ModelConfig& t = c.teacher;
@@ -139,8 +146,11 @@ MemoryEstimate EstimateSteadyRun(const Config& c, c10::DeviceType device_type,
                    (2.0 * t.d_model + std::max<double>(3.0 * t.d_model, t.mlp_width()));
   }
   if (bf16) activation_keys += ", train.precision";
-  e.terms.push_back({fmt::format("activations kept for the backward ({} tokens per micro-batch)",
-                                 FormatCount(tokens)),
+  e.terms.push_back({fmt::format("activations kept for the backward ({} tokens per micro-batch{})",
+                                 FormatCount(tokens),
+                                 c.train.activation_checkpointing
+                                     ? "; checkpointed: each block's inputs, one block's rest"
+                                     : ""),
                      activations, activation_keys});
 
   if (distill && UsesFusedLinear(c.distill.fused_linear, device_type == c10::DeviceType::CUDA)) {

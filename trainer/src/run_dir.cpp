@@ -250,6 +250,8 @@ std::string RunIdentity(const Config& config) {
   c.train.max_skipped_steps = defaults.max_skipped_steps;
   c.train.bucket_mb = defaults.bucket_mb;    // how the gradients travel, not what they are
   c.train.cuda_graph = defaults.cuda_graph;  // how the kernels are launched, not what they do
+  // The same gradients with less memory: a run that ran out of memory resumes with it on.
+  c.train.activation_checkpointing = defaults.activation_checkpointing;
   // How the loss is computed, not what: a run that ran out of memory resumes with it switched on.
   c.distill.fused_linear = DistillConfig().fused_linear;
   return ConfigToYaml(c);

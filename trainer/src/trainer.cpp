@@ -110,6 +110,26 @@ void ZeroGradients(const std::vector<at::Tensor>& parameters) {
   if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
+// An evaluation that reads more sequences than the validation data holds counts some twice:
+// said once at the start, with the setting that reads each at most once.
+std::optional<std::string> RepeatedValidationWarning(const Config& config, const DataSource& data) {
+  const std::optional<int64_t> distinct = data.ValidationSequences();
+  const int64_t batch = config.data.batch_size;
+  const int64_t read = config.train.eval_batches * batch;
+  if (!distinct || read <= *distinct) return std::nullopt;
+  const std::string fix =
+      *distinct >= batch
+          ? fmt::format("train.eval_batches {} reads each at most once", *distinct / batch)
+          : fmt::format(
+                "the validation data is smaller than one batch of data.batch_size: "
+                "more validation tokens (data.val_fraction or data.val_path) avoid it");
+  return fmt::format(
+      "warning: an evaluation reads train.eval_batches x data.batch_size = {} x {} = {} "
+      "sequences of data.seq_len {} tokens, but the validation data holds {} distinct ones: some "
+      "are counted more than once; {}",
+      config.train.eval_batches, batch, read, config.data.seq_len, *distinct, fix);
+}
+
 }  // namespace
 
 at::Device ResolveDevice(const std::string& device) {
@@ -188,12 +208,14 @@ Trainer::Trainer(Config config, RunOptions options)
 
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   std::vector<std::string> warnings;  // printed once the run's log is open
+  if (auto warning = RepeatedValidationWarning(config_, *data_)) warnings.push_back(*warning);
   if (distill_) {
     teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
     teacher_->eval();
     for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
   }
   student_ = BuildModel(config_.student, /*checkpoint=*/"", device_);
+  student_->set_activation_checkpointing(config_.train.activation_checkpointing);
   if (config_.student.init_from_teacher && config_.student.hf_dir.empty()) {
     CopyWeights(*teacher_, *student_);
   }
@@ -589,7 +611,7 @@ void Trainer::SaveCheckpoint() {
     position_.elapsed_s = elapsed_;
     distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
                             *optimizer_, position_, device_, RunIdentityHash(config_));
-    PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints);
+    PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step);
   }
   checkpointed_step_ = position_.step;  // only once written: a failed write is retried
 }

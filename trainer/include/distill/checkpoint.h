@@ -71,7 +71,9 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
 std::optional<std::string> LatestCheckpoint(const std::string& run_dir);
 // <run_dir>/checkpoints/step_NNNNNNN.pt
 std::string CheckpointPath(const std::string& run_dir, int64_t step);
-// Deletes all but the newest `keep` checkpoints of `run_dir`.
-void PruneCheckpoints(const std::string& run_dir, int64_t keep);
+// Deletes all but the newest `keep` checkpoints of `run_dir` up to `step` (the one just written).
+// Later ones -- files that a resume skipped as corrupt, and trained past since -- are neither
+// counted nor deleted: counting them had the run delete the checkpoints it had just written.
+void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step);
 
 }  // namespace distill

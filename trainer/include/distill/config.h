@@ -240,6 +240,10 @@ struct TrainConfig {
   // (step_graph.h): no per-kernel launch cost. auto: on CUDA in one process (not data-parallel,
   // not under --profile-steps); true: the same, and an error where it cannot be.
   CudaGraph cuda_graph = CudaGraph::kAuto;
+  // Keep only each transformer block's inputs for the backward and recompute the rest there
+  // (CausalLM::set_activation_checkpointing): the same gradients, less activation memory, one
+  // more forward of the trained model's blocks per micro-batch.
+  bool activation_checkpointing = false;
 };
 
 // Gives `to` (a student or teacher section) the architecture of `from`, keeping its own

@@ -29,6 +29,9 @@ class DataSource {
   virtual Batch ValBatch(int64_t index) const = 0;
   // The lowest achievable mean cross-entropy per target token (nats), when known.
   virtual std::optional<double> EntropyFloor() const = 0;
+  // How many distinct sequences ValBatch reads before it repeats them, when it does (token
+  // shards' fixed windows, taken in order); nullopt where validation draws them at random.
+  virtual std::optional<int64_t> ValidationSequences() const { return std::nullopt; }
   virtual std::string Describe() const = 0;
 };
 

@@ -47,9 +47,16 @@ class CausalLM : public torch::nn::Module {
   // Names of tensors that a Hugging Face file of this family may hold and this module does not
   // (the tied lm_head, rotary caches); "*suffix" matches by suffix. Empty for non-HF families.
   virtual std::vector<std::string> hf_ignorable_tensors() const { return {}; }
+  // Activation checkpointing (train.activation_checkpointing): with gradients enabled, each
+  // transformer block keeps only its inputs for the backward and runs again there
+  // (CheckpointedBlock in models/layers.h): the same gradients, less memory, one more forward of
+  // the blocks. Off by default; not part of the architecture or the weights.
+  void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
+  bool activation_checkpointing() const { return checkpoint_blocks_; }
 
  protected:
   ModelConfig config_;
+  bool checkpoint_blocks_ = false;
 };
 
 using Model = std::shared_ptr<CausalLM>;

@@ -3,6 +3,7 @@
 // Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -116,8 +117,16 @@ class GptLM : public CausalLM {
     at::Tensor h = token_embedding_->forward(tokens) + position_embedding_->forward(positions);
     h = embedding_dropout_->forward(h);
     at::Tensor pending;  // the last block's MLP output, added to h by the final norm
-    for (const auto& block : *blocks_)
-      std::tie(h, pending) = block->as<Block>()->forward(h, pending);
+    for (const auto& module : *blocks_) {
+      const std::shared_ptr<BlockImpl> block = std::dynamic_pointer_cast<BlockImpl>(module);
+      if (checkpoint_blocks_) {
+        std::tie(h, pending) = CheckpointedBlock(
+            [block](const at::Tensor& x, const at::Tensor& p) { return block->forward(x, p); }, h,
+            pending);
+      } else {
+        std::tie(h, pending) = block->forward(h, pending);
+      }
+    }
     return pending.defined() ? AddLayerNorm(h, pending, ln_final_).out : LayerNorm(ln_final_, h);
   }
 

@@ -4,6 +4,8 @@
 #include <torch/autograd.h>
 
 #include <optional>
+#include <utility>
+#include <vector>
 
 #if DISTILL_WITH_CUDA
 #include "../kernels/add_norm_cuda.h"
@@ -255,6 +257,81 @@ AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& 
          KernelDtype(b.scalar_type());
 }
 
+// The block of a checkpointed call, which its autograd node keeps until the backward.
+struct BlockHolder : torch::CustomClassHolder {
+  explicit BlockHolder(ResidualBlock block) : block(std::move(block)) {}
+  std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& in) const {
+    auto [h, pending] = block(in[0], in.size() > 1 ? in[1] : at::Tensor());
+    return {h, pending};
+  }
+  ResidualBlock block;
+};
+
+// CUDA autocast as a checkpointed forward ran under it, for the recomputation in the backward
+// (which runs outside the forward's autocast region, possibly on autograd's device thread).
+class AutocastAs {
+ public:
+  AutocastAs(bool enabled, at::ScalarType dtype)
+      : previous_(at::autocast::is_autocast_enabled(at::kCUDA)),
+        previous_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)) {
+    at::autocast::set_autocast_enabled(at::kCUDA, enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+  }
+  ~AutocastAs() {
+    at::autocast::set_autocast_enabled(at::kCUDA, previous_);
+    at::autocast::set_autocast_dtype(at::kCUDA, previous_dtype_);
+    // The weights' casts that the recomputation cached, unless a region of the caller's is on.
+    if (!previous_) at::autocast::clear_cache();
+  }
+  AutocastAs(const AutocastAs&) = delete;
+  AutocastAs& operator=(const AutocastAs&) = delete;
+
+ private:
+  bool previous_;
+  at::ScalarType previous_dtype_;
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const c10::intrusive_ptr<BlockHolder>& block,
+                               at::TensorList inputs) {
+    ctx->saved_data["block"] = c10::IValue::make_capsule(block);
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(at::kCUDA);
+    ctx->saved_data["autocast_dtype"] = at::autocast::get_autocast_dtype(at::kCUDA);
+    ctx->save_for_backward(inputs.vec());
+    ctx->set_materialize_grads(false);  // an output nobody used sends no gradient into the block
+    return (*block)(inputs.vec());      // autograd records nothing inside: gradients are off here
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const c10::intrusive_ptr<torch::CustomClassHolder> capsule =
+        ctx->saved_data["block"].toCapsule();
+    const auto* block = static_cast<const BlockHolder*>(capsule.get());
+    const variable_list saved = ctx->get_saved_variables();
+    variable_list inputs;  // leaves of the recomputed graph: their .grad is the block's gradient
+    for (const at::Tensor& x : saved)
+      inputs.push_back(x.detach().requires_grad_(x.requires_grad()));
+    variable_list outputs;
+    {
+      const torch::AutoGradMode grad_mode(true);
+      const AutocastAs autocast(ctx->saved_data["autocast"].toBool(),
+                                ctx->saved_data["autocast_dtype"].toScalarType());
+      outputs = (*block)(inputs);
+    }
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (grads[i].defined() && outputs[i].requires_grad()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grads[i]);
+      }
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    variable_list result = {at::Tensor()};  // the block argument
+    for (const at::Tensor& x : inputs) result.push_back(x.grad());
+    return result;
+  }
+};
+
 }  // namespace
 
 at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x) {
@@ -336,6 +413,16 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
   }
 #endif
   return at::silu(gate) * up;
+}
+
+std::pair<at::Tensor, at::Tensor> CheckpointedBlock(const ResidualBlock& block, const at::Tensor& x,
+                                                    const at::Tensor& pending) {
+  if (!at::GradMode::is_enabled()) return block(x, pending);
+  std::vector<at::Tensor> inputs = {x};
+  if (pending.defined()) inputs.push_back(pending);
+  const variable_list out =
+      CheckpointFunction::apply(c10::make_intrusive<BlockHolder>(block), at::TensorList(inputs));
+  return {out[0], out[1]};
 }
 
 }  // namespace distill

@@ -1,6 +1,9 @@
 // Pieces shared by the model families (trainer/src/models/*.cpp).
 #pragma once
 
+#include <functional>
+#include <utility>
+
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -75,5 +78,21 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 // where the composite makes 2 passes forward and 3 backward, and keeps silu(gate) beside gate and
 // up for the backward; it rounds as the composite does, so both give the same values.
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
+
+// Activation checkpointing of one residual block, (x, pending) -> (h, pending') as the families'
+// blocks take and return them (`pending` undefined for the first block). With gradients enabled
+// the block runs without keeping its intermediates for the backward: only x and pending are kept,
+// and the backward runs the block again -- under the forward's autocast state, with gradients --
+// then back-propagates through that copy (gradients into the block's parameters and to x and
+// pending). The recomputation does the same arithmetic, so the gradients are the same bits as
+// without checkpointing. What it cannot reproduce: random draws (dropout; the config refuses
+// train.activation_checkpointing with dropout), and a backward through torch::autograd::grad
+// naming the parameters as inputs (the parameters get their gradients from a backward run
+// inside this block's backward, as PyTorch's reentrant checkpoint; backward() is what the
+// trainer calls). Without gradients (evaluation, the frozen teacher) it just calls the block.
+using ResidualBlock = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& x,
+                                                                      const at::Tensor& pending)>;
+std::pair<at::Tensor, at::Tensor> CheckpointedBlock(const ResidualBlock& block, const at::Tensor& x,
+                                                    const at::Tensor& pending);
 
 }  // namespace distill

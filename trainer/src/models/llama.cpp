@@ -10,6 +10,7 @@
 // applied after casting back), so fp32 logits agree to rounding.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <utility>
 
@@ -230,8 +231,18 @@ class LlamaLM : public CausalLM {
     }
     at::Tensor h = model_->embed_tokens->forward(tokens);
     at::Tensor pending;  // the last layer's MLP output, added to h by the final norm
-    for (const auto& layer : *model_->layers) {
-      std::tie(h, pending) = layer->as<DecoderLayer>()->forward(h, pending, cos, sin);
+    for (const auto& module : *model_->layers) {
+      const std::shared_ptr<DecoderLayerImpl> layer =
+          std::dynamic_pointer_cast<DecoderLayerImpl>(module);
+      if (checkpoint_blocks_) {
+        std::tie(h, pending) = CheckpointedBlock(
+            [layer, cos, sin](const at::Tensor& x, const at::Tensor& p) {
+              return layer->forward(x, p, cos, sin);
+            },
+            h, pending);
+      } else {
+        std::tie(h, pending) = layer->forward(h, pending, cos, sin);
+      }
     }
     return pending.defined() ? model_->norm->forward(h, pending).out : model_->norm->forward(h);
   }
