@@ -503,6 +503,19 @@ TEST(DistillLoss, SecondOrderGradientsRaiseInsteadOfBeingWrong) {
     }
     EXPECT_NE(error.find(name + ": its gradient cannot be differentiated again"), std::string::npos)
         << name << ": " << error;
+    // The same through autograd.grad with respect to the input (the error node leads to it; a
+    // node linked to a detached copy was never reached there, and the penalty's gradient came
+    // back as zeros).
+    const at::Tensor g2 = torch::autograd::grad({op(s)}, {s}, {}, /*retain_graph=*/true,
+                                                /*create_graph=*/true)[0];
+    error = "(no error)";
+    try {
+      torch::autograd::grad({(g2 * g2).sum()}, {s});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find(name + ": its gradient cannot be differentiated again"), std::string::npos)
+        << name << ": " << error;
   }
 }
 

@@ -1,37 +1,78 @@
 // The autograd side every op's Function shares. Not installed.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
 namespace lossfns::detail {
 
+// The gradient edges of an op's differentiable inputs, recorded by its forward
+// (save_input_edges) for first_order_only.
+struct InputEdges : torch::CustomClassHolder {
+  torch::autograd::edge_list edges;
+};
+
+// In a Function's forward: records where the gradients of `inputs` that require grad flow.
+inline void save_input_edges(torch::autograd::AutogradContext* ctx,
+                             std::initializer_list<at::Tensor> inputs) {
+  auto holder = c10::make_intrusive<InputEdges>();
+  for (const at::Tensor& x : inputs) {
+    if (x.defined() && x.requires_grad()) {
+      holder->edges.push_back(torch::autograd::impl::gradient_edge(x));
+    }
+  }
+  ctx->saved_data["input_edges"] = c10::IValue::make_capsule(std::move(holder));
+}
+
 // The ops' backward is first-order only: a fused kernel without a derivative of its own. Under
-// create_graph the gradients it returns come back attached to an error node (as Python's
-// @once_differentiable does), so that differentiating them again raises, naming the op, instead
-// of silently dropping the second-order term. Call it on backward's results, computed under
-// at::NoGradGuard; `create_graph`: whether grad mode was on when backward was called.
-inline torch::autograd::variable_list first_order_only(const char* op, bool create_graph,
+// create_graph the gradients it returns come back attached to an error node whose edges lead to
+// the op's differentiable inputs (those save_input_edges recorded), so that differentiating them
+// again raises, naming the op, instead of silently dropping the second-order term -- with
+// backward() and with autograd.grad(..., inputs) alike (Python's @once_differentiable links its
+// error node to detached copies, which autograd.grad with respect to the inputs never reaches).
+// Call it on backward's results, computed under at::NoGradGuard; `create_graph`: whether grad
+// mode was on when backward was called.
+inline torch::autograd::variable_list first_order_only(const char* op,
+                                                       torch::autograd::AutogradContext* ctx,
+                                                       bool create_graph,
                                                        torch::autograd::variable_list grads) {
   if (!create_graph) return grads;  // a plain backward
-  at::AutoGradMode enable_grad(true);
-  torch::autograd::variable_list inputs;
-  bool any = false;
-  for (const at::Tensor& g : grads) {
-    any = any || g.defined();
-    inputs.push_back(g.defined() ? g.detach().requires_grad_(true) : at::Tensor());
-  }
-  if (!any) return grads;
-  auto error = std::make_shared<torch::autograd::DelayedError>(
+  const auto capsule = ctx->saved_data["input_edges"].toCapsule();
+  torch::autograd::edge_list edges = static_cast<const InputEdges*>(capsule.get())->edges;
+  if (edges.empty()) return grads;
+  auto error = std::make_shared<torch::autograd::Error>(
       std::string(op) +
           ": its gradient cannot be differentiated again (the backward is a fused kernel without "
           "a derivative of its own): second-order gradients through it are not supported",
-      static_cast<int64_t>(inputs.size()));
-  return (*error)(std::move(inputs));
+      std::move(edges));
+  at::AutoGradMode enable_grad(true);
+  for (at::Tensor& g : grads) {
+    if (!g.defined()) continue;
+    g = g.detach();
+    torch::autograd::create_gradient_edge(g, error);
+  }
+  return grads;
+}
+
+// Forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: an input that
+// carries a tangent is refused, where the forward-only path would drop the tangent silently.
+inline void check_no_forward_ad(const char* op, std::initializer_list<at::Tensor> inputs) {
+  for (const at::Tensor& x : inputs) {
+    TORCH_CHECK(!x.defined() || !x._fw_grad(/*level=*/0).defined(), op,
+                ": forward-mode AD (torch.autograd.forward_ad, torch.func.jvp / jacfwd) is not "
+                "supported: the op has no forward derivative; use reverse mode (backward() or "
+                "torch.autograd.grad)");
+  }
 }
 
 }  // namespace lossfns::detail

@@ -140,6 +140,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     auto [loss, stats, scale] =
         cross_entropy_forward_op(logits, labels, ignore_index, reduction, V);
     ctx->save_for_backward({logits, labels, stats, scale});
+    save_input_edges(ctx, {logits});
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["V"] = V;
@@ -155,7 +156,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
         grad_outputs[0], saved[0], saved[1], saved[2], saved[3],
         ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toInt(),
         ctx->saved_data["V"].toInt());
-    return first_order_only(kOp, create_graph,
+    return first_order_only(kOp, ctx, create_graph,
                             {grad.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(),
                              at::Tensor(), at::Tensor(), at::Tensor()});
   }
@@ -164,6 +165,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 at::Tensor cross_entropy_loss_autograd(const at::Tensor& logits, const at::Tensor& labels,
                                        int64_t ignore_index, c10::string_view reduction,
                                        std::optional<int64_t> vocab_size) {
+  check_no_forward_ad(kOp, {logits});
   const auto [red, V] = resolve(logits, reduction, vocab_size);
   if (!(at::GradMode::is_enabled() && logits.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView guard;

@@ -160,6 +160,7 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
                    : none;
     ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none,
                             stats, scale, grad, gs});
+    save_input_edges(ctx, {s});
     ctx->saved_data["saved_grad"] = saved_grad;
     ctx->saved_data["rescaled"] = false;
     ctx->saved_data["divergence"] = divergence;
@@ -205,7 +206,7 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
           ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
     }
     return first_order_only(
-        kOp, create_graph,
+        kOp, ctx, create_graph,
         {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
   }
@@ -223,6 +224,7 @@ at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt l
                                  int64_t ignore_index, c10::string_view reduction,
                                  std::optional<int64_t> vocab_size, Opt grad_scale) {
   check_teacher_constant(t);
+  check_no_forward_ad(kOp, {s, t});
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
   if (!(at::GradMode::is_enabled() && s.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView guard;

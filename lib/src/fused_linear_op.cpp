@@ -19,6 +19,7 @@
 
 #include <string>
 
+#include "autograd_common.h"
 #include "distill_common.h"
 #include "distill_internal.h"
 #include "fused_linear_internal.h"
@@ -213,6 +214,7 @@ Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const 
                               double kd_weight, double ce_weight,
                               std::optional<int64_t> chunk_size) {
   check_teacher_constant(th, tw);
+  check_no_forward_ad(kFusedOp, {sh, sw, th, tw});
   const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index,
                               reduction, vocab_size, kd_weight, ce_weight, chunk_size);
   if (!(at::GradMode::is_enabled() && (sh.requires_grad() || sw.requires_grad()))) {

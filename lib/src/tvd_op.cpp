@@ -62,6 +62,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
     const at::Tensor none;
     ctx->save_for_backward({signs, scale, recompute ? p : none, recompute ? q : none,
                             recompute && labels ? *labels : none});
+    save_input_edges(ctx, {p, q});
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["shape"] = p.sizes().vec();
     ctx->saved_data["dtype"] = static_cast<int64_t>(p.scalar_type());
@@ -86,7 +87,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
             .view(shape);
     // d/dq of 0.5*|p - q| is the negation; computed only when asked for.
     at::Tensor grad_q = ctx->needs_input_grad(1) ? grad_p.neg() : at::Tensor();
-    return first_order_only("lossfns.tvd_loss", create_graph,
+    return first_order_only("lossfns.tvd_loss", ctx, create_graph,
                             {ctx->needs_input_grad(0) ? grad_p : at::Tensor(), grad_q, at::Tensor(),
                              at::Tensor(), at::Tensor(), at::Tensor()});
   }
@@ -95,6 +96,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
 at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
                              const std::optional<at::Tensor>& labels, int64_t ignore_index,
                              c10::string_view reduction) {
+  check_no_forward_ad("lossfns.tvd_loss", {p, q});
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
   return TVDFunction::apply(p, q, labels, ignore_index,
                             parse_reduction(reduction, "lossfns.tvd_loss"), needs_grad);

@@ -33,8 +33,30 @@ def load() -> str:
             f"lossfns: no library at {where}. Install the package with "
             "`pip install --no-build-isolation .` from the lossfns source tree, or point "
             f"{LIBRARY_ENV} at a built liblossfns.so")
+    # A second copy of the library (a build tree's, loaded with torch.ops.load_library, and this
+    # package's) would register every op again: C++ static initialisers that throw, which aborts
+    # the process. The same file again is a no-op; another one is refused here, by name.
+    real = os.path.realpath(path)
+    loaded = sorted(os.path.realpath(p) for p in torch.ops.loaded_libraries)
+    if real in loaded:
+        return path
+    if _ops_registered():
+        by = ", ".join(loaded) if loaded else "a library not loaded with torch.ops.load_library"
+        raise ImportError(
+            f"lossfns: torch.ops.lossfns is already registered in this process (by {by}); this "
+            f"package would load another copy, {path}, whose registrations would abort the process. "
+            "Load one copy: use `import lossfns` alone, or point "
+            f"{LIBRARY_ENV} at the library already loaded")
     torch.ops.load_library(path)
     return path
+
+
+def _ops_registered() -> bool:
+    try:
+        torch.ops.lossfns.tvd_loss
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def library_version(path: str) -> str:

@@ -1,12 +1,32 @@
 """torch.nn.Module wrappers of the losses, for code that builds its loss as a module."""
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional
 
 import torch
 
 from ._ops import (DEFAULT_IGNORE_INDEX, DIVERGENCES, REDUCTIONS, Divergence, Reduction, check_name,
                    cross_entropy_loss, distill_loss, tvd_loss)
+
+
+def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=None) -> None:
+    """The checks the ops make at their first call, made when the module is built (ValueError)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise ValueError(f"{op}: ignore_index must be an int; got {ignore_index!r}")
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
+                                   or vocab_size < 1):
+        raise ValueError(f"{op}: vocab_size must be an int >= 1 (or None); got {vocab_size!r}")
+    if temperature is not None:
+        ok = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
+        inverse = 1.0 / temperature if ok and temperature > 0 else math.inf
+        if not (ok and math.isfinite(temperature) and 0 < temperature < 3.4e38 and inverse < 3.4e38):
+            raise ValueError(f"{op}: temperature must be > 0 and representable with its inverse in float32 "
+                             f"(about 3e-38 to 3e38); got {temperature!r}")
+    if beta is not None and not (isinstance(beta, numbers.Real) and not isinstance(beta, bool)
+                                 and 0.0 <= beta <= 1.0):
+        raise ValueError(f"{op}: beta must be in [0, 1] for 'jsd'; got {beta!r}")
 
 
 class TVDLoss(torch.nn.Module):
@@ -21,6 +41,7 @@ class TVDLoss(torch.nn.Module):
     def __init__(self, *, ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: Reduction = "batchmean") -> None:
         super().__init__()
         check_name("lossfns.TVDLoss", "reduction", reduction, REDUCTIONS)
+        _check_args("lossfns.TVDLoss", ignore_index)
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
 
@@ -42,6 +63,8 @@ class DistillLoss(torch.nn.Module):
         super().__init__()
         check_name("lossfns.DistillLoss", "divergence", divergence, DIVERGENCES)
         check_name("lossfns.DistillLoss", "reduction", reduction, REDUCTIONS)
+        _check_args("lossfns.DistillLoss", ignore_index, vocab_size, temperature,
+                    beta if divergence == "jsd" else None)
         self.divergence: Divergence = divergence
         self.beta = beta
         self.temperature = temperature
@@ -70,6 +93,7 @@ class CrossEntropyLoss(torch.nn.Module):
                  vocab_size: Optional[int] = None) -> None:
         super().__init__()
         check_name("lossfns.CrossEntropyLoss", "reduction", reduction, REDUCTIONS)
+        _check_args("lossfns.CrossEntropyLoss", ignore_index, vocab_size)
         self.ignore_index = ignore_index
         self.reduction: Reduction = reduction
         self.vocab_size = vocab_size

@@ -372,6 +372,85 @@ def test_distill_module_function_and_errors():
         lossfns.distill_loss(s.requires_grad_(), t.clone().requires_grad_())
 
 
+def test_a_second_copy_of_the_library_is_refused_not_aborted(tmp_path):
+    """torch.ops.load_library of one copy, then the package with another: an ImportError naming both
+    (the second copy's registrations would abort the process); the same file twice is fine."""
+    library = os.path.realpath(os.environ["LOSSFNS_LIBRARY"])
+    copy_path = tmp_path / "liblossfns_copy.so"
+    copy_path.write_bytes(open(library, "rb").read())
+    script = textwrap.dedent(f"""
+        import os, torch
+        torch.ops.load_library({library!r})
+        os.environ["LOSSFNS_LIBRARY"] = {str(copy_path)!r}
+        try:
+            import lossfns
+        except ImportError as e:
+            print("refused:", e)
+        os.environ["LOSSFNS_LIBRARY"] = {library!r}
+        import lossfns
+        print("loaded", lossfns.__version__)
+        """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert f"refused: lossfns: torch.ops.lossfns is already registered in this process (by {library})" in run.stdout
+    assert str(copy_path) in run.stdout and "\nloaded " in run.stdout
+
+
+def test_modules_check_their_numbers_when_built():
+    """Every argument the op would refuse at the first call is refused when the module is built."""
+    bad = [(lossfns.DistillLoss, dict(temperature=0.0), "temperature must be > 0"),
+           (lossfns.DistillLoss, dict(temperature=-1.0), "temperature must be > 0"),
+           (lossfns.DistillLoss, dict(temperature=float("nan")), "temperature must be > 0"),
+           (lossfns.DistillLoss, dict(temperature=1e-39), "temperature must be > 0"),
+           (lossfns.DistillLoss, dict(divergence="jsd", beta=2.0), "beta must be in"),
+           (lossfns.DistillLoss, dict(vocab_size=0), "vocab_size must be an int >= 1"),
+           (lossfns.DistillLoss, dict(ignore_index="x"), "ignore_index must be an int"),
+           (lossfns.CrossEntropyLoss, dict(vocab_size=0), "vocab_size must be an int >= 1"),
+           (lossfns.TVDLoss, dict(ignore_index=1.5), "ignore_index must be an int")]
+    for cls, kwargs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            cls(**kwargs)
+    lossfns.DistillLoss(divergence="tvd", beta=2.0)  # beta is read by jsd only (as the op does)
+    lossfns.DistillLoss(temperature=1e-3, vocab_size=5, ignore_index=-1)
+
+
+def second_order_cases():
+    s0, t = torch.randn(4, 10, dtype=torch.float64), torch.randn(4, 10, dtype=torch.float64)
+    labels = torch.randint(0, 10, (4,))
+    return [("lossfns.distill_loss", lambda s: lossfns.distill_loss(s, t, divergence="forward_kl")),
+            ("lossfns.tvd_loss", lambda s: lossfns.tvd_loss(torch.softmax(s, -1), torch.softmax(t, -1))),
+            ("lossfns.cross_entropy_loss", lambda s: lossfns.cross_entropy_loss(s, labels))], s0
+
+
+def test_second_order_gradients_raise_through_autograd_grad():
+    """A gradient penalty differentiated with respect to the input raises (it came back as zeros)."""
+    cases, s0 = second_order_cases()
+    for name, op in cases:
+        s = s0.clone().requires_grad_()
+        g, = torch.autograd.grad(op(s), s, create_graph=True)
+        with pytest.raises(RuntimeError, match=f"{name}: its gradient cannot be differentiated again"):
+            torch.autograd.grad((g ** 2).sum(), s)
+        g, = torch.autograd.grad(op(s), s, create_graph=True)
+        with pytest.raises(RuntimeError, match=f"{name}: its gradient cannot be differentiated again"):
+            (g ** 2).sum().backward(inputs=[s])
+
+
+def test_forward_mode_ad_is_refused():
+    """A tangent is refused with the op's own error (the forward-only path returned no tangent)."""
+    import torch.autograd.forward_ad as fwad
+    cases, s0 = second_order_cases()
+    sh, sw, th, tw, lab = hidden_states((5,), torch.float64, "cpu")
+    cases.append(("lossfns.fused_linear_distill_loss",
+                  lambda h: lossfns.fused_linear_distill_loss(h, sw, th, tw, lab)))
+    for name, op in cases:
+        x = sh if "fused" in name else s0
+        with pytest.raises(RuntimeError, match=f"{name}: forward-mode AD"):
+            torch.func.jvp(op, (x,), (torch.randn_like(x),))
+        with fwad.dual_level(), pytest.raises(RuntimeError, match=f"{name}: forward-mode AD"):
+            op(fwad.make_dual(x, torch.randn_like(x)))
+
+
 # --- lossfns.fused_linear_distill_loss ------------------------------------------------------------
 def hidden_states(lead, dtype, device, labels="some", hs=12, ht=10, vs=300, vt=280):
     """Student and teacher hidden states and lm_heads (V_s 300 != V_t 280), labels with every 3rd
