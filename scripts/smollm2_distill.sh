@@ -22,6 +22,7 @@ fi
 
 out_dir=runs/smollm2_distill
 for arg in "$@"; do case "$arg" in train.out_dir=*) out_dir="${arg#train.out_dir=}" ;; esac; done
+while [ "${out_dir%/}" != "$out_dir" ] && [ "$out_dir" != / ]; do out_dir="${out_dir%/}"; done  # as the trainer does
 "$BUILD_DIR/trainer/distill_trainer" --config configs/smollm2_distill.yaml \
   teacher.hf_dir="$SMOLLM2_DIR/hf" \
   data.path="$SMOLLM2_DIR/shakespeare/train_*.bin" \

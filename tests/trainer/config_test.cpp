@@ -313,6 +313,35 @@ TEST(ConfigTest, ActivationCheckpointingNeedsTheTrainedModelsWithoutDropout) {
   const Config off = ParseConfig(kValidDistill, "x.yaml");
   const Config on = ParseConfig(kValidDistill, "x.yaml", {"train.activation_checkpointing=true"});
   EXPECT_EQ(RunIdentity(on), RunIdentity(off));
+  // Left out of the identity's text: older runs' checkpoints carry a hash of it without the key.
+  EXPECT_EQ(RunIdentity(on).find("activation_checkpointing"), std::string::npos);
+}
+
+// A llama student that its hf_model_type's class cannot express is refused when the config is
+// read, not by the export at the end of the training; without the export it trains.
+TEST(ConfigTest, ExportedStudentMustFitItsHfModelType) {
+  const std::vector<std::string> llama = {"student.family=llama", "teacher.family=llama"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), llama.begin(), llama.end());
+    return ErrorOf(kValidDistill, more);
+  };
+  EXPECT_EQ(with({"student.attention_bias=true"}),
+            "(default): student.attention_out_bias: expected true (one attention_bias key covers "
+            "q, k, v and o) with student.hf_model_type \"llama\" (the end-of-run export writes "
+            "that model class's config.json; set student.hf_model_type to a type that has it, or "
+            "train.export_hf: false), got false");
+  EXPECT_THAT(with({"student.qk_norm=true"}),
+              ::testing::HasSubstr("student.qk_norm: expected false (qk-norm is Qwen3's) with "
+                                   "student.hf_model_type \"llama\""));
+  EXPECT_EQ(with({"student.attention_bias=true", "student.hf_model_type=qwen2"}), "");
+  EXPECT_EQ(with({"student.qk_norm=true", "student.hf_model_type=qwen3"}), "");
+  EXPECT_EQ(with({"student.attention_bias=true", "train.export_hf=false"}), "");
+  // A run's stored config is not checked again (it resumes; its export says the same).
+  const Config stored =
+      ParseConfig(kValidDistill, "x.yaml",
+                  {"student.family=llama", "teacher.family=llama", "student.qk_norm=true"},
+                  ConfigOrigin::kStored);
+  EXPECT_TRUE(stored.student.qk_norm);
 }
 
 TEST(ConfigTest, InvalidYamlNamesTheLine) {

@@ -24,6 +24,7 @@
 #include "distill/run.h"
 #include "distill/safetensors.h"
 #include "distill/trainer.h"
+#include "test_files.h"
 #include "test_util.h"
 
 namespace distill {
@@ -31,7 +32,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using testing::ReadBytes;
 using testing::TempRunDir;
+using testing::WriteBytes;
 
 const std::string kFixtures = DISTILL_FIXTURES_DIR;
 const std::vector<std::string> kFixtureNames = {"llama_gqa_rope3", "llama_untied_mha",
@@ -216,6 +219,60 @@ TEST(HfModel, ExportToAPathWithATrailingSeparatorWritesThatDirectory) {
     names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
+}
+
+// Replacing an export (a run's own <out_dir>/hf at its end) does not delete files the export
+// does not write: that previous directory is kept beside it, and the returned warning says so.
+TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
+  Model model = MakeModel(TinyLlama(32));
+  const std::string root = TempRunDir();
+  std::filesystem::create_directories(root);
+  const std::string out = root + "/hf";
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");  // only its own files: replaced
+  EXPECT_FALSE(std::filesystem::exists(out + ".previous"));
+  WriteBytes(out + "/README.md", "my notes");
+  const std::string warning = ExportHf(*model, out, {}, /*replace=*/true);
+  EXPECT_EQ(warning, "warning: the previous " + out +
+                         " held files the export does not write (README.md): it was kept as " +
+                         out + ".previous");
+  EXPECT_EQ(ReadBytes(out + ".previous/README.md"), "my notes");
+  EXPECT_FALSE(std::filesystem::exists(out + "/README.md"));
+  EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
+  WriteBytes(out + "/notes.txt", "more");
+  EXPECT_NE(ExportHf(*model, out, {}, /*replace=*/true).find("kept as " + out + ".previous-2"),
+            std::string::npos);
+}
+
+// The tokenizer files come from the first hf_dir with any of them: a SentencePiece
+// tokenizer.model alone (older Llama and Mistral repositories) counts.
+TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
+  const std::string dir = TempRunDir();
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy_file(Fixture("llama_gqa_rope3") + "/" + name, dir + "/" + name);
+  }
+  WriteBytes(dir + "/tokenizer.model", "sentencepiece");
+  WriteBytes(dir + "/generation_config.json", "{}");
+  Config c;
+  c.teacher.hf_dir = dir;
+  EXPECT_EQ(ExportSources(c).tokenizer_dir, dir);
+  Model model = MakeModel(HfModelConfig(dir));
+  const std::string out = dir + "-exported";
+  ExportHf(*model, out, ExportSources(c), /*replace=*/false);
+  EXPECT_EQ(ReadBytes(out + "/tokenizer.model"), "sentencepiece");
+  EXPECT_EQ(ReadBytes(out + "/generation_config.json"), "{}");
+}
+
+// Dropout is a training choice: a key set in the YAML or an override is kept for an hf_dir
+// model (it was replaced by config.json's attention_dropout without a word); unset, config.json's.
+TEST(HfModel, DropoutSetForAnHfDirModelIsKept) {
+  const std::string dir = Fixture("llama_gqa_rope3");
+  const std::string yaml = fmt::format(
+      "train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\ndata:\n  seq_len: 8\n  min_seq_len: 8\n",
+      dir);
+  EXPECT_DOUBLE_EQ(ParseConfig(yaml, "x.yaml", {"student.dropout=0.125"}).student.dropout, 0.125);
+  EXPECT_DOUBLE_EQ(ParseConfig(yaml, "x.yaml").student.dropout, HfModelConfig(dir).dropout);
 }
 
 TEST(HfModel, ExportOfAGptModelIsRefused) {

@@ -207,6 +207,9 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
     const std::string path = name + "." + key;
     if (!at.count(path)) at[path] = model.hf_dir + "/config.json";
   }
+  // Dropout is a training choice, not the architecture: the YAML's or an override's value is
+  // kept; left unset, config.json's attention_dropout.
+  if (at.count(name + ".dropout")) from_hf.dropout = model.dropout;
   model = from_hf;
 }
 
@@ -316,6 +319,18 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
   if (c.train.device == "cpu" && c.train.cuda_graph == CudaGraph::kOn) {
     fail("train.cuda_graph",
          "expected auto or false with train.device cpu (CUDA graphs need CUDA), got true");
+  }
+  if (requested && c.train.export_hf && c.student.family == ModelFamily::kLlama) {
+    // The end-of-run export writes the student as its hf_model_type's class: a choice that class
+    // cannot express is refused now, not after the training (a stored config is not checked
+    // again: an older run still resumes).
+    if (const auto m = HfExpressibleMismatch(c.student)) {
+      fail("student." + m->key,
+           fmt::format("expected {} with student.hf_model_type \"{}\" (the end-of-run export "
+                       "writes that model class's config.json; set student.hf_model_type to a "
+                       "type that has it, or train.export_hf: false), got {}",
+                       m->expected, c.student.hf_model_type, m->got));
+    }
   }
   if (c.train.activation_checkpointing) {
     // The trained models: the student, and a teacher that the pipeline pretrains first.

@@ -221,7 +221,10 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
       "MLP hidden width = round(mlp_ratio * d_model) (llama: unless intermediate_size is set).");
   Add(
       keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
-      NumberIn(0, 1, true), "Dropout on attention, MLP and embeddings while training.");
+      NumberIn(0, 1, true),
+      "Dropout while training: gpt on attention, MLP and embeddings; llama on the attention "
+      "probabilities (HF: attention_dropout, which an hf_dir model takes from config.json unless "
+      "this key is set).");
   Add(
       keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
       Bool(), "lm_head shares the token embedding matrix.");

@@ -2,13 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "distill/checkpoint.h"
 #include "distill/hf_config.h"
@@ -69,8 +73,12 @@ HfExportSources ExportSources(const Config& config) {
     if (dir.empty()) continue;
     if (sources.config_template.empty())
       sources.config_template = (fs::path(dir) / "config.json").string();
-    if (sources.tokenizer_dir.empty() && fs::exists(fs::path(dir) / "tokenizer.json")) {
-      sources.tokenizer_dir = dir;
+    // The first directory with any tokenizer file (tokenizer.json, or a SentencePiece
+    // tokenizer.model alone, as older Llama and Mistral repositories have).
+    for (const char* name : kTokenizerFiles) {
+      if (sources.tokenizer_dir.empty() && fs::exists(fs::path(dir) / name)) {
+        sources.tokenizer_dir = dir;
+      }
     }
   }
   return sources;
@@ -78,9 +86,22 @@ HfExportSources ExportSources(const Config& config) {
 
 namespace {
 
+// The entries of `dir` that an export does not write (a user's notes or model card), by name.
+std::vector<std::string> ForeignEntries(const fs::path& dir) {
+  std::vector<std::string> foreign;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    bool ours = name == "config.json" || name == "model.safetensors";
+    for (const char* file : kTokenizerFiles) ours = ours || name == file;
+    if (!ours) foreign.push_back(name);
+  }
+  std::sort(foreign.begin(), foreign.end());
+  return foreign;
+}
+
 // ExportHf's work once the family is checked; std::filesystem's errors come out as they are.
-void ExportHfInto(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
-                  bool replace) {
+std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
+                         const HfExportSources& sources, bool replace) {
   // "exported/" is the directory "exported": its temporary and old copies are its siblings
   // (with the separator they were inside it, and the final rename moved it into itself).
   const fs::path target = fs::path(WithoutTrailingSeparators(out_dir));
@@ -126,13 +147,25 @@ void ExportHfInto(const CausalLM& model, const std::string& out_dir, const HfExp
     if (fs::exists(old, ignored) && !fs::exists(target, ignored)) fs::rename(old, target, ignored);
     throw;
   }
-  RemoveTree(old.string());
+  if (!fs::exists(old)) return "";
+  // The previous export holds files the export does not write: not deleted, kept beside it.
+  const std::vector<std::string> foreign = ForeignEntries(old);
+  if (foreign.empty()) {
+    RemoveTree(old.string());
+    return "";
+  }
+  fs::path kept = target.string() + ".previous";
+  for (int n = 2; fs::exists(kept); ++n) kept = target.string() + ".previous-" + std::to_string(n);
+  fs::rename(old, kept);
+  return fmt::format(
+      "warning: the previous {} held files the export does not write ({}): it was kept as {}",
+      target.string(), fmt::join(foreign, ", "), kept.string());
 }
 
 }  // namespace
 
-void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
-              bool replace) {
+std::string ExportHf(const CausalLM& model, const std::string& out_dir,
+                     const HfExportSources& sources, bool replace) {
   if (model.config().family != ModelFamily::kLlama) {
     throw std::runtime_error(fmt::format(
         "export to {}: family \"{}\" has no Hugging Face architecture; only llama-family models "
@@ -140,7 +173,7 @@ void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportS
         out_dir, kModelFamilyNames[static_cast<size_t>(model.config().family)]));
   }
   try {
-    ExportHfInto(model, out_dir, sources, replace);
+    return ExportHfInto(model, out_dir, sources, replace);
   } catch (const fs::filesystem_error& e) {  // the path and the reason, without the library's
     throw std::runtime_error(                // "filesystem error: ... [a] [b]" form
         fmt::format("export: cannot write {}: {}", out_dir, e.code().message()));

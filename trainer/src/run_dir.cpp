@@ -254,7 +254,14 @@ std::string RunIdentity(const Config& config) {
   c.train.activation_checkpointing = defaults.activation_checkpointing;
   // How the loss is computed, not what: a run that ran out of memory resumes with it switched on.
   c.distill.fused_linear = DistillConfig().fused_linear;
-  return ConfigToYaml(c);
+  std::string identity = ConfigToYaml(c);
+  // Keys added since runs existed, and not part of the identity, are left out of it entirely: the
+  // checkpoints of runs started before them carry a hash of the identity without their lines.
+  for (const char* line : {"\n  activation_checkpointing: false"}) {
+    const size_t at = identity.find(line);
+    if (at != std::string::npos) identity.erase(at, std::string(line).size());
+  }
+  return identity;
 }
 
 RunDirPlan PlanRunDir(const Config& config, bool fresh) {

@@ -735,7 +735,12 @@ EvalResult Trainer::Train() {
                           "\n");
   if (config_.train.export_hf && config_.student.family == ModelFamily::kLlama) {
     const std::string hf_dir = (fs::path(config_.train.out_dir) / "hf").string();
-    ExportHf(*student_, hf_dir, ExportSources(config_), /*replace=*/true);
+    const std::string warning =
+        ExportHf(*student_, hf_dir, ExportSources(config_), /*replace=*/true);
+    if (!warning.empty()) {
+      progress_->Log(warning);
+      warnings_.push_back(warning);
+    }
     progress_->Log(fmt::format("exported the student to {} (Hugging Face format)", hf_dir));
   }
   return final_eval;

@@ -3,6 +3,7 @@
 // model_type, so a config.json means here what it means to transformers.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "distill/config.h"
@@ -22,5 +23,14 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model);
 // removed. Throws ConfigError when `model` has no config.json spelling (not llama family, or a
 // bias / qk-norm choice its hf_model_type cannot express) or the template is not a JSON object.
 std::string HfConfigJson(const ModelConfig& model, const std::string& template_path = "");
+
+// Whether the model class of `model.hf_model_type` can express the llama-family `model`'s biases,
+// qk-norm and RoPE scaling (what HfConfigJson checks): nullopt, or the first key it cannot, with
+// what that key must be for the type and what it is. The config check runs it on a student that
+// will be exported (train.export_hf), so that a run does not find it out only at its end.
+struct HfMismatch {
+  std::string key, expected, got;
+};
+std::optional<HfMismatch> HfExpressibleMismatch(const ModelConfig& model);
 
 }  // namespace distill

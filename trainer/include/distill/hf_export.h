@@ -22,9 +22,11 @@ HfExportSources ExportSources(const Config& config);
 // architecture key set from model.config()), model.safetensors (float32) and the tokenizer files
 // of sources.tokenizer_dir. Atomic: built in "<out_dir>.tmp-<pid>", then renamed into place. An
 // existing out_dir is replaced only when `replace` (the run's own <out_dir>/hf); otherwise it is
-// an error that names it. Throws std::runtime_error naming the file on any failure, leaving no
-// temporary behind.
-void ExportHf(const CausalLM& model, const std::string& out_dir, const HfExportSources& sources,
-              bool replace);
+// an error that names it. A replaced directory that holds files the export does not write (a
+// user's model card) is not deleted but kept as "<out_dir>.previous" (or ".previous-N"): the
+// returned warning says so (else ""). Throws std::runtime_error naming the file on any failure,
+// leaving no temporary behind.
+std::string ExportHf(const CausalLM& model, const std::string& out_dir,
+                     const HfExportSources& sources, bool replace);
 
 }  // namespace distill

@@ -33,7 +33,7 @@ constexpr Family kFamilies[] = {
     {"llama", "LlamaForCausalLM", 2048},
     {"mistral", "MistralForCausalLM", 4096 * 32},
     {"qwen2", "Qwen2ForCausalLM", 32768},
-    {"qwen3", "Qwen3ForCausalLM", 40960},
+    {"qwen3", "Qwen3ForCausalLM", 32768},
 };
 constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3";
 
@@ -291,6 +291,38 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   model = m;
 }
 
+std::optional<HfMismatch> HfExpressibleMismatch(const ModelConfig& model) {
+  const std::string& type = model.hf_model_type;
+  const auto tf = [](bool b) { return std::string(b ? "true" : "false"); };
+  // What each model class can express.
+  if (type == "qwen2") {
+    if (!model.attention_bias)
+      return HfMismatch{"attention_bias", "true (Qwen2 has q/k/v biases)", "false"};
+  } else if (type == "mistral") {
+    if (model.attention_bias)
+      return HfMismatch{"attention_bias", "false (Mistral has no biases)", "true"};
+  } else if (model.attention_bias != model.attention_out_bias) {
+    return HfMismatch{
+        "attention_out_bias",
+        fmt::format("{} (one attention_bias key covers q, k, v and o)", tf(model.attention_bias)),
+        tf(model.attention_out_bias)};
+  }
+  if ((type == "qwen2" || type == "mistral") && model.attention_out_bias) {
+    return HfMismatch{"attention_out_bias", "false (o_proj has no bias)", "true"};
+  }
+  if (type != "llama" && model.mlp_bias) {
+    return HfMismatch{"mlp_bias", "false (only llama has MLP biases)", "true"};
+  }
+  if (model.qk_norm != (type == "qwen3")) {
+    return HfMismatch{"qk_norm", fmt::format("{} (qk-norm is Qwen3's)", tf(type == "qwen3")),
+                      tf(model.qk_norm)};
+  }
+  if (!model.rope_scaling.type.empty() && model.rope_scaling.type != "llama3") {
+    return HfMismatch{"rope_scaling.type", "\"\" or \"llama3\"", Quoted(model.rope_scaling.type)};
+  }
+  return std::nullopt;
+}
+
 std::string HfConfigJson(const ModelConfig& model, const std::string& template_path) {
   const std::string where =
       fmt::format("config.json for model_type {}", Quoted(model.hf_model_type));
@@ -303,28 +335,8 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
   if (family == nullptr) {
     fail("hf_model_type", fmt::format("one of {}", kSupportedTypes), Quoted(model.hf_model_type));
   }
-  const std::string& type = model.hf_model_type;
-  const auto tf = [](bool b) { return std::string(b ? "true" : "false"); };
-  // What each model class can express.
-  if (type == "qwen2") {
-    if (!model.attention_bias) fail("attention_bias", "true (Qwen2 has q/k/v biases)", "false");
-  } else if (type == "mistral") {
-    if (model.attention_bias) fail("attention_bias", "false (Mistral has no biases)", "true");
-  } else if (model.attention_bias != model.attention_out_bias) {
-    fail("attention_out_bias",
-         fmt::format("{} (one attention_bias key covers q, k, v and o)", tf(model.attention_bias)),
-         tf(model.attention_out_bias));
-  }
-  if ((type == "qwen2" || type == "mistral") && model.attention_out_bias) {
-    fail("attention_out_bias", "false (o_proj has no bias)", "true");
-  }
-  if (type != "llama" && model.mlp_bias)
-    fail("mlp_bias", "false (only llama has MLP biases)", "true");
-  if (model.qk_norm != (type == "qwen3")) {
-    fail("qk_norm", fmt::format("{} (qk-norm is Qwen3's)", tf(type == "qwen3")), tf(model.qk_norm));
-  }
-  if (!model.rope_scaling.type.empty() && model.rope_scaling.type != "llama3") {
-    fail("rope_scaling.type", "\"\" or \"llama3\"", Quoted(model.rope_scaling.type));
+  if (const auto mismatch = HfExpressibleMismatch(model)) {
+    fail(mismatch->key, mismatch->expected, mismatch->got);
   }
 
   OrderedJson json = OrderedJson::object();
@@ -343,6 +355,7 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
           : std::max<int64_t>(1,
                               std::llround(model.mlp_ratio * static_cast<double>(model.d_model)));
 
+  const std::string& type = model.hf_model_type;
   json["model_type"] = type;
   json["architectures"] = OrderedJson::array({family->architecture});
   json["vocab_size"] = model.vocab_size;
