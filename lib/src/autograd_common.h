@@ -8,47 +8,29 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
 namespace lossfns::detail {
 
-// The gradient edges of an op's differentiable inputs, recorded by its forward
-// (save_input_edges) for first_order_only.
-struct InputEdges : torch::CustomClassHolder {
-  torch::autograd::edge_list edges;
-};
-
-// In a Function's forward: records where the gradients of `inputs` that require grad flow.
-inline void save_input_edges(torch::autograd::AutogradContext* ctx,
-                             std::initializer_list<at::Tensor> inputs) {
-  auto holder = c10::make_intrusive<InputEdges>();
-  for (const at::Tensor& x : inputs) {
-    if (x.defined() && x.requires_grad()) {
-      holder->edges.push_back(torch::autograd::impl::gradient_edge(x));
-    }
-  }
-  ctx->saved_data["input_edges"] = c10::IValue::make_capsule(std::move(holder));
-}
-
 // The ops' backward is first-order only: a fused kernel without a derivative of its own. Under
 // create_graph the gradients it returns come back attached to an error node whose edges lead to
-// the op's differentiable inputs (those save_input_edges recorded), so that differentiating them
+// the op's differentiable inputs (the edges of `output`'s node: the op's output, saved for
+// backward and unpacked there with this node as its grad_fn), so that differentiating them
 // again raises, naming the op, instead of silently dropping the second-order term -- with
 // backward() and with autograd.grad(..., inputs) alike (Python's @once_differentiable links its
 // error node to detached copies, which autograd.grad with respect to the inputs never reaches).
 // Call it on backward's results, computed under at::NoGradGuard; `create_graph`: whether grad
 // mode was on when backward was called.
-inline torch::autograd::variable_list first_order_only(const char* op,
-                                                       torch::autograd::AutogradContext* ctx,
+inline torch::autograd::variable_list first_order_only(const char* op, const at::Tensor& output,
                                                        bool create_graph,
                                                        torch::autograd::variable_list grads) {
-  if (!create_graph) return grads;  // a plain backward
-  const auto capsule = ctx->saved_data["input_edges"].toCapsule();
-  torch::autograd::edge_list edges = static_cast<const InputEdges*>(capsule.get())->edges;
+  if (!create_graph || !output.defined() || output.grad_fn() == nullptr) return grads;
+  torch::autograd::edge_list edges;
+  for (const auto& edge : output.grad_fn()->next_edges()) {
+    if (edge.is_valid()) edges.push_back(edge);
+  }
   if (edges.empty()) return grads;
   auto error = std::make_shared<torch::autograd::Error>(
       std::string(op) +

@@ -139,13 +139,14 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [loss, stats, scale] =
         cross_entropy_forward_op(logits, labels, ignore_index, reduction, V);
-    ctx->save_for_backward({logits, labels, stats, scale});
-    save_input_edges(ctx, {logits});
+    const at::Tensor out = view_loss(loss, logits, reduction);
+    // The output too: its node's edges lead first_order_only's error node to the input.
+    ctx->save_for_backward({logits, labels, stats, scale, out});
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["V"] = V;
     ctx->saved_data["shape"] = logits.sizes().vec();
-    return view_loss(loss, logits, reduction);
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -156,7 +157,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
         grad_outputs[0], saved[0], saved[1], saved[2], saved[3],
         ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toInt(),
         ctx->saved_data["V"].toInt());
-    return first_order_only(kOp, ctx, create_graph,
+    return first_order_only(kOp, saved[4], create_graph,
                             {grad.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(),
                              at::Tensor(), at::Tensor(), at::Tensor()});
   }

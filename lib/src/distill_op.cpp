@@ -158,9 +158,10 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
         saved_grad ? grad_scale->detach().reshape({1}).to(at::kFloat, /*non_blocking=*/false,
                                                           /*copy=*/true)
                    : none;
+    const at::Tensor out = view_loss(loss, s, reduction);
+    // The output too: its node's edges lead first_order_only's error node to the input.
     ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none,
-                            stats, scale, grad, gs});
-    save_input_edges(ctx, {s});
+                            stats, scale, grad, gs, out});
     ctx->saved_data["saved_grad"] = saved_grad;
     ctx->saved_data["rescaled"] = false;
     ctx->saved_data["divergence"] = divergence;
@@ -170,7 +171,7 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["V"] = V;
     ctx->saved_data["shape"] = s.sizes().vec();
-    return view_loss(loss, s, reduction);
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -206,7 +207,7 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
           ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
     }
     return first_order_only(
-        kOp, ctx, create_graph,
+        kOp, saved[7], create_graph,
         {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
   }

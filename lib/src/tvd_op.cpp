@@ -60,14 +60,15 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
     // then too. (No p.numel() here: under torch.compile's symbolic shapes it cannot be called.)
     const bool recompute = save_signs && signs.size(0) == 0;
     const at::Tensor none;
+    const at::Tensor out = reduction == kernels::kNone ? loss.view(p.sizes()) : loss;
+    // The output too: its node's edges lead first_order_only's error node to the inputs.
     ctx->save_for_backward({signs, scale, recompute ? p : none, recompute ? q : none,
-                            recompute && labels ? *labels : none});
-    save_input_edges(ctx, {p, q});
+                            recompute && labels ? *labels : none, out});
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["shape"] = p.sizes().vec();
     ctx->saved_data["dtype"] = static_cast<int64_t>(p.scalar_type());
     ctx->saved_data["reduction"] = reduction;
-    return reduction == kernels::kNone ? loss.view(p.sizes()) : loss;
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -87,7 +88,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
             .view(shape);
     // d/dq of 0.5*|p - q| is the negation; computed only when asked for.
     at::Tensor grad_q = ctx->needs_input_grad(1) ? grad_p.neg() : at::Tensor();
-    return first_order_only("lossfns.tvd_loss", ctx, create_graph,
+    return first_order_only("lossfns.tvd_loss", saved[5], create_graph,
                             {ctx->needs_input_grad(0) ? grad_p : at::Tensor(), grad_q, at::Tensor(),
                              at::Tensor(), at::Tensor(), at::Tensor()});
   }

@@ -40,6 +40,9 @@ def load() -> str:
     loaded = sorted(os.path.realpath(p) for p in torch.ops.loaded_libraries)
     if real in loaded:
         return path
+    if real in _mapped_files():  # the same file, mapped another way (ctypes, a C++ extension)
+        torch.ops.load_library(path)  # dlopen returns that handle: nothing registers again
+        return path
     if _ops_registered():
         by = ", ".join(loaded) if loaded else "a library not loaded with torch.ops.load_library"
         raise ImportError(
@@ -49,6 +52,16 @@ def load() -> str:
             f"{LIBRARY_ENV} at the library already loaded")
     torch.ops.load_library(path)
     return path
+
+
+def _mapped_files() -> set:
+    """The real paths of the files mapped into this process (Linux /proc/self/maps; else none)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return {os.path.realpath(line.split(None, 5)[5].strip()) for line in maps
+                    if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/")}
+    except OSError:
+        return set()
 
 
 def _ops_registered() -> bool:

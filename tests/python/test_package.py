@@ -436,6 +436,18 @@ def test_second_order_gradients_raise_through_autograd_grad():
             (g ** 2).sum().backward(inputs=[s])
 
 
+def test_compiled_autograd_runs_the_backward():
+    """torch._dynamo's compiled autograd hashes what each node saved: the ops keep only tensors and
+    plain values there."""
+    cases, s0 = second_order_cases()
+    for name, op in cases:
+        s = s0.clone().requires_grad_()
+        expected, = torch.autograd.grad(op(s), s)
+        with torch._dynamo.compiled_autograd._enable(torch.compile(backend="eager")):
+            op(s).backward()
+        torch.testing.assert_close(s.grad, expected, rtol=0, atol=0, msg=name)
+
+
 def test_forward_mode_ad_is_refused():
     """A tangent is refused with the op's own error (the forward-only path returned no tangent)."""
     import torch.autograd.forward_ad as fwad

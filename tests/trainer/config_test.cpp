@@ -336,6 +336,11 @@ TEST(ConfigTest, ExportedStudentMustFitItsHfModelType) {
   EXPECT_EQ(with({"student.attention_bias=true", "student.hf_model_type=qwen2"}), "");
   EXPECT_EQ(with({"student.qk_norm=true", "student.hf_model_type=qwen3"}), "");
   EXPECT_EQ(with({"student.attention_bias=true", "train.export_hf=false"}), "");
+  // The pipeline's teacher stage is exported too.
+  EXPECT_THAT(ErrorOf("train:\n  mode: distill\nteacher:\n  family: llama\n  pretrain_steps: 5\n"
+                      "  qk_norm: true\nstudent:\n  family: llama\n"),
+              ::testing::HasSubstr("teacher.qk_norm: expected false (qk-norm is Qwen3's) with "
+                                   "teacher.hf_model_type \"llama\""));
   // A run's stored config is not checked again (it resumes; its export says the same).
   const Config stored =
       ParseConfig(kValidDistill, "x.yaml",

@@ -244,7 +244,7 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
             std::string::npos);
 }
 
-// The tokenizer files come from the first hf_dir with any of them: a SentencePiece
+// The tokenizer files come from the first hf_dir with a tokenizer: a SentencePiece
 // tokenizer.model alone (older Llama and Mistral repositories) counts.
 TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   const std::string dir = TempRunDir();
@@ -257,6 +257,14 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   Config c;
   c.teacher.hf_dir = dir;
   EXPECT_EQ(ExportSources(c).tokenizer_dir, dir);
+  // A student directory with generation_config.json but no tokenizer (save_pretrained of a model
+  // alone) is passed over for the teacher's.
+  const std::string student = dir + "-student";
+  std::filesystem::create_directories(student);
+  WriteBytes(student + "/generation_config.json", "{}");
+  c.student.hf_dir = student;
+  EXPECT_EQ(ExportSources(c).tokenizer_dir, dir);
+  c.student.hf_dir = "";
   Model model = MakeModel(HfModelConfig(dir));
   const std::string out = dir + "-exported";
   ExportHf(*model, out, ExportSources(c), /*replace=*/false);

@@ -209,7 +209,11 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
   }
   // Dropout is a training choice, not the architecture: the YAML's or an override's value is
   // kept; left unset, config.json's attention_dropout.
-  if (at.count(name + ".dropout")) from_hf.dropout = model.dropout;
+  if (at.count(name + ".dropout")) {
+    from_hf.dropout = model.dropout;
+  } else {
+    at[name + ".dropout"] = model.hf_dir + "/config.json";  // attention_dropout
+  }
   model = from_hf;
 }
 
@@ -320,16 +324,22 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     fail("train.cuda_graph",
          "expected auto or false with train.device cpu (CUDA graphs need CUDA), got true");
   }
-  if (requested && c.train.export_hf && c.student.family == ModelFamily::kLlama) {
-    // The end-of-run export writes the student as its hf_model_type's class: a choice that class
-    // cannot express is refused now, not after the training (a stored config is not checked
-    // again: an older run still resumes).
-    if (const auto m = HfExpressibleMismatch(c.student)) {
-      fail("student." + m->key,
-           fmt::format("expected {} with student.hf_model_type \"{}\" (the end-of-run export "
-                       "writes that model class's config.json; set student.hf_model_type to a "
-                       "type that has it, or train.export_hf: false), got {}",
-                       m->expected, c.student.hf_model_type, m->got));
+  if (requested && c.train.export_hf) {
+    // The end-of-run export writes the trained model as its hf_model_type's class (the student;
+    // the teacher too when the pipeline pretrains it): a choice that class cannot express is
+    // refused now, not after the training (a stored config is not checked again: an older run
+    // still resumes).
+    const bool teacher_trained = distill && c.teacher.pretrain_steps > 0;
+    for (const auto& [name, m] : {std::pair<std::string, const ModelConfig*>{"student", &c.student},
+                                  {"teacher", teacher_trained ? &c.teacher : nullptr}}) {
+      if (m == nullptr || m->family != ModelFamily::kLlama) continue;
+      if (const auto mismatch = HfExpressibleMismatch(*m)) {
+        fail(name + "." + mismatch->key,
+             fmt::format("expected {} with {}.hf_model_type \"{}\" (the end-of-run export "
+                         "writes that model class's config.json; set {}.hf_model_type to a "
+                         "type that has it, or train.export_hf: false), got {}",
+                         mismatch->expected, name, m->hf_model_type, name, mismatch->got));
+      }
     }
   }
   if (c.train.activation_checkpointing) {

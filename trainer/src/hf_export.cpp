@@ -73,9 +73,10 @@ HfExportSources ExportSources(const Config& config) {
     if (dir.empty()) continue;
     if (sources.config_template.empty())
       sources.config_template = (fs::path(dir) / "config.json").string();
-    // The first directory with any tokenizer file (tokenizer.json, or a SentencePiece
-    // tokenizer.model alone, as older Llama and Mistral repositories have).
-    for (const char* name : kTokenizerFiles) {
+    // The first directory with a tokenizer: tokenizer.json, or a SentencePiece tokenizer.model
+    // alone (older Llama and Mistral repositories); not one with generation_config.json only,
+    // which save_pretrained writes beside any model.
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
       if (sources.tokenizer_dir.empty() && fs::exists(fs::path(dir) / name)) {
         sources.tokenizer_dir = dir;
       }
@@ -147,19 +148,28 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     if (fs::exists(old, ignored) && !fs::exists(target, ignored)) fs::rename(old, target, ignored);
     throw;
   }
-  if (!fs::exists(old)) return "";
-  // The previous export holds files the export does not write: not deleted, kept beside it.
-  const std::vector<std::string> foreign = ForeignEntries(old);
-  if (foreign.empty()) {
-    RemoveTree(old.string());
-    return "";
+  // The new export is in place: what follows only tidies the previous one, and its failure is a
+  // warning, not the export's.
+  try {
+    if (!fs::exists(old)) return "";
+    // The previous export holds files the export does not write: not deleted, kept beside it.
+    const std::vector<std::string> foreign = ForeignEntries(old);
+    if (foreign.empty()) {
+      RemoveTree(old.string());
+      return "";
+    }
+    fs::path kept = target.string() + ".previous";
+    for (int n = 2; fs::exists(kept); ++n) {
+      kept = target.string() + ".previous-" + std::to_string(n);
+    }
+    fs::rename(old, kept);
+    return fmt::format(
+        "warning: the previous {} held files the export does not write ({}): it was kept as {}",
+        target.string(), fmt::join(foreign, ", "), kept.string());
+  } catch (const std::exception& e) {
+    return fmt::format("warning: exported to {}, but its previous copy is left at {}: {}",
+                       target.string(), old.string(), e.what());
   }
-  fs::path kept = target.string() + ".previous";
-  for (int n = 2; fs::exists(kept); ++n) kept = target.string() + ".previous-" + std::to_string(n);
-  fs::rename(old, kept);
-  return fmt::format(
-      "warning: the previous {} held files the export does not write ({}): it was kept as {}",
-      target.string(), fmt::join(foreign, ", "), kept.string());
 }
 
 }  // namespace

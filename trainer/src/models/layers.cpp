@@ -417,7 +417,12 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up) {
 
 std::pair<at::Tensor, at::Tensor> CheckpointedBlock(const ResidualBlock& block, const at::Tensor& x,
                                                     const at::Tensor& pending) {
-  if (!at::GradMode::is_enabled()) return block(x, pending);
+  // Without gradients, or with inputs that take none (the parameters are not the checkpoint's
+  // inputs: it would record no node, and they would get no gradient), the block as it is.
+  if (!at::GradMode::is_enabled() ||
+      !(x.requires_grad() || (pending.defined() && pending.requires_grad()))) {
+    return block(x, pending);
+  }
   std::vector<at::Tensor> inputs = {x};
   if (pending.defined()) inputs.push_back(pending);
   const variable_list out =

@@ -86,10 +86,13 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up);
 // then back-propagates through that copy (gradients into the block's parameters and to x and
 // pending). The recomputation does the same arithmetic, so the gradients are the same bits as
 // without checkpointing. What it cannot reproduce: random draws (dropout; the config refuses
-// train.activation_checkpointing with dropout), and a backward through torch::autograd::grad
-// naming the parameters as inputs (the parameters get their gradients from a backward run
-// inside this block's backward, as PyTorch's reentrant checkpoint; backward() is what the
-// trainer calls). Without gradients (evaluation, the frozen teacher) it just calls the block.
+// train.activation_checkpointing with dropout), and a backward through torch::autograd::grad or
+// backward(inputs=...): the parameters get their gradients from a backward run inside this
+// block's backward, as PyTorch's reentrant checkpoint, which adds into every parameter's .grad
+// however the outer backward was called (grad() naming the parameters does not reach them;
+// grad() of anything else adds into their .grad); backward() is what the trainer calls. Without
+// gradients (evaluation, the frozen teacher), or when neither input takes a gradient, it just
+// calls the block.
 using ResidualBlock = std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& x,
                                                                       const at::Tensor& pending)>;
 std::pair<at::Tensor, at::Tensor> CheckpointedBlock(const ResidualBlock& block, const at::Tensor& x,
