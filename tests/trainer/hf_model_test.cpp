@@ -309,7 +309,8 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
                                "x.yaml");
   EXPECT_EQ(c.student.family, ModelFamily::kLlama);
   EXPECT_EQ(c.student.rope_scaling.type, "llama3");
-  // A later error about a key that config.json set names config.json, not "(default)".
+  // A vocabulary that differs from a Hugging Face teacher's is reported at the student's key
+  // (the teacher's width is fixed by its weights), naming the teacher's config.json.
   try {
     ParseConfig(fmt::format("train:\n  mode: distill\nteacher:\n  hf_dir: {}\nstudent:\n"
                             "  vocab_size: 300\ndata:\n  seq_len: 8\n  min_seq_len: 8\n",
@@ -317,8 +318,36 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
                 "x.yaml");
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
-    EXPECT_THAT(e.what(), HasSubstr(dir + "/config.json: teacher.vocab_size: expected "
-                                          "student.vocab_size (300)"));
+    EXPECT_THAT(e.what(), HasSubstr("x.yaml:6: student.vocab_size: expected teacher.vocab_size "
+                                    "(256, from " +
+                                    dir + "/config.json)"));
+    EXPECT_THAT(e.what(), HasSubstr("got 300"));
+  }
+  try {
+    ParseConfig(fmt::format("train:\n  mode: distill\nteacher:\n  hf_dir: {}\nstudent:\n"
+                            "  vocab_size: 256\n  pad_vocab_to_multiple_of: 96\ndata:\n"
+                            "  seq_len: 8\n  min_seq_len: 8\n",
+                            dir),
+                "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("x.yaml:7: student.pad_vocab_to_multiple_of: expected a "
+                                    "value that pads to the teacher's 256 logits, from " +
+                                    dir + "/config.json, got 96 (pads to 288)"));
+  }
+  // Both from config.json: an error about a key that config.json set names config.json, not
+  // "(default)".
+  const std::string teacher = Fixture("qwen2_teacher"), student = Fixture("qwen2_student");
+  try {
+    ParseConfig(fmt::format("train:\n  mode: distill\nteacher:\n  hf_dir: {}\nstudent:\n"
+                            "  hf_dir: {}\ndata:\n  seq_len: 8\n  min_seq_len: 8\n",
+                            teacher, student),
+                "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr(teacher + "/config.json: teacher.vocab_size: expected "
+                                    "student.vocab_size (144) (or set distill.vocab_size"));
   }
   // A missing directory names the key and the file.
   try {

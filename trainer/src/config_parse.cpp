@@ -399,16 +399,30 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                                m.vocab_size, c.distill.vocab_size));
       }
     }
-  } else if (c.teacher.vocab_size != c.student.vocab_size) {
-    fail("teacher.vocab_size", fmt::format("expected student.vocab_size ({}) (or set "
-                                           "distill.vocab_size to the tokenizer's size to align "
-                                           "logits of different widths), got {}",
-                                           c.student.vocab_size, c.teacher.vocab_size));
-  } else if (c.teacher.padded_vocab_size() != c.student.padded_vocab_size()) {
-    fail("teacher.pad_vocab_to_multiple_of",
-         fmt::format("expected a value that pads to the student's {} logits, got {} (pads to {})",
-                     c.student.padded_vocab_size(), c.teacher.pad_vocab_to_multiple_of,
-                     c.teacher.padded_vocab_size()));
+  } else if (c.teacher.vocab_size != c.student.vocab_size ||
+             c.teacher.padded_vocab_size() != c.student.padded_vocab_size()) {
+    // Reported at the key to change: the student's when the teacher's width comes from a
+    // Hugging Face config.json (fixed by its weights) and the student's does not.
+    const bool teacher_fixed = !c.teacher.hf_dir.empty() && c.student.hf_dir.empty();
+    const std::string change = teacher_fixed ? "student" : "teacher";
+    const std::string other = teacher_fixed ? "teacher" : "student";
+    const ModelConfig& student = c.student;
+    const ModelConfig& teacher = c.teacher;
+    const ModelConfig& changed = teacher_fixed ? student : teacher;
+    const ModelConfig& fixed = teacher_fixed ? teacher : student;
+    const std::string origin =
+        teacher_fixed ? fmt::format(", from {}/config.json", c.teacher.hf_dir) : "";
+    if (c.teacher.vocab_size != c.student.vocab_size) {
+      fail(change + ".vocab_size",
+           fmt::format("expected {}.vocab_size ({}{}) (or set distill.vocab_size to the "
+                       "tokenizer's size to align logits of different widths), got {}",
+                       other, fixed.vocab_size, origin, changed.vocab_size));
+    } else {
+      fail(change + ".pad_vocab_to_multiple_of",
+           fmt::format("expected a value that pads to the {}'s {} logits{}, got {} (pads to {})",
+                       other, fixed.padded_vocab_size(), origin, changed.pad_vocab_to_multiple_of,
+                       changed.padded_vocab_size()));
+    }
   }
   if (c.student.init_from_teacher) {
     // The copy needs identical parameter shapes; dropout may differ.
