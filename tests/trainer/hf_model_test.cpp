@@ -22,6 +22,7 @@
 #include "distill/hf_export.h"
 #include "distill/loss.h"
 #include "distill/run.h"
+#include "distill/run_dir.h"
 #include "distill/safetensors.h"
 #include "distill/trainer.h"
 #include "test_files.h"
@@ -386,6 +387,60 @@ TEST(HfModel, PaddedVocabulariesOfDifferentWidthsDistil) {
   ASSERT_TRUE(grad.defined());
   EXPECT_TRUE(at::equal(grad.narrow(0, 130, 144 - 130), at::zeros({144 - 130, grad.size(1)})));
   EXPECT_GT(grad.narrow(0, 0, 130).abs().max().item<double>(), 0.0);
+}
+
+// A finished run stays exportable after its Hugging Face directories are moved or deleted: its
+// stored config.yaml holds the architecture, and the run's own export (hf/) stands in for
+// config.json's other keys and the tokenizer files.
+TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
+  const std::string out = TempRunDir();
+  const std::string models = out + "-models";
+  for (const char* name : {"qwen2_teacher", "qwen2_student"}) {
+    fs::create_directories(models + "/" + name);
+    for (const char* file : {"config.json", "model.safetensors"}) {
+      fs::copy_file(Fixture(name) + "/" + file, models + "/" + name + "/" + file);
+    }
+  }
+  WriteBytes(models + "/qwen2_teacher/tokenizer.json", "{\"model\": {}}");
+  Config c = testing::TinyConfig(out);
+  c.train.mode = Mode::kDistill;
+  c.teacher.hf_dir = models + "/qwen2_teacher";
+  c.student.hf_dir = models + "/qwen2_student";
+  ReadHfConfig(c.teacher.hf_dir, c.teacher);
+  ReadHfConfig(c.student.hf_dir, c.student);
+  c.distill.vocab_size = 130;
+  c.data.synthetic.branching = 4;
+  c.train.steps = 2;
+  c.schedule.warmup_steps = 1;
+  std::ostringstream table;
+  distill::Run(c, RunFlags{false, true, nullptr}, table);
+  ASSERT_TRUE(fs::exists(out + "/hf/tokenizer.json"));
+  RemoveTree(models);
+
+  const std::string exported = out + "-exported";
+  ::testing::internal::CaptureStderr();
+  ExportRun(out, exported);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("warning: " + c.student.hf_dir +
+                        "/config.json is gone (moved or deleted since the run); config.json's "
+                        "other keys and the tokenizer files are taken from the run's own "
+                        "export " +
+                        out + "/hf"));
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    EXPECT_EQ(ReadBytes(exported + "/" + file), ReadBytes(out + "/hf/" + file)) << file;
+  }
+  // Without an export of its own: config.json from the run's config alone, no tokenizer files.
+  RemoveTree(out + "/hf");
+  const std::string bare = out + "-bare";
+  ::testing::internal::CaptureStderr();
+  ExportRun(out, bare);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("and the run has no export of its own (" + out +
+                        "/hf): config.json is written from the run's config alone and no "
+                        "tokenizer files are copied"));
+  EXPECT_EQ(ReadBytes(bare + "/model.safetensors"), ReadBytes(exported + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(bare + "/tokenizer.json"));
+  EXPECT_EQ(ArchitectureString(HfModelConfig(bare)), ArchitectureString(HfModelConfig(exported)));
 }
 
 // --- SmolLM2-135M, prepared by the set-up (scripts/prepare_smollm2.py); skipped without it. ---

@@ -174,9 +174,18 @@ std::vector<std::string> ArchitectureKeys() {
 // A model section with hf_dir: its architecture comes from <hf_dir>/config.json. A key that the
 // YAML or an override also sets must agree (a different value could not load the weights);
 // the keys left at their defaults take config.json's values.
+//
+// A run's stored config.yaml (kStored) holds every architecture key resolved from config.json
+// when the run started: an hf_dir moved or deleted since then keeps those values (the run can
+// still be exported; its teacher weights are needed only to train on).
 template <typename Section>
-void ResolveHfModel(const std::string& name, Section& model, Config& config, Locations& at) {
+void ResolveHfModel(const std::string& name, Section& model, Config& config, Locations& at,
+                    ConfigOrigin origin) {
   if (model.hf_dir.empty()) return;
+  if (origin == ConfigOrigin::kStored &&
+      !std::filesystem::exists(std::filesystem::path(model.hf_dir) / "config.json")) {
+    return;
+  }
   Section from_hf = model;
   try {
     ReadHfConfig(model.hf_dir, from_hf);
@@ -499,8 +508,8 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
     config.student.hf_dir = config.teacher.hf_dir;
     locations["student.hf_dir"] = Where(locations, "student.init_from_teacher");
   }
-  ResolveHfModel("student", config.student, config, locations);
-  ResolveHfModel("teacher", config.teacher, config, locations);
+  ResolveHfModel("student", config.student, config, locations, origin);
+  ResolveHfModel("teacher", config.teacher, config, locations, origin);
   CheckCrossKey(config, locations, origin);
   return config;
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,21 +68,47 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
 
 }  // namespace
 
-HfExportSources ExportSources(const Config& config) {
-  HfExportSources sources;
-  for (const std::string& dir : {config.student.hf_dir, config.teacher.hf_dir}) {
-    if (dir.empty()) continue;
-    if (sources.config_template.empty())
-      sources.config_template = (fs::path(dir) / "config.json").string();
-    // The first directory with a tokenizer: tokenizer.json, or a SentencePiece tokenizer.model
-    // alone (older Llama and Mistral repositories); not one with generation_config.json only,
-    // which save_pretrained writes beside any model.
+namespace {
+
+// The first of `dirs` with a tokenizer: tokenizer.json, or a SentencePiece tokenizer.model alone
+// (older Llama and Mistral repositories); not one with generation_config.json only, which
+// save_pretrained writes beside any model. "" if none.
+std::string TokenizerDir(const std::vector<std::string>& dirs) {
+  for (const std::string& dir : dirs) {
     for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-      if (sources.tokenizer_dir.empty() && fs::exists(fs::path(dir) / name)) {
-        sources.tokenizer_dir = dir;
-      }
+      if (fs::exists(fs::path(dir) / name)) return dir;
     }
   }
+  return "";
+}
+
+}  // namespace
+
+HfExportSources ExportSources(const Config& config, const std::string& run_dir) {
+  HfExportSources sources;
+  std::vector<std::string> dirs, gone;
+  for (const std::string& dir : {config.student.hf_dir, config.teacher.hf_dir}) {
+    if (dir.empty()) continue;
+    (fs::exists(fs::path(dir) / "config.json") ? dirs : gone).push_back(dir);
+  }
+  if (!gone.empty() && !run_dir.empty()) {
+    const fs::path own = fs::path(run_dir) / "hf";
+    if (fs::exists(own / "config.json")) {
+      sources.config_template = (own / "config.json").string();
+      sources.tokenizer_dir = TokenizerDir({own.string()});
+      sources.note = fmt::format(
+          "warning: {}/config.json is gone (moved or deleted since the run); config.json's other "
+          "keys and the tokenizer files are taken from the run's own export {}",
+          gone.front(), own.string());
+      return sources;
+    }
+    sources.note = fmt::format(
+        "warning: {}/config.json is gone (moved or deleted since the run) and the run has no "
+        "export of its own ({}): config.json is written from the run's config alone{}",
+        gone.front(), own.string(), dirs.empty() ? " and no tokenizer files are copied" : "");
+  }
+  if (!dirs.empty()) sources.config_template = (fs::path(dirs.front()) / "config.json").string();
+  sources.tokenizer_dir = TokenizerDir(dirs);
   return sources;
 }
 
@@ -200,7 +227,9 @@ std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
   const Config config = LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored);
   Model model = MakeModel(config.student);
   const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU), "export");
-  ExportHf(*model, out_dir, ExportSources(config), /*replace=*/false);
+  const HfExportSources sources = ExportSources(config, run_dir);
+  if (!sources.note.empty()) std::cerr << sources.note << '\n';
+  ExportHf(*model, out_dir, sources, /*replace=*/false);
   return checkpoint;
 }
 

@@ -735,12 +735,15 @@ EvalResult Trainer::Train() {
                           "\n");
   if (config_.train.export_hf && config_.student.family == ModelFamily::kLlama) {
     const std::string hf_dir = (fs::path(config_.train.out_dir) / "hf").string();
-    const std::string warning =
-        ExportHf(*student_, hf_dir, ExportSources(config_), /*replace=*/true);
-    if (!warning.empty()) {
+    // The run's own previous export stands in for an hf_dir removed while the run trained.
+    const HfExportSources sources = ExportSources(config_, config_.train.out_dir);
+    auto warn = [&](const std::string& warning) {
+      if (warning.empty()) return;
       progress_->Log(warning);
       warnings_.push_back(warning);
-    }
+    };
+    warn(sources.note);
+    warn(ExportHf(*student_, hf_dir, sources, /*replace=*/true));
     progress_->Log(fmt::format("exported the student to {} (Hugging Face format)", hf_dir));
   }
   return final_eval;

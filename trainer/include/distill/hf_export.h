@@ -12,11 +12,16 @@ namespace distill {
 
 // Where an export of `config`'s student takes its config.json template (bos/eos ids and other
 // non-architecture keys) and its tokenizer files: the student's hf_dir, else the teacher's.
+// With `run_dir` (exporting a finished run): where an hf_dir's config.json is gone (moved or
+// deleted since the run), the run's own export <run_dir>/hf, made from those directories at the
+// end of the run, stands in for both; `note` then says so (and what is missing when the run has
+// no export of its own).
 struct HfExportSources {
   std::string config_template;  // a config.json path, or "" (written from scratch)
   std::string tokenizer_dir;    // a directory with tokenizer files, or "" (none copied)
+  std::string note;             // a warning about the sources, or ""
 };
-HfExportSources ExportSources(const Config& config);
+HfExportSources ExportSources(const Config& config, const std::string& run_dir = "");
 
 // Writes `model` (family llama) to `out_dir`: config.json (the template's keys, every
 // architecture key set from model.config()), model.safetensors (float32) and the tokenizer files
