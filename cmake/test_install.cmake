@@ -12,6 +12,20 @@ endfunction()
 file(REMOVE_RECURSE ${WORK_DIR})
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/staged)
 file(RENAME ${WORK_DIR}/staged ${WORK_DIR}/moved)
+# The installed library's RUNPATH names directories that exist (the Torch and CUDA libraries'),
+# none of this build tree or of the install prefix.
+file(GLOB installed_libs ${WORK_DIR}/moved/lib*/liblossfns.so)
+list(GET installed_libs 0 installed_lib)
+file(READ_ELF ${installed_lib} RUNPATH runpath)
+string(REPLACE ":" ";" runpath_dirs "${runpath}")
+foreach(dir IN LISTS runpath_dirs)
+  if(NOT IS_DIRECTORY "${dir}")
+    message(FATAL_ERROR "${installed_lib}: its RUNPATH names ${dir}, which does not exist (${runpath})")
+  endif()
+  if(dir MATCHES "^${BUILD_DIR}" OR dir MATCHES "^${WORK_DIR}")
+    message(FATAL_ERROR "${installed_lib}: its RUNPATH names ${dir}, of the build or install tree (${runpath})")
+  endif()
+endforeach()
 # The environment form of CMAKE_PREFIX_PATH (':'-separated) survives execute_process's list splitting.
 set(ENV{CMAKE_PREFIX_PATH} "${WORK_DIR}/moved:${TORCH_PREFIX}")
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/link_lossfns -B ${WORK_DIR}/build -G ${GENERATOR}
