@@ -284,11 +284,47 @@ TEST(HfModel, DropoutSetForAnHfDirModelIsKept) {
   EXPECT_DOUBLE_EQ(ParseConfig(yaml, "x.yaml").student.dropout, HfModelConfig(dir).dropout);
 }
 
-TEST(HfModel, ExportOfAGptModelIsRefused) {
-  ModelConfig gpt;
-  Model model = MakeModel(gpt);
-  EXPECT_THAT([&] { ExportHf(*model, TempRunDir(), {}, false); },
-              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("only llama-family")));
+// A gpt-family model exports as transformers' GPT2LMHeadModel (exact GELU, its Conv1D weights
+// transposed, padded vocabulary rows dropped), tied and untied, with the trainer's logits.
+TEST(HfModel, GptModelExportsAsGpt2LMHeadModel) {
+  const bool python = PythonHasTransformers();
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    ModelConfig gpt;
+    gpt.vocab_size = 100;  // padded to 128
+    gpt.d_model = 32;
+    gpt.n_head = 4;
+    gpt.n_layer = 2;
+    gpt.mlp_ratio = 3.0;  // n_inner 96, not GPT-2's default 4 * n_embd
+    gpt.context_length = 24;
+    gpt.tie_embeddings = tied;
+    Model model = MakeModel(gpt);
+    {  // every parameter away from its initial value (biases 0, LayerNorm gains 1)
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(0.05 * at::randn_like(p));
+    }
+    const std::string out = TempRunDir(tied ? "_tied" : "_untied");
+    ExportHf(*model, out, {}, /*replace=*/false);
+    const std::string json = ReadBytes(out + "/config.json");
+    for (const char* key : {"\"model_type\": \"gpt2\"", "\"vocab_size\": 100", "\"n_inner\": 96",
+                            "\"activation_function\": \"gelu\"", "\"n_positions\": 24"}) {
+      EXPECT_THAT(json, HasSubstr(key));
+    }
+    EXPECT_THAT(
+        json, HasSubstr(tied ? "\"tie_word_embeddings\": true" : "\"tie_word_embeddings\": false"));
+    SafetensorsFile weights(out + "/model.safetensors");
+    EXPECT_EQ(weights.Tensor("transformer.wte.weight", at::kFloat).size(0), 100);
+    EXPECT_TRUE(at::equal(weights.Tensor("transformer.h.1.attn.c_attn.weight", at::kFloat),
+                          model->named_parameters()["blocks.1.qkv.weight"].t()));
+    if (!python) continue;
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const at::Tensor ids = at::randint(0, 100, {2, 24}, at::kLong);
+    WriteSafetensors(out + "-check.safetensors",
+                     {{"input_ids", ids}, {"logits", model->forward(ids).narrow(2, 0, 100)}});
+    EXPECT_EQ(TransformersCheck(out, out + "-check.safetensors"), 0);
+  }
+  if (!python) GTEST_SKIP() << "no python with transformers (LOSSFNS_PYTHON): C++ side only";
 }
 
 TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {

@@ -455,7 +455,8 @@ std::vector<KeyDecl> Declare() {
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(
       k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
-      "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf.");
+      "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf "
+      "(a gpt-family run: distill_trainer export RUN_DIR OUT_DIR, as GPT2LMHeadModel).");
   Add(
       k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; },
       OneOfEnum<NonFinite>(),

@@ -47,19 +47,64 @@ void CopyFile(const fs::path& from, const fs::path& to) {
   if (!out) throw std::runtime_error(fmt::format("export: cannot write {}", to.string()));
 }
 
-// The model's tensors under their (transformers) names, float32 on the CPU. Rows that
+// A gpt-family parameter's name in transformers' GPT2LMHeadModel, and whether its tensor is the
+// transpose of ours (GPT-2's Conv1D layers hold (in, out) weights; torch's Linear (out, in)).
+std::pair<std::string, bool> Gpt2Name(const std::string& name) {
+  static const std::pair<const char*, const char*> kTop[] = {
+      {"token_embedding.weight", "transformer.wte.weight"},
+      {"position_embedding.weight", "transformer.wpe.weight"},
+      {"ln_final.weight", "transformer.ln_f.weight"},
+      {"ln_final.bias", "transformer.ln_f.bias"},
+      {"lm_head", "lm_head.weight"}};
+  for (const auto& [ours, theirs] : kTop) {
+    if (name == ours) return {theirs, false};
+  }
+  // blocks.<i>.<layer>.<weight|bias>
+  static const std::pair<const char*, const char*> kBlock[] = {
+      {"ln_attn", "ln_1"}, {"qkv", "attn.c_attn"}, {"attn_out", "attn.c_proj"},
+      {"ln_mlp", "ln_2"},  {"mlp_in", "mlp.c_fc"}, {"mlp_out", "mlp.c_proj"}};
+  const std::string prefix = "blocks.";
+  if (name.rfind(prefix, 0) == 0) {
+    const size_t layer_at = name.find('.', prefix.size());
+    const size_t tensor_at = name.rfind('.');
+    if (layer_at != std::string::npos && tensor_at > layer_at) {
+      const std::string index = name.substr(prefix.size(), layer_at - prefix.size());
+      const std::string layer = name.substr(layer_at + 1, tensor_at - layer_at - 1);
+      const std::string tensor = name.substr(tensor_at + 1);
+      for (const auto& [ours, theirs] : kBlock) {
+        if (layer != ours) continue;
+        const bool linear = layer.rfind("ln_", 0) != 0;
+        return {fmt::format("transformer.h.{}.{}.{}", index, theirs, tensor),
+                linear && tensor == "weight"};
+      }
+    }
+  }
+  throw std::logic_error(fmt::format("export: gpt parameter {} has no GPT-2 name", name));
+}
+
+// The model's tensors under their (transformers) names, float32 on the CPU: the llama family's
+// parameters are named as transformers names them; the gpt family's are renamed to
+// GPT2LMHeadModel's (its padded-vocabulary mask buffer is not a weight). Rows that
 // pad_vocab_to_multiple_of added to the embedding and lm_head are dropped: config.json's
 // vocab_size is the real one, and transformers checks the shapes against it.
 std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model) {
   const int64_t vocab = model.config().vocab_size;
+  const bool gpt = model.config().family == ModelFamily::kGpt;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& item : model.named_parameters()) {
     at::Tensor t = item.value().detach().to(at::kCPU, at::kFloat);
-    const bool vocab_rows =
-        item.key() == "model.embed_tokens.weight" || item.key() == "lm_head.weight";
+    std::string name = item.key();
+    if (gpt) {
+      bool transpose = false;
+      std::tie(name, transpose) = Gpt2Name(item.key());
+      if (transpose) t = t.t();
+    }
+    const bool vocab_rows = name == "model.embed_tokens.weight" ||
+                            name == "transformer.wte.weight" || name == "lm_head.weight";
     if (vocab_rows && t.size(0) > vocab) t = t.narrow(0, 0, vocab);
-    tensors.emplace_back(item.key(), t.contiguous());
+    tensors.emplace_back(name, t.contiguous());
   }
+  if (gpt) return tensors;
   for (const auto& item : model.named_buffers()) {
     tensors.emplace_back(item.key(), item.value().detach().to(at::kCPU).contiguous());
   }
@@ -203,12 +248,6 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
 
 std::string ExportHf(const CausalLM& model, const std::string& out_dir,
                      const HfExportSources& sources, bool replace) {
-  if (model.config().family != ModelFamily::kLlama) {
-    throw std::runtime_error(fmt::format(
-        "export to {}: family \"{}\" has no Hugging Face architecture; only llama-family models "
-        "export",
-        out_dir, kModelFamilyNames[static_cast<size_t>(model.config().family)]));
-  }
   try {
     return ExportHfInto(model, out_dir, sources, replace);
   } catch (const fs::filesystem_error& e) {  // the path and the reason, without the library's

@@ -17,11 +17,13 @@ namespace distill {
 // architecture the llama family cannot run (model_type, hidden_act, rope type, sliding window).
 void ReadHfConfig(const std::string& hf_dir, ModelConfig& model);
 
-// The config.json text (2-space indent) of the llama-family `model`: the JSON of `template_path`
+// The config.json text (2-space indent) of `model`. Llama family: the JSON of `template_path`
 // when it is non-empty and exists (e.g. the teacher's config.json, to keep the token ids), with
 // every architecture key set from `model`, "rope_parameters", "layer_types" and quantization keys
-// removed. Throws ConfigError when `model` has no config.json spelling (not llama family, or a
-// bias / qk-norm choice its hf_model_type cannot express) or the template is not a JSON object.
+// removed. Gpt family: transformers' GPT2LMHeadModel (model_type gpt2, the exact "gelu"), with
+// only the template's bos/eos/pad token ids. Throws ConfigError when a llama-family `model` has no
+// config.json spelling (a bias / qk-norm choice its hf_model_type cannot express) or the
+// template is not a JSON object.
 std::string HfConfigJson(const ModelConfig& model, const std::string& template_path = "");
 
 // Whether the model class of `model.hf_model_type` can express the llama-family `model`'s biases,

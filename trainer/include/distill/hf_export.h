@@ -1,6 +1,7 @@
-// Export to the ecosystem's format: a llama-family model written as a Hugging Face directory
-// (config.json + model.safetensors + the tokenizer files), which
-// transformers.AutoModelForCausalLM.from_pretrained loads with the trainer's own logits.
+// Export to the ecosystem's format: a model written as a Hugging Face directory (config.json +
+// model.safetensors + the tokenizer files), which transformers.AutoModelForCausalLM.from_pretrained
+// loads with the trainer's own logits: the llama family as its hf_model_type's class, the gpt
+// family as GPT2LMHeadModel.
 #pragma once
 
 #include <string>
@@ -23,14 +24,14 @@ struct HfExportSources {
 };
 HfExportSources ExportSources(const Config& config, const std::string& run_dir = "");
 
-// Writes `model` (family llama) to `out_dir`: config.json (the template's keys, every
-// architecture key set from model.config()), model.safetensors (float32) and the tokenizer files
-// of sources.tokenizer_dir. Atomic: built in "<out_dir>.tmp-<pid>", then renamed into place. An
-// existing out_dir is replaced only when `replace` (the run's own <out_dir>/hf); otherwise it is
-// an error that names it. A replaced directory that holds files the export does not write (a
-// user's model card) is not deleted but kept as "<out_dir>.previous" (or ".previous-N"): the
-// returned warning says so (else ""). Throws std::runtime_error naming the file on any failure,
-// leaving no temporary behind.
+// Writes `model` to `out_dir`: config.json (llama: the template's keys, every architecture key
+// set from model.config(); gpt: GPT-2's keys, only the template's token ids), model.safetensors
+// (float32) and the tokenizer files of sources.tokenizer_dir. Atomic: built in
+// "<out_dir>.tmp-<pid>", then renamed into place. An existing out_dir is replaced only when
+// `replace` (the run's own <out_dir>/hf); otherwise it is an error that names it. A replaced
+// directory that holds files the export does not write (a user's model card) is not deleted but
+// kept as "<out_dir>.previous" (or ".previous-N"): the returned warning says so (else ""). Throws
+// std::runtime_error naming the file on any failure, leaving no temporary behind.
 std::string ExportHf(const CausalLM& model, const std::string& out_dir,
                      const HfExportSources& sources, bool replace);
 

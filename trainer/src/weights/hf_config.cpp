@@ -323,14 +323,62 @@ std::optional<HfMismatch> HfExpressibleMismatch(const ModelConfig& model) {
   return std::nullopt;
 }
 
+namespace {
+
+// ModelConfig::mlp_width(), spelled out here: this file links against config.h alone.
+int64_t MlpWidth(const ModelConfig& model) {
+  return model.intermediate_size > 0
+             ? model.intermediate_size
+             : std::max<int64_t>(
+                   1, std::llround(model.mlp_ratio * static_cast<double>(model.d_model)));
+}
+
+// The gpt family as transformers' GPT2LMHeadModel: pre-LayerNorm blocks (eps 1e-5, torch's
+// default, as the trainer's LayerNorm), learned positions, the exact (erf) GELU
+// ("gelu", not GPT-2's own tanh "gelu_new"), biases everywhere, one dropout for attention,
+// residual and embeddings. Only the template's token ids are kept: its other keys belong to
+// another architecture (a llama teacher's).
+std::string Gpt2ConfigJson(const ModelConfig& model, const std::string& template_path) {
+  OrderedJson json = OrderedJson::object();
+  json["architectures"] = OrderedJson::array({"GPT2LMHeadModel"});
+  json["model_type"] = "gpt2";
+  json["vocab_size"] = model.vocab_size;
+  json["n_positions"] = model.context_length;
+  json["n_embd"] = model.d_model;
+  json["n_layer"] = model.n_layer;
+  json["n_head"] = model.n_head;
+  json["n_inner"] = MlpWidth(model);
+  json["activation_function"] = "gelu";
+  json["resid_pdrop"] = model.dropout;
+  json["embd_pdrop"] = model.dropout;
+  json["attn_pdrop"] = model.dropout;
+  json["layer_norm_epsilon"] = 1e-5;
+  json["initializer_range"] = 0.02;
+  json["scale_attn_weights"] = true;
+  json["scale_attn_by_inverse_layer_idx"] = false;
+  json["reorder_and_upcast_attn"] = false;
+  json["tie_word_embeddings"] = model.tie_embeddings;
+  std::error_code ec;
+  if (!template_path.empty() && fs::exists(template_path, ec)) {
+    const OrderedJson from = ReadJsonObject<OrderedJson>(template_path);
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (from.contains(key)) json[key] = from[key];
+    }
+  }
+  json["torch_dtype"] = "float32";
+  return json.dump(2) + "\n";
+}
+
+}  // namespace
+
 std::string HfConfigJson(const ModelConfig& model, const std::string& template_path) {
+  if (model.family == ModelFamily::kGpt) return Gpt2ConfigJson(model, template_path);
   const std::string where =
       fmt::format("config.json for model_type {}", Quoted(model.hf_model_type));
   const auto fail = [&](const std::string& key, const std::string& expected,
                         const std::string& got) {
     throw ConfigError(fmt::format("{}: {}: expected {}, got {}", where, key, expected, got));
   };
-  if (model.family != ModelFamily::kLlama) fail("family", "llama", "gpt");
   const Family* family = FindFamily(model.hf_model_type);
   if (family == nullptr) {
     fail("hf_model_type", fmt::format("one of {}", kSupportedTypes), Quoted(model.hf_model_type));
@@ -348,12 +396,7 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
                           "compression_config"}) {
     json.erase(key);
   }
-  // ModelConfig::mlp_width(), spelled out here: this file links against config.h alone.
-  const int64_t intermediate =
-      model.intermediate_size > 0
-          ? model.intermediate_size
-          : std::max<int64_t>(1,
-                              std::llround(model.mlp_ratio * static_cast<double>(model.d_model)));
+  const int64_t intermediate = MlpWidth(model);
 
   const std::string& type = model.hf_model_type;
   json["model_type"] = type;
