@@ -288,6 +288,54 @@ TEST(ResumeTest, FailedStartLeavesNoRunDirectory) {
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
 }
 
+// A resume on other data files than its checkpoint was trained on says so (a shard added to the
+// glob: the batches change, and with data.val_fraction the validation windows move); the same
+// files say nothing, and the next checkpoint records the new files.
+TEST(ResumeTest, ResumingOnOtherDataFilesWarns) {
+  Config c = testing::TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  c.train.checkpoint_interval = 1;
+  c.data.source = "tokens";
+  const std::string shards = c.train.out_dir + "-shards";
+  fs::create_directories(shards);
+  c.data.path = shards + "/train_*.bin";
+  std::vector<uint32_t> ids(400);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(i * 7 % 24);
+  WriteTokenShard(shards + "/train_000000.bin", ids, /*uint32_tokens=*/false);
+  WriteTokenShard(shards + "/train_000001.bin", ids, /*uint32_tokens=*/false);
+  Trainer(c, RunOptions::Quiet()).Train();
+  auto data_warnings = [](const Trainer& t) {
+    std::vector<std::string> found;
+    for (const auto& w : t.warnings()) {
+      if (w.find("data files") != std::string::npos) found.push_back(w);
+    }
+    return found;
+  };
+  c.train.steps = 3;
+  {
+    Trainer same(c, RunOptions::Quiet());
+    EXPECT_TRUE(data_warnings(same).empty());
+    same.Train();
+  }
+  WriteTokenShard(shards + "/train_000002.bin", ids, /*uint32_tokens=*/false);
+  c.train.steps = 4;
+  {
+    Trainer more(c, RunOptions::Quiet());
+    const auto found = data_warnings(more);
+    ASSERT_EQ(found.size(), 1u);
+    EXPECT_THAT(found[0], ::testing::HasSubstr(
+                              "warning: the data files are not those the checkpoint of step 3 "
+                              "was trained on (new train " +
+                              shards + "/train_000002.bin): training goes on with them"));
+    EXPECT_THAT(found[0], ::testing::HasSubstr("the validation windows (the last 10% of the "
+                                               "training files) moved"));
+    more.Train();
+  }
+  c.train.steps = 5;
+  EXPECT_TRUE(data_warnings(Trainer(c, RunOptions::Quiet())).empty());
+  RemoveTree(shards);
+}
+
 // Lowers RLIMIT_FSIZE for its scope, with SIGXFSZ ignored: a write past `bytes` then fails with
 // EFBIG, the way a full disk fails with ENOSPC (no root or special filesystem needed).
 class FileSizeLimit {

@@ -180,6 +180,7 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   archive.write("data_position", c10::IValue(position.data_position));
   archive.write("elapsed_s", c10::IValue(position.elapsed_s));
   archive.write("skipped_steps", c10::IValue(position.skipped_steps));
+  archive.write("data_files", c10::IValue(position.data_files));
   archive.write("rng_cpu", DefaultGenerator(at::Device(at::kCPU)).get_state(), /*is_buffer=*/true);
   if (device.is_cuda()) {
     archive.write("rng_cuda", DefaultGenerator(device).get_state(), /*is_buffer=*/true);
@@ -237,6 +238,8 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   if (archive.try_read("elapsed_s", value)) position.elapsed_s = value.toDouble();
   // ... and before skipped_steps was, with none counted.
   if (archive.try_read("skipped_steps", value)) position.skipped_steps = value.toInt();
+  // ... and before the data's files were.
+  if (archive.try_read("data_files", value)) position.data_files = value.toStringRef();
   at::Tensor state;
   archive.read("rng_cpu", state, /*is_buffer=*/true);
   DefaultGenerator(at::Device(at::kCPU)).set_state(state.cpu());

@@ -125,6 +125,9 @@ class TextSource : public DataSource {
     return Make(1, index, split_, static_cast<int64_t>(bytes_.size()));
   }
   std::optional<double> EntropyFloor() const override { return std::nullopt; }
+  std::string Files() const override {
+    return fmt::format("train {} {}\n", config_.path, bytes_.size());
+  }
   std::string Describe() const override {
     return fmt::format("text \"{}\": {} bytes ({} train, {} validation)", config_.path,
                        bytes_.size(), split_, bytes_.size() - split_);

@@ -124,6 +124,7 @@ class TokenShardSource : public DataSource {
     const std::vector<std::string> train_paths = Glob("data.path", c.path);
     for (const std::string& p : train_paths) AddShard(p);
     const size_t num_train = shards_.size();
+    num_train_ = num_train;
     if (!c.val_path.empty()) {
       for (const std::string& p : Glob("data.val_path", c.val_path)) {
         // A validation shard that data.path matches too would be trained on.
@@ -193,6 +194,15 @@ class TokenShardSource : public DataSource {
 
   std::optional<double> EntropyFloor() const override { return std::nullopt; }
   std::optional<int64_t> ValidationSequences() const override { return val_.windows(); }
+
+  std::string Files() const override {
+    std::string files;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      files += fmt::format("{} {} {}\n", s < num_train_ ? "train" : "val", shards_[s]->path(),
+                           shards_[s]->num_tokens());
+    }
+    return files;
+  }
 
   std::string Describe() const override {
     const std::string val = config_.val_path.empty()
@@ -326,6 +336,7 @@ class TokenShardSource : public DataSource {
   DataConfig config_;
   int64_t vocab_size_;
   std::vector<std::unique_ptr<TokenShard>> shards_;  // training shards, then validation shards
+  size_t num_train_ = 0;                             // how many of shards_ are training shards
   Region train_, val_;
 };
 

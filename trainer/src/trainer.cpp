@@ -5,10 +5,14 @@
 #include <csignal>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
@@ -26,6 +30,69 @@ namespace distill {
 namespace fs = std::filesystem;
 
 namespace {
+
+// A resume on data files other than those its checkpoint was trained on (DataSource::Files(): a
+// shard added to or gone from the glob, or rewritten with another size): what changed, as a
+// warning. A checkpoint written before the files were kept ("") says nothing.
+std::optional<std::string> DataFilesChanged(const std::string& before, const std::string& now,
+                                            int64_t step, const DataConfig& data) {
+  if (before.empty() || before == now) return std::nullopt;
+  // "<role> <path>" -> size
+  auto parse = [](const std::string& text) {
+    std::map<std::string, std::string> files;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      const size_t last = line.rfind(' ');
+      if (last != std::string::npos) files[line.substr(0, last)] = line.substr(last + 1);
+    }
+    return files;
+  };
+  const auto old_files = parse(before), new_files = parse(now);
+  std::vector<std::string> added, gone, resized;
+  bool train = false, val = false;
+  auto note = [&](const std::string& key) {
+    (key.rfind("train ", 0) == 0 ? train : val) = true;
+    return key;
+  };
+  for (const auto& [key, size] : new_files) {
+    const auto it = old_files.find(key);
+    if (it == old_files.end()) {
+      added.push_back(note(key));
+    } else if (it->second != size) {
+      resized.push_back(fmt::format("{} ({} -> {})", note(key), it->second, size));
+    }
+  }
+  for (const auto& [key, size] : old_files) {
+    if (!new_files.count(key)) gone.push_back(note(key));
+  }
+  auto list = [](const std::vector<std::string>& items) {
+    const size_t shown = std::min<size_t>(items.size(), 3);
+    std::string text = fmt::format(
+        "{}", fmt::join(std::vector<std::string>(items.begin(), items.begin() + shown), ", "));
+    if (items.size() > shown) text += fmt::format(" and {} more", items.size() - shown);
+    return text;
+  };
+  std::vector<std::string> parts;
+  if (!added.empty()) parts.push_back("new " + list(added));
+  if (!gone.empty()) parts.push_back("gone " + list(gone));
+  if (!resized.empty()) parts.push_back("resized " + list(resized));
+  std::string warning = fmt::format(
+      "warning: the data files are not those the checkpoint of step {} was trained on ({}): "
+      "training goes on with them, so the batches from here on are not those the run would "
+      "have drawn",
+      step, fmt::join(parts, "; "));
+  if (train && data.val_path.empty()) {
+    warning += fmt::format(
+        ", and the validation windows (the last {:g}% of the training files) moved: val_loss is "
+        "not comparable with the steps before",
+        100 * data.val_fraction);
+  } else if (val) {
+    warning +=
+        ", and the validation files changed: val_loss is not comparable with the steps "
+        "before";
+  }
+  return warning;
+}
 
 // Host tensors go to CUDA through pinned memory, asynchronously: a copy from pageable memory
 // waits for every kernel already queued, so the GPU would idle while the CPU queues the next.
@@ -236,6 +303,10 @@ Trainer::Trainer(Config config, RunOptions options)
       position_ = *position;
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
+      if (auto warning = DataFilesChanged(position_.data_files, data_->Files(), position_.step,
+                                          config_.data)) {
+        warnings.push_back(*warning);
+      }
     }
   }
   dist_->MainDecides([&] {
@@ -609,6 +680,7 @@ EvalResult Trainer::Evaluate() {
 void Trainer::SaveCheckpoint() {
   if (dist_->is_main()) {  // the replicas are identical; rank 0 writes the one copy
     position_.elapsed_s = elapsed_;
+    position_.data_files = data_->Files();
     distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
                             *optimizer_, position_, device_, RunIdentityHash(config_));
     PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step);

@@ -33,6 +33,7 @@ struct TrainingPosition {
   int64_t data_position = 0;  // training micro-batches consumed
   double elapsed_s = 0;       // training seconds up to this step, over every attempt of the run
   int64_t skipped_steps = 0;  // steps whose update train.nonfinite=skip skipped, over the run
+  std::string data_files;     // DataSource::Files() of the data trained on ("" before it was kept)
 };
 
 // Saves atomically to `path` (throws FileError); the RNG states saved are the default

@@ -33,6 +33,11 @@ class DataSource {
   // shards' fixed windows, taken in order); nullopt where validation draws them at random.
   virtual std::optional<int64_t> ValidationSequences() const { return std::nullopt; }
   virtual std::string Describe() const = 0;
+  // The files the data is read from and their sizes, one "<role> <path> <size>" line each (role
+  // train or val; size in tokens, or bytes for text); "" for generated data. Stored in each
+  // checkpoint: a resume on other files says so (its batches, and maybe its validation windows,
+  // are not those the run had).
+  virtual std::string Files() const { return ""; }
 };
 
 // `vocab_size` is the models' real vocabulary. Throws std::runtime_error naming the data key
