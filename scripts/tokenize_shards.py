@@ -190,7 +190,9 @@ def run(argv):
     try:
         for path in files:
             try:
-                text = path.read_text(encoding="utf-8")
+                # Bytes as they are: read_text's universal newlines would turn \r\n and \r into
+                # \n (other tokens than the file's); a leading byte-order mark is not text.
+                text = path.read_bytes().decode("utf-8-sig")
             except (OSError, UnicodeDecodeError) as e:
                 fail(f"{path}: cannot read as UTF-8: {e}")
             ids = tokenizer.encode(text, add_special_tokens=False).ids

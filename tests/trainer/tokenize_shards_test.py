@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tokenize_shards.py"
 
@@ -89,6 +89,21 @@ def main():
     r = tokenize("--tokenizer", tokenizer, "--out-dir", out / "notes.txt", text / "a.txt")
     check(r.returncode == 1 and "Traceback" not in r.stderr and
           f"--out-dir {out / 'notes.txt'}: exists and is not a directory" in r.stderr, r.stderr)
+
+    # The file's bytes as they are: \r\n and a lone \r stay (universal newlines made them \n),
+    # a leading byte-order mark is dropped. A character-level tokenizer shows each one.
+    chars = {"<|endoftext|>": 0, "[UNK]": 1, "a": 2, "b": 3, "c": 4, "\r": 5, "\n": 6, "\ufeff": 7}
+    char_tok = Tokenizer(models.WordLevel(chars, unk_token="[UNK]"))
+    char_tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    char_tokenizer = work / "chars.json"
+    char_tok.save(str(char_tokenizer))
+    (work / "crlf").mkdir()
+    (work / "crlf" / "d.txt").write_bytes(b"\xef\xbb\xbfa\r\nb\rc")
+    r = tokenize("--tokenizer", char_tokenizer, "--eos-id", 0, "--out-dir", work / "crlf_tok",
+                 work / "crlf")
+    check(r.returncode == 0, f"crlf: {r.returncode} {r.stderr}")
+    got = read_shard(work / "crlf_tok" / "train_000000.bin").tolist()
+    check(got == [0, 2, 5, 6, 3, 5, 4], f"crlf tokens {got}")
     print("PASS")
 
 
