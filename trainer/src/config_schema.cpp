@@ -313,7 +313,8 @@ std::vector<KeyDecl> Declare() {
   Add(
       k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
       NumberStrictlyIn(0, 1),
-      "text, tokens: the last fraction of the data is the validation split.");
+      "text, tokens: the last fraction of the data is the validation split (tokens: unless "
+      "data.val_path is set).");
   Add(
       k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
       IntIn(1, int64_t{1} << 20), "Sequences per micro-batch.");
@@ -327,7 +328,8 @@ std::vector<KeyDecl> Declare() {
       "synthetic: lengths are uniform in [min_seq_len, seq_len]; the rest is ignored padding.");
   Add(
       k, "data.seed", [](auto& c) -> auto& { return c.data.seed; }, AnyInt(),
-      "Seed of the data (language, batches, split); batches depend only on seed and position.");
+      "Seed of the data (the synthetic language and its split, the batches' windows); batches "
+      "depend only on seed and position.");
   Add(
       k, "data.synthetic.order", [](auto& c) -> auto& { return c.data.synthetic.order; },
       IntAtLeast(1), "Tokens of context that determine the next token's distribution.");
