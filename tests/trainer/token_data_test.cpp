@@ -398,5 +398,15 @@ TEST_F(TokenDataErrorTest, MixedTokenWidthsAreRefused) {
               HasSubstr(wide + ": uint32 tokens, but " + path_ + " has uint16 tokens"));
 }
 
+// 16-bit shards for a vocabulary above 65536: another tokenizer's, or ids cut to 16 bits (every
+// one of them below the vocabulary, so the token check would pass). 65536 itself fits.
+TEST_F(TokenDataErrorTest, Uint16ShardsForAVocabularyAbove65536) {
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_), 65537); }),
+              HasSubstr(path_ + ": uint16 tokens, which cannot hold the ids of a vocabulary of "
+                                "65537 (above 65536)"));
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_), 65536); }),
+              ::testing::Not(HasSubstr("cannot hold")));  // (this shard is too short to train on)
+}
+
 }  // namespace
 }  // namespace distill

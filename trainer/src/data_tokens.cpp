@@ -225,6 +225,16 @@ class TokenShardSource : public DataSource {
                                          TokenTypeName(shards_.back()->token_bytes()), first.path(),
                                          TokenTypeName(first.token_bytes())));
     }
+    // 16-bit tokens cannot hold a larger vocabulary's ids: shards of another tokenizer, or ids
+    // cut to 16 bits (every one of them would pass the vocabulary check).
+    if (first.token_bytes() == 2 && vocab_size_ > 65536) {
+      throw ShardError(path, fmt::format("uint16 tokens, which cannot hold the ids of a "
+                                         "vocabulary of {} (above 65536): shards of this "
+                                         "tokenizer are uint32 (scripts/tokenize_shards.py "
+                                         "writes them); were these made with another "
+                                         "tokenizer, or its ids cut to 16 bits?",
+                                         vocab_size_));
+    }
   }
 
   // Every shard in chunks of 2^22 tokens, all chunks of all shards in parallel; the first bad
@@ -324,7 +334,8 @@ class TokenShardSource : public DataSource {
       const int64_t start = windows[b].second;
       for (int64_t t = 0; t <= T; ++t) {
         const uint32_t token = shard.Token(start + t);
-        // (Checked at start-up; a shard changed on disk since is caught here.)
+        // (Checked at start-up; a shard overwritten in place since, through the mapping, is
+        // caught here. One replaced by a rename is not seen: the mapping keeps the old file.)
         if (token >= static_cast<uint64_t>(vocab_size_)) throw BadToken(shard, start + t, token);
         if (t < T) in[b * T + t] = token;
         if (t > 0) out[b * T + t - 1] = token;
