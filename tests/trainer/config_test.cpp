@@ -88,9 +88,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   for (const auto& key : ConfigKeys()) hf_dir_keys += key.find("hf_dir") != std::string::npos;
   ASSERT_EQ(overrides.size() + hf_dir_keys, ConfigKeys().size())
       << "a key was added: give it an override";
-  // As a stored config: it sets keys a requested run refuses together (data.val_fraction beside
-  // data.val_path, which a run does not read); a stored config is read without those checks.
-  const Config c = ParseConfig("", "x.yaml", overrides, ConfigOrigin::kStored);
+  const Config c = ParseConfig("", "x.yaml", overrides);
   const Config defaults;
   const std::string dumped = ConfigToYaml(c);
   // Each override appears in the dump (flow values as given, modulo number formatting).
@@ -259,11 +257,6 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "a.txt\n  val_path: b.txt\n",
        "x.yaml:6: data.val_path: expected \"\" with data.source text (validation shards are for "
        "data.source tokens; text holds out data.val_fraction), got \"b.txt\""},
-      {"train: {mode: pretrain}\ndata:\n  source: tokens\n  path: a/*.bin\n  val_path: "
-       "v/*.bin\n  val_fraction: 0.2\n",
-       "x.yaml:6: data.val_fraction: expected it left at its default with data.val_path "
-       "(validation is data.val_path's shards; data.val_fraction holds out the tail of data.path "
-       "only without it), got 0.2"},
       {head + "distill:\n  kd_weight: 0\n  ce_weight: 0\n",
        "x.yaml:6: distill.kd_weight: expected a weight above 0 for the divergence or for "
        "distill.ce_weight (with both 0 the loss is 0 and the student does not learn), got 0"},

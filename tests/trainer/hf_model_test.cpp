@@ -307,7 +307,8 @@ TEST(HfModel, GptModelExportsAsGpt2LMHeadModel) {
     ExportHf(*model, out, {}, /*replace=*/false);
     const std::string json = ReadBytes(out + "/config.json");
     for (const char* key : {"\"model_type\": \"gpt2\"", "\"vocab_size\": 100", "\"n_inner\": 96",
-                            "\"activation_function\": \"gelu\"", "\"n_positions\": 24"}) {
+                            "\"activation_function\": \"gelu\"", "\"n_positions\": 24",
+                            "\"bos_token_id\": null", "\"eos_token_id\": null"}) {
       EXPECT_THAT(json, HasSubstr(key));
     }
     EXPECT_THAT(

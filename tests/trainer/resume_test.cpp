@@ -331,8 +331,16 @@ TEST(ResumeTest, ResumingOnOtherDataFilesWarns) {
                                                "training files) moved"));
     more.Train();
   }
+  // A finished run on other files only evaluates again: that is what the warning says.
+  WriteTokenShard(shards + "/train_000003.bin", ids, /*uint32_tokens=*/false);
+  {
+    const auto finished = data_warnings(Trainer(c, RunOptions::Quiet()));
+    ASSERT_EQ(finished.size(), 1u);
+    EXPECT_THAT(finished[0], ::testing::HasSubstr("its evaluation reads the new validation "
+                                                  "windows, so val_loss is not comparable"));
+  }
   c.train.steps = 5;
-  EXPECT_TRUE(data_warnings(Trainer(c, RunOptions::Quiet())).empty());
+  EXPECT_EQ(data_warnings(Trainer(c, RunOptions::Quiet())).size(), 1u);  // still new to step 4
   RemoveTree(shards);
 }
 

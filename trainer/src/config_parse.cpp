@@ -319,13 +319,6 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                              : "synthetic validation is its own generated stream",
                      c.data.val_path));
   }
-  if (requested && !c.data.val_path.empty() && c.data.val_fraction != DataConfig().val_fraction) {
-    fail("data.val_fraction",
-         fmt::format("expected it left at its default with data.val_path (validation is "
-                     "data.val_path's shards; data.val_fraction holds out the tail of data.path "
-                     "only without it), got {}",
-                     c.data.val_fraction));
-  }
   if (c.data.source != "synthetic" && c.data.path.empty()) {
     fail("data.path", fmt::format("expected a {} (data.source is {}), got \"\"",
                                   c.data.source == "text" ? "file path" : "glob of token shards",

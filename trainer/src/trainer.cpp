@@ -35,7 +35,7 @@ namespace {
 // shard added to or gone from the glob, or rewritten with another size): what changed, as a
 // warning. A checkpoint written before the files were kept ("") says nothing.
 std::optional<std::string> DataFilesChanged(const std::string& before, const std::string& now,
-                                            int64_t step, const DataConfig& data) {
+                                            int64_t step, bool finished, const DataConfig& data) {
   if (before.empty() || before == now) return std::nullopt;
   // "<role> <path>" -> size
   auto parse = [](const std::string& text) {
@@ -76,6 +76,15 @@ std::optional<std::string> DataFilesChanged(const std::string& before, const std
   if (!added.empty()) parts.push_back("new " + list(added));
   if (!gone.empty()) parts.push_back("gone " + list(gone));
   if (!resized.empty()) parts.push_back("resized " + list(resized));
+  // A finished run only evaluates again: the training files do not matter there.
+  const bool validation_moved = val || (train && data.val_path.empty());
+  if (finished) {
+    if (!validation_moved) return std::nullopt;
+    return fmt::format(
+        "warning: the data files are not those the run was trained on ({}): its evaluation "
+        "reads the new validation windows, so val_loss is not comparable with the run's",
+        fmt::join(parts, "; "));
+  }
   std::string warning = fmt::format(
       "warning: the data files are not those the checkpoint of step {} was trained on ({}): "
       "training goes on with them, so the batches from here on are not those the run would "
@@ -304,7 +313,7 @@ Trainer::Trainer(Config config, RunOptions options)
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
       if (auto warning = DataFilesChanged(position_.data_files, data_->Files(), position_.step,
-                                          config_.data)) {
+                                          position_.step >= config_.train.steps, config_.data)) {
         warnings.push_back(*warning);
       }
     }

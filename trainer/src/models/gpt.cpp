@@ -1,5 +1,6 @@
 // Family "gpt": a decoder-only transformer (GPT-2 style: pre-LayerNorm, learned positions, GELU
-// MLP). The quickstart's model; not a Hugging Face architecture (no HF import/export).
+// MLP). The quickstart's model; exported as transformers' GPT2LMHeadModel (hf_export.cpp), not
+// imported.
 // Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
 #include <cmath>
 #include <limits>

@@ -365,6 +365,10 @@ std::string Gpt2ConfigJson(const ModelConfig& model, const std::string& template
       if (from.contains(key)) json[key] = from[key];
     }
   }
+  // Unknown ids are null: GPT2Config's defaults (50256) lie outside most vocabularies.
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (!json.contains(key)) json[key] = nullptr;
+  }
   json["torch_dtype"] = "float32";
   return json.dump(2) + "\n";
 }
