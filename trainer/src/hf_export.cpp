@@ -111,10 +111,6 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
   return tensors;
 }
 
-}  // namespace
-
-namespace {
-
 // The first of `dirs` with a tokenizer: tokenizer.json, or a SentencePiece tokenizer.model alone
 // (older Llama and Mistral repositories); not one with generation_config.json only, which
 // save_pretrained writes beside any model. "" if none.

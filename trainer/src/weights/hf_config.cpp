@@ -359,15 +359,14 @@ std::string Gpt2ConfigJson(const ModelConfig& model, const std::string& template
   json["reorder_and_upcast_attn"] = false;
   json["tie_word_embeddings"] = model.tie_embeddings;
   std::error_code ec;
+  OrderedJson from = OrderedJson::object();
   if (!template_path.empty() && fs::exists(template_path, ec)) {
-    const OrderedJson from = ReadJsonObject<OrderedJson>(template_path);
-    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
-      if (from.contains(key)) json[key] = from[key];
-    }
+    from = ReadJsonObject<OrderedJson>(template_path);
   }
-  // Unknown ids are null: GPT2Config's defaults (50256) lie outside most vocabularies.
+  // Ids the template does not give are null: GPT2Config's defaults (50256) lie outside most
+  // vocabularies.
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
-    if (!json.contains(key)) json[key] = nullptr;
+    json[key] = from.contains(key) ? from[key] : OrderedJson(nullptr);
   }
   json["torch_dtype"] = "float32";
   return json.dump(2) + "\n";
