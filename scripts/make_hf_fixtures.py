@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -50,6 +51,9 @@ class Fixture:
     seed: int
     make_config: Callable[[], Any]
     legacy_layout: bool = False  # rewrite config.json to torch_dtype / rope_theta / rope_scaling
+    # GPT-2: write the weights as the original GPT-2 repositories hold them (GPT2Model's names,
+    # without "transformer.", no lm_head, the attention's causal-mask buffers "h.<i>.attn.bias")
+    bare_base_model: bool = False
     max_input_id: int | None = None  # input ids are drawn below this (default: vocab_size)
     input_seed: int | None = None  # share input_ids between fixtures (teacher / student)
     extra: dict[str, Any] = field(default_factory=dict)  # written to fixture.json when not empty
@@ -114,6 +118,20 @@ def _mistral():
         max_position_embeddings=64, tie_word_embeddings=False, rope_theta=10000.0, sliding_window=None))
 
 
+def _gpt2_tanh():
+    from transformers import GPT2Config
+    return GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4, n_inner=None,
+                      activation_function="gelu_new", initializer_range=INIT_STD, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=True)
+
+
+def _gpt2_erf_untied():
+    from transformers import GPT2Config
+    return GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=2, n_inner=48,
+                      activation_function="gelu", initializer_range=INIT_STD, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=False)
+
+
 FIXTURES = [
     Fixture("llama_gqa_rope3", 1001, _llama_gqa_rope3, legacy_layout=True,
             notes="Llama, 4 query / 2 KV heads (head_dim 8), llama3 RoPE scaling, tied embeddings"),
@@ -129,6 +147,11 @@ FIXTURES = [
             notes="Qwen3, head_dim 16 != hidden 32 / 4 heads, q/k RMSNorm, tied"),
     Fixture("mistral", 1006, _mistral, legacy_layout=True,
             notes="Mistral, sliding_window null, 4 / 2 heads, untied"),
+    Fixture("gpt2_tanh", 1007, _gpt2_tanh, legacy_layout=True, bare_base_model=True,
+            notes="GPT-2, gelu_new (tanh), tied, n_inner null (4 * n_embd); weights as the original "
+                  "GPT-2 repositories hold them (GPT2Model's names, attn.bias mask buffers)"),
+    Fixture("gpt2_erf_untied", 1008, _gpt2_erf_untied,
+            notes="GPT-2 layout, exact gelu, untied lm_head, n_inner 48, 2 heads"),
 ]
 
 
@@ -136,7 +159,7 @@ def randomize_(model: torch.nn.Module) -> None:
     """Norm weights around 1 and biases around 0, so that a mix-up of tensors changes the output."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or re.search(r"\.ln_(1|2|f)\.weight$", name):
                 p.copy_(1.0 + NORM_SPREAD * (2 * torch.rand_like(p) - 1))
             elif name.endswith(".bias"):
                 p.copy_(BIAS_STD * torch.randn_like(p))
@@ -171,6 +194,17 @@ def llama3_regimes(cfg: Any) -> str:
     return ", ".join(f"{k}: {kinds.count(k)}" for k in ("kept", "smoothed", "divided"))
 
 
+def write_bare_base_model(path: Path, cfg: Any) -> None:
+    """Rewrites a GPT2LMHeadModel's weights as GPT2Model's, with GPT-2's old causal-mask buffers."""
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(path))
+    bare = {name.removeprefix("transformer."): t for name, t in tensors.items() if name != "lm_head.weight"}
+    n = cfg.n_positions
+    for i in range(cfg.n_layer):
+        bare[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)  # float32, as GPT-2 stored it
+    save_file(dict(sorted(bare.items())), str(path), metadata={"format": "pt"})
+
+
 def make_one(fx: Fixture, out_root: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -198,6 +232,8 @@ def make_one(fx: Fixture, out_root: Path) -> dict[str, Any]:
         if fx.legacy_layout:
             cfg_json = legacy_config(cfg_json)
         cfg_path.write_text(json.dumps(cfg_json, indent=2, sort_keys=True) + "\n")
+        if fx.bare_base_model:
+            write_bare_base_model(tmpdir / "model.safetensors", cfg)
         save_file({"input_ids": input_ids, "logits": logits}, str(tmpdir / "expected.safetensors"),
                   metadata={"format": "pt"})
         if fx.extra:

@@ -52,6 +52,8 @@ class GptBlock(nn.Module):
         self.mlp_in = nn.Linear(d, mlp_width(c))
         self.mlp_out = nn.Linear(mlp_width(c), d)
         self.resid_dropout = nn.Dropout(c["dropout"])
+        # model.activation: gelu (exact) | gelu_tanh (GPT-2's gelu_new)
+        self.approximate = "tanh" if c.get("activation", "gelu") == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, T, D)
         B, T, D = x.shape
@@ -62,7 +64,7 @@ class GptBlock(nn.Module):
                                               is_causal=True)
         attn = attn.transpose(1, 2).reshape(B, T, D)
         h = x + self.resid_dropout(self.attn_out(attn))
-        m = self.mlp_out(F.gelu(self.mlp_in(self.ln_mlp(h))))
+        m = self.mlp_out(F.gelu(self.mlp_in(self.ln_mlp(h)), approximate=self.approximate))
         return h + self.resid_dropout(m)
 
 
@@ -286,7 +288,10 @@ def load_trainer_checkpoint(model: nn.Module, path: str) -> str:
 
 def load_hf_dir(model: nn.Module, hf_dir: str) -> None:
     """The weights of a Hugging Face directory (*.safetensors; names as transformers', shapes
-    exactly the module's), converted to the parameters' dtype as the trainer does."""
+    exactly the module's), converted to the parameters' dtype as the trainer does. The llama
+    family only (the port does not rename GPT-2's tensors)."""
+    if isinstance(model, GptLM):
+        raise ValueError(f"{hf_dir}: a GPT-2 teacher from Hugging Face is not supported by the port")
     from safetensors.torch import load_file
     tensors = {}
     for f in sorted(Path(hf_dir).glob("*.safetensors")):

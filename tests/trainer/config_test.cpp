@@ -83,7 +83,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "teacher.rope_scaling.high_freq_factor=2",
       "teacher.rope_scaling.original_max_position_embeddings=32", "teacher.attention_bias=true",
       "teacher.attention_out_bias=true", "teacher.mlp_bias=true", "teacher.qk_norm=true",
-      "teacher.hf_model_type=mistral"};
+      "teacher.hf_model_type=mistral", "student.activation=gelu", "teacher.activation=gelu"};
   size_t hf_dir_keys = 0;
   for (const auto& key : ConfigKeys()) hf_dir_keys += key.find("hf_dir") != std::string::npos;
   ASSERT_EQ(overrides.size() + hf_dir_keys, ConfigKeys().size())
@@ -105,6 +105,11 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_TRUE(ParseConfig(kValidDistill, "x.yaml", {"train.activation_checkpointing=true"})
                   .train.activation_checkpointing);
   EXPECT_EQ(ParseConfig("", "x.yaml", {"teacher.pretrain_steps=7"}).teacher.pretrain_steps, 7);
+  // The GELU's choice is the gpt family's (the llama one set above has none).
+  const Config tanh = ParseConfig(kValidDistill, "x.yaml",
+                                  {"student.activation=gelu_tanh", "teacher.activation=gelu_tanh"});
+  EXPECT_EQ(tanh.student.activation, Activation::kGeluTanh);
+  EXPECT_EQ(tanh.teacher.activation, Activation::kGeluTanh);
   EXPECT_EQ(c.data.path, "some/*.bin");
   EXPECT_DOUBLE_EQ(c.data.val_fraction, 0.25);
   EXPECT_EQ(c.data.seed, -5);
@@ -138,9 +143,10 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   }
   // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
   // distill.divergence, train.precision, train.mode, student.init_from_teacher,
-  // teacher.pretrain_steps, train.activation_checkpointing; and the two hf_dir keys, not set here.
+  // teacher.pretrain_steps, train.activation_checkpointing, student.activation and
+  // teacher.activation (their llama family has no other); and the two hf_dir keys, not set here.
   EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
-  EXPECT_EQ(differing, lines - 6 - static_cast<int>(hf_dir_keys)) << dumped;
+  EXPECT_EQ(differing, lines - 8 - static_cast<int>(hf_dir_keys)) << dumped;
 }
 
 TEST(ConfigTest, YamlFileValuesAndLineNumbers) {

@@ -1,5 +1,6 @@
-// config.json of the llama family: real configs of each model_type, the rope spellings, every
-// kind of bad input (each error names the file and the key), and export -> import round trips.
+// config.json of the llama and gpt families: real configs of each model_type, the rope spellings,
+// every kind of bad input (each error names the file and the key), and export -> import round
+// trips.
 #include "distill/hf_config.h"
 
 #include <gtest/gtest.h>
@@ -106,6 +107,7 @@ void ExpectSameModel(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.mlp_ratio, b.mlp_ratio);
   EXPECT_EQ(a.dropout, b.dropout);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.activation, b.activation);
   EXPECT_EQ(a.n_kv_head, b.n_kv_head);
   EXPECT_EQ(a.head_dim, b.head_dim);
   EXPECT_EQ(a.intermediate_size, b.intermediate_size);
@@ -326,12 +328,13 @@ TEST(ReadHfConfig, WrongTypesNameKeyExpectedAndFound) {
 
 TEST(ReadHfConfig, UnsupportedModelTypeAndRopeType) {
   Json c = Llama32();
-  c["model_type"] = "gpt2";
+  c["model_type"] = "gemma";
   std::string dir = ConfigDir(c);
   ModelConfig m;
-  ExpectContains(
-      ErrorOf([&] { ReadHfConfig(dir, m); }),
-      {dir + "/config.json: model_type: expected one of llama, mistral, qwen2, qwen3", "\"gpt2\""});
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json: model_type: expected one of gpt2, llama, mistral, qwen2, "
+                        "qwen3",
+                  "\"gemma\""});
 
   c = Llama32();
   c["rope_scaling"]["rope_type"] = "yarn";
@@ -354,6 +357,84 @@ TEST(ReadHfConfig, UnsupportedModelTypeAndRopeType) {
   c["rope_scaling"].erase("rope_type");
   dir = ConfigDir(c, "_notype");
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"rope_scaling.type: expected a string"});
+}
+
+// openai-community/gpt2's config.json.
+Json Gpt2() {
+  return Json::parse(R"({
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768,
+    "n_head": 12, "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1,
+    "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+    "summary_type": "cls_index", "summary_use_proj": true,
+    "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+    "vocab_size": 50257})");
+}
+
+TEST(ReadHfConfig, Gpt2IsTheGptFamily) {
+  ModelConfig m;
+  m.family = ModelFamily::kLlama;  // what was there before is replaced
+  m.n_kv_head = 3;
+  m.qk_norm = true;
+  ReadHfConfig(ConfigDir(Gpt2()), m);
+  EXPECT_EQ(m.family, ModelFamily::kGpt);
+  EXPECT_EQ(m.vocab_size, 50257);
+  EXPECT_EQ(m.padded_vocab_size(), 50257);
+  EXPECT_EQ(m.context_length, 1024);
+  EXPECT_EQ(m.d_model, 768);
+  EXPECT_EQ(m.n_layer, 12);
+  EXPECT_EQ(m.n_head, 12);
+  EXPECT_EQ(m.mlp_width(), 3072);  // n_inner absent: 4 * n_embd
+  EXPECT_EQ(m.activation, Activation::kGeluTanh);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_DOUBLE_EQ(m.dropout, 0.1);
+  EXPECT_EQ(m.n_kv_head, 0);
+  EXPECT_FALSE(m.qk_norm);
+
+  // GPT2Config's defaults for what a config.json leaves out; the other tanh spellings.
+  for (const char* act : {"gelu_pytorch_tanh", "gelu_fast"}) {
+    ModelConfig d;
+    ReadHfConfig(ConfigDir(Json{{"model_type", "gpt2"}, {"activation_function", act}}, act), d);
+    EXPECT_EQ(d.activation, Activation::kGeluTanh) << act;
+    EXPECT_EQ(d.vocab_size, 50257);
+    EXPECT_EQ(d.mlp_width(), 3072);
+  }
+  Json exact = Gpt2();
+  exact["activation_function"] = "gelu";
+  exact["n_inner"] = 1000;
+  exact["tie_word_embeddings"] = false;
+  ReadHfConfig(ConfigDir(exact, "_exact"), m);
+  EXPECT_EQ(m.activation, Activation::kGelu);
+  EXPECT_EQ(m.mlp_width(), 1000);
+  EXPECT_FALSE(m.tie_embeddings);
+}
+
+TEST(ReadHfConfig, Gpt2ArchitecturesTheFamilyCannotRunAreRefused) {
+  const auto error_with = [](const char* key, const Json& value) {
+    Json c = Gpt2();
+    c[key] = value;
+    const std::string dir = ConfigDir(c, std::string("_") + key);
+    ModelConfig m;
+    return std::make_pair(dir, ErrorOf([&] { ReadHfConfig(dir, m); }));
+  };
+  auto [dir, error] = error_with("activation_function", "relu");
+  ExpectContains(error, {dir + "/config.json: activation_function: expected \"gelu\" (exact) or "
+                               "\"gelu_new\", \"gelu_pytorch_tanh\", \"gelu_fast\" (tanh), got "
+                               "\"relu\""});
+  std::tie(dir, error) = error_with("layer_norm_epsilon", 1e-6);
+  ExpectContains(error, {"layer_norm_epsilon: expected 1e-05", "got 1e-06"});
+  std::tie(dir, error) = error_with("scale_attn_by_inverse_layer_idx", true);
+  ExpectContains(error,
+                 {"scale_attn_by_inverse_layer_idx: expected false (not supported), got true"});
+  std::tie(dir, error) = error_with("scale_attn_weights", false);
+  ExpectContains(error, {"scale_attn_weights: expected true"});
+  std::tie(dir, error) = error_with("add_cross_attention", true);
+  ExpectContains(error, {"add_cross_attention: expected false (a decoder-only model), got true"});
+  std::tie(dir, error) = error_with("n_head", 7);
+  ExpectContains(error, {"n_embd: expected a multiple of n_head (7), got 768"});
+  std::tie(dir, error) = error_with("n_inner", -1);
+  ExpectContains(error, {"n_inner: expected an integer > 0, got -1"});
 }
 
 TEST(ReadHfConfig, InvalidJsonAndMissingFile) {
@@ -385,6 +466,22 @@ TEST(HfConfigJson, RoundTripsEachFamily) {
     ModelConfig want = m;
     want.head_dim = m.head_size();  // always written explicitly
     ExpectSameModel(back, want);
+  }
+  // GPT-2, with either GELU: the template (here GPT-2's own config.json) gives the token ids only.
+  for (const char* act : {"gelu_new", "gelu"}) {
+    SCOPED_TRACE(act);
+    Json source = Gpt2();
+    source["activation_function"] = act;
+    const ModelConfig m = Read(source);
+    const std::string dir = TempDir(std::string("_gpt2_") + act);
+    WriteText(dir + "/config.json", HfConfigJson(m, ConfigDir(source) + "/config.json"));
+    const Json written = Json::parse(testing::ReadBytes(dir + "/config.json"));
+    EXPECT_EQ(written["activation_function"], act);
+    EXPECT_EQ(written["eos_token_id"], 50256);
+    EXPECT_EQ(written["n_inner"], 3072);
+    ModelConfig back;
+    ReadHfConfig(dir, back);
+    ExpectSameModel(back, m);
   }
   // A llama-family model made in YAML (no intermediate_size, no head_dim) exports its widths.
   ModelConfig y;

@@ -38,9 +38,9 @@ using testing::TempRunDir;
 using testing::WriteBytes;
 
 const std::string kFixtures = DISTILL_FIXTURES_DIR;
-const std::vector<std::string> kFixtureNames = {"llama_gqa_rope3", "llama_untied_mha",
-                                                "mistral",         "qwen2_teacher",
-                                                "qwen2_student",   "qwen3_qknorm"};
+const std::vector<std::string> kFixtureNames = {
+    "llama_gqa_rope3", "llama_untied_mha", "mistral",   "qwen2_teacher",
+    "qwen2_student",   "qwen3_qknorm",     "gpt2_tanh", "gpt2_erf_untied"};
 
 std::string Fixture(const std::string& name) { return kFixtures + "/" + name; }
 
@@ -110,6 +110,37 @@ TEST(HfModel, ConfigDecidesTheArchitecture) {
   const ModelConfig qwen3 = HfModelConfig(Fixture("qwen3_qknorm"));
   EXPECT_TRUE(qwen3.qk_norm);
   EXPECT_NE(qwen3.head_size() * qwen3.n_head, qwen3.d_model);
+  const ModelConfig gpt2 = HfModelConfig(Fixture("gpt2_tanh"));
+  EXPECT_EQ(gpt2.family, ModelFamily::kGpt);
+  EXPECT_EQ(gpt2.activation, Activation::kGeluTanh);
+  EXPECT_EQ(gpt2.mlp_width(), 4 * gpt2.d_model);  // n_inner null
+  EXPECT_TRUE(gpt2.tie_embeddings);
+  EXPECT_EQ(gpt2.padded_vocab_size(), 96);
+  const ModelConfig gpt2_untied = HfModelConfig(Fixture("gpt2_erf_untied"));
+  EXPECT_EQ(gpt2_untied.activation, Activation::kGelu);
+  EXPECT_EQ(gpt2_untied.mlp_width(), 48);
+  EXPECT_FALSE(gpt2_untied.tie_embeddings);
+}
+
+// The original GPT-2 repositories hold a bare GPT2Model's tensors ("wte.weight", with the
+// attention's causal-mask buffers); gpt2_tanh is written that way. A file that mixes in a tensor
+// the model lacks is still refused by name.
+TEST(HfModel, Gpt2FilesOfTheBareBaseModelLoad) {
+  SafetensorsFile file(Fixture("gpt2_tanh") + "/model.safetensors");
+  EXPECT_TRUE(file.contains("wte.weight"));
+  EXPECT_TRUE(file.contains("h.0.attn.bias"));
+  EXPECT_FALSE(file.contains("transformer.wte.weight"));
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir);
+  fs::copy_file(Fixture("gpt2_tanh") + "/config.json", dir + "/config.json");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& name : file.names())
+    tensors.emplace_back(name, file.Tensor(name, at::kFloat));
+  tensors.emplace_back("h.0.mlp.c_gate.weight", at::zeros({2, 2}));
+  WriteSafetensors(dir + "/model.safetensors", tensors);
+  EXPECT_THAT([&] { BuildModel(HfModelConfig(dir), "", at::Device(at::kCPU)); },
+              ::testing::ThrowsMessage<WeightsError>(::testing::AllOf(
+                  HasSubstr("h.0.mlp.c_gate.weight"), HasSubstr("unexpected tensor"))));
 }
 
 TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
@@ -289,7 +320,7 @@ TEST(HfModel, DropoutSetForAnHfDirModelIsKept) {
 TEST(HfModel, GptModelExportsAsGpt2LMHeadModel) {
   const bool python = PythonHasTransformers();
   for (const bool tied : {true, false}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
+    SCOPED_TRACE(tied ? "tied, exact GELU" : "untied, tanh GELU");
     ModelConfig gpt;
     gpt.vocab_size = 100;  // padded to 128
     gpt.d_model = 32;
@@ -298,6 +329,7 @@ TEST(HfModel, GptModelExportsAsGpt2LMHeadModel) {
     gpt.mlp_ratio = 3.0;  // n_inner 96, not GPT-2's default 4 * n_embd
     gpt.context_length = 24;
     gpt.tie_embeddings = tied;
+    gpt.activation = tied ? Activation::kGelu : Activation::kGeluTanh;
     Model model = MakeModel(gpt);
     {  // every parameter away from its initial value (biases 0, LayerNorm gains 1)
       torch::NoGradGuard no_grad;
@@ -306,10 +338,24 @@ TEST(HfModel, GptModelExportsAsGpt2LMHeadModel) {
     const std::string out = TempRunDir(tied ? "_tied" : "_untied");
     ExportHf(*model, out, {}, /*replace=*/false);
     const std::string json = ReadBytes(out + "/config.json");
-    for (const char* key : {"\"model_type\": \"gpt2\"", "\"vocab_size\": 100", "\"n_inner\": 96",
-                            "\"activation_function\": \"gelu\"", "\"n_positions\": 24",
-                            "\"bos_token_id\": null", "\"eos_token_id\": null"}) {
+    for (const char* key :
+         {"\"model_type\": \"gpt2\"", "\"vocab_size\": 100", "\"n_inner\": 96",
+          "\"n_positions\": 24", "\"bos_token_id\": null", "\"eos_token_id\": null"}) {
       EXPECT_THAT(json, HasSubstr(key));
+    }
+    EXPECT_THAT(json, HasSubstr(tied ? "\"activation_function\": \"gelu\""
+                                     : "\"activation_function\": \"gelu_new\""));
+    {  // read back: the same architecture (the real vocabulary, unpadded) and the same logits
+      const ModelConfig again = HfModelConfig(out);
+      EXPECT_EQ(again.activation, gpt.activation);
+      EXPECT_EQ(again.mlp_width(), 96);
+      Model reloaded = BuildModel(again, "", at::Device(at::kCPU));
+      model->eval();
+      reloaded->eval();
+      torch::NoGradGuard no_grad;
+      const at::Tensor ids = at::randint(0, 100, {2, 24}, at::kLong);
+      EXPECT_TRUE(
+          at::allclose(reloaded->forward(ids), model->forward(ids).narrow(2, 0, 100), 1e-5, 1e-5));
     }
     EXPECT_THAT(
         json, HasSubstr(tied ? "\"tie_word_embeddings\": true" : "\"tie_word_embeddings\": false"));
@@ -347,6 +393,36 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
                                "x.yaml");
   EXPECT_EQ(c.student.family, ModelFamily::kLlama);
   EXPECT_EQ(c.student.rope_scaling.type, "llama3");
+  // The family and the GELU are architecture keys too: GPT-2's config.json says gpt, gelu_new.
+  const std::string gpt2 = Fixture("gpt2_tanh");
+  for (const std::string& key : {"family: llama", "activation: gelu"}) {
+    try {
+      ParseConfig(fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\n  {}\ndata:\n"
+                              "  seq_len: 8\n  min_seq_len: 8\n",
+                              gpt2, key),
+                  "x.yaml");
+      ADD_FAILURE() << key << ": no error";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(key == "family: llama" ? "student.family: expected gpt (from "
+                                                             : "student.activation: expected "
+                                                               "gelu_tanh (from "));
+    }
+  }
+  EXPECT_EQ(ParseConfig(fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\ndata:\n"
+                                    "  seq_len: 8\n  min_seq_len: 8\n",
+                                    gpt2),
+                        "x.yaml")
+                .student.activation,
+            Activation::kGeluTanh);
+  // The llama family has no GELU to choose.
+  try {
+    ParseConfig("train:\n  mode: pretrain\nstudent:\n  family: llama\n  activation: gelu_tanh\n",
+                "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("x.yaml:5: student.activation: expected gelu (the llama "
+                                    "family's MLP is SwiGLU"));
+  }
   // A vocabulary that differs from a Hugging Face teacher's is reported at the student's key
   // (the teacher's width is fixed by its weights), naming the teacher's config.json.
   try {
@@ -426,6 +502,37 @@ TEST(HfModel, PaddedVocabulariesOfDifferentWidthsDistil) {
   EXPECT_GT(grad.narrow(0, 0, 130).abs().max().item<double>(), 0.0);
 }
 
+// GPT-2 from Hugging Face as teacher and as the student's start (self-distillation): the student
+// equals the teacher at step 0, so the divergence is exactly 0 there; the run ends with the
+// student exported as GPT2LMHeadModel (a gpt run from an HF model exports like a llama one).
+TEST(HfModel, Gpt2FromHuggingFaceDistilsAndTheRunExports) {
+  const std::string out = TempRunDir();
+  Config c = testing::TinyConfig(out);
+  c.train.mode = Mode::kDistill;
+  c.teacher.hf_dir = c.student.hf_dir = Fixture("gpt2_tanh");
+  ReadHfConfig(c.teacher.hf_dir, c.teacher);
+  ReadHfConfig(c.student.hf_dir, c.student);
+  c.student.dropout = 0.0;  // config.json's 0.1 would make the student differ from the teacher
+  c.data.synthetic.branching = 4;
+  c.train.steps = 2;
+  c.schedule.warmup_steps = 1;
+  {
+    Config first = c;
+    first.train.out_dir = out + "-first";
+    first.train.export_hf = false;
+    Trainer trainer(first, RunOptions::Quiet());
+    const StepResult step = trainer.Step();
+    EXPECT_EQ(step.kd_loss, 0.0);
+  }
+  std::ostringstream table;
+  distill::Run(c, RunFlags{false, true, nullptr}, table);
+  const ModelConfig exported = HfModelConfig(out + "/hf");
+  EXPECT_EQ(exported.family, ModelFamily::kGpt);
+  EXPECT_EQ(exported.activation, Activation::kGeluTanh);
+  EXPECT_EQ(ArchitectureString(exported), ArchitectureString(c.student));
+  EXPECT_THAT(ReadBytes(out + "/hf/config.json"), HasSubstr("\"eos_token_id\": 2"));
+}
+
 // A finished run stays exportable after its Hugging Face directories are moved or deleted: its
 // stored config.yaml holds the architecture, and the run's own export (hf/) stands in for
 // config.json's other keys and the tokenizer files.
@@ -473,11 +580,36 @@ TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
   ExportRun(out, bare);
   EXPECT_THAT(::testing::internal::GetCapturedStderr(),
               HasSubstr("and the run has no export of its own (" + out +
-                        "/hf): config.json is written from the run's config alone and no "
+                        "/hf): config.json is written from the run's config alone, and no "
                         "tokenizer files are copied"));
   EXPECT_EQ(ReadBytes(bare + "/model.safetensors"), ReadBytes(exported + "/model.safetensors"));
   EXPECT_FALSE(fs::exists(bare + "/tokenizer.json"));
   EXPECT_EQ(ArchitectureString(HfModelConfig(bare)), ArchitectureString(HfModelConfig(exported)));
+  // Only the teacher's directory gone: the student's config.json is the template, and the note
+  // says whether a tokenizer came with it (the teacher's is gone with its directory).
+  fs::create_directories(c.student.hf_dir);
+  fs::copy_file(Fixture("qwen2_student") + "/config.json", c.student.hf_dir + "/config.json");
+  const std::string half = out + "-half";
+  ::testing::internal::CaptureStderr();
+  ExportRun(out, half);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("warning: " + c.teacher.hf_dir +
+                        "/config.json is gone (moved or deleted since the run) and the run has "
+                        "no export of its own (" +
+                        out + "/hf): config.json's other keys are taken from " + c.student.hf_dir +
+                        "/config.json, and no tokenizer files are copied"));
+  EXPECT_FALSE(fs::exists(half + "/tokenizer.json"));
+  WriteBytes(c.student.hf_dir + "/tokenizer.json", "{\"model\": {\"student\": 1}}");
+  const std::string with_tokenizer = out + "-with-tokenizer";
+  ::testing::internal::CaptureStderr();
+  ExportRun(out, with_tokenizer);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("/config.json, and the tokenizer files from " + c.student.hf_dir));
+  EXPECT_EQ(ReadBytes(with_tokenizer + "/tokenizer.json"),
+            ReadBytes(c.student.hf_dir + "/tokenizer.json"));
+  EXPECT_EQ(ReadBytes(with_tokenizer + "/model.safetensors"),
+            ReadBytes(exported + "/model.safetensors"));
+  RemoveTree(models);
 }
 
 // --- SmolLM2-135M, prepared by the set-up (scripts/prepare_smollm2.py); skipped without it. ---

@@ -449,76 +449,83 @@ TEST(LayersCudaTest, LinearGeluIsGeluOfLinear) {
   struct Shape {
     int64_t batch, seq, in, out;
   };
-  for (const Shape& sh :
-       {Shape{2, 1024, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001}, Shape{5, 7, 8, 1},
-        Shape{1, 300, 32, 96}, Shape{0, 300, 32, 96}, Shape{1, 0, 32, 96}}) {
-    // float32; float32 parameters under bf16 autocast (the trainer's); a float16 layer and input
-    // (the 16-bit vectors with __half).
-    for (const at::ScalarType mode : {at::kFloat, at::kBFloat16, at::kHalf}) {
-      const bool autocast = mode == at::kBFloat16;
-      const at::ScalarType param = mode == at::kHalf ? at::kHalf : at::kFloat;
-      for (const bool misaligned : {false, true}) {
-        const std::string what = fmt::format("{}x{}x{} -> {} {}{}", sh.batch, sh.seq, sh.in, sh.out,
-                                             autocast ? "bf16 autocast" : c10::toString(mode),
-                                             misaligned ? " misaligned" : "");
-        torch::nn::Linear layer(sh.in, sh.out), ref(sh.in, sh.out);
-        layer->to(at::kCUDA, param);
-        ref->to(at::kCUDA, param);
-        {
-          torch::NoGradGuard no_grad;
-          layer->bias.normal_();  // pre-activations on both sides of 0
-          ref->weight.copy_(layer->weight);
-          ref->bias.copy_(layer->bias);
+  for (const bool tanh : {false, true})
+    for (const Shape& sh :
+         {Shape{2, 1024, 64, 3072}, Shape{1, 1, 16, 8}, Shape{3, 37, 24, 1001}, Shape{5, 7, 8, 1},
+          Shape{1, 300, 32, 96}, Shape{0, 300, 32, 96}, Shape{1, 0, 32, 96}}) {
+      // float32; float32 parameters under bf16 autocast (the trainer's); a float16 layer and input
+      // (the 16-bit vectors with __half).
+      for (const at::ScalarType mode : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        const bool autocast = mode == at::kBFloat16;
+        const at::ScalarType param = mode == at::kHalf ? at::kHalf : at::kFloat;
+        for (const bool misaligned : {false, true}) {
+          const std::string what = fmt::format(
+              "{} {}x{}x{} -> {} {}{}", tanh ? "tanh" : "erf", sh.batch, sh.seq, sh.in, sh.out,
+              autocast ? "bf16 autocast" : c10::toString(mode), misaligned ? " misaligned" : "");
+          torch::nn::Linear layer(sh.in, sh.out), ref(sh.in, sh.out);
+          layer->to(at::kCUDA, param);
+          ref->to(at::kCUDA, param);
+          {
+            torch::NoGradGuard no_grad;
+            layer->bias.normal_();  // pre-activations on both sides of 0
+            ref->weight.copy_(layer->weight);
+            ref->bias.copy_(layer->bias);
+          }
+          // batch 0: a 2-d (tokens, in) input; seq 0: no rows.
+          const at::Tensor x0 =
+              (sh.batch > 0 ? at::randn({sh.batch, sh.seq, sh.in}) : at::randn({sh.seq, sh.in}))
+                  .to(at::kCUDA, param);
+          const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
+          at::Tensor y, yr, y_nograd;
+          {
+            AutocastGuard guard(autocast);
+            y = LinearGelu(layer, x, tanh);
+            yr = at::gelu(Linear(ref, xr), tanh ? "tanh" : "none");
+            torch::NoGradGuard no_grad;
+            y_nograd = LinearGelu(layer, x0, tanh);
+          }
+          ASSERT_NE(y.grad_fn()->name().find("LinearGeluFunction"), std::string::npos)
+              << y.grad_fn()->name();
+          ASSERT_NE(yr.grad_fn()->name().find("GeluBackward"), std::string::npos)
+              << yr.grad_fn()->name();
+          EXPECT_TRUE(at::equal(y, yr)) << what;
+          EXPECT_TRUE(at::equal(y_nograd, yr)) << what << " without grad mode";
+          const int64_t n = y.numel();
+          const at::Tensor flat = at::randn({n + 1}, y.options());
+          const at::Tensor grad = flat.narrow(0, misaligned ? 1 : 0, n).view(y.sizes());
+          y.backward(grad);
+          yr.backward(grad);
+          EXPECT_TRUE(at::equal(x.grad(), xr.grad())) << what << " input gradient";
+          EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
+          EXPECT_TRUE(at::equal(layer->bias.grad(), ref->bias.grad())) << what << " bias";
+          // float64: the operands as the matmul took them, everything after in float64.
+          const at::ScalarType op = mode;
+          const auto f64 = [&](const at::Tensor& t) { return t.detach().to(op).to(at::kDouble); };
+          const at::Tensor u = at::linear(f64(x0), f64(layer->weight), f64(layer->bias));
+          // gelu(u) = u * cdf(u), gelu'(u) = cdf(u) + u * pdf(u); tanh: cdf ~ (1 + tanh(k(u +
+          // 0.044715 u^3))) / 2, pdf its derivative.
+          const double k = std::sqrt(2 / M_PI);
+          const at::Tensor th = at::tanh(k * (u + 0.044715 * u * u * u));
+          const at::Tensor cdf = tanh ? 0.5 * (1 + th) : 0.5 * (1 + at::erf(u / std::sqrt(2.0)));
+          const at::Tensor pdf = tanh ? 0.5 * (1 - th * th) * k * (1 + 3 * 0.044715 * u * u)
+                                      : at::exp(-0.5 * u * u) / std::sqrt(2 * M_PI);
+          const at::Tensor du = grad.to(op).to(at::kDouble) * (cdf + u * pdf);
+          const double tol = mode == at::kFloat ? 1e-5 : (mode == at::kHalf ? 8e-3 : 3.2e-2);
+          if (y.numel() > 0) {
+            EXPECT_LT(MaxRelDiff(y, u * cdf), tol) << what;
+          }
+          EXPECT_LT(MaxRelDiff(layer->bias.grad(), du.reshape({-1, sh.out}).sum(0)), tol) << what;
         }
-        // batch 0: a 2-d (tokens, in) input; seq 0: no rows.
-        const at::Tensor x0 =
-            (sh.batch > 0 ? at::randn({sh.batch, sh.seq, sh.in}) : at::randn({sh.seq, sh.in}))
-                .to(at::kCUDA, param);
-        const at::Tensor x = x0.clone().requires_grad_(), xr = x0.clone().requires_grad_();
-        at::Tensor y, yr, y_nograd;
-        {
-          AutocastGuard guard(autocast);
-          y = LinearGelu(layer, x);
-          yr = at::gelu(Linear(ref, xr));
-          torch::NoGradGuard no_grad;
-          y_nograd = LinearGelu(layer, x0);
-        }
-        ASSERT_NE(y.grad_fn()->name().find("LinearGeluFunction"), std::string::npos)
-            << y.grad_fn()->name();
-        ASSERT_NE(yr.grad_fn()->name().find("GeluBackward"), std::string::npos)
-            << yr.grad_fn()->name();
-        EXPECT_TRUE(at::equal(y, yr)) << what;
-        EXPECT_TRUE(at::equal(y_nograd, yr)) << what << " without grad mode";
-        const int64_t n = y.numel();
-        const at::Tensor flat = at::randn({n + 1}, y.options());
-        const at::Tensor grad = flat.narrow(0, misaligned ? 1 : 0, n).view(y.sizes());
-        y.backward(grad);
-        yr.backward(grad);
-        EXPECT_TRUE(at::equal(x.grad(), xr.grad())) << what << " input gradient";
-        EXPECT_TRUE(at::equal(layer->weight.grad(), ref->weight.grad())) << what << " weight";
-        EXPECT_TRUE(at::equal(layer->bias.grad(), ref->bias.grad())) << what << " bias";
-        // float64: the operands as the matmul took them, everything after in float64.
-        const at::ScalarType op = mode;
-        const auto f64 = [&](const at::Tensor& t) { return t.detach().to(op).to(at::kDouble); };
-        const at::Tensor u = at::linear(f64(x0), f64(layer->weight), f64(layer->bias));
-        const at::Tensor cdf = 0.5 * (1 + at::erf(u / std::sqrt(2.0)));
-        const at::Tensor pdf = at::exp(-0.5 * u * u) / std::sqrt(2 * M_PI);
-        const at::Tensor du = grad.to(op).to(at::kDouble) * (cdf + u * pdf);
-        const double tol = mode == at::kFloat ? 1e-5 : (mode == at::kHalf ? 8e-3 : 3.2e-2);
-        if (y.numel() > 0) {
-          EXPECT_LT(MaxRelDiff(y, u * cdf), tol) << what;
-        }
-        EXPECT_LT(MaxRelDiff(layer->bias.grad(), du.reshape({-1, sh.out}).sum(0)), tol) << what;
       }
     }
-  }
 }
 
 // A whole model on CUDA in fp32 (the fused kernels) against the same weights on the CPU (the
 // composite): logits and every parameter's gradient.
-void CheckModel(ModelFamily family) {
+void CheckModel(ModelFamily family, Activation activation = Activation::kGelu) {
   ModelConfig config;
   config.family = family;
+  config.activation = activation;
   config.vocab_size = 100;
   config.n_layer = 3;
   config.d_model = 96;
@@ -552,6 +559,7 @@ void CheckModel(ModelFamily family) {
 TEST(LayersCudaTest, GptOnCudaMatchesCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   CheckModel(ModelFamily::kGpt);
+  CheckModel(ModelFamily::kGpt, Activation::kGeluTanh);
 }
 
 TEST(LayersCudaTest, LlamaOnCudaMatchesCpu) {

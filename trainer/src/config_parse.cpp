@@ -255,10 +255,12 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
              fmt::format("expected more than low_freq_factor ({}), got {}",
                          m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor));
       }
-    } else if (!m.hf_dir.empty()) {
-      fail(name + ".family",
-           "expected llama (hf_dir is set: Hugging Face models are llama-family), "
-           "got \"gpt\"");
+      if (m.activation != Activation::kGelu) {
+        fail(name + ".activation",
+             fmt::format("expected gelu (the llama family's MLP is SwiGLU; activation chooses the "
+                         "gpt family's GELU), got {}",
+                         EnumName(m.activation)));
+      }
     } else if (m.d_model % m.n_head != 0) {
       fail(name + ".d_model",
            fmt::format("expected a multiple of {}.n_head ({}), got {}", name, m.n_head, m.d_model));

@@ -189,11 +189,13 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
   Add(
       keys, key("family"), [=](auto& c) -> auto& { return model(c).family; },
       OneOfEnum<ModelFamily>(),
-      "gpt: the quickstart's GPT-style model; llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 decoders.");
+      "gpt: GPT-2-style (the quickstart's model); llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 "
+      "decoders.");
   Add(
       keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
       "A Hugging Face model directory (config.json + safetensors): architecture and weights "
-      "come from it (family llama); keys set here must agree with its config.json.");
+      "come from it (model_type gpt2: family gpt; llama, mistral, qwen2, qwen3: family llama); "
+      "keys set here must agree with its config.json.");
   Add(
       keys, key("vocab_size"), [=](auto& c) -> auto& { return model(c).vocab_size; },
       IntIn(2, int64_t{1} << 31), "Real vocabulary size; data tokens are in [0, vocab_size).");
@@ -218,7 +220,7 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
   Add(
       keys, key("mlp_ratio"), [=](auto& c) -> auto& { return model(c).mlp_ratio; },
       NumberStrictlyIn(0, 1024),
-      "MLP hidden width = round(mlp_ratio * d_model) (llama: unless intermediate_size is set).");
+      "MLP hidden width = round(mlp_ratio * d_model), unless intermediate_size is set.");
   Add(
       keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
       NumberIn(0, 1, true),
@@ -229,6 +231,11 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
       keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
       Bool(), "lm_head shares the token embedding matrix.");
   Add(
+      keys, key("activation"), [=](auto& c) -> auto& { return model(c).activation; },
+      OneOfEnum<Activation>(),
+      "gpt: the MLP's GELU, exact (gelu, erf) or the tanh approximation (gelu_tanh: GPT-2's "
+      "gelu_new; HF: activation_function). llama: gelu (its MLP is SwiGLU).");
+  Add(
       keys, key("n_kv_head"), [=](auto& c) -> auto& { return model(c).n_kv_head; }, IntIn(0, 4096),
       "llama: key/value heads (grouped-query attention); 0: n_head.");
   Add(
@@ -236,7 +243,8 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
       "llama: width of one attention head; 0: d_model / n_head.");
   Add(
       keys, key("intermediate_size"), [=](auto& c) -> auto& { return model(c).intermediate_size; },
-      IntIn(0, int64_t{1} << 22), "llama: SwiGLU hidden width; 0: round(mlp_ratio * d_model).");
+      IntIn(0, int64_t{1} << 22),
+      "MLP hidden width (llama: SwiGLU's; gpt: HF n_inner); 0: round(mlp_ratio * d_model).");
   Add(
       keys, key("norm_eps"), [=](auto& c) -> auto& { return model(c).norm_eps; },
       NumberStrictlyIn(0, 1), "llama: RMSNorm epsilon (HF: rms_norm_eps).");
@@ -457,8 +465,9 @@ std::vector<KeyDecl> Declare() {
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(
       k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
-      "llama family: at the end, write the student as a Hugging Face directory <out_dir>/hf "
-      "(a gpt-family run: distill_trainer export RUN_DIR OUT_DIR, as GPT2LMHeadModel).");
+      "At the end, write the student as a Hugging Face directory <out_dir>/hf: llama family, "
+      "and gpt-family runs with a student or teacher hf_dir (GPT2LMHeadModel; other gpt runs: "
+      "distill_trainer export RUN_DIR OUT_DIR).");
   Add(
       k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; },
       OneOfEnum<NonFinite>(),

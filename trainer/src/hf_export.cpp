@@ -47,67 +47,28 @@ void CopyFile(const fs::path& from, const fs::path& to) {
   if (!out) throw std::runtime_error(fmt::format("export: cannot write {}", to.string()));
 }
 
-// A gpt-family parameter's name in transformers' GPT2LMHeadModel, and whether its tensor is the
-// transpose of ours (GPT-2's Conv1D layers hold (in, out) weights; torch's Linear (out, in)).
-std::pair<std::string, bool> Gpt2Name(const std::string& name) {
-  static const std::pair<const char*, const char*> kTop[] = {
-      {"token_embedding.weight", "transformer.wte.weight"},
-      {"position_embedding.weight", "transformer.wpe.weight"},
-      {"ln_final.weight", "transformer.ln_f.weight"},
-      {"ln_final.bias", "transformer.ln_f.bias"},
-      {"lm_head", "lm_head.weight"}};
-  for (const auto& [ours, theirs] : kTop) {
-    if (name == ours) return {theirs, false};
-  }
-  // blocks.<i>.<layer>.<weight|bias>
-  static const std::pair<const char*, const char*> kBlock[] = {
-      {"ln_attn", "ln_1"}, {"qkv", "attn.c_attn"}, {"attn_out", "attn.c_proj"},
-      {"ln_mlp", "ln_2"},  {"mlp_in", "mlp.c_fc"}, {"mlp_out", "mlp.c_proj"}};
-  const std::string prefix = "blocks.";
-  if (name.rfind(prefix, 0) == 0) {
-    const size_t layer_at = name.find('.', prefix.size());
-    const size_t tensor_at = name.rfind('.');
-    if (layer_at != std::string::npos && tensor_at > layer_at) {
-      const std::string index = name.substr(prefix.size(), layer_at - prefix.size());
-      const std::string layer = name.substr(layer_at + 1, tensor_at - layer_at - 1);
-      const std::string tensor = name.substr(tensor_at + 1);
-      for (const auto& [ours, theirs] : kBlock) {
-        if (layer != ours) continue;
-        const bool linear = layer.rfind("ln_", 0) != 0;
-        return {fmt::format("transformer.h.{}.{}.{}", index, theirs, tensor),
-                linear && tensor == "weight"};
-      }
-    }
-  }
-  throw std::logic_error(fmt::format("export: gpt parameter {} has no GPT-2 name", name));
-}
-
-// The model's tensors under their (transformers) names, float32 on the CPU: the llama family's
-// parameters are named as transformers names them; the gpt family's are renamed to
-// GPT2LMHeadModel's (its padded-vocabulary mask buffer is not a weight). Rows that
-// pad_vocab_to_multiple_of added to the embedding and lm_head are dropped: config.json's
-// vocab_size is the real one, and transformers checks the shapes against it.
+// The model's tensors under their (transformers) names, float32 on the CPU (CausalLM::hf_name:
+// the llama family's parameters and buffers are named as transformers names them; the gpt
+// family's are renamed to GPT2LMHeadModel's, Conv1D weights transposed, and its
+// padded-vocabulary mask buffer is not a weight). Rows that pad_vocab_to_multiple_of added to the
+// embedding and lm_head are dropped: config.json's vocab_size is the real one, and transformers
+// checks the shapes against it.
 std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model) {
   const int64_t vocab = model.config().vocab_size;
-  const bool gpt = model.config().family == ModelFamily::kGpt;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& item : model.named_parameters()) {
-    at::Tensor t = item.value().detach().to(at::kCPU, at::kFloat);
-    std::string name = item.key();
-    if (gpt) {
-      bool transpose = false;
-      std::tie(name, transpose) = Gpt2Name(item.key());
-      if (transpose) t = t.t();
-    }
-    const bool vocab_rows = name == "model.embed_tokens.weight" ||
-                            name == "transformer.wte.weight" || name == "lm_head.weight";
+  const auto add = [&](const std::string& key, const at::Tensor& value, bool parameter) {
+    const std::optional<CausalLM::HfName> hf = model.hf_name(key);
+    if (!hf) return;
+    at::Tensor t = value.detach().to(at::kCPU);
+    if (parameter) t = t.to(at::kFloat);
+    if (hf->transpose) t = t.t();
+    const bool vocab_rows = hf->name == "model.embed_tokens.weight" ||
+                            hf->name == "transformer.wte.weight" || hf->name == "lm_head.weight";
     if (vocab_rows && t.size(0) > vocab) t = t.narrow(0, 0, vocab);
-    tensors.emplace_back(name, t.contiguous());
-  }
-  if (gpt) return tensors;
-  for (const auto& item : model.named_buffers()) {
-    tensors.emplace_back(item.key(), item.value().detach().to(at::kCPU).contiguous());
-  }
+    tensors.emplace_back(hf->name, t.contiguous());
+  };
+  for (const auto& item : model.named_parameters()) add(item.key(), item.value(), true);
+  for (const auto& item : model.named_buffers()) add(item.key(), item.value(), false);
   return tensors;
 }
 
@@ -143,13 +104,24 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
           gone.front(), own.string());
       return sources;
     }
-    sources.note = fmt::format(
-        "warning: {}/config.json is gone (moved or deleted since the run) and the run has no "
-        "export of its own ({}): config.json is written from the run's config alone{}",
-        gone.front(), own.string(), dirs.empty() ? " and no tokenizer files are copied" : "");
   }
   if (!dirs.empty()) sources.config_template = (fs::path(dirs.front()) / "config.json").string();
   sources.tokenizer_dir = TokenizerDir(dirs);
+  if (!gone.empty() && !run_dir.empty()) {
+    // What stands in for the missing directory: the other model's files, or nothing.
+    const std::string keys =
+        dirs.empty()
+            ? "config.json is written from the run's config alone"
+            : fmt::format("config.json's other keys are taken from {}", sources.config_template);
+    const std::string tokenizer =
+        sources.tokenizer_dir.empty()
+            ? std::string("no tokenizer files are copied")
+            : fmt::format("the tokenizer files from {}", sources.tokenizer_dir);
+    sources.note = fmt::format(
+        "warning: {}/config.json is gone (moved or deleted since the run) and the run has no "
+        "export of its own ({}): {}, and {}",
+        gone.front(), (fs::path(run_dir) / "hf").string(), keys, tokenizer);
+  }
   return sources;
 }
 

@@ -243,8 +243,15 @@ Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const
   Model model = MakeModel(config);
   if (!config.hf_dir.empty()) {
     const std::vector<std::string> ignorable = model->hf_ignorable_tensors();
+    HfNaming naming;
+    naming.rename = [&model](const std::string& name) {
+      const std::optional<CausalLM::HfName> hf = model->hf_name(name);
+      return hf ? std::optional<std::pair<std::string, bool>>({hf->name, hf->transpose})
+                : std::nullopt;
+    };
+    naming.base_prefix = model->hf_base_prefix();
     LoadModuleFromHf(config.hf_dir, *model,
-                     std::set<std::string>(ignorable.begin(), ignorable.end()));
+                     std::set<std::string>(ignorable.begin(), ignorable.end()), naming);
   }
   model->to(device);
   if (config.hf_dir.empty() && !checkpoint.empty()) {
@@ -814,7 +821,11 @@ EvalResult Trainer::Train() {
                               .Add("elapsed_s", elapsed_)
                               .str() +
                           "\n");
-  if (config_.train.export_hf && config_.student.family == ModelFamily::kLlama) {
+  // gpt-family runs export at the end only when they come from a Hugging Face model (the
+  // quickstart's runs would each get an hf/ they did not ask for; `distill_trainer export`).
+  const bool from_hf =
+      !config_.student.hf_dir.empty() || (distill_ && !config_.teacher.hf_dir.empty());
+  if (config_.train.export_hf && (config_.student.family == ModelFamily::kLlama || from_hf)) {
     const std::string hf_dir = (fs::path(config_.train.out_dir) / "hf").string();
     // The run's own previous export stands in for an hf_dir removed while the run trained.
     const HfExportSources sources = ExportSources(config_, config_.train.out_dir);

@@ -37,6 +37,14 @@ struct EnumNames<ModelFamily> {
 };
 inline constexpr const auto& kModelFamilyNames = EnumNames<ModelFamily>::kNames;
 
+// The gpt family's MLP activation: the exact GELU (erf) or its tanh approximation (GPT-2's
+// "gelu_new"; transformers also spells it "gelu_pytorch_tanh" and "gelu_fast").
+enum class Activation { kGelu, kGeluTanh };
+template <>
+struct EnumNames<Activation> {
+  static constexpr std::array<const char*, 2> kNames = {"gelu", "gelu_tanh"};
+};
+
 // train.mode: pretrain (cross-entropy only) | distill.
 enum class Mode { kPretrain, kDistill };
 template <>
@@ -85,10 +93,11 @@ struct RopeScaling {
 // A decoder-only transformer. The logits have padded_vocab_size() columns; the padded ones are
 // masked to -inf, so the model never predicts them and they never get gradient.
 //
-// family gpt: pre-LayerNorm, learned positions, GELU MLP (round(mlp_ratio * d_model) wide).
-// family llama: RMSNorm, RoPE, SwiGLU MLP (intermediate_size wide), grouped-query attention;
-// covers Llama 2/3, Qwen2/2.5/3, Mistral and SmolLM2. With hf_dir set, every architecture key
-// comes from <hf_dir>/config.json (see docs/hf.md) and the weights from its safetensors.
+// family gpt: pre-LayerNorm, learned positions, GELU MLP (mlp_width() wide); GPT-2 and its
+// distilled and fine-tuned descendants. family llama: RMSNorm, RoPE, SwiGLU MLP (intermediate_size
+// wide), grouped-query attention; covers Llama 2/3, Qwen2/2.5/3, Mistral and SmolLM2. With hf_dir
+// set, every architecture key comes from <hf_dir>/config.json (see docs/hf.md; model_type gpt2
+// is the gpt family) and the weights from its safetensors.
 struct ModelConfig {
   ModelFamily family = ModelFamily::kGpt;
   std::string hf_dir;  // a Hugging Face model directory: config.json + *.safetensors
@@ -101,10 +110,11 @@ struct ModelConfig {
   double mlp_ratio = 4.0;
   double dropout = 0.0;
   bool tie_embeddings = true;
+  Activation activation = Activation::kGelu;  // gpt family only: the MLP's GELU
   // llama family only.
   int64_t n_kv_head = 0;          // key/value heads (grouped-query attention); 0: n_head
   int64_t head_dim = 0;           // 0: d_model / n_head
-  int64_t intermediate_size = 0;  // SwiGLU width; 0: round(mlp_ratio * d_model)
+  int64_t intermediate_size = 0;  // MLP width (gpt: HF n_inner); 0: round(mlp_ratio * d_model)
   double norm_eps = 1e-5;         // RMSNorm epsilon
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;

@@ -1,6 +1,7 @@
-// Hugging Face config.json <-> ModelConfig for the llama family (Llama 2/3, Mistral, Qwen2/2.5,
-// Qwen3, SmolLM2). Defaults of absent keys are those of the transformers config class of the
-// model_type, so a config.json means here what it means to transformers.
+// Hugging Face config.json <-> ModelConfig: the llama family (Llama 2/3, Mistral, Qwen2/2.5,
+// Qwen3, SmolLM2) and the gpt family (GPT-2: model_type gpt2). Defaults of absent keys are those
+// of the transformers config class of the model_type, so a config.json means here what it means
+// to transformers.
 #pragma once
 
 #include <optional>
@@ -10,17 +11,19 @@
 
 namespace distill {
 
-// Reads <hf_dir>/config.json into the architecture fields of `model` (family kLlama,
-// pad_vocab_to_multiple_of 1; hf_dir, mlp_ratio and the fields of derived structs untouched).
-// Throws ConfigError, "<hf_dir>/config.json: <key>: expected ..., got ...", for a missing or
-// unreadable file, invalid JSON (with the byte position), a missing or mistyped key, or an
-// architecture the llama family cannot run (model_type, hidden_act, rope type, sliding window).
+// Reads <hf_dir>/config.json into the architecture fields of `model` (the family from its
+// model_type, pad_vocab_to_multiple_of 1; hf_dir, mlp_ratio and the fields of derived structs
+// untouched; a gpt2 model's llama-only fields at their defaults). Throws ConfigError,
+// "<hf_dir>/config.json: <key>: expected ..., got ...", for a missing or unreadable file, invalid
+// JSON (with the byte position), a missing or mistyped key, or an architecture the families
+// cannot run (model_type, hidden_act / activation_function, rope type, sliding window, GPT-2's
+// layer_norm_epsilon other than 1e-5, scale_attn_by_inverse_layer_idx, cross-attention).
 void ReadHfConfig(const std::string& hf_dir, ModelConfig& model);
 
 // The config.json text (2-space indent) of `model`. Llama family: the JSON of `template_path`
 // when it is non-empty and exists (e.g. the teacher's config.json, to keep the token ids), with
 // every architecture key set from `model`, "rope_parameters", "layer_types" and quantization keys
-// removed. Gpt family: transformers' GPT2LMHeadModel (model_type gpt2, the exact "gelu"), with
+// removed. Gpt family: transformers' GPT2LMHeadModel (model_type gpt2, "gelu" or "gelu_new"), with
 // only the template's bos/eos/pad token ids. Throws ConfigError when a llama-family `model` has no
 // config.json spelling (a bias / qk-norm choice its hf_model_type cannot express) or the
 // template is not a JSON object.

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,20 @@ class CausalLM : public torch::nn::Module {
   // Names of tensors that a Hugging Face file of this family may hold and this module does not
   // (the tied lm_head, rotary caches); "*suffix" matches by suffix. Empty for non-HF families.
   virtual std::vector<std::string> hf_ignorable_tensors() const { return {}; }
+  // A parameter's or buffer's name in the family's Hugging Face files, and whether they hold its
+  // transpose (GPT-2's Conv1D weights); nullopt for a tensor that is not a weight of the format
+  // (the gpt family's padded-column mask). By default the same name: the llama family names its
+  // tensors as transformers does.
+  struct HfName {
+    std::string name;
+    bool transpose = false;
+  };
+  virtual std::optional<HfName> hf_name(const std::string& name) const {
+    return HfName{name, false};
+  }
+  // transformers' base_model_prefix where files of the bare base model (GPT2Model's, as the
+  // original GPT-2 repositories hold them) name the tensors without it; "" for none.
+  virtual std::string hf_base_prefix() const { return ""; }
   // Activation checkpointing (train.activation_checkpointing): with gradients enabled, each
   // transformer block keeps only its inputs for the backward and runs again there
   // (CheckpointedBlock in models/layers.h): the same gradients, less memory, one more forward of

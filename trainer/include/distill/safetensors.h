@@ -12,8 +12,10 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -88,14 +90,24 @@ void WriteSafetensors(const std::string& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// How a module's tensors are named in Hugging Face files. `rename`: a module tensor's name ->
+// {the files' name, whether they hold its transpose}, or nullopt for a tensor the files do not
+// hold (not loaded); unset: the same name, not transposed. `base_prefix` (transformers'
+// base_model_prefix, e.g. "transformer"): a name under it that the files lack is looked up
+// without it, as transformers loads a bare base model's file into a model with a head.
+struct HfNaming {
+  std::function<std::optional<std::pair<std::string, bool>>(const std::string&)> rename;
+  std::string base_prefix;
+};
+
 // Copies the weights of the HF directory `hf_dir` into `module`: every named parameter and
-// buffer (register only persistent buffers) must be there with exactly its shape; each is
-// converted to the parameter's dtype and copied onto its device. A tensor of the files the
-// module lacks is an error unless `ignorable` names it ("lm_head.weight"), or a suffix of it
-// ("*rotary_emb.inv_freq"). All names, shapes and dtypes are checked before the first copy, so
-// a WeightsError leaves the module untouched.
+// buffer (register only persistent buffers) must be there with exactly its shape (under
+// `naming`'s name, transposed where it says so); each is converted to the parameter's dtype and
+// copied onto its device. A tensor of the files the module lacks is an error unless `ignorable`
+// names it ("lm_head.weight"), or a suffix of it ("*rotary_emb.inv_freq"). All names, shapes and
+// dtypes are checked before the first copy, so a WeightsError leaves the module untouched.
 void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
-                      const std::set<std::string>& ignorable = {});
+                      const std::set<std::string>& ignorable = {}, const HfNaming& naming = {});
 
 // Writes every named parameter and buffer of `module` to `path` (a model.safetensors), floating
 // point ones converted to `dtype`, with metadata {"format": "pt"} (what transformers expects).

@@ -31,7 +31,7 @@ void CheckLike(const at::Tensor& t, const at::Tensor& u, const char* name) {
 
 }  // namespace
 
-at::Tensor Gelu(const at::Tensor& u) {
+at::Tensor Gelu(const at::Tensor& u, bool tanh) {
   CheckInput(u);
   const c10::cuda::CUDAGuard guard(u.device());
   at::Tensor a = at::empty_like(u);
@@ -40,15 +40,15 @@ at::Tensor Gelu(const at::Tensor& u) {
   const cudaError_t err = WithKernelType(u.scalar_type(), "Gelu", "the input", [&](auto tag) {
     using T = decltype(tag);
     return kernels::LaunchGeluForward(reinterpret_cast<const T*>(u.const_data_ptr()),
-                                      reinterpret_cast<T*>(a.mutable_data_ptr()), u.numel(), sms,
-                                      stream);
+                                      reinterpret_cast<T*>(a.mutable_data_ptr()), u.numel(), tanh,
+                                      sms, stream);
   });
   TORCH_CHECK(err == cudaSuccess, "Gelu (CUDA): launch failed: ", cudaGetErrorString(err));
   return a;
 }
 
 std::pair<at::Tensor, at::Tensor> GeluBackwardWithColumnSum(const at::Tensor& grad,
-                                                            const at::Tensor& u) {
+                                                            const at::Tensor& u, bool tanh) {
   CheckInput(u);
   CheckLike(grad, u, "the output's gradient");
   const c10::cuda::CUDAGuard guard(u.device());
@@ -72,7 +72,7 @@ std::pair<at::Tensor, at::Tensor> GeluBackwardWithColumnSum(const at::Tensor& gr
         reinterpret_cast<const T*>(grad.const_data_ptr()),
         reinterpret_cast<const T*>(u.const_data_ptr()), reinterpret_cast<T*>(du.mutable_data_ptr()),
         partial.mutable_data_ptr<float>(), sums.mutable_data_ptr<float>(), rows, n, splits, vec,
-        stream);
+        tanh, stream);
   });
   TORCH_CHECK(err == cudaSuccess, "Gelu (CUDA): launch failed: ", cudaGetErrorString(err));
   return {du, sums};

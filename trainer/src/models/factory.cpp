@@ -100,7 +100,11 @@ std::string ArchitectureString(const ModelConfig& c) {
       "mlp_ratio={} tie_embeddings={}",
       c.vocab_size, c.padded_vocab_size(), c.context_length, c.n_layer, c.n_head, c.d_model,
       c.mlp_ratio, c.tie_embeddings);
-  if (c.family == ModelFamily::kGpt) return s;  // unchanged: checkpoints of earlier versions load
+  if (c.family == ModelFamily::kGpt) {  // as earlier versions wrote it for the exact GELU
+    if (c.activation != Activation::kGelu)
+      s += fmt::format(" activation={}", EnumName(c.activation));
+    return s;
+  }
   const RopeScaling& r = c.rope_scaling;
   return s + fmt::format(
                  " family=llama n_kv_head={} head_dim={} intermediate_size={} norm_eps={} "

@@ -1,10 +1,12 @@
 // Family "gpt": a decoder-only transformer (GPT-2 style: pre-LayerNorm, learned positions, GELU
-// MLP). The quickstart's model; exported as transformers' GPT2LMHeadModel (hf_export.cpp), not
-// imported.
+// MLP, exact or tanh). The quickstart's model; read from and exported as transformers'
+// GPT2LMHeadModel (hf_name() below maps the tensor names).
 // Cost per token ~ 2 * parameters + 2 * n_layer * T * d_model FLOPs (forward).
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -26,7 +28,8 @@ namespace {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& c) : n_head_(c.n_head), dropout_(c.dropout) {
+  explicit BlockImpl(const ModelConfig& c)
+      : n_head_(c.n_head), dropout_(c.dropout), tanh_(c.activation == Activation::kGeluTanh) {
     const int64_t d = c.d_model;
     const int64_t hidden = c.mlp_width();
     ln_attn_ = register_module("ln_attn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
@@ -57,13 +60,14 @@ class BlockImpl : public torch::nn::Module {
     attn = attn.transpose(1, 2).reshape({B, T, D});
     const AddNormResult mlp_in =
         AddLayerNorm(attn_in.h, resid_dropout_->forward(Linear(attn_out_, attn)), ln_mlp_);
-    at::Tensor m = Linear(mlp_out_, LinearGelu(mlp_in_, mlp_in.out));
+    at::Tensor m = Linear(mlp_out_, LinearGelu(mlp_in_, mlp_in.out, tanh_));
     return {mlp_in.h, resid_dropout_->forward(m)};
   }
 
  private:
   int64_t n_head_;
   double dropout_;
+  bool tanh_;  // the tanh approximation of GELU (GPT-2's gelu_new)
   torch::nn::LayerNorm ln_attn_{nullptr}, ln_mlp_{nullptr};
   torch::nn::Linear qkv_{nullptr}, attn_out_{nullptr}, mlp_in_{nullptr}, mlp_out_{nullptr};
   torch::nn::Dropout resid_dropout_{nullptr};
@@ -105,6 +109,52 @@ class GptLM : public CausalLM {
 
   at::Tensor lm_head_weight() const override {
     return config_.tie_embeddings ? token_embedding_->weight : lm_head_;
+  }
+
+  // transformers' GPT2LMHeadModel: its Conv1D layers hold (in, out) weights, the transpose of
+  // torch's Linear (out, in); the padded-column mask is not a weight.
+  std::optional<HfName> hf_name(const std::string& name) const override {
+    static const std::pair<const char*, const char*> kTop[] = {
+        {"token_embedding.weight", "transformer.wte.weight"},
+        {"position_embedding.weight", "transformer.wpe.weight"},
+        {"ln_final.weight", "transformer.ln_f.weight"},
+        {"ln_final.bias", "transformer.ln_f.bias"},
+        {"lm_head", "lm_head.weight"}};
+    if (name == "padded_mask") return std::nullopt;
+    for (const auto& [ours, theirs] : kTop) {
+      if (name == ours) return HfName{theirs, false};
+    }
+    // blocks.<i>.<layer>.<weight|bias>
+    static const std::pair<const char*, const char*> kBlock[] = {
+        {"ln_attn", "ln_1"}, {"qkv", "attn.c_attn"}, {"attn_out", "attn.c_proj"},
+        {"ln_mlp", "ln_2"},  {"mlp_in", "mlp.c_fc"}, {"mlp_out", "mlp.c_proj"}};
+    const std::string prefix = "blocks.";
+    if (name.rfind(prefix, 0) == 0) {
+      const size_t layer_at = name.find('.', prefix.size());
+      const size_t tensor_at = name.rfind('.');
+      if (layer_at != std::string::npos && tensor_at > layer_at) {
+        const std::string index = name.substr(prefix.size(), layer_at - prefix.size());
+        const std::string layer = name.substr(layer_at + 1, tensor_at - layer_at - 1);
+        const std::string tensor = name.substr(tensor_at + 1);
+        for (const auto& [ours, theirs] : kBlock) {
+          if (layer != ours) continue;
+          const bool linear = layer.rfind("ln_", 0) != 0;
+          return HfName{"transformer.h." + index + "." + theirs + "." + tensor,
+                        linear && tensor == "weight"};
+        }
+      }
+    }
+    TORCH_CHECK(false, "gpt model: tensor ", name, " has no GPT-2 name");
+  }
+
+  // The original GPT-2 repositories hold GPT2Model's tensors: "wte.weight", "h.0.attn.c_attn...".
+  std::string hf_base_prefix() const override { return "transformer"; }
+
+  // The causal-mask buffers of older GPT-2 files, and the tied lm_head where a file keeps it.
+  std::vector<std::string> hf_ignorable_tensors() const override {
+    std::vector<std::string> names = {"*.attn.bias", "*.attn.masked_bias"};
+    if (config_.tie_embeddings) names.push_back("lm_head.weight");
+    return names;
   }
 
   at::Tensor forward_hidden(const at::Tensor& tokens) override {

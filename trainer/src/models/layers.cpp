@@ -194,17 +194,21 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 class LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias) {
+                            const at::Tensor& bias, bool tanh) {
     const LinearOperands c = AutocastOperands(x, weight, bias);
     const at::Tensor u = at::linear(c.x, c.w, c.b);
     SaveLinear(ctx, c, x, weight, bias, {u});
-    return cuda::Gelu(u);
+    ctx->saved_data["tanh"] = tanh;
+    return cuda::Gelu(u, tanh);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor u = ctx->get_saved_variables()[2];
-    auto [du, sums] = cuda::GeluBackwardWithColumnSum(grads[0].contiguous(), u);
-    return LinearBackward(ctx, du.view({-1, u.size(-1)}), sums);
+    auto [du, sums] =
+        cuda::GeluBackwardWithColumnSum(grads[0].contiguous(), u, ctx->saved_data["tanh"].toBool());
+    variable_list result = LinearBackward(ctx, du.view({-1, u.size(-1)}), sums);
+    result.emplace_back();  // tanh
+    return result;
   }
 };
 #endif
@@ -341,17 +345,17 @@ at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias);
 }
 
-at::Tensor LinearGelu(const torch::nn::Linear& layer, const at::Tensor& x) {
+at::Tensor LinearGelu(const torch::nn::Linear& layer, const at::Tensor& x, bool tanh) {
 #if DISTILL_WITH_CUDA
-  if (LinearOnCuda(layer, x)) return LinearGeluFunction::apply(x, layer->weight, layer->bias);
+  if (LinearOnCuda(layer, x)) return LinearGeluFunction::apply(x, layer->weight, layer->bias, tanh);
   const at::Tensor u = at::linear(x, layer->weight, layer->bias);
   if (u.is_cuda() && u.is_contiguous() && u.dim() >= 1 && KernelDtype(u.scalar_type()) &&
       !(at::GradMode::is_enabled() && u.requires_grad())) {
-    return cuda::Gelu(u);  // no gradient to keep (e.g. the frozen teacher): the kernel alone
+    return cuda::Gelu(u, tanh);  // no gradient to keep (e.g. the frozen teacher): the kernel alone
   }
-  return at::gelu(u);
+  return at::gelu(u, tanh ? "tanh" : "none");
 #else
-  return at::gelu(at::linear(x, layer->weight, layer->bias));
+  return at::gelu(at::linear(x, layer->weight, layer->bias), tanh ? "tanh" : "none");
 #endif
 }
 

@@ -27,15 +27,16 @@ namespace distill {
 // is not rounded to bf16 before the fp32 gradient takes it.
 at::Tensor Linear(const torch::nn::Linear& layer, const at::Tensor& x);
 
-// gelu(Linear(layer, x)) with the exact (erf) GELU, as at::gelu computes it: the GPT family's MLP
-// input. On CUDA the activation is one vectorised kernel (kernels/gelu_kernel.cuh: ATen's
-// formula, the same values as at::gelu's with the toolkit's erff and expf; a test checks them),
+// gelu(Linear(layer, x)) with the exact (erf) GELU, or with `tanh` its tanh approximation, as
+// at::gelu(u, "none" / "tanh") computes it: the GPT family's MLP input. On CUDA the activation is
+// one vectorised kernel (kernels/gelu_kernel.cuh: ATen's formulas, the same values as at::gelu's
+// with the toolkit's erff, expf and tanhf; a test checks them),
 // and where Linear takes its CUDA path, its backward computes the activation's
 // gradient and the layer's bias gradient (the column sums of that gradient) in one pass, where
 // at::gelu_backward wrote the gradient and the column sums read it back (~4 ms of a 235M GPT's
 // step). The same values as gelu(Linear(layer, x)), bias gradient included (the same sums in the
 // same order).
-at::Tensor LinearGelu(const torch::nn::Linear& layer, const at::Tensor& x);
+at::Tensor LinearGelu(const torch::nn::Linear& layer, const at::Tensor& x, bool tanh = false);
 
 // y = LayerNorm(x) * weight + bias over the last dimension: at::native_layer_norm forward and
 // its input gradient, but the weight and bias gradients as plain column sums. ATen's fused

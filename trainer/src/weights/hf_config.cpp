@@ -1,5 +1,6 @@
-// config.json of the llama family, read and written by the book: the defaults of absent keys are
-// those of transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config.
+// config.json of the llama and gpt families, read and written by the book: the defaults of absent
+// keys are those of transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config /
+// GPT2Config.
 #include "distill/hf_config.h"
 
 #include <fmt/format.h>
@@ -179,6 +180,61 @@ void ReadRopeScaling(const std::string& file, const Json& rope, const std::strin
   }
 }
 
+// transformers' spellings of the two GELUs that GPT2Config's activation_function can name.
+constexpr const char* kGeluTanhNames[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"};
+
+// model_type gpt2 (GPT2LMHeadModel, or a bare GPT2Model's weights): the gpt family, with the
+// defaults of transformers' GPT2Config. What the family cannot run is refused by name.
+ModelConfig ReadGpt2Config(const Keys& keys, const ModelConfig& model) {
+  ModelConfig m;  // the llama-only keys at their defaults
+  m.hf_dir = model.hf_dir;
+  m.family = ModelFamily::kGpt;
+  m.vocab_size = keys.PositiveInt("vocab_size", 50257);
+  m.pad_vocab_to_multiple_of = 1;
+  m.context_length = keys.PositiveInt("n_positions", 1024);
+  m.d_model = keys.PositiveInt("n_embd", 768);
+  m.n_layer = keys.PositiveInt("n_layer", 12);
+  m.n_head = keys.PositiveInt("n_head", 12);
+  if (m.d_model % m.n_head != 0) {
+    keys.Fail("n_embd", fmt::format("a multiple of n_head ({})", m.n_head),
+              std::to_string(m.d_model));
+  }
+  m.mlp_ratio = model.mlp_ratio;  // unused: intermediate_size is set
+  m.intermediate_size = keys.PositiveInt("n_inner", 4 * m.d_model);  // null: 4 * n_embd
+  const std::string act = keys.String("activation_function", "gelu_new");
+  if (act == "gelu") {
+    m.activation = Activation::kGelu;
+  } else if (std::find_if(std::begin(kGeluTanhNames), std::end(kGeluTanhNames),
+                          [&](const char* name) { return act == name; }) !=
+             std::end(kGeluTanhNames)) {
+    m.activation = Activation::kGeluTanh;
+  } else {
+    keys.Fail("activation_function",
+              "\"gelu\" (exact) or \"gelu_new\", \"gelu_pytorch_tanh\", \"gelu_fast\" (tanh)",
+              Quoted(act));
+  }
+  const double eps = keys.PositiveNumber("layer_norm_epsilon", 1e-5);
+  if (eps != 1e-5) {
+    keys.Fail("layer_norm_epsilon", "1e-05 (the gpt family's LayerNorm)",
+              Describe(keys.Find("layer_norm_epsilon")));
+  }
+  if (!keys.Bool("scale_attn_weights", true)) {
+    keys.Fail("scale_attn_weights", "true (attention scaled by 1/sqrt(head width))", "false");
+  }
+  if (keys.Bool("scale_attn_by_inverse_layer_idx", false)) {
+    keys.Fail("scale_attn_by_inverse_layer_idx", "false (not supported)", "true");
+  }
+  if (keys.Bool("add_cross_attention", false)) {
+    keys.Fail("add_cross_attention", "false (a decoder-only model)", "true");
+  }
+  m.tie_embeddings = keys.Bool("tie_word_embeddings", true);  // PretrainedConfig's default
+  m.dropout = keys.Number("attn_pdrop", 0.1);
+  if (!(m.dropout >= 0 && m.dropout < 1)) {
+    keys.Fail("attn_pdrop", "a number in [0, 1)", Describe(keys.Find("attn_pdrop")));
+  }
+  return m;
+}
+
 }  // namespace
 
 void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
@@ -187,15 +243,20 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   const Keys keys(file, json);
 
   const std::string model_type = keys.String("model_type");
+  if (model_type == "gpt2") {
+    model = ReadGpt2Config(keys, model);
+    return;
+  }
   const Family* family = FindFamily(model_type);
   if (family == nullptr) {
-    keys.Fail("model_type", fmt::format("one of {}", kSupportedTypes), Quoted(model_type));
+    keys.Fail("model_type", fmt::format("one of gpt2, {}", kSupportedTypes), Quoted(model_type));
   }
   const std::string act = keys.String("hidden_act", "silu");
   if (act != "silu") keys.Fail("hidden_act", "\"silu\" (SwiGLU)", Quoted(act));
 
   ModelConfig m = model;  // assigned back only when everything parsed
   m.family = ModelFamily::kLlama;
+  m.activation = Activation::kGelu;  // unused by the family
   m.hf_model_type = model_type;
   m.vocab_size = keys.PositiveInt("vocab_size");
   m.pad_vocab_to_multiple_of = 1;
@@ -334,9 +395,9 @@ int64_t MlpWidth(const ModelConfig& model) {
 }
 
 // The gpt family as transformers' GPT2LMHeadModel: pre-LayerNorm blocks (eps 1e-5, torch's
-// default, as the trainer's LayerNorm), learned positions, the exact (erf) GELU
-// ("gelu", not GPT-2's own tanh "gelu_new"), biases everywhere, one dropout for attention,
-// residual and embeddings. Only the template's token ids are kept: its other keys belong to
+// default, as the trainer's LayerNorm), learned positions, the model's GELU ("gelu": exact, erf;
+// "gelu_new": GPT-2's tanh approximation), biases everywhere, one dropout for attention,
+// residual and embeddings. Only the template's token ids are kept: its other keys may belong to
 // another architecture (a llama teacher's).
 std::string Gpt2ConfigJson(const ModelConfig& model, const std::string& template_path) {
   OrderedJson json = OrderedJson::object();
@@ -348,7 +409,7 @@ std::string Gpt2ConfigJson(const ModelConfig& model, const std::string& template
   json["n_layer"] = model.n_layer;
   json["n_head"] = model.n_head;
   json["n_inner"] = MlpWidth(model);
-  json["activation_function"] = "gelu";
+  json["activation_function"] = model.activation == Activation::kGelu ? "gelu" : "gelu_new";
   json["resid_pdrop"] = model.dropout;
   json["embd_pdrop"] = model.dropout;
   json["attn_pdrop"] = model.dropout;

@@ -617,15 +617,35 @@ std::vector<std::pair<std::string, at::Tensor>> NamedTensors(const torch::nn::Mo
 }  // namespace
 
 void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
-                      const std::set<std::string>& ignorable) {
+                      const std::set<std::string>& ignorable, const HfNaming& naming) {
   const SafetensorsDir weights(hf_dir);
-  const auto targets = NamedTensors(module);
+  // Each tensor of the module with its name in the files and whether they hold its transpose.
+  struct Target {
+    std::string file_name;
+    bool transpose;
+    at::Tensor tensor;
+  };
+  std::vector<Target> targets;
+  for (auto& [name, tensor] : NamedTensors(module)) {
+    std::pair<std::string, bool> hf{name, false};
+    if (naming.rename) {
+      const auto renamed = naming.rename(name);
+      if (!renamed) continue;
+      hf = *renamed;
+    }
+    const std::string prefix = naming.base_prefix.empty() ? "" : naming.base_prefix + ".";
+    if (!prefix.empty() && !weights.contains(hf.first) && hf.first.rfind(prefix, 0) == 0 &&
+        weights.contains(hf.first.substr(prefix.size()))) {
+      hf.first = hf.first.substr(prefix.size());
+    }
+    targets.push_back({hf.first, hf.second, tensor});
+  }
 
   std::set<std::string> wanted;
   std::vector<std::string> missing;
-  for (const auto& [name, target] : targets) {
-    wanted.insert(name);
-    if (!weights.contains(name)) missing.push_back(name);
+  for (const Target& t : targets) {
+    wanted.insert(t.file_name);
+    if (!weights.contains(t.file_name)) missing.push_back(t.file_name);
   }
   if (!missing.empty()) {
     std::vector<std::string> shown;
@@ -645,17 +665,19 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
     }
   }
   // Every check before the first copy: a throw leaves the module untouched.
-  for (const auto& [name, target] : targets) {
-    const auto& shape = weights.shape(name);
-    if (!target.sizes().equals(shape)) {
-      TensorError(weights.file_of(name), name,
-                  fmt::format("expected shape {} (the module's), got {}",
-                              ShapeString(target.sizes()), ShapeString(shape)));
-    }
-    if (!IsWeightDtype(weights.dtype(name))) {
+  for (const Target& t : targets) {
+    const auto& shape = weights.shape(t.file_name);
+    const at::Tensor expected = t.transpose ? t.tensor.t() : t.tensor;
+    if (!expected.sizes().equals(shape)) {
       TensorError(
-          weights.file_of(name), name,
-          fmt::format("expected dtype F32, F16 or BF16 (weights), got {}", weights.dtype(name)));
+          weights.file_of(t.file_name), t.file_name,
+          fmt::format("expected shape {} (the module's{}), got {}", ShapeString(expected.sizes()),
+                      t.transpose ? ", transposed" : "", ShapeString(shape)));
+    }
+    if (!IsWeightDtype(weights.dtype(t.file_name))) {
+      TensorError(weights.file_of(t.file_name), t.file_name,
+                  fmt::format("expected dtype F32, F16 or BF16 (weights), got {}",
+                              weights.dtype(t.file_name)));
     }
   }
   // One converted CPU temporary at a time (a second copy of a whole large model would not fit).
@@ -663,20 +685,21 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
   // Finite values only (a NaN row of an embedding is used by no training batch that lacks its
   // token, and would surface as a NaN evaluation or a NaN step much later): a read of its own
   // before the first copy, so that a throw still leaves the module untouched.
-  for (const auto& [name, target] : targets) {
-    const at::Tensor t = weights.Tensor(name, target.scalar_type());
+  for (const Target& target : targets) {
+    const at::Tensor t = weights.Tensor(target.file_name, target.tensor.scalar_type());
     const at::Tensor bad = at::logical_not(at::isfinite(t)).reshape({-1});
     const int64_t count = bad.sum().item<int64_t>();
     if (count > 0) {
       const int64_t first = bad.to(at::kByte).argmax().item<int64_t>();  // the first true
-      TensorError(weights.file_of(name), name,
+      TensorError(weights.file_of(target.file_name), target.file_name,
                   fmt::format("expected finite values, got {} NaN or infinite (the first at flat "
                               "index {}: {}); the file is damaged or the model diverged",
                               count, first, t.reshape({-1})[first].item<double>()));
     }
   }
-  for (const auto& [name, target] : targets) {
-    target.copy_(weights.Tensor(name, target.scalar_type()));
+  for (const Target& target : targets) {
+    const at::Tensor t = weights.Tensor(target.file_name, target.tensor.scalar_type());
+    target.tensor.copy_(target.transpose ? t.t() : t);
   }
 }
 
