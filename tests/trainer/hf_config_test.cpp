@@ -519,6 +519,19 @@ TEST(HfConfigJson, KeepsTheTemplatesOtherKeys) {
   EXPECT_FALSE(j.contains("rope_parameters"));
   EXPECT_FALSE(j.contains("quantization_config"));
   EXPECT_FALSE(j.contains("layer_types"));
+  // Another family's template (a GPT-2 teacher's config.json): its token ids only.
+  WriteText(dir + "/gpt2.json", Gpt2().dump());
+  const Json from_gpt2 = Json::parse(HfConfigJson(student, dir + "/gpt2.json"));
+  EXPECT_EQ(from_gpt2["eos_token_id"], 50256);
+  EXPECT_EQ(from_gpt2["model_type"], "llama");
+  for (const char* key : {"n_embd", "n_layer", "activation_function", "task_specific_params",
+                          "summary_type", "architectures"}) {
+    if (std::string(key) == "architectures") {
+      EXPECT_EQ(from_gpt2[key], Json::array({"LlamaForCausalLM"}));
+    } else {
+      EXPECT_FALSE(from_gpt2.contains(key)) << key;
+    }
+  }
   // A template path that does not exist: start from nothing.
   EXPECT_FALSE(Json::parse(HfConfigJson(student, dir + "/absent.json")).contains("bos_token_id"));
   WriteText(dir + "/bad.json", "{");

@@ -302,6 +302,41 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   ExportHf(*model, out, ExportSources(c), /*replace=*/false);
   EXPECT_EQ(ReadBytes(out + "/tokenizer.model"), "sentencepiece");
   EXPECT_EQ(ReadBytes(out + "/generation_config.json"), "{}");
+  // GPT-2's older repositories: vocab.json and merges.txt, no tokenizer.json.
+  const std::string gpt2 = dir + "-gpt2";
+  std::filesystem::create_directories(gpt2);
+  std::filesystem::copy_file(Fixture("gpt2_tanh") + "/config.json", gpt2 + "/config.json");
+  WriteBytes(gpt2 + "/vocab.json", "{\"a\": 0}");
+  WriteBytes(gpt2 + "/merges.txt", "#version: 0.2\n");
+  c.teacher.hf_dir = gpt2;
+  EXPECT_EQ(ExportSources(c).tokenizer_dir, gpt2);
+  ExportHf(*model, out + "-gpt2", ExportSources(c), /*replace=*/false);
+  EXPECT_EQ(ReadBytes(out + "-gpt2/merges.txt"), "#version: 0.2\n");
+}
+
+// The GPT-2 fixtures tell the two GELUs apart: the other one's logits miss transformers' by more
+// than the tolerance (what ForwardMatchesTransformersLogits would report), the architecture
+// strings differ, and an exact-GELU gpt keeps the string earlier versions wrote.
+TEST(HfModel, TheGpt2FixturesTellTheTwoGelusApart) {
+  for (const char* name : {"gpt2_tanh", "gpt2_erf_untied"}) {
+    SCOPED_TRACE(name);
+    ModelConfig config = HfModelConfig(Fixture(name));
+    config.activation =
+        config.activation == Activation::kGelu ? Activation::kGeluTanh : Activation::kGelu;
+    Model model = BuildModel(config, "", at::Device(at::kCPU));
+    model->eval();
+    SafetensorsFile expected(Fixture(name) + "/expected.safetensors");
+    torch::NoGradGuard no_grad;
+    const at::Tensor logits = model->forward(expected.Tensor("input_ids", at::kLong));
+    EXPECT_GT(RelativeMaxDiff(logits, expected.Tensor("logits", at::kFloat)), kLogitsTolerance);
+  }
+  ModelConfig gpt;
+  EXPECT_EQ(ArchitectureString(gpt).find("activation"), std::string::npos);
+  EXPECT_EQ(ArchitectureString(gpt),
+            "vocab_size=64 padded_vocab_size=64 context_length=128 n_layer=2 n_head=4 d_model=64 "
+            "mlp_ratio=4 tie_embeddings=true");
+  gpt.activation = Activation::kGeluTanh;
+  EXPECT_THAT(ArchitectureString(gpt), HasSubstr(" activation=gelu_tanh"));
 }
 
 // Dropout is a training choice: a key set in the YAML or an override is kept for an hf_dir

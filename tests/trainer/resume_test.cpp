@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
 
 #include "distill/checkpoint.h"
 #include "distill/file_io.h"
@@ -867,6 +868,38 @@ TEST(ResumeTest, KdWeightZeroIsLabelledCeOnly) {
   const auto single_rows = distill::Run(single, RunFlags{false, true}, table);
   ASSERT_EQ(single_rows.size(), 1u);
   EXPECT_EQ(single_rows[0].name, "student (ce only)");
+}
+
+// A gpt model's MLP width set by intermediate_size (a GPT-2 read from Hugging Face has no other)
+// is part of its checkpoint's architecture: another width is refused. A checkpoint written
+// before the architecture named it (the model's intermediate_size 0) still loads.
+TEST(ResumeTest, AGptCheckpointsMlpWidthIsChecked) {
+  ModelConfig base;
+  base.vocab_size = 24;
+  base.context_length = 16;
+  base.n_layer = 1;
+  base.n_head = 2;
+  base.d_model = 32;  // mlp_ratio 4: width 128
+  const std::string dir = TempRunDir("-mlp-width");
+  fs::create_directories(dir);
+  const auto save = [&](const ModelConfig& config, const std::string& name) {
+    Model model = MakeModel(config);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    SaveCheckpoint(dir + "/" + name, *model, optimizer, TrainingPosition{}, at::Device(at::kCPU));
+    return dir + "/" + name;
+  };
+  const std::string before = save(base, "before.pt");  // as earlier versions wrote every gpt
+  ModelConfig width_128 = base, width_96 = base;
+  width_128.intermediate_size = 128;
+  width_96.intermediate_size = 96;
+  Model model = MakeModel(width_128);
+  EXPECT_NO_THROW(LoadWeights(before, *model, at::Device(at::kCPU)));
+  const std::string narrow = save(width_96, "narrow.pt");
+  EXPECT_THAT([&] { LoadWeights(narrow, *model, at::Device(at::kCPU)); },
+              ::testing::ThrowsMessage<std::runtime_error>(
+                  ::testing::AllOf(::testing::HasSubstr("intermediate_size=96"),
+                                   ::testing::HasSubstr("differs from the configured one"),
+                                   ::testing::HasSubstr("intermediate_size=128"))));
 }
 
 }  // namespace

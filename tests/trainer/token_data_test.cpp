@@ -263,9 +263,8 @@ class TokenDataErrorTest : public ::testing::Test {
   void SetUp() override {
     dir_ = TempDir();
     path_ = dir_ + "/shard.bin";
-    std::vector<uint32_t> tokens(40, 5);
-    WriteTokenShard(path_, tokens, false);
-    WriteTokenShard(dir_ + "/val.bin", tokens, false);
+    WriteTokenShard(path_, std::vector<uint32_t>(40, 5), false);
+    WriteTokenShard(dir_ + "/val.bin", std::vector<uint32_t>(40, 6), false);
   }
   std::string Load(int64_t vocab = 100) {
     return ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, dir_ + "/val.bin"), vocab); });
@@ -331,6 +330,25 @@ TEST_F(TokenDataErrorTest, ValidationShardsThatTheTrainingGlobMatches) {
       ErrorOf([&] { MakeTokenShardSource(TokensConfig(dir_ + "/*.bin", dir_ + "/./val_*"), 100); }),
       HasSubstr("is also a training shard"));
   EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, val), 100); }), "(no error)");
+}
+
+// A validation shard that is a copy of a training shard (another file, the same tokens) is
+// refused too; one token apart, or another length, it is not.
+TEST_F(TokenDataErrorTest, ValidationShardsThatCopyATrainingShard) {
+  const std::string copy = dir_ + "/copy/val_000000.bin";
+  std::filesystem::create_directories(dir_ + "/copy");
+  WriteBytes(copy, ReadBytes(path_));
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, copy), 100); }),
+              HasSubstr("data.val_path: " + copy +
+                        " holds the same 40 tokens as the training "
+                        "shard " +
+                        path_ + " (a copy?)"));
+  std::vector<uint32_t> tokens(40, 5);
+  tokens[39] = 7;
+  WriteTokenShard(copy, tokens, false);
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, copy), 100); }), "(no error)");
+  WriteTokenShard(copy, std::vector<uint32_t>(41, 5), false);
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, copy), 100); }), "(no error)");
 }
 
 TEST_F(TokenDataErrorTest, NoFileMatchesTheGlob) {

@@ -138,6 +138,18 @@ class TokenShardSource : public DataSource {
           }
         }
         AddShard(p);
+        // A copy of a training shard (another file with the same tokens) would be evaluated on
+        // what the model trains on, as above. Only shards of the same size are compared, each
+        // until its first different byte.
+        for (size_t t = 0; t < num_train; ++t) {
+          if (shards_.back()->num_tokens() > 0 && shards_.back()->SameTokens(*shards_[t])) {
+            throw std::runtime_error(fmt::format(
+                "data.val_path: {} holds the same {} tokens as the training shard {} (a copy?); "
+                "validation on training data measures nothing: give data.val_path shards the "
+                "training glob does not hold",
+                p, shards_.back()->num_tokens(), shards_[t]->path()));
+          }
+        }
       }
     }
 
@@ -410,6 +422,12 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   map_bytes_ = file_bytes;
   num_tokens_ = count;
   tokens_ = static_cast<const unsigned char*>(map) + kShardHeaderBytes;
+}
+
+bool TokenShard::SameTokens(const TokenShard& other) const {
+  return num_tokens_ == other.num_tokens_ && token_bytes_ == other.token_bytes_ &&
+         (num_tokens_ == 0 || std::memcmp(tokens_, other.tokens_,
+                                          static_cast<size_t>(num_tokens_ * token_bytes_)) == 0);
 }
 
 int64_t TokenShard::FirstTokenAtLeast(uint32_t limit, int64_t begin, int64_t end) const {

@@ -73,11 +73,11 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
 }
 
 // The first of `dirs` with a tokenizer: tokenizer.json, or a SentencePiece tokenizer.model alone
-// (older Llama and Mistral repositories); not one with generation_config.json only, which
-// save_pretrained writes beside any model. "" if none.
+// (older Llama and Mistral repositories), or GPT-2's vocab.json (with merges.txt); not one with
+// generation_config.json only, which save_pretrained writes beside any model. "" if none.
 std::string TokenizerDir(const std::vector<std::string>& dirs) {
   for (const std::string& dir : dirs) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
       if (fs::exists(fs::path(dir) / name)) return dir;
     }
   }

@@ -255,11 +255,19 @@ std::string RunIdentity(const Config& config) {
   // How the loss is computed, not what: a run that ran out of memory resumes with it switched on.
   c.distill.fused_linear = DistillConfig().fused_linear;
   std::string identity = ConfigToYaml(c);
-  // Keys added since runs existed, and not part of the identity, are left out of it entirely: the
-  // checkpoints of runs started before them carry a hash of the identity without their lines.
-  for (const char* line : {"\n  activation_checkpointing: false"}) {
-    const size_t at = identity.find(line);
-    if (at != std::string::npos) identity.erase(at, std::string(line).size());
+  // Keys added since runs existed are left out of the text where they hold the value every
+  // earlier run had (activation_checkpointing is not part of the identity at all; a model's
+  // activation is, but gelu is what the gpt family always ran): the checkpoints of runs started
+  // before them carry a hash of the identity without these lines.
+  for (const std::string line : {"\n  activation_checkpointing: false", "\n  activation: gelu"}) {
+    for (size_t at = identity.find(line); at != std::string::npos; at = identity.find(line, at)) {
+      const size_t end = at + line.size();
+      if (end == identity.size() || identity[end] == '\n') {
+        identity.erase(at, line.size());
+      } else {
+        at = end;  // another value ("gelu_tanh"): part of the identity
+      }
+    }
   }
   return identity;
 }

@@ -38,6 +38,9 @@ class TokenShard {
   // The index of the first token in [begin, end) at or above `limit`, or -1 when every one is
   // below it (the range's maximum first: a vectorised pass).
   int64_t FirstTokenAtLeast(uint32_t limit, int64_t begin, int64_t end) const;
+  // Whether `other` holds the same tokens (a copy of this shard: its count, width and bytes;
+  // compared until the first difference).
+  bool SameTokens(const TokenShard& other) const;
   // Token i, 0 <= i < num_tokens() (unchecked).
   uint32_t Token(int64_t i) const {
     const unsigned char* p = tokens_ + i * token_bytes_;

@@ -100,7 +100,8 @@ std::string ArchitectureString(const ModelConfig& c) {
       "mlp_ratio={} tie_embeddings={}",
       c.vocab_size, c.padded_vocab_size(), c.context_length, c.n_layer, c.n_head, c.d_model,
       c.mlp_ratio, c.tie_embeddings);
-  if (c.family == ModelFamily::kGpt) {  // as earlier versions wrote it for the exact GELU
+  if (c.family == ModelFamily::kGpt) {  // as earlier versions wrote it, plus what they lacked
+    if (c.intermediate_size > 0) s += fmt::format(" intermediate_size={}", c.intermediate_size);
     if (c.activation != Activation::kGelu)
       s += fmt::format(" activation={}", EnumName(c.activation));
     return s;

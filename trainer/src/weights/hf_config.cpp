@@ -455,6 +455,17 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
   std::error_code ec;
   if (!template_path.empty() && fs::exists(template_path, ec)) {
     json = ReadJsonObject<OrderedJson>(template_path);
+    // Another family's config.json (a GPT-2 teacher's): its keys mean nothing here (n_embd,
+    // task_specific_params, ...); only its token ids carry over.
+    const auto type = json.find("model_type");
+    if (type == json.end() || !type->is_string() ||
+        FindFamily(type->get<std::string>()) == nullptr) {
+      OrderedJson ids = OrderedJson::object();
+      for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+        if (json.contains(key)) ids[key] = json[key];
+      }
+      json = ids;
+    }
   }
   for (const char* key : {"rope_parameters", "layer_types", "quantization_config", "quantization",
                           "compression_config"}) {
