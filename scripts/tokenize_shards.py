@@ -5,14 +5,21 @@ input of distill_trainer's data.source "tokens".
 The format is llm.c's (dev/data/data_common.py, write_datafile): a header of 256 little-endian
 int32 ([0] magic, [1] version, [2] token count, the rest 0), then the tokens: uint16 (magic
 20240520, version 1) when the vocabulary has at most 65536 entries, else uint32 (magic 20240801,
-version 7). As in llm.c's dev/data/fineweb.py, every document (here: every input file) is
-preceded by the end-of-text token, which separates documents in the concatenated stream.
+version 7). As in llm.c's dev/data/fineweb.py, every document is preceded by the end-of-text
+token, which separates documents in the concatenated stream. A document is a plain-text file (the
+whole file), or one line of a JSON Lines file (*.jsonl, or gzip-compressed *.jsonl.gz: one JSON
+object per line, the document's text under --text-key, "text" by default, as the Hugging Face
+datasets' exports and most web corpora write them).
 
 Usage:
   tokenize_shards.py --tokenizer model/tokenizer.json --out-dir data/tok --prefix train a.txt dir/
 writes data/tok/train_000000.bin, train_000001.bin, ... (--shard-tokens tokens each, the last
-shorter); a directory contributes its *.txt files, sorted. Splits are made by the caller:
-run it again with other inputs and --prefix val.
+shorter); a directory contributes its *.txt, *.jsonl and *.jsonl.gz files, sorted by name. Splits
+are made by the caller: run it again with other inputs and --prefix val.
+
+Memory: a JSON Lines file is read a batch of lines at a time; a plain-text file is read and
+tokenized whole (~0.5 KB per token while it is tokenized). Documents are tokenized in batches, in
+parallel (the tokenizers package's threads; TOKENIZERS_PARALLELISM=false for one thread).
 
 It never overwrites or deletes what it did not write: an --out-dir that already holds PREFIX_*.bin
 shards is refused (a glob over them would mix two tokenizations), and a run that fails part-way
@@ -21,6 +28,7 @@ left for a glob to pick up.
 """
 import argparse
 import errno
+import gzip
 import json
 import os
 import re
@@ -42,15 +50,23 @@ def fail(message):
     raise Failure(message)
 
 
+DIR_PATTERNS = ("*.txt", "*.jsonl", "*.jsonl.gz")
+
+
+def is_jsonl(path):
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
 def input_files(inputs):
-    """Each input as given; a directory as its *.txt files, sorted."""
+    """Each input as given; a directory as its *.txt, *.jsonl and *.jsonl.gz files, sorted."""
     files = []
     for name in inputs:
         path = Path(name)
         if path.is_dir():
-            found = sorted(p for p in path.glob("*.txt") if p.is_file())
+            found = sorted({p for pattern in DIR_PATTERNS for p in path.glob(pattern)
+                            if p.is_file()})
             if not found:
-                fail(f"{path}: no *.txt file in this directory")
+                fail(f"{path}: no {', '.join(DIR_PATTERNS)} file in this directory")
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -85,6 +101,85 @@ def eos_id(tokenizer, tokenizer_path, explicit):
         fail(f"{tokenizer_path}: no eos_token in {config_path} and no <|endoftext|> token; "
              "pass --eos-id")
     return token_id
+
+
+# Documents per tokenizer call, and the text they may hold: encode_batch runs a batch's documents
+# on the tokenizers package's threads; the bound keeps a batch's text and ids in memory small.
+BATCH_DOCUMENTS = 1024
+BATCH_BYTES = 32 << 20
+
+
+def text_documents(path):
+    """A plain-text file as one document: its bytes as they are (read_text's universal newlines
+    would turn \r\n and \r into \n, other tokens than the file's); a leading byte-order mark
+    is not text."""
+    try:
+        yield path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{path}: cannot read as UTF-8: {e}")
+
+
+def describe(value):
+    """A JSON value as an error shows it: its type and a short excerpt."""
+    kind = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null", int: "a number", float: "a number"}[type(value)]
+    text = json.dumps(value, ensure_ascii=False)
+    return f"{kind}, {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def jsonl_documents(path, key):
+    """The documents of a JSON Lines file: the string under `key` of each line's object, in order.
+    Blank lines are skipped; anything else that is not such an object is an error naming the
+    file and line."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    line_no = 0
+    try:
+        with opener(path, "rb") as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line.decode("utf-8-sig" if line_no == 1 else "utf-8"))
+                except UnicodeDecodeError as e:
+                    fail(f"{path}:{line_no}: not UTF-8: {e}")
+                except ValueError as e:
+                    fail(f"{path}:{line_no}: not a JSON value: {e} (a JSON Lines file holds one "
+                         f"JSON object per line)")
+                if not isinstance(record, dict):
+                    fail(f"{path}:{line_no}: expected a JSON object with the document's text under "
+                         f"{key!r}; found {describe(record)}")
+                if key not in record:
+                    keys = ", ".join(repr(k) for k in list(record)[:8])
+                    fail(f"{path}:{line_no}: no key {key!r} in this line's object (its keys: "
+                         f"{keys or 'none'}); name the text's key with --text-key")
+                text = record[key]
+                if not isinstance(text, str):
+                    fail(f"{path}:{line_no}: {key!r} must be a string (the document's text); "
+                         f"found {describe(text)}")
+                yield text
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        where = f"{path}:{line_no + 1}" if line_no else f"{path}"
+        fail(f"{where}: cannot read: {e}")
+
+
+def documents(files, key):
+    """Every document of every input file, in order."""
+    for path in files:
+        yield from jsonl_documents(path, key) if is_jsonl(path) else text_documents(path)
+
+
+def batches(docs):
+    """Documents grouped for the tokenizer: at most BATCH_DOCUMENTS, and BATCH_BYTES of text
+    unless one document alone is larger."""
+    batch, size = [], 0
+    for doc in docs:
+        if batch and (len(batch) == BATCH_DOCUMENTS or size + len(doc) > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(doc)
+        size += len(doc)
+    if batch:
+        yield batch
 
 
 def write_shard(path, tokens, fmt):
@@ -134,7 +229,9 @@ def main(argv=None):
 
 def run(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="+", help="text files, or directories of *.txt files")
+    parser.add_argument("inputs", nargs="+",
+                        help="text files (a document each), JSON Lines files (*.jsonl, "
+                             "*.jsonl.gz: a document per line), or directories of them")
     parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json")
     parser.add_argument("--out-dir", required=True, help="where the shards are written")
     parser.add_argument("--prefix", default="train", help="shard names: PREFIX_000000.bin, ...")
@@ -142,6 +239,9 @@ def run(argv):
                         help="tokens per shard (default 10M)")
     parser.add_argument("--eos-id", type=int, default=None,
                         help="the document separator (default: the tokenizer's eos_token)")
+    parser.add_argument("--text-key", default="text",
+                        help="the key of a JSON Lines object that holds the document's text "
+                             "(default: text)")
     args = parser.parse_args(argv)
     if not 0 < args.shard_tokens < 2**31:
         fail(f"--shard-tokens {args.shard_tokens}: expected 1 .. 2^31 - 1 (llm.c's limit)")
@@ -175,7 +275,7 @@ def run(argv):
              f"named {args.prefix}_*.bin ({', '.join(old[:3])}{' ...' if len(old) > 3 else ''}): "
              f"a glob over them would mix two tokenizations; delete them, or choose another "
              f"--out-dir or --prefix")
-    shards, pending, pending_tokens, total = [], [], 0, 0
+    shards, pending, pending_tokens, total, count = [], [], 0, 0, 0
 
     def flush(final):
         nonlocal pending, pending_tokens
@@ -188,20 +288,16 @@ def run(argv):
             pending, pending_tokens = ([rest] if len(rest) else []), len(rest)
 
     try:
-        for path in files:
-            try:
-                # Bytes as they are: read_text's universal newlines would turn \r\n and \r into
-                # \n (other tokens than the file's); a leading byte-order mark is not text.
-                text = path.read_bytes().decode("utf-8-sig")
-            except (OSError, UnicodeDecodeError) as e:
-                fail(f"{path}: cannot read as UTF-8: {e}")
-            ids = tokenizer.encode(text, add_special_tokens=False).ids
-            document = np.empty(len(ids) + 1, dtype=np.int64)
-            document[0] = eos
-            document[1:] = ids
-            pending.append(document)
-            pending_tokens += len(document)
-            total += len(document)
+        for batch in batches(documents(files, args.text_key)):
+            for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
+                ids = encoding.ids
+                document = np.empty(len(ids) + 1, dtype=np.int64)
+                document[0] = eos
+                document[1:] = ids
+                pending.append(document)
+                pending_tokens += len(document)
+                total += len(document)
+            count += len(batch)
             flush(final=False)
         flush(final=True)
     except BaseException as e:  # a failure, Ctrl-C: the shards written so far are not a dataset
@@ -212,8 +308,12 @@ def run(argv):
                           f"this run had written)") from None
         raise
 
+    if not shards:
+        fail(f"no document in {', '.join(str(p) for p in files)} (JSON Lines files of blank "
+             f"lines only?)")
     names = shards[0].name + (f" .. {shards[-1].name}" if len(shards) > 1 else "")
-    print(f"tokenize_shards: {len(files)} file{'s' if len(files) != 1 else ''}, {total:,} tokens "
+    print(f"tokenize_shards: {len(files)} file{'s' if len(files) != 1 else ''}, "
+          f"{count:,} document{'s' if count != 1 else ''}, {total:,} tokens "
           f"(vocab {vocab}, eos {eos}) -> {len(shards)} shard{'s' if len(shards) != 1 else ''} "
           f"{out_dir}/{names}, {fmt['dtype'].name} tokens")
 

@@ -4,6 +4,8 @@
 Usage: tokenize_shards_test.py WORK_DIR   (ctest: distill.scripts.TokenizeShards; needs the
 `tokenizers` package). Prints PASS, or the first failed check and exits 1.
 """
+import gzip
+import json
 import shutil
 import subprocess
 import sys
@@ -72,15 +74,15 @@ def main():
     r = tokenize("--tokenizer", tokenizer, "--out-dir", out, "--prefix", "val", text / "c.txt")
     check(r.returncode == 0 and (out / "val_000000.bin").is_file(), f"val: {r.stderr}")
 
-    # An input that is not UTF-8 after shards were written: the error names it, and the shards
-    # this run wrote are removed (another prefix's files and the user's are kept).
+    # An input that is not UTF-8: the error names it, and nothing is written (the documents of a
+    # tokenizer batch are read before any is tokenized; removing shards written before a failure
+    # is checked below); another prefix's files and the user's are kept.
     (text / "z.txt").write_bytes(b"to be \xff\xfe")
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     r = tokenize("--tokenizer", tokenizer, "--out-dir", out, "--prefix", "bad", "--shard-tokens",
                  2, text)
     check(r.returncode == 1 and "Traceback" not in r.stderr, f"bad input: {r.returncode} {r.stderr}")
-    check(f"{text / 'z.txt'}: cannot read as UTF-8" in r.stderr and
-          "(removed the 6 shards this run had written)" in r.stderr, r.stderr)
+    check(f"{text / 'z.txt'}: cannot read as UTF-8" in r.stderr, r.stderr)
     left = sorted(p.name for p in out.iterdir())
     check(left == ["notes.txt", "train_000000.bin", "train_000001.bin", "train_000002.bin",
                    "val_000000.bin"], f"left behind: {left}")
@@ -104,6 +106,70 @@ def main():
     check(r.returncode == 0, f"crlf: {r.returncode} {r.stderr}")
     got = read_shard(work / "crlf_tok" / "train_000000.bin").tolist()
     check(got == [0, 2, 5, 6, 3, 5, 4], f"crlf tokens {got}")
+
+    # JSON Lines: a document per line, its text under "text" (\r\n line ends, a blank line and
+    # an empty document; an escaped \r\n inside a text stays), or under --text-key; gzip-
+    # compressed the same; a directory contributes *.jsonl and *.jsonl.gz beside *.txt, by name.
+    jl = work / "jl"
+    jl.mkdir()
+    lines = [{"text": "to be", "id": 1}, {"text": ""}, {"text": "or not", "meta": {"a": 1}}]
+    body = "\r\n".join(json.dumps(x) for x in lines[:2]) + "\r\n\r\n" + json.dumps(lines[2])
+    (jl / "b.jsonl").write_bytes(body.encode("utf-8"))
+    with gzip.open(jl / "c.jsonl.gz", "wb") as f:
+        f.write(b'{"content": "not to"}\n{"content": "be be"}\n')
+    (jl / "a.txt").write_text("be\n", encoding="utf-8")
+    (jl / "ignored.json").write_text('{"text": "or"}\n', encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "jl_tok", jl / "b.jsonl")
+    check(r.returncode == 0 and "1 file, 3 documents, 7 tokens" in r.stdout,
+          f"jsonl: {r.returncode} {r.stdout} {r.stderr}")
+    got = read_shard(work / "jl_tok" / "train_000000.bin").tolist()
+    check(got == [0, 2, 3, 0, 0, 4, 5], f"jsonl tokens {got}")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "jl_tok", "--prefix", "gz",
+                 "--text-key", "content", jl / "c.jsonl.gz")
+    check(r.returncode == 0, f"jsonl.gz: {r.returncode} {r.stderr}")
+    got = read_shard(work / "jl_tok" / "gz_000000.bin").tolist()
+    check(got == [0, 5, 2, 0, 3, 3], f"jsonl.gz tokens {got}")
+    # The directory: a.txt, b.jsonl, then c.jsonl.gz, whose lines have no "text": refused by line.
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "jl_tok", "--prefix", "dir",
+                 "--shard-tokens", 3, jl)
+    check(r.returncode == 1 and "Traceback" not in r.stderr and
+          f"{jl / 'c.jsonl.gz'}:1: no key 'text' in this line's object (its keys: 'content'); "
+          "name the text's key with --text-key" in r.stderr, f"dir: {r.returncode} {r.stderr}")
+    check(not list((work / "jl_tok").glob("dir_*")), "shards of the failed run left behind")
+    (jl / "c.jsonl.gz").unlink()
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "jl_tok", "--prefix", "dir", jl)
+    check(r.returncode == 0 and "2 files, 4 documents" in r.stdout, f"dir: {r.stdout} {r.stderr}")
+    got = read_shard(work / "jl_tok" / "dir_000000.bin").tolist()
+    check(got == [0, 3, 0, 2, 3, 0, 0, 4, 5], f"dir tokens {got}")
+
+    # What a JSON Lines file must hold, each refused with its line.
+    bad = {
+        '{"text": "to be"}\n{"text": "or"\n': ":2: not a JSON value: ",
+        '{"text": "to"}\n["to", "be"]\n': ":2: expected a JSON object with the document's text "
+                                          "under 'text'; found an array, [\"to\", \"be\"]",
+        '{"text": 12}\n': ":1: 'text' must be a string (the document's text); found a number, 12",
+        '\n\n': "no document in ",
+    }
+    for i, (content, message) in enumerate(bad.items()):
+        path = work / f"bad{i}.jsonl"
+        path.write_text(content, encoding="utf-8")
+        r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "bad_tok", path)
+        expected = message if message.startswith("no document") else f"{path}{message}"
+        check(r.returncode == 1 and "Traceback" not in r.stderr and expected in r.stderr,
+              f"{content!r}: {r.returncode} {r.stderr}")
+    check(not (work / "bad_tok").exists() or not list((work / "bad_tok").iterdir()),
+          "shards of refused JSON Lines left behind")
+
+    # A bad line after more than a tokenizer batch of documents (1024): the shards written
+    # before it are removed.
+    path = work / "long.jsonl"
+    path.write_text('{"text": "to be"}\n' * 1100 + '{"text": null}\n', encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "long_tok", "--shard-tokens", 1000,
+                 path)
+    check(r.returncode == 1 and "Traceback" not in r.stderr and
+          f"{path}:1101: 'text' must be a string (the document's text); found null, null "
+          "(removed the 3 shards this run had written)" in r.stderr, f"long: {r.stderr}")
+    check(not list((work / "long_tok").iterdir()), "shards of the failed long run left behind")
     print("PASS")
 
 
