@@ -177,6 +177,17 @@ void CheckWindows(const Layout& l) {
   EXPECT_FALSE(source->EntropyFloor().has_value());
 }
 
+// A shard that lies wholly in the held-out tail is still one of the files data.path matched.
+TEST(TokenDataTest, DescribeCountsAShardWhollyInTheHeldOutTail) {
+  const std::string dir = TempDir();
+  const Layout l{false, 100, 1000, {500, 301, 100}};  // 901 tokens: the last 180 held out
+  WriteShards(dir, "train", l);
+  const auto source = MakeTokenShardSource(TokensConfig(dir + "/train_*.bin"), 3100);
+  EXPECT_EQ(source->Describe(),
+            "llm.c token shards: 3 train files (721 tokens), validation the last 20% of them (180 "
+            "tokens), uint16");
+}
+
 TEST(TokenDataTest, Uint16TrainWindowsLieInOneShardBeforeTheHeldOutTail) {
   CheckWindows({false, 100, 1000, {500, 301, 777}});
 }

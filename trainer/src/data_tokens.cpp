@@ -222,8 +222,9 @@ class TokenShardSource : public DataSource {
                                               100 * config_.val_fraction, HumanCount(val_.tokens))
                                 : fmt::format("validation {} file{} ({} tokens)", val_.files,
                                               val_.files == 1 ? "" : "s", HumanCount(val_.tokens));
-    return fmt::format("llm.c token shards: {} train file{} ({} tokens), {}, {}", train_.files,
-                       train_.files == 1 ? "" : "s", HumanCount(train_.tokens), val,
+    // The files data.path matched, also one that lies wholly in the held-out tail.
+    return fmt::format("llm.c token shards: {} train file{} ({} tokens), {}, {}", num_train_,
+                       num_train_ == 1 ? "" : "s", HumanCount(train_.tokens), val,
                        TokenTypeName(shards_.front()->token_bytes()));
   }
 
