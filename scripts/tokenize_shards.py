@@ -7,9 +7,10 @@ int32 ([0] magic, [1] version, [2] token count, the rest 0), then the tokens: ui
 20240520, version 1) when the vocabulary has at most 65536 entries, else uint32 (magic 20240801,
 version 7). As in llm.c's dev/data/fineweb.py, every document is preceded by the end-of-text
 token, which separates documents in the concatenated stream. A document is a plain-text file (the
-whole file), or one line of a JSON Lines file (*.jsonl, or gzip-compressed *.jsonl.gz: one JSON
-object per line, the document's text under --text-key, "text" by default, as the Hugging Face
-datasets' exports and most web corpora write them).
+whole file), or one line of a JSON Lines file (*.jsonl, or gzip-compressed *.jsonl.gz; a file
+named *.json or *.json.gz is read as JSON Lines too: one JSON object per line, the document's text
+under --text-key, "text" by default, as the Hugging Face datasets' to_json and most web corpora
+write them).
 
 Usage:
   tokenize_shards.py --tokenizer model/tokenizer.json --out-dir data/tok --prefix train a.txt dir/
@@ -54,7 +55,9 @@ DIR_PATTERNS = ("*.txt", "*.jsonl", "*.jsonl.gz")
 
 
 def is_jsonl(path):
-    return path.name.endswith((".jsonl", ".jsonl.gz"))
+    """JSON Lines by name: *.jsonl, and *.json as `datasets`' to_json writes it (JSON Lines too;
+    a JSON array is refused at its first line), each also gzip-compressed."""
+    return path.name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz"))
 
 
 def input_files(inputs):

@@ -149,9 +149,10 @@ def main():
                                           "under 'text'; found an array, [\"to\", \"be\"]",
         '{"text": 12}\n': ":1: 'text' must be a string (the document's text); found a number, 12",
         '\n\n': "no document in ",
+        '[{"text": "to"},\n {"text": "be"}]\n': ":1: not a JSON value: ",
     }
     for i, (content, message) in enumerate(bad.items()):
-        path = work / f"bad{i}.jsonl"
+        path = work / f"bad{i}.{'json' if content.startswith('[') else 'jsonl'}"
         path.write_text(content, encoding="utf-8")
         r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "bad_tok", path)
         expected = message if message.startswith("no document") else f"{path}{message}"
