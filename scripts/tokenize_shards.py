@@ -69,7 +69,12 @@ def input_files(inputs):
             found = sorted({p for pattern in DIR_PATTERNS for p in path.glob(pattern)
                             if p.is_file()})
             if not found:
-                fail(f"{path}: no {', '.join(DIR_PATTERNS)} file in this directory")
+                json_files = sorted(p.name for p in path.glob("*.json*") if is_jsonl(p))
+                hint = (f" (its {', '.join(json_files[:3])}{' ...' if len(json_files) > 3 else ''} "
+                        f"{'is' if len(json_files) == 1 else 'are'} not read from a directory, "
+                        f"where *.json is often metadata: name a JSON Lines file on the command "
+                        f"line to read it)") if json_files else ""
+                fail(f"{path}: no {', '.join(DIR_PATTERNS)} file in this directory{hint}")
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -78,14 +83,29 @@ def input_files(inputs):
     return files
 
 
-def eos_id(tokenizer, tokenizer_path, explicit):
-    """--eos-id; else eos_token of the tokenizer_config.json beside tokenizer.json; else the id
-    of <|endoftext|>."""
+# eos_tokens of chat-tuned tokenizers that end a turn, not a document, and the token the same
+# vocabulary separates pretraining documents with (SmolLM2's and Qwen's <|im_end|> and
+# <|endoftext|>; Llama 3 Instruct's <|eot_id|> and <|end_of_text|>).
+CHAT_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+DOCUMENT_END = ("<|endoftext|>", "<|end_of_text|>")
+
+
+def eos_id(tokenizer, tokenizer_path, explicit, explicit_token=None):
+    """The separator and where it came from: --eos-id or --eos-token; else eos_token of the
+    tokenizer_config.json beside tokenizer.json, unless that ends a chat turn and the vocabulary
+    has a document-end token (then that one); else the id of <|endoftext|>."""
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if explicit is not None and explicit_token is not None:
+        fail("--eos-id and --eos-token both name the separator; pass one")
     if explicit is not None:
         if not 0 <= explicit < vocab:
             fail(f"--eos-id {explicit}: outside the vocabulary [0, {vocab})")
-        return explicit
+        return explicit, "--eos-id"
+    if explicit_token is not None:
+        token_id = tokenizer.token_to_id(explicit_token)
+        if token_id is None:
+            fail(f"--eos-token {explicit_token!r}: not a token of {tokenizer_path}")
+        return token_id, "--eos-token"
     config_path = Path(tokenizer_path).parent / "tokenizer_config.json"
     if config_path.is_file():
         try:
@@ -98,12 +118,18 @@ def eos_id(tokenizer, tokenizer_path, explicit):
             token_id = tokenizer.token_to_id(eos)
             if token_id is None:
                 fail(f"{config_path}: eos_token {eos!r} is not in {tokenizer_path}")
-            return token_id
+            if eos in CHAT_END_OF_TURN:
+                for name in DOCUMENT_END:
+                    if tokenizer.token_to_id(name) is not None:
+                        return tokenizer.token_to_id(name), (
+                            f"{config_path.name}'s eos_token {eos!r} ends a chat turn, not a "
+                            f"document: the vocabulary's {name!r} instead (--eos-token to choose)")
+            return token_id, f"{config_path.name}'s eos_token"
     token_id = tokenizer.token_to_id("<|endoftext|>")
     if token_id is None:
         fail(f"{tokenizer_path}: no eos_token in {config_path} and no <|endoftext|> token; "
-             "pass --eos-id")
-    return token_id
+             "pass --eos-id or --eos-token")
+    return token_id, "the vocabulary's '<|endoftext|>'"
 
 
 # Documents per tokenizer call, and the text they may hold: encode_batch runs a batch's documents
@@ -134,20 +160,29 @@ def jsonl_documents(path, key):
     """The documents of a JSON Lines file: the string under `key` of each line's object, in order.
     Blank lines are skipped; anything else that is not such an object is an error naming the
     file and line."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    line_no = 0
+    gz = path.name.endswith(".gz")
+    opener = gzip.open if gz else open
+    damaged = " (or the .gz file is damaged)" if gz else ""
+    line_no, first = 0, True
     try:
         with opener(path, "rb") as f:
             for line_no, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line.decode("utf-8-sig" if line_no == 1 else "utf-8"))
+                    text = line.decode("utf-8-sig" if line_no == 1 else "utf-8")
                 except UnicodeDecodeError as e:
-                    fail(f"{path}:{line_no}: not UTF-8: {e}")
+                    fail(f"{path}:{line_no}: not UTF-8: {e}{damaged}")
+                try:
+                    record = json.loads(text)
                 except ValueError as e:
+                    if first and text.lstrip().startswith("["):
+                        fail(f"{path}:{line_no}: a JSON array, not JSON Lines (one JSON object per "
+                             f"line); write it as JSON Lines, e.g. datasets' to_json(..., "
+                             f"lines=True) or jq -c '.[]'")
                     fail(f"{path}:{line_no}: not a JSON value: {e} (a JSON Lines file holds one "
-                         f"JSON object per line)")
+                         f"JSON object per line){damaged}")
+                first = False
                 if not isinstance(record, dict):
                     fail(f"{path}:{line_no}: expected a JSON object with the document's text under "
                          f"{key!r}; found {describe(record)}")
@@ -234,14 +269,18 @@ def run(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+",
                         help="text files (a document each), JSON Lines files (*.jsonl, "
-                             "*.jsonl.gz: a document per line), or directories of them")
+                             "*.json, also .gz: a document per line), or directories of *.txt, "
+                             "*.jsonl and *.jsonl.gz files")
     parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json")
     parser.add_argument("--out-dir", required=True, help="where the shards are written")
     parser.add_argument("--prefix", default="train", help="shard names: PREFIX_000000.bin, ...")
     parser.add_argument("--shard-tokens", type=int, default=10_000_000,
                         help="tokens per shard (default 10M)")
     parser.add_argument("--eos-id", type=int, default=None,
-                        help="the document separator (default: the tokenizer's eos_token)")
+                        help="the document separator's id (default: the tokenizer's eos_token, "
+                             "or <|endoftext|> where eos_token ends a chat turn)")
+    parser.add_argument("--eos-token", default=None,
+                        help="the document separator by its text, e.g. '<|endoftext|>'")
     parser.add_argument("--text-key", default="text",
                         help="the key of a JSON Lines object that holds the document's text "
                              "(default: text)")
@@ -262,12 +301,17 @@ def run(argv):
         tokenizer.encode_special_tokens = True
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     fmt = UINT16 if vocab <= 2**16 else UINT32
-    eos = eos_id(tokenizer, args.tokenizer, args.eos_id)
+    eos, eos_source = eos_id(tokenizer, args.tokenizer, args.eos_id, args.eos_token)
     files = input_files(args.inputs)
 
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"--out-dir {out_dir}: exists and is not a directory")
+    created = []  # the levels of --out-dir this run creates, deepest first
+    level = out_dir
+    while not level.exists() and level != level.parent:
+        created.append(level)
+        level = level.parent
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -303,21 +347,26 @@ def run(argv):
             count += len(batch)
             flush(final=False)
         flush(final=True)
+        if not shards:
+            fail(f"no document in {', '.join(str(p) for p in files)} (JSON Lines files of blank "
+                 f"lines only?)")
     except BaseException as e:  # a failure, Ctrl-C: the shards written so far are not a dataset
         for shard in shards:
             shard.unlink(missing_ok=True)
+        for level in created:  # and the directories it made for them, if nothing else is there
+            try:
+                level.rmdir()
+            except OSError:
+                break
         if shards and isinstance(e, Failure):
             raise Failure(f"{e} (removed the {len(shards)} shard{'s' if len(shards) != 1 else ''} "
                           f"this run had written)") from None
         raise
-
-    if not shards:
-        fail(f"no document in {', '.join(str(p) for p in files)} (JSON Lines files of blank "
-             f"lines only?)")
     names = shards[0].name + (f" .. {shards[-1].name}" if len(shards) > 1 else "")
     print(f"tokenize_shards: {len(files)} file{'s' if len(files) != 1 else ''}, "
           f"{count:,} document{'s' if count != 1 else ''}, {total:,} tokens "
-          f"(vocab {vocab}, eos {eos}) -> {len(shards)} shard{'s' if len(shards) != 1 else ''} "
+          f"(vocab {vocab}; separator {eos} {tokenizer.id_to_token(eos)!r}: {eos_source}) -> "
+          f"{len(shards)} shard{'s' if len(shards) != 1 else ''} "
           f"{out_dir}/{names}, {fmt['dtype'].name} tokens")
 
 

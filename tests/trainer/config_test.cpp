@@ -270,6 +270,29 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
   for (const auto& c : cases) EXPECT_EQ(ErrorOf(c.yaml), c.message) << c.yaml;
 }
 
+// A llama-family key on a gpt model (the default family) would be ignored: refused, naming the
+// family. At its default (a --print-config dump of a gpt config holds every key) it is fine.
+TEST(ConfigTest, LlamaKeysOnAGptModelAreRefused) {
+  const std::string head = kValidDistill;  // lines 1-4
+  EXPECT_EQ(ErrorOf(head + "student:\n  n_kv_head: 2\n"),
+            "x.yaml:6: student.n_kv_head: expected 0, its default (n_kv_head is a llama-family key "
+            "and student.family is gpt, the default, which does not read it: for a "
+            "Llama/Qwen/Mistral-style model set student.family: llama), got 2");
+  EXPECT_EQ(ErrorOf(head, {"teacher.family=gpt", "teacher.rope_scaling.type=llama3"}),
+            "override \"teacher.rope_scaling.type=llama3\": teacher.rope_scaling.type: expected "
+            "\"\", its default (rope_scaling.type is a llama-family key and teacher.family is gpt, "
+            "which does not read it: for a Llama/Qwen/Mistral-style model set teacher.family: "
+            "llama), got llama3");
+  EXPECT_EQ(ErrorOf(head + "student:\n  family: llama\n  n_kv_head: 2\n"), "");
+  EXPECT_EQ(ErrorOf(ConfigToYaml(ParseConfig(head, "x.yaml"))), "");
+  // A key spelled as Hugging Face's config.json spells it: its name here.
+  EXPECT_EQ(
+      ErrorOf(head + "student:\n  num_key_value_heads: 2\n"),
+      "x.yaml:6: student.num_key_value_heads: unknown key; did you mean \"student.n_kv_head\" "
+      "(Hugging Face's num_key_value_heads)? Or set student.hf_dir to the model's directory: "
+      "its config.json is read as it is");
+}
+
 // A run's stored config.yaml, read back for its identity or an export, skips the checks that
 // refuse keys a run would not use: a run written before them still resumes and exports.
 TEST(ConfigTest, StoredConfigsSkipTheUnusedKeyChecks) {

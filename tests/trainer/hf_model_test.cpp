@@ -277,6 +277,23 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
 }
 
 // The tokenizer files come from the first hf_dir with a tokenizer: a SentencePiece
+// A relative hf_dir that is not found is reported with the working directory it was looked up
+// from (the export may run elsewhere than the run did), not as deleted.
+TEST(HfModel, ARelativeHfDirNotFoundNamesTheWorkingDirectory) {
+  const std::string run = TempRunDir();
+  std::filesystem::create_directories(run);
+  Config c;
+  c.teacher.hf_dir = "models/not-here-smollm2";
+  const HfExportSources sources = ExportSources(c, run);
+  EXPECT_THAT(sources.note,
+              HasSubstr("warning: models/not-here-smollm2/config.json is not found from the "
+                        "working directory " +
+                        std::filesystem::current_path().string() +
+                        " (a path relative to the directory the run was started in: run from "
+                        "there to use it; or it was moved or deleted since the run), and the run "
+                        "has no export of its own"));
+}
+
 // tokenizer.model alone (older Llama and Mistral repositories) counts.
 TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   const std::string dir = TempRunDir();
@@ -629,7 +646,7 @@ TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
   ExportRun(out, half);
   EXPECT_THAT(::testing::internal::GetCapturedStderr(),
               HasSubstr("warning: " + c.teacher.hf_dir +
-                        "/config.json is gone (moved or deleted since the run) and the run has "
+                        "/config.json is gone (moved or deleted since the run), and the run has "
                         "no export of its own (" +
                         out + "/hf): config.json's other keys are taken from " + c.student.hf_dir +
                         "/config.json, and no tokenizer files are copied"));

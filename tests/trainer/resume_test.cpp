@@ -118,6 +118,41 @@ TEST(ResumeTest, ElapsedTimeCarriesOverAResume) {
   EXPECT_GT(std::stod(text.substr(at + 12)), at3.elapsed_s) << text;
 }
 
+// A smaller train.steps than a run has trained does not shorten it: a warning, nothing trained,
+// and its config.yaml and summary keep the steps it has; a larger one trains on.
+TEST(ResumeTest, AFinishedRunIsNotShortened) {
+  Config c = testing::TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.log_interval = 1;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string dir = c.train.out_dir;
+  c.train.steps = 2;
+  {
+    Trainer again(c, RunOptions::Quiet());
+    ASSERT_EQ(again.step(), 4);
+    ASSERT_FALSE(again.warnings().empty());
+    EXPECT_THAT(again.warnings().front(),
+                ::testing::HasSubstr(fmt::format(
+                    "warning: {} is at step 4, past train.steps 2: a run is not shortened after "
+                    "the fact; nothing is trained",
+                    dir)));
+    again.Train();
+  }
+  EXPECT_EQ(LoggedTrainSteps(dir), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_NE(ReadBytes(dir + "/config.yaml").find("\n  steps: 4\n"), std::string::npos);
+  std::ifstream in(dir + "/summary.json");
+  std::stringstream summary;
+  summary << in.rdbuf();
+  EXPECT_THAT(summary.str(), ::testing::HasSubstr("\"steps\":4"));
+  c.train.steps = 5;
+  {
+    Trainer more(c, RunOptions::Quiet());
+    for (const auto& w : more.warnings()) EXPECT_EQ(w.find("past train.steps"), std::string::npos);
+    more.Train();
+  }
+  EXPECT_EQ(LoggedTrainSteps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
 // The names in <run_dir>/checkpoints, sorted.
 std::vector<std::string> CheckpointDirNames(const std::string& run_dir) {
   std::vector<std::string> names;
@@ -282,8 +317,9 @@ TEST(ResumeTest, FailedStartLeavesNoRunDirectory) {
     Trainer t(tokens, RunOptions::Quiet(/*fresh=*/true));
     ADD_FAILURE() << "trained on a shard with a token past the vocabulary";
   } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr(tokens.data.path + ": token 199 is 24, not below "
-                                                                  "the vocabulary size 24"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(tokens.data.path +
+                                               ": the token at position 199 is 24, not below "
+                                               "the vocabulary size 24"));
   }
   RemoveTree(shards);
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);

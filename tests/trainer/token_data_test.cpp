@@ -112,7 +112,7 @@ TEST(TokenDataTest, ShardsReadBackExactly) {
   EXPECT_THAT(ErrorOf([&] {
                 WriteTokenShard(dir + "/bad.bin", {1, 70000}, false);
               }),
-              HasSubstr("bad.bin: token 1 is 70000, too large for a uint16 shard"));
+              HasSubstr("bad.bin: the token at position 1 is 70000, too large for a uint16 shard"));
 }
 
 // Every training row is a window of seq_len + 1 consecutive tokens of one shard, before the
@@ -380,12 +380,14 @@ TEST_F(TokenDataErrorTest, TokenOutsideTheVocabulary) {
   WriteTokenShard(bad, tokens, false);
   DataConfig c = TokensConfig(path_, bad);
   c.batch_size = 1;
-  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(c, 100); }),
-              HasSubstr(bad + ": token 37 is 999, not below the vocabulary size 100: tokenized "
-                              "with a different tokenizer?"));
+  EXPECT_THAT(
+      ErrorOf([&] { MakeTokenShardSource(c, 100); }),
+      HasSubstr(bad +
+                ": the token at position 37 is 999, not below the vocabulary size 100: tokenized "
+                "with a different tokenizer?"));
   // The vocabulary bound is exclusive: the token equal to the vocabulary size is refused.
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(c, 999); }),
-              HasSubstr("token 37 is 999, not below the vocabulary size 999"));
+              HasSubstr("the token at position 37 is 999, not below the vocabulary size 999"));
   EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(c, 1000)->ValBatch(2); }), "(no error)");
   // A training shard (uint32) longer than one scanning chunk (2^22 tokens), its bad tokens in
   // the second: the first of them is named.
@@ -396,8 +398,9 @@ TEST_F(TokenDataErrorTest, TokenOutsideTheVocabulary) {
   const std::string big = dir_ + "/big_train.bin";
   WriteTokenShard(big, many, true);
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(big), 50000); }),
-              HasSubstr(fmt::format("{}: token {} is 70000, not below the vocabulary size 50000",
-                                    big, chunk + 10)));
+              HasSubstr(fmt::format(
+                  "{}: the token at position {} is 70000, not below the vocabulary size 50000", big,
+                  chunk + 10)));
   EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(big), 100001); }), "(no error)");
 }
 

@@ -149,7 +149,7 @@ def main():
                                           "under 'text'; found an array, [\"to\", \"be\"]",
         '{"text": 12}\n': ":1: 'text' must be a string (the document's text); found a number, 12",
         '\n\n': "no document in ",
-        '[{"text": "to"},\n {"text": "be"}]\n': ":1: not a JSON value: ",
+        '[{"text": "to"},\n {"text": "be"}]\n': ":1: a JSON array, not JSON Lines",
     }
     for i, (content, message) in enumerate(bad.items()):
         path = work / f"bad{i}.{'json' if content.startswith('[') else 'jsonl'}"
@@ -158,8 +158,7 @@ def main():
         expected = message if message.startswith("no document") else f"{path}{message}"
         check(r.returncode == 1 and "Traceback" not in r.stderr and expected in r.stderr,
               f"{content!r}: {r.returncode} {r.stderr}")
-    check(not (work / "bad_tok").exists() or not list((work / "bad_tok").iterdir()),
-          "shards of refused JSON Lines left behind")
+    check(not (work / "bad_tok").exists(), "refused JSON Lines left an --out-dir behind")
 
     # A bad line after more than a tokenizer batch of documents (1024): the shards written
     # before it are removed.
@@ -170,7 +169,47 @@ def main():
     check(r.returncode == 1 and "Traceback" not in r.stderr and
           f"{path}:1101: 'text' must be a string (the document's text); found null, null "
           "(removed the 3 shards this run had written)" in r.stderr, f"long: {r.stderr}")
-    check(not list((work / "long_tok").iterdir()), "shards of the failed long run left behind")
+    check(not (work / "long_tok").exists(), "the failed long run left its --out-dir behind")
+
+    # A failed run removes the --out-dir levels it created (only those, only when empty); an
+    # indented JSON array is named as one; a directory of *.json files says why it reads none.
+    (work / "array.json").write_text('[\n  {"text": "to"}\n]\n', encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "new" / "deeper", work / "array.json")
+    check(r.returncode == 1 and f"{work / 'array.json'}:1: a JSON array, not JSON Lines" in r.stderr,
+          f"array: {r.stderr}")
+    check(not (work / "new").exists(), "the --out-dir levels the failed run created are left")
+    (work / "jsondir").mkdir()
+    (work / "jsondir" / "part.json").write_text('{"text": "to"}\n', encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "x", work / "jsondir")
+    check(r.returncode == 1 and "no *.txt, *.jsonl, *.jsonl.gz file in this directory (its "
+          "part.json is not read from a directory" in r.stderr, f"jsondir: {r.stderr}")
+
+    # The separator: tokenizer_config.json's eos_token, unless it ends a chat turn and the
+    # vocabulary has a document-end token; --eos-token by text; the summary names it.
+    chat = work / "chat"
+    chat.mkdir()
+    chat_vocab = dict(vocab, **{"<|im_end|>": 6})
+    chat_tok = Tokenizer(models.WordLevel(chat_vocab, unk_token="[UNK]"))
+    chat_tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    chat_tok.save(str(chat / "tokenizer.json"))
+    (chat / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}', encoding="utf-8")
+    r = tokenize("--tokenizer", chat / "tokenizer.json", "--out-dir", work / "chat_tok",
+                 text / "b.txt")
+    check(r.returncode == 0 and "separator 0 '<|endoftext|>': tokenizer_config.json's eos_token "
+          "'<|im_end|>' ends a chat turn, not a document" in r.stdout, f"chat: {r.stdout} {r.stderr}")
+    check(read_shard(work / "chat_tok" / "train_000000.bin").tolist() == [0, 5, 2, 3], "chat tokens")
+    r = tokenize("--tokenizer", chat / "tokenizer.json", "--out-dir", work / "chat_tok", "--prefix",
+                 "im", "--eos-token", "<|im_end|>", text / "b.txt")
+    check(r.returncode == 0 and "separator 6 '<|im_end|>': --eos-token" in r.stdout, r.stdout)
+    check(read_shard(work / "chat_tok" / "im_000000.bin").tolist() == [6, 5, 2, 3], "im tokens")
+    r = tokenize("--tokenizer", chat / "tokenizer.json", "--out-dir", work / "chat_tok", "--prefix",
+                 "no", "--eos-token", "</s>", text / "b.txt")
+    check(r.returncode == 1 and "--eos-token '</s>': not a token of" in r.stderr, r.stderr)
+    (chat / "tokenizer_config.json").write_text('{"eos_token": "be"}', encoding="utf-8")
+    r = tokenize("--tokenizer", chat / "tokenizer.json", "--out-dir", work / "chat_tok", "--prefix",
+                 "be", text / "b.txt")
+    check(r.returncode == 0 and "separator 3 'be': tokenizer_config.json's eos_token" in r.stdout,
+          r.stdout)
     print("PASS")
 
 

@@ -69,7 +69,39 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 }
 
 // ": did you mean "x"?" for the closest key or section, or "" when nothing is close.
+// A model key spelled as Hugging Face's config.json spells it (a YAML written from one): its key
+// here.
+std::string HfAlias(const std::string& path) {
+  static const std::map<std::string, std::string> kHfNames = {
+      {"hidden_size", "d_model"},
+      {"n_embd", "d_model"},
+      {"num_hidden_layers", "n_layer"},
+      {"num_attention_heads", "n_head"},
+      {"num_key_value_heads", "n_kv_head"},
+      {"max_position_embeddings", "context_length"},
+      {"n_positions", "context_length"},
+      {"n_inner", "intermediate_size"},
+      {"rms_norm_eps", "norm_eps"},
+      {"tie_word_embeddings", "tie_embeddings"},
+      {"attention_dropout", "dropout"},
+      {"attn_pdrop", "dropout"},
+      {"activation_function", "activation"},
+      {"model_type", "hf_model_type"}};
+  const size_t dot = path.find('.');
+  if (dot == std::string::npos) return "";
+  const std::string section = path.substr(0, dot);
+  if (section != "student" && section != "teacher") return "";
+  auto it = kHfNames.find(path.substr(dot + 1));
+  return it == kHfNames.end() ? "" : section + "." + it->second;
+}
+
 std::string Suggestion(const std::string& path) {
+  if (const std::string alias = HfAlias(path); !alias.empty()) {
+    return fmt::format(
+        "; did you mean \"{}\" (Hugging Face's {})? Or set {}.hf_dir to the "
+        "model's directory: its config.json is read as it is",
+        alias, path.substr(path.find('.') + 1), path.substr(0, path.find('.')));
+  }
   std::string best;
   size_t best_distance = 4;  // more than 3 edits away is not a typo
   auto consider = [&](const std::string& candidate) {
@@ -226,6 +258,23 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
   model = from_hf;
 }
 
+// The keys of a model section that only the llama family reads (the gpt family's architecture
+// is fixed there: LayerNorm with epsilon 1e-5, learned positions, biases everywhere).
+constexpr const char* kLlamaOnlyKeys[] = {"n_kv_head",
+                                          "head_dim",
+                                          "norm_eps",
+                                          "rope_theta",
+                                          "rope_scaling.type",
+                                          "rope_scaling.factor",
+                                          "rope_scaling.low_freq_factor",
+                                          "rope_scaling.high_freq_factor",
+                                          "rope_scaling.original_max_position_embeddings",
+                                          "attention_bias",
+                                          "attention_out_bias",
+                                          "mlp_bias",
+                                          "qk_norm",
+                                          "hf_model_type"};
+
 // The constraints that involve more than one key. Each error is reported at the key that the
 // user most likely has to change.
 void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
@@ -261,9 +310,25 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                          "gpt family's GELU), got {}",
                          EnumName(m.activation)));
       }
-    } else if (m.d_model % m.n_head != 0) {
-      fail(name + ".d_model",
-           fmt::format("expected a multiple of {}.n_head ({}), got {}", name, m.n_head, m.d_model));
+    } else {
+      if (m.d_model % m.n_head != 0) {
+        fail(name + ".d_model", fmt::format("expected a multiple of {}.n_head ({}), got {}", name,
+                                            m.n_head, m.d_model));
+      }
+      // A llama-family key set on a gpt model would be ignored without a word: a YAML that
+      // forgot `family: llama` (gpt is the default) trained and exported a GPT-2-style model.
+      static const Config defaults;
+      for (const char* key : kLlamaOnlyKeys) {
+        const std::string path = name + "." + key;
+        const internal::KeyDecl* decl = FindKey(path);
+        const std::string value = decl->get(c), fallback = decl->get(defaults);
+        if (value == fallback) continue;
+        fail(path, fmt::format("expected {}, its default ({} is a llama-family key and "
+                               "{}.family is gpt{}, which does not read it: for a "
+                               "Llama/Qwen/Mistral-style model set {}.family: llama), got {}",
+                               fallback, key, name,
+                               at.count(name + ".family") ? "" : ", the default", name, value));
+      }
     }
     if (c.data.seq_len > m.context_length) {
       fail("data.seq_len", fmt::format("expected at most {}.context_length ({}), got {}", name,

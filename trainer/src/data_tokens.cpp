@@ -132,8 +132,9 @@ class TokenShardSource : public DataSource {
           if (SameFile(p, t)) {
             throw std::runtime_error(fmt::format(
                 "data.val_path: {} is also a training shard (data.path \"{}\" matches {}); "
-                "narrow data.path so that it leaves the validation shards out (e.g. "
-                "train_*.bin)",
+                "narrow data.path so that it leaves the validation shards out, or point "
+                "data.val_path at other shards (e.g. data.path \"train_*.bin\", data.val_path "
+                "\"val_*.bin\")",
                 p, c.path, t));
           }
         }
@@ -305,7 +306,8 @@ class TokenShardSource : public DataSource {
   }
 
   std::runtime_error BadToken(const TokenShard& shard, int64_t index, uint32_t token) const {
-    return ShardError(shard.path(), fmt::format("token {} is {}, not below the vocabulary size {}: "
+    return ShardError(shard.path(), fmt::format("the token at position {} is {}, not below the "
+                                                "vocabulary size {}: "
                                                 "tokenized with a different tokenizer?",
                                                 index, token, vocab_size_));
   }
@@ -467,8 +469,9 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
   data.resize(kShardHeaderBytes, 0);
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (!uint32_tokens && tokens[i] > 0xFFFF) {
-      throw ShardError(path,
-                       fmt::format("token {} is {}, too large for a uint16 shard", i, tokens[i]));
+      throw ShardError(
+          path, fmt::format("the token at position {} is {}, too large for a uint16 shard", i,
+                            tokens[i]));
     }
     AppendLe(data, tokens[i], bytes);
   }

@@ -84,6 +84,21 @@ std::string TokenizerDir(const std::vector<std::string>& dirs) {
   return "";
 }
 
+// How a run's HF directory that has no config.json now is reported: moved or deleted, or (a
+// relative path) read from another working directory than the run's.
+std::string Gone(const std::string& dir) {
+  if (fs::path(dir).is_relative()) {
+    std::error_code error;
+    const fs::path cwd = fs::current_path(error);
+    return fmt::format(
+        "{}/config.json is not found from the working directory {} (a path "
+        "relative to the directory the run was started in: run from there to use "
+        "it; or it was moved or deleted since the run)",
+        dir, error ? std::string("?") : cwd.string());
+  }
+  return fmt::format("{}/config.json is gone (moved or deleted since the run)", dir);
+}
+
 }  // namespace
 
 HfExportSources ExportSources(const Config& config, const std::string& run_dir) {
@@ -99,9 +114,9 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
       sources.config_template = (own / "config.json").string();
       sources.tokenizer_dir = TokenizerDir({own.string()});
       sources.note = fmt::format(
-          "warning: {}/config.json is gone (moved or deleted since the run); config.json's other "
-          "keys and the tokenizer files are taken from the run's own export {}",
-          gone.front(), own.string());
+          "warning: {}; config.json's other keys and the tokenizer files are taken from the "
+          "run's own export {}",
+          Gone(gone.front()), own.string());
       return sources;
     }
   }
@@ -117,10 +132,9 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
         sources.tokenizer_dir.empty()
             ? std::string("no tokenizer files are copied")
             : fmt::format("the tokenizer files from {}", sources.tokenizer_dir);
-    sources.note = fmt::format(
-        "warning: {}/config.json is gone (moved or deleted since the run) and the run has no "
-        "export of its own ({}): {}, and {}",
-        gone.front(), (fs::path(run_dir) / "hf").string(), keys, tokenizer);
+    sources.note =
+        fmt::format("warning: {}, and the run has no export of its own ({}): {}, and {}",
+                    Gone(gone.front()), (fs::path(run_dir) / "hf").string(), keys, tokenizer);
   }
   return sources;
 }

@@ -319,6 +319,18 @@ Trainer::Trainer(Config config, RunOptions options)
       position_ = *position;
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
+      if (position_.step > config_.train.steps) {
+        // A run is not shortened after the fact: it stays at its step, and its config.yaml,
+        // progress and summary say so (not the smaller train.steps asked for).
+        warnings.push_back(fmt::format(
+            "warning: {} is at step {}, past train.steps {}: a run is not shortened after the "
+            "fact; nothing is trained, the step-{} model is evaluated (and exported) again and "
+            "the run keeps train.steps {}. Raise train.steps to train on, or pass --fresh to "
+            "train {} steps from the start",
+            config_.train.out_dir, position_.step, config_.train.steps, position_.step,
+            position_.step, config_.train.steps));
+        config_.train.steps = position_.step;
+      }
       if (auto warning = DataFilesChanged(position_.data_files, data_->Files(), position_.step,
                                           position_.step >= config_.train.steps, config_.data)) {
         warnings.push_back(*warning);
