@@ -34,6 +34,7 @@ import json
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -135,7 +136,7 @@ def eos_id(tokenizer, tokenizer_path, explicit, explicit_token=None):
 # Documents per tokenizer call, and the text they may hold: encode_batch runs a batch's documents
 # on the tokenizers package's threads; the bound keeps a batch's text and ids in memory small.
 BATCH_DOCUMENTS = 1024
-BATCH_BYTES = 32 << 20
+BATCH_CHARS = 32 << 20
 
 
 def text_documents(path):
@@ -167,10 +168,12 @@ def jsonl_documents(path, key):
     try:
         with opener(path, "rb") as f:
             for line_no, line in enumerate(f, start=1):
+                if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # a byte-order mark
+                    line = line[3:]
                 if not line.strip():
                     continue
                 try:
-                    text = line.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                    text = line.decode("utf-8")
                 except UnicodeDecodeError as e:
                     fail(f"{path}:{line_no}: not UTF-8: {e}{damaged}")
                 try:
@@ -194,10 +197,16 @@ def jsonl_documents(path, key):
                 if not isinstance(text, str):
                     fail(f"{path}:{line_no}: {key!r} must be a string (the document's text); "
                          f"found {describe(text)}")
+                try:  # a JSON escape of a lone surrogate half (\\ud800) is no character
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    fail(f"{path}:{line_no}: the text holds {text[e.start]!r} (character "
+                         f"{e.start}), half of a UTF-16 surrogate pair, which is not a Unicode "
+                         f"character: repair or drop this line")
                 yield text
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, zlib.error) as e:
         where = f"{path}:{line_no + 1}" if line_no else f"{path}"
-        fail(f"{where}: cannot read: {e}")
+        fail(f"{where}: cannot read: {e}{damaged}")
 
 
 def documents(files, key):
@@ -207,11 +216,11 @@ def documents(files, key):
 
 
 def batches(docs):
-    """Documents grouped for the tokenizer: at most BATCH_DOCUMENTS, and BATCH_BYTES of text
-    unless one document alone is larger."""
+    """Documents grouped for the tokenizer: at most BATCH_DOCUMENTS, and BATCH_CHARS characters
+    of text unless one document alone is longer."""
     batch, size = [], 0
     for doc in docs:
-        if batch and (len(batch) == BATCH_DOCUMENTS or size + len(doc) > BATCH_BYTES):
+        if batch and (len(batch) == BATCH_DOCUMENTS or size + len(doc) > BATCH_CHARS):
             yield batch
             batch, size = [], 0
         batch.append(doc)
@@ -249,6 +258,9 @@ def write_shard(path, tokens, fmt):
     except OSError as e:
         tmp.unlink(missing_ok=True)
         fail(f"{path}: cannot write: {e}")
+    except BaseException:  # Ctrl-C while writing: no temporary left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def existing_shards(out_dir, prefix):
@@ -304,7 +316,7 @@ def run(argv):
     eos, eos_source = eos_id(tokenizer, args.tokenizer, args.eos_id, args.eos_token)
     files = input_files(args.inputs)
 
-    out_dir = Path(args.out_dir)
+    out_dir = Path(os.path.normpath(args.out_dir))
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"--out-dir {out_dir}: exists and is not a directory")
     created = []  # the levels of --out-dir this run creates, deepest first
@@ -348,8 +360,8 @@ def run(argv):
             flush(final=False)
         flush(final=True)
         if not shards:
-            fail(f"no document in {', '.join(str(p) for p in files)} (JSON Lines files of blank "
-                 f"lines only?)")
+            names = ", ".join(str(p) for p in files[:3]) + (" ..." if len(files) > 3 else "")
+            fail(f"no document in {names} (JSON Lines files of blank lines only?)")
     except BaseException as e:  # a failure, Ctrl-C: the shards written so far are not a dataset
         for shard in shards:
             shard.unlink(missing_ok=True)

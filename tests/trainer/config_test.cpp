@@ -304,6 +304,10 @@ TEST(ConfigTest, StoredConfigsSkipTheUnusedKeyChecks) {
   const Config stored = ParseConfig(yaml, "x.yaml", {}, ConfigOrigin::kStored);
   EXPECT_EQ(stored.data.path, "corpus.txt");
   EXPECT_EQ(stored.data.val_path, "v.bin");
+  // A llama-family key that a gpt run set before it was refused: the run still reads back.
+  EXPECT_EQ(ParseConfig(yaml + "student:\n  norm_eps: 1e-6\n", "x.yaml", {}, ConfigOrigin::kStored)
+                .student.norm_eps,
+            1e-6);
   // The other checks still apply.
   EXPECT_THROW(ParseConfig(yaml + "student:\n  d_model: 66\n", "x.yaml", {}, ConfigOrigin::kStored),
                ConfigError);

@@ -276,7 +276,6 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
             std::string::npos);
 }
 
-// The tokenizer files come from the first hf_dir with a tokenizer: a SentencePiece
 // A relative hf_dir that is not found is reported with the working directory it was looked up
 // from (the export may run elsewhere than the run did), not as deleted.
 TEST(HfModel, ARelativeHfDirNotFoundNamesTheWorkingDirectory) {
@@ -289,11 +288,11 @@ TEST(HfModel, ARelativeHfDirNotFoundNamesTheWorkingDirectory) {
               HasSubstr("warning: models/not-here-smollm2/config.json is not found from the "
                         "working directory " +
                         std::filesystem::current_path().string() +
-                        " (a path relative to the directory the run was started in: run from "
-                        "there to use it; or it was moved or deleted since the run), and the run "
-                        "has no export of its own"));
+                        " (a relative path: moved or deleted since the run, or the run was "
+                        "started in another directory), and the run has no export of its own"));
 }
 
+// The tokenizer files come from the first hf_dir with a tokenizer: a SentencePiece
 // tokenizer.model alone (older Llama and Mistral repositories) counts.
 TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   const std::string dir = TempRunDir();

@@ -68,7 +68,6 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// ": did you mean "x"?" for the closest key or section, or "" when nothing is close.
 // A model key spelled as Hugging Face's config.json spells it (a YAML written from one): its key
 // here.
 std::string HfAlias(const std::string& path) {
@@ -86,7 +85,7 @@ std::string HfAlias(const std::string& path) {
       {"attention_dropout", "dropout"},
       {"attn_pdrop", "dropout"},
       {"activation_function", "activation"},
-      {"model_type", "hf_model_type"}};
+      {"model_type", "family"}};
   const size_t dot = path.find('.');
   if (dot == std::string::npos) return "";
   const std::string section = path.substr(0, dot);
@@ -95,6 +94,7 @@ std::string HfAlias(const std::string& path) {
   return it == kHfNames.end() ? "" : section + "." + it->second;
 }
 
+// ": did you mean "x"?" for the closest key or section, or "" when nothing is close.
 std::string Suggestion(const std::string& path) {
   if (const std::string alias = HfAlias(path); !alias.empty()) {
     return fmt::format(
@@ -282,6 +282,8 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     Fail(Where(at, path), path, what);
   };
   const bool distill = c.train.mode == Mode::kDistill;
+  // A run's stored config skips the checks that refuse keys a run would not use.
+  const bool requested = origin == ConfigOrigin::kRequested;
   auto check_model = [&](const std::string& name, const ModelConfig& m) {
     if (m.family == ModelFamily::kLlama) {
       if (m.n_head % m.kv_heads() != 0) {
@@ -317,8 +319,10 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       }
       // A llama-family key set on a gpt model would be ignored without a word: a YAML that
       // forgot `family: llama` (gpt is the default) trained and exported a GPT-2-style model.
+      // Not for a stored config: a run that set one before this check still resumes and exports.
       static const Config defaults;
       for (const char* key : kLlamaOnlyKeys) {
+        if (!requested) break;
         const std::string path = name + "." + key;
         const internal::KeyDecl* decl = FindKey(path);
         const std::string value = decl->get(c), fallback = decl->get(defaults);
@@ -370,7 +374,6 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                          c.data.seq_len, c.data.min_seq_len));
   }
   // A path the run would not read is a mistake (data.source left at its default), not a choice.
-  const bool requested = origin == ConfigOrigin::kRequested;
   if (requested && c.data.source == "synthetic" && !c.data.path.empty()) {
     fail("data.path", fmt::format("expected \"\" with data.source synthetic (the synthetic "
                                   "language reads no files; set data.source to text or tokens to "

@@ -91,9 +91,8 @@ std::string Gone(const std::string& dir) {
     std::error_code error;
     const fs::path cwd = fs::current_path(error);
     return fmt::format(
-        "{}/config.json is not found from the working directory {} (a path "
-        "relative to the directory the run was started in: run from there to use "
-        "it; or it was moved or deleted since the run)",
+        "{}/config.json is not found from the working directory {} (a relative path: moved or "
+        "deleted since the run, or the run was started in another directory)",
         dir, error ? std::string("?") : cwd.string());
   }
   return fmt::format("{}/config.json is gone (moved or deleted since the run)", dir);

@@ -324,9 +324,8 @@ Trainer::Trainer(Config config, RunOptions options)
         // progress and summary say so (not the smaller train.steps asked for).
         warnings.push_back(fmt::format(
             "warning: {} is at step {}, past train.steps {}: a run is not shortened after the "
-            "fact; nothing is trained, the step-{} model is evaluated (and exported) again and "
-            "the run keeps train.steps {}. Raise train.steps to train on, or pass --fresh to "
-            "train {} steps from the start",
+            "fact; nothing is trained, the run ends again at step {} and keeps train.steps {}. "
+            "Raise train.steps to train on, or pass --fresh to train {} steps from the start",
             config_.train.out_dir, position_.step, config_.train.steps, position_.step,
             position_.step, config_.train.steps));
         config_.train.steps = position_.step;
