@@ -18,7 +18,8 @@ writes data/tok/train_000000.bin, train_000001.bin, ... (--shard-tokens tokens e
 shorter); a directory contributes its *.txt, *.jsonl and *.jsonl.gz files, sorted by name. Splits
 are made by the caller: run it again with other inputs and --prefix val.
 
-Memory: a JSON Lines file is read a batch of lines at a time; a plain-text file is read and
+Memory: a JSON Lines file is read a batch of lines at a time, and so is a plain-text file split
+into documents with --split-on (e.g. '<|endoftext|>'); otherwise a plain-text file is read and
 tokenized whole (~0.5 KB per token while it is tokenized). Documents are tokenized in batches, in
 parallel (the tokenizers package's threads; TOKENIZERS_PARALLELISM=false for one thread).
 
@@ -28,6 +29,7 @@ shards is refused (a glob over them would mix two tokenizations), and a run that
 left for a glob to pick up.
 """
 import argparse
+import codecs
 import errno
 import gzip
 import json
@@ -139,14 +141,67 @@ BATCH_DOCUMENTS = 1024
 BATCH_CHARS = 32 << 20
 
 
-def text_documents(path):
+READ_BLOCK = 1 << 20  # bytes read at a time from a text file split into documents
+
+
+def text_documents(path, split=None):
     """A plain-text file as one document: its bytes as they are (read_text's universal newlines
     would turn \r\n and \r into \n, other tokens than the file's); a leading byte-order mark
-    is not text."""
+    is not text. With `split`, the file is read a block at a time and every piece between two
+    occurrences of `split` is a document, without the whitespace around it; empty pieces are no
+    documents."""
+    if split is None:
+        try:
+            yield path.read_bytes().decode("utf-8-sig")
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"{path}: cannot read as UTF-8: {e}")
+        return
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    parts, tail, offset = [], "", 0  # the document so far: parts, then a tail that may hold
+    # the start of a separator (or, after one, the text read past it)
+
+    def finish(text):
+        return text.strip() or None
+
     try:
-        yield path.read_bytes().decode("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        fail(f"{path}: cannot read as UTF-8: {e}")
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(READ_BLOCK)
+                try:
+                    text = tail + decoder.decode(block, final=not block)
+                except UnicodeDecodeError as e:
+                    fail(f"{path}: cannot read as UTF-8 (near byte {offset + e.start}): {e}")
+                offset += len(block)
+                pieces = text.split(split)
+                if len(pieces) == 1:  # no separator: all but a possible separator's start is kept
+                    keep = max(len(text) - (len(split) - 1), 0)
+                    parts.append(text[:keep])
+                    tail = text[keep:]
+                else:
+                    for document in ["".join(parts) + pieces[0], *pieces[1:-1]]:
+                        if (document := finish(document)) is not None:
+                            yield document
+                    parts, tail = [], pieces[-1]
+                if not block:
+                    break
+    except OSError as e:
+        fail(f"{path}: cannot read: {e}")
+    if (document := finish("".join(parts) + tail)) is not None:
+        yield document
+
+
+def separator_text(arg):
+    """--split-on's text with the escapes \\n, \\r, \\t and \\\\ read as the characters."""
+    out, i = [], 0
+    escapes = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\"}
+    while i < len(arg):
+        if arg[i] == "\\" and i + 1 < len(arg) and arg[i + 1] in escapes:
+            out.append(escapes[arg[i + 1]])
+            i += 2
+        else:
+            out.append(arg[i])
+            i += 1
+    return "".join(out)
 
 
 def describe(value):
@@ -209,10 +264,10 @@ def jsonl_documents(path, key):
         fail(f"{where}: cannot read: {e}{damaged}")
 
 
-def documents(files, key):
+def documents(files, key, split=None):
     """Every document of every input file, in order."""
     for path in files:
-        yield from jsonl_documents(path, key) if is_jsonl(path) else text_documents(path)
+        yield from jsonl_documents(path, key) if is_jsonl(path) else text_documents(path, split)
 
 
 def batches(docs):
@@ -293,12 +348,20 @@ def run(argv):
                              "or <|endoftext|> where eos_token ends a chat turn)")
     parser.add_argument("--eos-token", default=None,
                         help="the document separator by its text, e.g. '<|endoftext|>'")
+    parser.add_argument("--split-on", default=None, metavar="TEXT",
+                        help="in text files, the text that separates documents, e.g. "
+                             "'<|endoftext|>' (TinyStories) or '\\n\\n' (escapes \\n \\r \\t "
+                             "\\\\); the file is then read a block at a time (default: a text "
+                             "file is one document)")
     parser.add_argument("--text-key", default="text",
                         help="the key of a JSON Lines object that holds the document's text "
                              "(default: text)")
     args = parser.parse_args(argv)
     if not 0 < args.shard_tokens < 2**31:
         fail(f"--shard-tokens {args.shard_tokens}: expected 1 .. 2^31 - 1 (llm.c's limit)")
+    split = None if args.split_on is None else separator_text(args.split_on)
+    if split == "":
+        fail("--split-on '': expected the text that separates documents")
 
     try:
         from tokenizers import Tokenizer
@@ -347,7 +410,7 @@ def run(argv):
             pending, pending_tokens = ([rest] if len(rest) else []), len(rest)
 
     try:
-        for batch in batches(documents(files, args.text_key)):
+        for batch in batches(documents(files, args.text_key, split)):
             for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
                 ids = encoding.ids
                 document = np.empty(len(ids) + 1, dtype=np.int64)

@@ -107,6 +107,25 @@ def main():
     got = read_shard(work / "crlf_tok" / "train_000000.bin").tolist()
     check(got == [0, 2, 5, 6, 3, 5, 4], f"crlf tokens {got}")
 
+    # --split-on: documents inside a text file, read a block (1 MiB) at a time; the whitespace
+    # around a document and empty pieces dropped; escapes read. A separator across the first
+    # block's end.
+    big = work / "big.txt"
+    first = "to " * 349523  # 1048569 bytes: the separator spans bytes 1048569 .. 1048581
+    big.write_text(first + "<|endoftext|>\nbe\n<|endoftext|>\n\n<|endoftext|>or", encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "split_tok", "--split-on",
+                 "<|endoftext|>", big)
+    check(r.returncode == 0 and "1 file, 3 documents" in r.stdout, f"split: {r.stdout} {r.stderr}")
+    got = read_shard(work / "split_tok" / "train_000000.bin")
+    check(len(got) == 349524 + 4 and set(got[1:349524].tolist()) == {2} and
+          got[349524:].tolist() == [0, 3, 0, 4] and got[0] == 0, f"split tokens {got[-6:]}")
+    (work / "paras.txt").write_text("to be\n\nor not\n\n\n\nbe\n", encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "split_tok", "--prefix", "para",
+                 "--split-on", "\\n\\n", work / "paras.txt")
+    check(r.returncode == 0 and "3 documents" in r.stdout, f"paras: {r.stdout} {r.stderr}")
+    got = read_shard(work / "split_tok" / "para_000000.bin").tolist()
+    check(got == [0, 2, 3, 0, 4, 5, 0, 3], f"paras tokens {got}")
+
     # JSON Lines: a document per line, its text under "text" (\r\n line ends, a blank line and
     # an empty document; an escaped \r\n inside a text stays), or under --text-key; gzip-
     # compressed the same; a directory contributes *.jsonl and *.jsonl.gz beside *.txt, by name.
