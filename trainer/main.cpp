@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which file_io.cpp reports
   // naming the file; SIGXFSZ's default action would kill the process first, mid-write.
   std::signal(SIGXFSZ, SIG_IGN);
+  // SIGTERM / SIGINT outside a training loop: one line instead of a silent death (inside one,
+  // the step finishes and a checkpoint is written: StopSignals).
+  distill::ExitOnStopSignals();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

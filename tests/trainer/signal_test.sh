@@ -20,7 +20,9 @@ for sig in TERM INT; do
     [ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
     sleep 0.1
   done
+  # Twice, as GNU timeout delivers it (to the process, then to its process group): one request.
   kill -"$sig" "$pid"
+  kill -"$sig" "$pid" 2>/dev/null
   wait "$pid"
   rc=$?
   want=$([ "$sig" = TERM ] && echo 143 || echo 130)
@@ -38,4 +40,22 @@ for sig in TERM INT; do
   grep -q "resuming at step $step " "$work/err" || fail "SIG$sig: did not resume at step $step"
   echo "SIG$sig: stopped at step $step with status $rc, resumed"
 done
+# Outside a training step (here the final evaluation, made long): one line, exit 128 + signal.
+dir="$work/run_eval"
+"$bin" "${args[@]}" "train.out_dir=$dir" train.steps=2 train.eval_batches=1000000 \
+  2>"$work/err" >/dev/null &
+pid=$!
+for _ in $(seq 600); do
+  [ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 2 ] && break
+  sleep 0.1
+done
+sleep 0.5
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" = 143 ] || fail "evaluation: exit status $rc, expected 143"
+grep -q "^distill_trainer: SIGTERM: stopped outside a training step" "$work/err" ||
+  fail "evaluation: no message"
+[ -f "$dir/checkpoints/step_0000002.pt" ] || fail "evaluation: the step-2 checkpoint is missing"
+echo "SIGTERM during the final evaluation: one line, status $rc"
 echo PASS

@@ -1,6 +1,8 @@
 // Graceful stop on SIGTERM / SIGINT: while a StopSignals is alive, the first signal only sets a
 // flag -- the trainer finishes the current step, writes a checkpoint and throws Interrupted --
-// and a second one exits at once (_exit(128 + signal)). No torch headers: main.cpp includes it.
+// and a second one exits at once (_exit(128 + signal)), unless it is the same signal within a
+// second of the first (one request delivered twice: to the process and to its process group). No
+// torch headers: main.cpp includes it.
 #pragma once
 
 #include <stdexcept>
@@ -21,6 +23,11 @@ class StopSignals {
   struct Saved;
   Saved* saved_;
 };
+
+// For the process's life outside StopSignals' scopes: a SIGTERM / SIGINT prints one line (no
+// step to finish, no checkpoint written then; the earlier ones are kept) and exits with 128 +
+// signal, where the default action would end the process without a word. main() installs it.
+void ExitOnStopSignals();
 
 // "SIGTERM", "SIGINT", or "signal N".
 std::string SignalName(int signal);
