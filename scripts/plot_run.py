@@ -61,8 +61,12 @@ def main() -> int:
     for i, run in enumerate(args.runs):
         path = run / "metrics.jsonl" if run.is_dir() else run
         if not path.is_file():
-            print(f"plot_run: error: {path} does not exist (give a run directory or a metrics.jsonl)",
-                  file=sys.stderr)
+            # A pipeline's directory holds its stages' runs, each with its metrics.jsonl.
+            stages = sorted(d for d in run.iterdir() if (d / "metrics.jsonl").is_file()) \
+                if run.is_dir() else []
+            hint = (f"; it holds the runs {', '.join(str(d) for d in stages)}: plot those "
+                    f"(a pipeline's stages)") if stages else " (give a run directory or a metrics.jsonl)"
+            print(f"plot_run: error: {path} does not exist{hint}", file=sys.stderr)
             return 2
         records = read_metrics(path)
         label = run.name if run.is_dir() else run.name.removesuffix(".metrics.jsonl").removesuffix(".jsonl")

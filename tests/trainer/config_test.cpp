@@ -232,7 +232,8 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "the tokenizer's size to align logits of different widths), got 63"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\n  pad_vocab_to_multiple_of: 48\n",
        "x.yaml:5: teacher.pad_vocab_to_multiple_of: expected a value that pads to the student's "
-       "64 logits, got 48 (pads to 96)"},
+       "64 logits, got 48 (pads to 96); or set distill.vocab_size to 64 (the real vocabulary) to "
+       "align logits of different widths"},
       {"train:\n  mode: distill\nteacher:\n  checkpoint: t\nstudent:\n  init_from_teacher: true\n",
        "(default): student.n_layer: expected 4 (= teacher.n_layer; student.init_from_teacher is "
        "true), got 2"},
@@ -397,6 +398,10 @@ TEST(ConfigTest, ExportedStudentMustFitItsHfModelType) {
 TEST(ConfigTest, InvalidYamlNamesTheLine) {
   EXPECT_EQ(ErrorOf("train:\n  mode: [distill\n"),
             "x.yaml:3: invalid YAML: end of sequence flow not found");
+  // A tab in the indentation, named (yaml-cpp's own message does not).
+  const std::string tab = ErrorOf("train:\n  mode: distill\ndata:\n  seed: 3\n\tbatch_size: 4\n");
+  EXPECT_THAT(tab, ::testing::StartsWith("x.yaml:5: invalid YAML: "));
+  EXPECT_THAT(tab, ::testing::HasSubstr("(this line holds a tab: YAML indents with spaces only)"));
 }
 
 TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
@@ -537,7 +542,7 @@ TEST(ConfigTest, MissingFileIsAConfigError) {
     LoadConfigFile("/nonexistent/x.yaml");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "/nonexistent/x.yaml: cannot read the config file");
+    EXPECT_STREQ(e.what(), "/nonexistent/x.yaml: no such file; expected a YAML config file");
   }
 }
 

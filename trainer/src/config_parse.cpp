@@ -498,9 +498,11 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        other, fixed.vocab_size, origin, changed.vocab_size));
     } else {
       fail(change + ".pad_vocab_to_multiple_of",
-           fmt::format("expected a value that pads to the {}'s {} logits{}, got {} (pads to {})",
+           fmt::format("expected a value that pads to the {}'s {} logits{}, got {} (pads to {}); "
+                       "or set distill.vocab_size to {} (the real vocabulary) to align logits of "
+                       "different widths",
                        other, fixed.padded_vocab_size(), origin, changed.pad_vocab_to_multiple_of,
-                       changed.padded_vocab_size()));
+                       changed.padded_vocab_size(), c.student.vocab_size));
     }
   }
   if (c.student.init_from_teacher) {
@@ -559,7 +561,15 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
     }
     if (!documents.empty()) root = documents[0];
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(fmt::format("{}:{}: invalid YAML: {}", source_name, e.mark.line + 1, e.msg));
+    // A tab in the indentation is the classic cause, which yaml-cpp's message does not name.
+    std::string line;
+    std::istringstream lines(yaml_text);
+    for (int i = 0; i <= e.mark.line && std::getline(lines, line); ++i) {
+    }
+    const bool tab = e.mark.line >= 0 && line.find('\t') != std::string::npos;
+    throw ConfigError(
+        fmt::format("{}:{}: invalid YAML: {}{}", source_name, e.mark.line + 1, e.msg,
+                    tab ? " (this line holds a tab: YAML indents with spaces only)" : ""));
   }
   if (root.IsMap()) {
     ApplyMap(root, "", source_name, config, locations);
@@ -589,6 +599,9 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
     throw ConfigError(fmt::format("{}: is a directory; expected a YAML config file", path));
+  }
+  if (!std::filesystem::exists(path, error)) {
+    throw ConfigError(fmt::format("{}: no such file; expected a YAML config file", path));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));

@@ -31,6 +31,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A number for the log lines: "nan" whatever its sign bit (a diverged run's -nan), fixed-point
+// with `digits` decimals below 1e6, else in the shortest exponent form (a perplexity of e^1700
+// is not 740 digits).
+std::string LogNumber(double v, int digits) {
+  if (std::isnan(v)) return "nan";
+  if (std::isfinite(v) && std::fabs(v) >= 1e6) return fmt::format("{:.4g}", v);
+  return fmt::format("{:.{}f}", v, digits);
+}
+
 // A resume on data files other than those its checkpoint was trained on (DataSource::Files(): a
 // shard added to or gone from the glob, or rewritten with another size): what changed, as a
 // warning. A checkpoint written before the files were kept ("") says nothing.
@@ -731,11 +740,12 @@ void Trainer::LogStep(const StepResult& r) {
                       .Add("skipped_steps", position_.skipped_steps)
                       .Add("tokens_per_s", tokens_per_second)
                       .Add("elapsed_s", elapsed_));
-  progress_->Log(
-      fmt::format("step {:>6}/{}  loss {:.4f}{}  lr {:.2e}  |g| {:.3f}  {:.0f} tok/s  {}",
-                  position_.step, config_.train.steps, r.loss,
-                  distill_ ? fmt::format("  kd {:.4f}  ce {:.4f}", r.kd_loss, r.ce_loss) : "", r.lr,
-                  r.grad_norm, tokens_per_second, progress_->Eta(position_.step)));
+  progress_->Log(fmt::format(
+      "step {:>6}/{}  loss {}{}  lr {:.2e}  |g| {}  {:.0f} tok/s  {}", position_.step,
+      config_.train.steps, LogNumber(r.loss, 4),
+      distill_ ? fmt::format("  kd {}  ce {}", LogNumber(r.kd_loss, 4), LogNumber(r.ce_loss, 4))
+               : "",
+      r.lr, LogNumber(r.grad_norm, 3), tokens_per_second, progress_->Eta(position_.step)));
 }
 
 void Trainer::LogEval(const EvalResult& r) {
@@ -751,8 +761,8 @@ void Trainer::LogEval(const EvalResult& r) {
                       .Add("val_kd", r.val_kd)
                       .Add("entropy_floor", floor)
                       .Add("elapsed_s", elapsed_));
-  std::string line = fmt::format("eval {:>6}  val_loss {:.4f} (ppl {:.2f})", position_.step,
-                                 r.val_loss, r.val_ppl);
+  std::string line = fmt::format("eval {:>6}  val_loss {} (ppl {})", position_.step,
+                                 LogNumber(r.val_loss, 4), LogNumber(r.val_ppl, 2));
   if (distill_) {
     line += fmt::format("  teacher {:.4f}  val_kd {:.4f}", r.teacher_val_loss, r.val_kd);
   }
