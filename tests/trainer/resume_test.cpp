@@ -930,7 +930,9 @@ TEST(ResumeTest, AGptCheckpointsMlpWidthIsChecked) {
   EXPECT_THAT([&] { LoadWeights(narrow, *model, at::Device(at::kCPU)); },
               ::testing::ThrowsMessage<std::runtime_error>(
                   ::testing::AllOf(::testing::HasSubstr("intermediate_size=96"),
-                                   ::testing::HasSubstr("differs from the configured one"),
+                                   ::testing::HasSubstr("differs from the configured one in "
+                                                        "intermediate_size (96 in the checkpoint, "
+                                                        "128 configured)"),
                                    ::testing::HasSubstr("intermediate_size=128"))));
 }
 

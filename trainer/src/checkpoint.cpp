@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -71,6 +72,29 @@ std::vector<fs::path> CheckpointFiles(const std::string& run_dir) {
   return files;
 }
 
+// The keys in which two architecture strings ("key=value" words) differ, as " in n_layer (3 in
+// the checkpoint, 4 configured), ..."; "" when they differ otherwise (a key only one names).
+std::string ArchitectureDifference(const std::string& saved, const std::string& expected) {
+  const auto words = [](const std::string& text) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(text);
+    for (std::string word; in >> word;) {
+      const size_t eq = word.find('=');
+      if (eq != std::string::npos) out[word.substr(0, eq)] = word.substr(eq + 1);
+    }
+    return out;
+  };
+  const auto a = words(saved), b = words(expected);
+  std::string out;
+  for (const auto& [key, value] : b) {
+    auto it = a.find(key);
+    if (it == a.end() || it->second == value) continue;
+    out += fmt::format("{}{} ({} in the checkpoint, {} configured)", out.empty() ? " in " : ", ",
+                       key, it->second, value);
+  }
+  return out;
+}
+
 void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& model,
                        const std::string& path) {
   c10::IValue saved;
@@ -84,10 +108,11 @@ void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& 
     legacy.erase(legacy.find(part), part.size());
   }
   if (saved.toStringRef() != expected && saved.toStringRef() != legacy) {
-    throw std::runtime_error(
-        fmt::format("{}: the checkpoint's model ({}) differs from the "
-                    "configured one ({})",
-                    path, saved.toStringRef(), expected));
+    throw std::runtime_error(fmt::format(
+        "{}: the checkpoint's model differs from the configured one{} (the checkpoint's: {}; the "
+        "configured one: {})",
+        path, ArchitectureDifference(saved.toStringRef(), expected), saved.toStringRef(),
+        expected));
   }
 }
 
