@@ -159,6 +159,7 @@ def text_documents(path, split=None):
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
     parts, tail, offset = [], "", 0  # the document so far: parts, then a tail that may hold
     # the start of a separator (or, after one, the text read past it)
+    seen = False
 
     def finish(text):
         return text.strip() or None
@@ -178,6 +179,7 @@ def text_documents(path, split=None):
                     parts.append(text[:keep])
                     tail = text[keep:]
                 else:
+                    seen = True
                     for document in ["".join(parts) + pieces[0], *pieces[1:-1]]:
                         if (document := finish(document)) is not None:
                             yield document
@@ -186,6 +188,11 @@ def text_documents(path, split=None):
                     break
     except OSError as e:
         fail(f"{path}: cannot read: {e}")
+    if not seen:
+        crlf = " (lines that end with \\r\\n are separated by '\\r\\n\\r\\n')" \
+            if "\n" in split and "\r" not in split else ""
+        print(f"tokenize_shards: warning: {path}: no {split!r} in this file: it is one document"
+              f"{crlf}", file=sys.stderr)
     if (document := finish("".join(parts) + tail)) is not None:
         yield document
 
@@ -378,6 +385,9 @@ def run(argv):
     fmt = UINT16 if vocab <= 2**16 else UINT32
     eos, eos_source = eos_id(tokenizer, args.tokenizer, args.eos_id, args.eos_token)
     files = input_files(args.inputs)
+    if split is not None and all(is_jsonl(p) for p in files):
+        print("tokenize_shards: warning: --split-on applies to text files; these inputs are all "
+              "JSON Lines (a document per line)", file=sys.stderr)
 
     out_dir = Path(os.path.normpath(args.out_dir))
     if out_dir.exists() and not out_dir.is_dir():

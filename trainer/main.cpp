@@ -91,7 +91,10 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const distill::Interrupted& e) {
     std::cerr << "distill_trainer: " << e.what() << '\n';
-    return e.exit_status();  // 143 (SIGTERM) / 130 (SIGINT), as a death by the signal would be
+    std::cout.flush();
+    // As the signal's default action: a shell script stops on a child's SIGINT, a parent sees the
+    // signal (its status, 143 / 130 in a shell).
+    distill::DieBySignal(e.signal());
   } catch (const distill::ConfigError& e) {
     std::cerr << "distill_trainer: config error: " << e.what() << '\n';
     return 2;

@@ -401,7 +401,8 @@ TEST(ConfigTest, InvalidYamlNamesTheLine) {
   // A tab in the indentation, named (yaml-cpp's own message does not).
   const std::string tab = ErrorOf("train:\n  mode: distill\ndata:\n  seed: 3\n\tbatch_size: 4\n");
   EXPECT_THAT(tab, ::testing::StartsWith("x.yaml:5: invalid YAML: "));
-  EXPECT_THAT(tab, ::testing::HasSubstr("(this line holds a tab: YAML indents with spaces only)"));
+  EXPECT_THAT(tab, ::testing::HasSubstr(
+                       "(this line is indented with a tab: YAML indents with spaces only)"));
 }
 
 TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {

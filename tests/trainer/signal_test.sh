@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SIGTERM / SIGINT during training: the step finishes, a checkpoint is written, one line says
-# where, the exit status is 128 + signal; the same command (with more steps) resumes from it.
+# where, the process ends as by the signal (status 128 + signal in the shell); the same command
+# (with more steps) resumes from it.
 # Usage: signal_test.sh DISTILL_TRAINER WORK_DIR
 set -u
 bin=$1
@@ -17,7 +18,7 @@ for sig in TERM INT; do
   "$bin" "${args[@]}" train.steps=1000000 2>"$work/err" >/dev/null &
   pid=$!
   for _ in $(seq 600); do  # until 3 steps were logged (at most 60 s)
-    [ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+    [ "$({ wc -l <"$dir/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ] && break
     sleep 0.1
   done
   # Twice, as GNU timeout delivers it (to the process, then to its process group): one request.
@@ -46,7 +47,7 @@ dir="$work/run_eval"
   2>"$work/err" >/dev/null &
 pid=$!
 for _ in $(seq 600); do
-  [ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 2 ] && break
+  [ "$({ wc -l <"$dir/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 2 ] && break
   sleep 0.1
 done
 sleep 0.5

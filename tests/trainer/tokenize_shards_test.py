@@ -125,6 +125,12 @@ def main():
     check(r.returncode == 0 and "3 documents" in r.stdout, f"paras: {r.stdout} {r.stderr}")
     got = read_shard(work / "split_tok" / "para_000000.bin").tolist()
     check(got == [0, 2, 3, 0, 4, 5, 0, 3], f"paras tokens {got}")
+    (work / "crlf.txt").write_bytes(b"to be\r\n\r\nor not\r\n")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "split_tok", "--prefix", "crlf",
+                 "--split-on", "\\n\\n", work / "crlf.txt")
+    check(r.returncode == 0 and f"warning: {work / 'crlf.txt'}: no '\\n\\n' in this file: it is one "
+          "document (lines that end with \\r\\n are separated by '\\r\\n\\r\\n')" in r.stderr,
+          f"crlf: {r.stderr}")
 
     # JSON Lines: a document per line, its text under "text" (\r\n line ends, a blank line and
     # an empty document; an escaped \r\n inside a text stays), or under --text-key; gzip-

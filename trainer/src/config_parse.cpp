@@ -564,12 +564,14 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
     // A tab in the indentation is the classic cause, which yaml-cpp's message does not name.
     std::string line;
     std::istringstream lines(yaml_text);
-    for (int i = 0; i <= e.mark.line && std::getline(lines, line); ++i) {
+    for (int i = 0; i <= e.mark.line; ++i) {
+      if (!std::getline(lines, line)) line.clear();
     }
-    const bool tab = e.mark.line >= 0 && line.find('\t') != std::string::npos;
-    throw ConfigError(
-        fmt::format("{}:{}: invalid YAML: {}{}", source_name, e.mark.line + 1, e.msg,
-                    tab ? " (this line holds a tab: YAML indents with spaces only)" : ""));
+    const size_t text = line.find_first_not_of(" \t");
+    const bool tab = e.mark.line >= 0 && line.substr(0, text).find('\t') != std::string::npos;
+    throw ConfigError(fmt::format(
+        "{}:{}: invalid YAML: {}{}", source_name, e.mark.line + 1, e.msg,
+        tab ? " (this line is indented with a tab: YAML indents with spaces only)" : ""));
   }
   if (root.IsMap()) {
     ApplyMap(root, "", source_name, config, locations);
@@ -600,7 +602,7 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   if (std::filesystem::is_directory(path, error)) {
     throw ConfigError(fmt::format("{}: is a directory; expected a YAML config file", path));
   }
-  if (!std::filesystem::exists(path, error)) {
+  if (!std::filesystem::exists(path, error) && !error) {  // else: the read says why
     throw ConfigError(fmt::format("{}: no such file; expected a YAML config file", path));
   }
   std::ifstream in(path, std::ios::binary);

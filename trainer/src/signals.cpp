@@ -36,38 +36,67 @@ void WriteLine(const char* prefix, int signal, const char* rest) {
   }
 }
 
+// The same signal again soon after the first: one request delivered twice (or the first's
+// handler, on another thread, has not stored its time yet: 0).
+bool Repeat(int signal, int64_t now) {
+  const int64_t first = g_first_ns.load();
+  return signal == g_signal.load() && (first == 0 || now - first < kRepeatNs);
+}
+
 void Handle(int signal) {
   int none = 0;
   const int64_t now = NowNs();
   if (g_signal.compare_exchange_strong(none, signal)) {
     g_first_ns = now;
+    WriteLine("distill_trainer: stopping on ", signal,
+              ": finishing this step, then a checkpoint (the same signal again, a second or more "
+              "later, exits at once)\n");
     return;
   }
-  if (signal == g_signal.load() && now - g_first_ns.load() < kRepeatNs) return;
-  // A second signal: the user insists; leave now, with the status of a death by that signal.
+  if (Repeat(signal, now)) return;
+  // A second signal: the user insists; leave now, as a death by that signal.
   WriteLine("distill_trainer: second ", signal,
             ": exiting at once, without finishing the step; the checkpoints written so far are "
             "kept\n");
-  _exit(128 + signal);
+  DieBySignal(signal);
 }
 
 // Outside a training loop (start-up, the final evaluation, writing the summary or the export,
 // between a pipeline's stages) there is no step to finish: one line, and exit at once.
 void HandleOutside(int signal) {
   // The repeat of a signal a training loop took (it writes the checkpoint and exits already).
-  if (signal == g_signal.load() && NowNs() - g_first_ns.load() < kRepeatNs) return;
+  if (Repeat(signal, NowNs())) return;
   WriteLine("distill_trainer: ", signal,
             ": stopped outside a training step (start-up, evaluation, export or between stages): "
             "no checkpoint written now; those written so far are kept\n");
-  _exit(128 + signal);
+  DieBySignal(signal);
 }
 
 }  // namespace
 
+// The signal's default action (terminate) taken now: a parent sees a death by the signal (a shell
+// script stops on a child's SIGINT; Python's returncode is -2), not exit status 130. Only
+// async-signal-safe calls: a handler uses it too.
+void DieBySignal(int signal) {
+  struct sigaction action {};
+  action.sa_handler = SIG_DFL;
+  sigemptyset(&action.sa_mask);
+  sigaction(signal, &action, nullptr);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, signal);
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
+  raise(signal);
+  _exit(128 + signal);  // not reached
+}
+
 void ExitOnStopSignals() {
+  g_signal = 0;
+  g_first_ns = 0;
   struct sigaction action {};
   action.sa_handler = HandleOutside;
   sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // a repeat returns: calls in progress go on
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 }
@@ -78,6 +107,7 @@ struct StopSignals::Saved {
 
 StopSignals::StopSignals() : saved_(new Saved) {
   g_signal = 0;
+  g_first_ns = 0;
   struct sigaction action {};
   action.sa_handler = Handle;
   sigemptyset(&action.sa_mask);

@@ -32,8 +32,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // A number for the log lines: "nan" whatever its sign bit (a diverged run's -nan), fixed-point
-// with `digits` decimals below 1e6, else in the shortest exponent form (a perplexity of e^1700
-// is not 740 digits).
+// with `digits` decimals below 1e6, else in exponent form (the perplexity e^700 is not printed
+// as its 300 digits).
 std::string LogNumber(double v, int digits) {
   if (std::isnan(v)) return "nan";
   if (std::isfinite(v) && std::fabs(v) >= 1e6) return fmt::format("{:.4g}", v);
@@ -764,7 +764,8 @@ void Trainer::LogEval(const EvalResult& r) {
   std::string line = fmt::format("eval {:>6}  val_loss {} (ppl {})", position_.step,
                                  LogNumber(r.val_loss, 4), LogNumber(r.val_ppl, 2));
   if (distill_) {
-    line += fmt::format("  teacher {:.4f}  val_kd {:.4f}", r.teacher_val_loss, r.val_kd);
+    line += fmt::format("  teacher {}  val_kd {}", LogNumber(r.teacher_val_loss, 4),
+                        LogNumber(r.val_kd, 4));
   }
   if (std::isfinite(floor)) line += fmt::format("  floor {:.4f}", floor);
   progress_->Log(line);

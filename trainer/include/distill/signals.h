@@ -1,6 +1,6 @@
 // Graceful stop on SIGTERM / SIGINT: while a StopSignals is alive, the first signal only sets a
 // flag -- the trainer finishes the current step, writes a checkpoint and throws Interrupted --
-// and a second one exits at once (_exit(128 + signal)), unless it is the same signal within a
+// and a second one ends the process at once (DieBySignal), unless it is the same signal within a
 // second of the first (one request delivered twice: to the process and to its process group). No
 // torch headers: main.cpp includes it.
 #pragma once
@@ -28,6 +28,10 @@ class StopSignals {
 // step to finish, no checkpoint written then; the earlier ones are kept) and exits with 128 +
 // signal, where the default action would end the process without a word. main() installs it.
 void ExitOnStopSignals();
+
+// Ends the process as the signal's default action would (after restoring it): a parent sees a
+// death by the signal, not an exit status. Async-signal-safe.
+[[noreturn]] void DieBySignal(int signal);
 
 // "SIGTERM", "SIGINT", or "signal N".
 std::string SignalName(int signal);
