@@ -320,18 +320,19 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       // A llama-family key set on a gpt model would be ignored without a word: a YAML that
       // forgot `family: llama` (gpt is the default) trained and exported a GPT-2-style model.
       // Not for a stored config: a run that set one before this check still resumes and exports.
-      static const Config defaults;
-      for (const char* key : kLlamaOnlyKeys) {
-        if (!requested) break;
-        const std::string path = name + "." + key;
-        const internal::KeyDecl* decl = FindKey(path);
-        const std::string value = decl->get(c), fallback = decl->get(defaults);
-        if (value == fallback) continue;
-        fail(path, fmt::format("expected {}, its default ({} is a llama-family key and "
-                               "{}.family is gpt{}, which does not read it: for a "
-                               "Llama/Qwen/Mistral-style model set {}.family: llama), got {}",
-                               fallback, key, name,
-                               at.count(name + ".family") ? "" : ", the default", name, value));
+      if (requested) {
+        static const Config defaults;
+        for (const char* key : kLlamaOnlyKeys) {
+          const std::string path = name + "." + key;
+          const internal::KeyDecl* decl = FindKey(path);
+          const std::string value = decl->get(c), fallback = decl->get(defaults);
+          if (value == fallback) continue;
+          fail(path, fmt::format("expected {}, its default ({} is a llama-family key and "
+                                 "{}.family is gpt{}, which does not read it: for a "
+                                 "Llama/Qwen/Mistral-style model set {}.family: llama), got {}",
+                                 fallback, key, name,
+                                 at.count(name + ".family") ? "" : ", the default", name, value));
+        }
       }
     }
     if (c.data.seq_len > m.context_length) {

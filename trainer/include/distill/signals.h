@@ -42,7 +42,6 @@ class Interrupted : public std::runtime_error {
   Interrupted(int signal, const std::string& message)
       : std::runtime_error(message), signal_(signal) {}
   int signal() const { return signal_; }
-  int exit_status() const { return 128 + signal_; }  // 143 for SIGTERM, 130 for SIGINT
 
  private:
   int signal_;
