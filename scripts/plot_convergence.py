@@ -4,7 +4,8 @@
     python3 scripts/plot_convergence.py CSV_DIR [OUT_DIR] [--prefix P] [--update-docs]
 
 Reads every <name>_<dtype>.csv under CSV_DIR (recursively; only .csv files, so the .log files
-next to them are ignored) for the names kernel_vs_reference, ties, padded, distill_works, and
+next to them are ignored) for the names kernel_vs_reference, ties, padded, distill_works,
+divergences, and
 writes OUT_DIR/<P><name>_<dtype>.png, P being "convergence_" by default. OUT_DIR defaults to
 CSV_DIR/plots. The repository's docs/img (the committed plots of docs/convergence.md) is refused
 unless --update-docs is given. A different prefix
@@ -77,8 +78,33 @@ def plot_distill_works(c, axes, dtype):
     axes[0].set(title=f"validation CE, nats/token ({dtype})", xlabel="step")
 
 
+# The divergence column of divergences_<dtype>.csv: lossfns::Divergence's values; -1 is the
+# hard-label student (CE alone).
+DIVERGENCE_NAMES = {0: "tvd", 1: "forward_kl", 2: "reverse_kl", 3: "jsd"}
+
+
+def plot_divergences(c, axes, dtype):
+    def rows_of(code):
+        return {k: [v for d, v in zip(c["divergence"], col) if d == code] for k, col in c.items()}
+
+    hard = rows_of(-1)
+    axes[0].plot(*series(hard, "step", "val_ce_op"), "k-x", label="hard labels only")
+    for code, name in DIVERGENCE_NAMES.items():
+        rows = rows_of(code)
+        if not rows["step"]:
+            continue
+        line, = axes[0].plot(*series(rows, "step", "val_ce_op"), "-o", ms=3, label=f"{name} op")
+        axes[0].plot(*series(rows, "step", "val_ce_ref"), "--", color=line.get_color(),
+                     label=f"{name} float64 ref")
+        axes[1].semilogy(rows["step"], [max(v, 1e-12) for v in rows["rel_diff"]],
+                         color=line.get_color(), label=name)
+    axes[0].set(title=f"validation CE, nats/token ({dtype})", xlabel="step")
+    axes[1].set(title="|kd op - kd ref| / kd ref (floored at 1e-12)", xlabel="step")
+
+
 PLOTS = {"kernel_vs_reference": (plot_kernel_vs_reference, 2), "ties": (plot_ties, 3),
-         "padded": (plot_padded, 2), "distill_works": (plot_distill_works, 1)}
+         "padded": (plot_padded, 2), "distill_works": (plot_distill_works, 1),
+         "divergences": (plot_divergences, 2)}
 
 
 def parse(argv):

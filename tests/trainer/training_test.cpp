@@ -82,6 +82,22 @@ TEST(TrainingTest, EvaluationThatRepeatsValidationWindowsWarns) {
   std::filesystem::remove(c.data.path);
 }
 
+// A distill config switched to pretrain mode keeps its teacher keys; the teacher is not loaded
+// (pretraining trains on the hard labels), which the start-up says, naming the key.
+TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
+  Config c = TinyConfig(TempRunDir());
+  c.teacher.checkpoint = c.train.out_dir + "-no-such-teacher";  // never opened
+  std::vector<std::string> warnings = Trainer(c, RunOptions::Quiet()).warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "warning: teacher.checkpoint is set (" + c.teacher.checkpoint +
+                             ") but train.mode is pretrain, which trains on the hard labels "
+                             "alone: the teacher is not loaded (train.mode: distill distills "
+                             "from it)");
+  c.teacher.checkpoint.clear();
+  c.train.out_dir += "-b";
+  EXPECT_TRUE(Trainer(c, RunOptions::Quiet()).warnings().empty());
+}
+
 // A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation
 // steps must close a good part of that gap. 0.7 leaves margin both ways on this deterministic run.
 TEST(TrainingTest, DistillStepsReduceValidationKd) {

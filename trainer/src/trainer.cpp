@@ -215,6 +215,19 @@ std::optional<std::string> RepeatedValidationWarning(const Config& config, const
       config.train.eval_batches, batch, read, config.data.seq_len, *distinct, fix);
 }
 
+// A teacher named in pretrain mode is not loaded: said once at the start, with the mode that
+// uses it (a distill config switched to train.mode=pretrain keeps its teacher keys).
+std::optional<std::string> UnusedTeacherWarning(const Config& config) {
+  if (config.train.mode != Mode::kPretrain) return std::nullopt;
+  const bool checkpoint = !config.teacher.checkpoint.empty();
+  const std::string& value = checkpoint ? config.teacher.checkpoint : config.teacher.hf_dir;
+  if (value.empty()) return std::nullopt;
+  return fmt::format(
+      "warning: {} is set ({}) but train.mode is pretrain, which trains on the hard labels alone: "
+      "the teacher is not loaded (train.mode: distill distills from it)",
+      checkpoint ? "teacher.checkpoint" : "teacher.hf_dir", value);
+}
+
 }  // namespace
 
 at::Device ResolveDevice(const std::string& device) {
@@ -301,6 +314,7 @@ Trainer::Trainer(Config config, RunOptions options)
   torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   std::vector<std::string> warnings;  // printed once the run's log is open
   if (auto warning = RepeatedValidationWarning(config_, *data_)) warnings.push_back(*warning);
+  if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
   if (distill_) {
     teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
     teacher_->eval();
