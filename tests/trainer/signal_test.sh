@@ -59,4 +59,33 @@ grep -q "^distill_trainer: SIGTERM: stopped outside a training step" "$work/err"
   fail "evaluation: no message"
 [ -f "$dir/checkpoints/step_0000002.pt" ] || fail "evaluation: the step-2 checkpoint is missing"
 echo "SIGTERM during the final evaluation: one line, status $rc"
+# A second signal a second or more after the first: the user insists, the process ends at once
+# (here inside step 3's evaluation, made long, which the first signal waits for), as a death by
+# the signal, keeping the checkpoints written so far (that a kept checkpoint resumes is the first
+# part's check: this run's final evaluation would be as long).
+dir="$work/run_twice"
+"$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000 train.eval_interval=3 \
+  train.eval_batches=1000000 train.checkpoint_interval=1 2>"$work/err" >/dev/null &
+pid=$!
+for _ in $(seq 600); do
+  [ "$({ wc -l <"$dir/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+sleep 1.5
+kill -0 "$pid" 2>/dev/null || fail "twice: the first SIGTERM ended the process before the step did"
+kill -TERM "$pid"
+for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && { kill -KILL "$pid"; fail "twice: still running 10 s after the second SIGTERM"; }
+wait "$pid"
+rc=$?
+[ "$rc" = 143 ] || fail "twice: exit status $rc, expected 143"
+grep -q "^distill_trainer: stopping on SIGTERM: finishing this step" "$work/err" ||
+  fail "twice: no line for the first SIGTERM"
+grep -q "^distill_trainer: second SIGTERM: exiting at once" "$work/err" ||
+  fail "twice: no line for the second SIGTERM"
+grep -q "terminate\|Aborted\|Traceback" "$work/err" && fail "twice: crash output"
+[ -f "$dir/checkpoints/step_0000002.pt" ] || fail "twice: the step-2 checkpoint is missing"
+[ -f "$dir/checkpoints/step_0000003.pt" ] && fail "twice: a step-3 checkpoint was written"
+echo "SIGTERM twice, 1.5 s apart: exited at once with status $rc, the step-2 checkpoint kept"
 echo PASS
