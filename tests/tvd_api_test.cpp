@@ -55,7 +55,8 @@ TEST(TvdErrors, ShapesDtypesAndLabelsAreCheckedWithBothSidesNamed) {
   expect_error([&] { tvd_loss(at::empty({4, 0}), at::empty({4, 0})); }, {"V", "must be > 0"});
   const auto opts = TVDLossOptions();
   expect_error([&] { tvd_loss(p, q, opts, at::zeros({4}, at::kInt)); },
-               {"labels must be int64", "got Int"});
+               {"labels must be int64", "got Int",
+                "convert with .long() in Python, .to(torch::kLong) in C++"});
   expect_error([&] { tvd_loss(p, q, opts, at::zeros({5}, at::kLong)); },
                {"labels must have shape [4]", "got [5]"});
   expect_error(

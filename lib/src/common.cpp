@@ -70,7 +70,7 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
   if (!labels.has_value() || !labels->defined()) return at::Tensor();
   const at::Tensor& l = *labels;
   TORCH_CHECK(l.scalar_type() == at::kLong, op, ": labels must be int64 (Long); got ",
-              l.scalar_type(), " (convert with .to(torch::kLong))");
+              l.scalar_type(), " (convert with .long() in Python, .to(torch::kLong) in C++)");
   TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device,
               "; got ", l.device());
   TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op,

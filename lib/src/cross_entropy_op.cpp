@@ -51,7 +51,7 @@ CrossEntropyInputs check_ce_inputs(const at::Tensor& logits, const at::Tensor& l
   in.x = rows_view(logits, in.rows);
   TORCH_CHECK(labels.scalar_type() == at::kLong, kOp, ": labels must be int64 (Long); got ",
               labels.scalar_type(), " (logits ", logits.scalar_type(), " ", dims(logits.sizes()),
-              "; convert with .to(torch::kLong))");
+              "; convert with .long() in Python, .to(torch::kLong) in C++)");
   in.labels = check_labels(labels, lead, in.rows, logits.device(), kOp, "logits");
   return in;
 }
