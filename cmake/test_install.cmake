@@ -38,3 +38,18 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/link_lossfns -B ${WORK_DIR}/build
     -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/link_lossfns)
+# A consumer whose CMAKE_PREFIX_PATH finds another Torch minor version first is refused by the
+# package, with both versions named (here a stand-in TorchConfig.cmake of version 2.10.0).
+file(WRITE ${WORK_DIR}/torch210/share/cmake/Torch/TorchConfig.cmake "set(TORCH_FOUND TRUE)\n")
+file(WRITE ${WORK_DIR}/torch210/share/cmake/Torch/TorchConfigVersion.cmake
+     "set(PACKAGE_VERSION 2.10.0)\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n")
+set(ENV{CMAKE_PREFIX_PATH} "${WORK_DIR}/moved:${WORK_DIR}/torch210:${TORCH_PREFIX}")
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/link_lossfns
+                        -B ${WORK_DIR}/build_torch210 -G ${GENERATOR}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+string(REGEX REPLACE "[ \n]+" " " said "${out}${err}")  # CMake wraps its messages
+if(rc EQUAL 0 OR NOT said MATCHES "lossfns was built against Torch 2\\.11, but CMAKE_PREFIX_PATH found Torch 2\\.10\\.0")
+  message(FATAL_ERROR "a consumer finding Torch 2.10 first: expected the package to refuse it "
+                      "naming both versions; got rc ${rc}:\n${out}\n${err}")
+endif()
+message("a consumer finding Torch 2.10 first is refused: ok")

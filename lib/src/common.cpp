@@ -73,9 +73,12 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
               l.scalar_type(), " (convert with .long() in Python, .to(torch::kLong) in C++)");
   TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device,
               "; got ", l.device());
-  TORCH_CHECK(l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op,
-              ": labels must have shape ", dims(lead), " (", what,
-              "'s shape without its last dimension) or (", num(rows), ",); got ", dims(l.sizes()));
+  // (BT,) labels go with (B, T, V) logits too; with (BT, V) logits the two forms are one.
+  TORCH_CHECK(
+      l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op, ": labels must have shape ",
+      dims(lead), " (", what, "'s shape without its last dimension)",
+      lead.size() > 1 ? " or (" + num(rows) + ",)" : std::string(), "; got ", dims(l.sizes()),
+      l.numel() == rows ? " (the same number of labels: flatten them with reshape(-1))" : "");
   return l.reshape({rows}).contiguous();
 }
 

@@ -118,7 +118,8 @@ std::pair<int64_t, int64_t> resolve(const at::Tensor& logits, c10::string_view r
                                     std::optional<int64_t> vocab_size) {
   TORCH_CHECK(logits.dim() >= 1, kOp, ": logits must be (BT, V) or (B, T, V); got ",
               dims(logits.sizes()));
-  TORCH_CHECK(!vocab_size || *vocab_size >= 1, kOp, ": vocab_size must be >= 1 (or None); got ",
+  TORCH_CHECK(!vocab_size || *vocab_size >= 1, kOp,
+              ": vocab_size must be >= 1 (or unset: None in Python, std::nullopt in C++); got ",
               num(*vocab_size));
   const int64_t width = logits.size(-1);
   return {parse_reduction(std::string_view(reduction.data(), reduction.size()), kOp),

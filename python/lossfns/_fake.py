@@ -86,7 +86,8 @@ def _check_logits(s: torch.Tensor, t: torch.Tensor) -> None:
                  lambda: f"{op}: teacher_logits must have the student's leading shape {tuple(s.shape[:-1])}; "
                          f"got {tuple(t.shape)}")
     torch._check(t.dtype == s.dtype, lambda: f"{op}: teacher_logits must have the student's dtype {s.dtype}; got {t.dtype}")
-    torch._check(t.device == s.device, lambda: f"{op}: teacher_logits must be on the student's device")
+    torch._check(t.device == s.device,
+                 lambda: f"{op}: teacher_logits must be on the student's device {s.device}; got {t.device}")
 
 
 def _rows(s: torch.Tensor):
@@ -199,7 +200,8 @@ def _check_ce(logits: torch.Tensor, labels: torch.Tensor) -> None:
     op = "lossfns.cross_entropy_loss"
     torch._check(logits.dim() in (2, 3), lambda: f"{op}: logits must be (BT, V) or (B, T, V); got {tuple(logits.shape)}")
     torch._check(labels.dtype == torch.int64, lambda: f"{op}: labels must be int64 (Long); got {labels.dtype}")
-    torch._check(labels.device == logits.device, lambda: f"{op}: labels must be on the logits' device")
+    torch._check(labels.device == logits.device,
+                 lambda: f"{op}: labels must be on the logits' device {logits.device}; got {labels.device}")
 
 
 @torch.library.register_fake("lossfns::cross_entropy_loss")

@@ -18,14 +18,16 @@ def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=N
     if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
                                    or vocab_size < 1):
         raise ValueError(f"{op}: vocab_size must be an int >= 1 (or None); got {vocab_size!r}")
+    for name, value in (("temperature", temperature), ("beta", beta)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            hint = " (float(t) of a 0-dim tensor)" if isinstance(value, torch.Tensor) else ""
+            raise ValueError(f"{op}: {name} must be a Python number{hint}; got {value!r}")
     if temperature is not None:
-        ok = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
-        inverse = 1.0 / temperature if ok and temperature > 0 else math.inf
-        if not (ok and math.isfinite(temperature) and 0 < temperature < 3.4e38 and inverse < 3.4e38):
+        inverse = 1.0 / temperature if temperature > 0 else math.inf
+        if not (math.isfinite(temperature) and 0 < temperature < 3.4e38 and inverse < 3.4e38):
             raise ValueError(f"{op}: temperature must be > 0 and representable with its inverse in float32 "
                              f"(about 3e-38 to 3e38); got {temperature!r}")
-    if beta is not None and not (isinstance(beta, numbers.Real) and not isinstance(beta, bool)
-                                 and 0.0 <= beta <= 1.0):
+    if beta is not None and not 0.0 <= beta <= 1.0:
         raise ValueError(f"{op}: beta must be in [0, 1] for 'jsd'; got {beta!r}")
 
 
