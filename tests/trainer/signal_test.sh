@@ -7,6 +7,13 @@ set -u
 bin=$1
 work=$2
 fail() { echo "FAIL: $*"; [ -f "$work/err" ] && sed 's/^/  stderr: /' "$work/err"; exit 1; }
+# Waits (at most 60 s) until DIR/metrics.jsonl holds N records.
+wait_for_records() {
+  for _ in $(seq 600); do
+    [ "$({ wc -l <"$1/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge "$2" ] && return
+    sleep 0.1
+  done
+}
 
 for sig in TERM INT; do
   dir="$work/run_$sig"
@@ -17,10 +24,7 @@ for sig in TERM INT; do
         data.batch_size=4 schedule.warmup_steps=2 "train.out_dir=$dir")
   "$bin" "${args[@]}" train.steps=1000000 2>"$work/err" >/dev/null &
   pid=$!
-  for _ in $(seq 600); do  # until 3 steps were logged (at most 60 s)
-    [ "$({ wc -l <"$dir/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ] && break
-    sleep 0.1
-  done
+  wait_for_records "$dir" 3
   # Twice, as GNU timeout delivers it (to the process, then to its process group): one request.
   kill -"$sig" "$pid"
   kill -"$sig" "$pid" 2>/dev/null
@@ -46,10 +50,7 @@ dir="$work/run_eval"
 "$bin" "${args[@]}" "train.out_dir=$dir" train.steps=2 train.eval_batches=1000000 \
   2>"$work/err" >/dev/null &
 pid=$!
-for _ in $(seq 600); do
-  [ "$({ wc -l <"$dir/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 2 ] && break
-  sleep 0.1
-done
+wait_for_records "$dir" 2
 sleep 0.5
 kill -TERM "$pid"
 wait "$pid"
@@ -67,10 +68,7 @@ dir="$work/run_twice"
 "$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000 train.eval_interval=3 \
   train.eval_batches=1000000 train.checkpoint_interval=1 2>"$work/err" >/dev/null &
 pid=$!
-for _ in $(seq 600); do
-  [ "$({ wc -l <"$dir/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ] && break
-  sleep 0.1
-done
+wait_for_records "$dir" 3
 kill -TERM "$pid"
 sleep 1.5
 kill -0 "$pid" 2>/dev/null || fail "twice: the first SIGTERM ended the process before the step did"
