@@ -1,9 +1,12 @@
 # ctest script for a CPU-only build (LOSSFNS_CUDA=OFF): the library's needed libraries (readelf -d)
 # name Torch's CPU half and no CUDA library, so that it loads beside a CPU-only Torch even when it
-# was built against a CUDA one. Input: -DLIBRARY=<path of liblossfns.so>
-execute_process(COMMAND readelf -d ${LIBRARY} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+# was built against a CUDA one. Inputs: -DLIBRARY=<path of liblossfns.so> [-DREADELF=<readelf>]
+if(NOT READELF)
+  set(READELF readelf)
+endif()
+execute_process(COMMAND ${READELF} -d ${LIBRARY} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "readelf -d ${LIBRARY} failed (${rc}): ${err}")
+  message(FATAL_ERROR "${READELF} -d ${LIBRARY} failed (${rc}): ${err}")
 endif()
 string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[([^]\n]+)\\]" lines "${out}")
 set(needed "")
@@ -16,7 +19,10 @@ if(NOT needed MATCHES "libtorch_cpu\\.so")
 endif()
 set(cuda_needed "")
 foreach(name IN LISTS needed)
-  if(name MATCHES "cuda|cudart|nvrtc|cublas|cudnn|nccl|nvToolsExt")
+  # libtorch_cuda, libc10_cuda, the CUDA runtime and libraries (libcudart, libcublas, libcufft,
+  # libcurand, libcusparse, libcusolver, libcupti, libcudnn), NVIDIA's (libnvrtc, libnvJitLink,
+  # libnvToolsExt, libnvshmem) and NCCL.
+  if(name MATCHES "cuda|^libcu|^libnv|^libnccl")
     list(APPEND cuda_needed ${name})
   endif()
 endforeach()
