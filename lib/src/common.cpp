@@ -1,6 +1,7 @@
 // Glue every op of liblossfns shares (common.h), the library's version and reduction names.
 #include "common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -65,12 +66,18 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows) {
   return r.stride(1) == 1 ? r : r.contiguous();
 }
 
+int64_t resolve_vocab_size(std::optional<int64_t> vocab_size, int64_t width, const char* op) {
+  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or ", kUnset,
+              "); got ", num(*vocab_size));
+  return vocab_size ? std::min(*vocab_size, width) : width;
+}
+
 at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
                         int64_t rows, const at::Device& device, const char* op, const char* what) {
   if (!labels.has_value() || !labels->defined()) return at::Tensor();
   const at::Tensor& l = *labels;
   TORCH_CHECK(l.scalar_type() == at::kLong, op, ": labels must be int64 (Long); got ",
-              l.scalar_type(), " (convert with .long() in Python, .to(torch::kLong) in C++)");
+              l.scalar_type(), " (", kLabelsToLong, ")");
   TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device,
               "; got ", l.device());
   // (BT,) labels go with (B, T, V) logits too; with (BT, V) logits the two forms are one.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,6 +22,10 @@ std::string dims(c10::IntArrayRef sizes);
 inline std::string num(int64_t v) { return std::to_string(v); }
 std::string num(double v);  // as "%g" (0.5, 1e-05, inf, nan)
 std::string dtype_list(std::initializer_list<at::ScalarType> types);
+// The spellings the errors name for both APIs: an unset optional argument, and the conversion of
+// labels to int64.
+inline constexpr char kUnset[] = "unset: None in Python, std::nullopt in C++";
+inline constexpr char kLabelsToLong[] = "convert with .long() in Python, .to(torch::kLong) in C++";
 
 // The public ops' reduction name ("none" | "sum" | "mean" | "batchmean") as the internal ops take
 // it; `op` names the caller in the error ("lossfns.tvd_loss").
@@ -31,6 +36,10 @@ kernels::Reduction reduction_from_code(int64_t code, const char* op);
 
 // A (rows, V) view of x with unit stride inside a row (a copy only when no view has one).
 at::Tensor rows_view(const at::Tensor& x, int64_t rows);
+
+// vocab_size (the columns at or past it are padding), checked >= 1 when set: the number of
+// columns of a row of `width` that count.
+int64_t resolve_vocab_size(std::optional<int64_t> vocab_size, int64_t width, const char* op);
 
 // labels: int64 on `device`, shape `lead` (the input's shape without its last dimension) or
 // (rows,); returns them as a contiguous (rows,) tensor, or an undefined tensor when absent.

@@ -51,7 +51,7 @@ CrossEntropyInputs check_ce_inputs(const at::Tensor& logits, const at::Tensor& l
   in.x = rows_view(logits, in.rows);
   TORCH_CHECK(labels.scalar_type() == at::kLong, kOp, ": labels must be int64 (Long); got ",
               labels.scalar_type(), " (logits ", logits.scalar_type(), " ", dims(logits.sizes()),
-              "; convert with .long() in Python, .to(torch::kLong) in C++)");
+              "; ", kLabelsToLong, ")");
   in.labels = check_labels(labels, lead, in.rows, logits.device(), kOp, "logits");
   return in;
 }
@@ -118,12 +118,8 @@ std::pair<int64_t, int64_t> resolve(const at::Tensor& logits, c10::string_view r
                                     std::optional<int64_t> vocab_size) {
   TORCH_CHECK(logits.dim() >= 1, kOp, ": logits must be (BT, V) or (B, T, V); got ",
               dims(logits.sizes()));
-  TORCH_CHECK(!vocab_size || *vocab_size >= 1, kOp,
-              ": vocab_size must be >= 1 (or unset: None in Python, std::nullopt in C++); got ",
-              num(*vocab_size));
-  const int64_t width = logits.size(-1);
   return {parse_reduction(std::string_view(reduction.data(), reduction.size()), kOp),
-          vocab_size ? std::min(*vocab_size, width) : width};
+          resolve_vocab_size(vocab_size, logits.size(-1), kOp)};
 }
 
 at::Tensor view_loss(const at::Tensor& loss, const at::Tensor& logits, int64_t reduction) {

@@ -29,10 +29,7 @@ Resolved resolve_distill_args(const char* op, std::string_view divergence, doubl
     if (beta == 0.0) code = kernels::kForwardKl;
     if (beta == 1.0) code = kernels::kReverseKl;
   }
-  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op,
-              ": vocab_size must be >= 1 (or unset: None in Python, std::nullopt in C++); got ",
-              num(*vocab_size));
-  return {code, parse_reduction(reduction, op), vocab_size ? std::min(*vocab_size, width) : width};
+  return {code, parse_reduction(reduction, op), resolve_vocab_size(vocab_size, width, op)};
 }
 
 void check_temperature(const char* op, double temperature) {

@@ -78,10 +78,8 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
   TORCH_CHECK(std::isfinite(a.kd_weight) && std::isfinite(a.ce_weight), op,
               ": kd_weight and ce_weight must be finite; got ", num(a.kd_weight), " and ",
               num(a.ce_weight));
-  TORCH_CHECK(a.chunk_size >= 0, op,
-              ": chunk_size must be >= 1 (or unset for automatic: None in Python, std::nullopt in "
-              "C++); got ",
-              num(a.chunk_size));
+  TORCH_CHECK(a.chunk_size >= 0, op, ": chunk_size must be >= 1 (or ", kUnset,
+              ", for automatic); got ", num(a.chunk_size));
   FusedInputs in;
   in.rows = sh.size(0);
   in.ws = sw.size(0);

@@ -90,10 +90,8 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
   TORCH_CHECK(sh.size(-1) >= 1 && th.size(-1) >= 1, kFusedOp,
               ": the hidden sizes H_s and H_t must be >= 1; got student_hidden ", dims(sh.sizes()),
               " and teacher_hidden ", dims(th.sizes()));
-  TORCH_CHECK(!chunk_size || *chunk_size >= 1, kFusedOp,
-              ": chunk_size must be >= 1 (or unset for automatic: None in Python, std::nullopt in "
-              "C++); got ",
-              num(*chunk_size));
+  TORCH_CHECK(!chunk_size || *chunk_size >= 1, kFusedOp, ": chunk_size must be >= 1 (or ", kUnset,
+              ", for automatic); got ", num(*chunk_size));
   const Resolved r =
       resolve_distill_args(kFusedOp, std::string_view(divergence.data(), divergence.size()), beta,
                            std::string_view(reduction.data(), reduction.size()), vocab_size,
