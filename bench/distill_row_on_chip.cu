@@ -17,9 +17,10 @@
 // loss 0 and gradient 0 exactly); the program exits 1 if one differs. Then ms per call (count +
 // forward + finalize, as the library's) against the library's and the three-stream limit at the
 // measured copy bandwidth, and block 0's clock cycles per row in each phase. docs/benchmarks.md
-// ("Session 32") has the results: correct, but no faster than the library's forward: the data
-// is always there before it is needed, and one row per SM at a time leaves the per-row block
-// reductions and exchange exposed, which the library's 8 rows per SM hide.
+// ("Session 32") has the results: correct, but at best 1.01x and 1.10x the library's forward at
+// V = 151936 and 128256, far from the 3-stream target. With two stages a block never waits for
+// its slices; what is left exposed is compute: the per-row block reductions and exchange, which
+// the library hides behind 8 rows per SM where shared memory holds the slices of 1-3 rows here.
 //
 // Command (device machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90
 //   --expt-relaxed-constexpr -Ilib/src -Ilib/include bench/distill_row_on_chip.cu -o /tmp/oc &&
@@ -154,6 +155,8 @@ __device__ __forceinline__ MaxSum2 load6(const float* p) {
 // phase into a.trace.
 template <int C, int NT, int S, bool kAsync, bool kTrace, int kU>
 __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
+  // Warp 0 combines the C partials (one lane each), and threads [0, C) send them.
+  static_assert(C >= 1 && C <= 32 && NT >= 32 && NT % 32 == 0, "C <= 32 blocks of whole warps");
 #ifndef ON_CHIP_SM90
   __trap();  // launched only on sm_90 and later (main checks)
 #else
@@ -392,7 +395,11 @@ struct OnChip {
   bool setup(int64_t V) {
     W = ((V + C - 1) / C + 7) / 8 * 8;
     smem = size_t(S) * 2 * size_t(W) * sizeof(bf16);
-    if (smem > 227 * 1024) return false;
+    int optin = 0;
+    CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    cudaFuncAttributes fa{};
+    CHECK(cudaFuncGetAttributes(&fa, kernel));
+    if (smem + fa.sharedSizeBytes > size_t(optin)) return false;  // with the static arrays
     for (Kernel k : {kernel, traced}) {
       CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       if (C > 8) CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -440,6 +447,13 @@ void check(const K& k, Buffers& b, float inv_t, int num_sms) {
   CHECK(distill_forward<bf16>(library_args(b, inv_t, b.grad_lib, num_sms), 0));
   float loss_lib;
   CHECK(cudaMemcpy(&loss_lib, b.loss, 4, cudaMemcpyDeviceToHost));
+  // Outputs the variant must write: NaN before it runs (stale values could pass the checks).
+  const auto poison = [&] {
+    CHECK(cudaMemset(b.grad_oc, 0xff, n * 2));
+    CHECK(cudaMemset(b.stats, 0xff, b.rows * kStatsPerRow * 4));
+    CHECK(cudaMemset(b.loss, 0xff, 4));
+  };
+  poison();
   k.run(b, inv_t, b.grad_oc);
   float loss_oc;
   CHECK(cudaMemcpy(&loss_oc, b.loss, 4, cudaMemcpyDeviceToHost));
@@ -483,8 +497,11 @@ void check(const K& k, Buffers& b, float inv_t, int num_sms) {
     }
   }
   const double rel_loss = std::fabs(double(loss_oc) - loss_lib) / std::fabs(double(loss_lib));
-  // bf16 gradient: one rounding of a float value whose own error is a few float ulps.
-  const bool ok = rel_loss < 1e-5 && max_diff <= max_abs * 1e-2 && ref_err <= max_abs * 8e-3;
+  // bf16 gradient: one rounding of a float value whose own error is a few float ulps, so an element
+  // differs from the library's by at most one bf16 ulp, and only where the float value lies near
+  // a rounding boundary (~1e-4 of the elements in every run).
+  const bool ok = rel_loss < 1e-5 && max_diff <= max_abs * 1e-2 && differ <= n / 1000 &&
+                  ref_err <= max_abs * 8e-3;
   std::printf(
       "  check %-40s loss %.9g (library %.9g, rel %.2e); gradient: %lld of %lld elements differ "
       "from the library's, by at most %.3g (max |g| %.3g); float64 rows: max error %.3g: %s\n",
@@ -493,6 +510,7 @@ void check(const K& k, Buffers& b, float inv_t, int num_sms) {
   if (!ok) g_failed = true;
   // Ties: the teacher is the student.
   CHECK(cudaMemcpy(b.t, b.s, n * 2, cudaMemcpyDeviceToDevice));
+  poison();
   k.run(b, inv_t, b.grad_oc);
   CHECK(cudaMemcpy(&loss_oc, b.loss, 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(go.data(), b.grad_oc, n * 2, cudaMemcpyDeviceToHost));
@@ -554,6 +572,13 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-check") == 0) do_check = false;
     if (std::strcmp(argv[i], "--v") == 0 && i + 1 < argc) vocab = {std::atoll(argv[++i])};
+  }
+  for (const int64_t V : vocab) {
+    if (V <= 0 || V % 8 != 0) {  // 16-byte rows and slices: the bulk copies' alignment
+      std::fprintf(stderr, "distill_row_on_chip: --v must be a positive multiple of 8; got %lld\n",
+                   static_cast<long long>(V));
+      return 2;
+    }
   }
   int dev = 0, num_sms = 0;
   CHECK(cudaSetDevice(dev));

@@ -8,11 +8,11 @@
 //    normalised p and q; the gradient when it is computed in forward)
 //    each read the row from global memory, the L2 cache serving part of the re-reads (TVD's and
 //    JSD's second pass runs backwards, from the columns read last: for_each_vec). (Cluster
-//    variants measured slower on the H200 and were not kept: rows staged in the shared memory of
-//    a thread-block cluster, and rows split over a cluster's blocks to keep fewer rows in flight,
-//    sessions 11 and 21; for the forward that writes the gradient, rows held in a cluster's shared
-//    memory by pipelined bulk copies, session 32, bench/distill_row_on_chip.cu:
-//    docs/benchmarks.md.)
+//    variants measured on the H200 and not kept: rows staged in the shared memory of a
+//    thread-block cluster, and rows split over a cluster's blocks to keep fewer rows in flight,
+//    both slower, sessions 11 and 21; for the forward that writes the gradient, rows held in a
+//    cluster's shared memory by pipelined bulk copies, at best 1.01-1.10x this kernel's time,
+//    session 32, bench/distill_row_on_chip.cu. docs/benchmarks.md has the numbers.)
 //  - backward: reads the logits once more and writes the gradient once, unless the forward
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.
