@@ -11,7 +11,7 @@
 //    variants measured on the H200 and not kept: rows staged in the shared memory of a
 //    thread-block cluster, and rows split over a cluster's blocks to keep fewer rows in flight,
 //    both slower, sessions 11 and 21; for the forward that writes the gradient, rows held in a
-//    cluster's shared memory by pipelined bulk copies, at best 1.01-1.10x this kernel's time,
+//    cluster's shared memory by pipelined bulk copies, at best 1.01-1.10x as fast as this one,
 //    session 32, bench/distill_row_on_chip.cu. docs/benchmarks.md has the numbers.)
 //  - backward: reads the logits once more and writes the gradient once, unless the forward
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
