@@ -481,7 +481,8 @@ TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
        {std::string("a\nb"), std::string("say \"hi\""), std::string("C:\\data\\x.txt"),
         std::string("key: value"), std::string(" leading space"), std::string("a #comment"),
         std::string("tab\there"), std::string("bell\x07"), std::string("true"),
-        std::string("- [x]"), std::string("\\n is not a newline\n\n")}) {
+        std::string("- [x]"), std::string("\\n is not a newline\n\n"), std::string("cr\r\nlf"),
+        std::string("del\x7f"), std::string("caf\xc3\xa9 \xe2\x82\xac")}) {
     c.data.path = path;
     const Config again = ParseConfig(ConfigToYaml(c), "dump.yaml");
     EXPECT_EQ(again.data.path, path) << ConfigToYaml(c);

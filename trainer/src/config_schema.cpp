@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "distill/metrics.h"  // JsonQuote
+
 namespace distill::internal {
 namespace {
 
@@ -132,35 +134,9 @@ std::string ToYaml(const std::string& v) {
                       c == '/' || c == '-');
   }
   if (plain && v != "true" && v != "false" && v != "null") return v;
-  // A double-quoted YAML scalar: every character that the parser would fold or read as syntax
-  // is escaped, so the parsed string is exactly `v` (paths with newlines, quotes, '#', ...).
-  std::string out = "\"";
-  for (char c : v) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-          out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  // A double-quoted YAML scalar that parses back to exactly `v` (paths with newlines, quotes,
+  // '#', control bytes, ...): a JSON string is one (YAML 1.2 reads JSON's escapes).
+  return JsonQuote(v);
 }
 
 // Declares one key. `access` is a generic lambda `(auto& config) -> auto&` returning the field,

@@ -26,6 +26,9 @@ class JsonRecord {
   std::string body_;
 };
 
+// `text` as a JSON string literal: quotes, backslashes and control bytes (DEL too) escaped, other
+// bytes (UTF-8) as they are. Also a YAML double-quoted scalar that reads back as `text` (the
+// config dump's quoted strings).
 std::string JsonQuote(const std::string& text);
 
 using RecordKeys = std::set<std::pair<std::string, int64_t>>;  // (type, step) of records
