@@ -291,7 +291,9 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
     const float ls_s = mx_s == -INFINITY ? 0.f : log2f(sum_s),
                 ls_t = mx_t == -INFINITY ? 0.f : log2f(sum_t);
     const ProbNorm ns_s = prob_norm(mx_s, ls_s), ns_t = prob_norm(mx_t, ls_t);
-    if (rank == 0 && tid == 0) {  // the library's forward KL loss from the normalisers
+    // The row's loss from the normalisers: a copy of distill_forward_kernel's KL branch
+    // (lib/src/distill_cuda_kernel.cuh, inline there), which the check compares against.
+    if (rank == 0 && tid == 0) {
       const bool nan = isnan(w.sum) || isnan(o.sum) || isnan(w.dot);
       const bool inf = w.imax != -INFINITY && exp2_ftz((w.imax - mx_t) - ls_t) > 0.f;
       const float loss = nan                 ? NAN

@@ -31,7 +31,7 @@ std::string JsonQuote(const std::string& text) {
         out += "\\t";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {  // DEL: for YAML (below)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {  // DEL: config dump (YAML)
           out += fmt::format("\\u{:04x}", static_cast<int>(c));
         } else {
           out += c;
