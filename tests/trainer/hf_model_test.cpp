@@ -584,6 +584,55 @@ TEST(HfModel, Gpt2FromHuggingFaceDistilsAndTheRunExports) {
   EXPECT_THAT(ReadBytes(out + "/hf/config.json"), HasSubstr("\"eos_token_id\": 2"));
 }
 
+// The hard-label baseline of a distillation from a Hugging Face teacher (train.baseline) trains
+// a student on the teacher's tokens, so its export takes config.json's token ids and the
+// tokenizer files from the teacher's directory as the distilled student's does: at the end of
+// the run and from `distill_trainer export` alike. A gpt-family baseline exports too (it comes
+// from a Hugging Face model as much as the distilled student does).
+TEST(HfModel, TheBaselineOfAnHfTeacherExportsWithTheTeachersTokenizer) {
+  for (const char* name : {"qwen2_teacher", "gpt2_tanh"}) {
+    SCOPED_TRACE(name);
+    const std::string out = TempRunDir();
+    const std::string teacher_dir = out + "-models/" + name;
+    fs::create_directories(teacher_dir);
+    for (const char* file : {"config.json", "model.safetensors"}) {
+      fs::copy_file(Fixture(name) + "/" + file, teacher_dir + "/" + file);
+    }
+    const std::string tokenizer = std::string("{\"model\": {\"teacher\": \"") + name + "\"}}";
+    WriteBytes(teacher_dir + "/tokenizer.json", tokenizer);
+    Config c = testing::TinyConfig(out);
+    c.train.mode = Mode::kDistill;
+    c.teacher.hf_dir = teacher_dir;
+    ReadHfConfig(c.teacher.hf_dir, c.teacher);
+    // A randomly initialised student of the teacher's vocabulary, one layer deep.
+    static_cast<ModelConfig&>(c.student) = c.teacher;
+    c.student.hf_dir.clear();
+    c.student.n_layer = 1;
+    c.student.dropout = 0.0;
+    c.data.synthetic.branching = 4;
+    c.train.steps = 2;
+    c.train.baseline = true;
+    c.schedule.warmup_steps = 1;
+    std::ostringstream table;
+    distill::Run(c, RunFlags{false, true, nullptr}, table);
+    EXPECT_THAT(table.str(), HasSubstr("student (hard labels)"));
+    for (const std::string& run : {out, out + "-baseline"}) {
+      SCOPED_TRACE(run);
+      ASSERT_TRUE(fs::exists(run + "/hf/model.safetensors"));
+      EXPECT_EQ(ReadBytes(run + "/hf/tokenizer.json"), tokenizer);
+      EXPECT_THAT(ReadBytes(run + "/hf/config.json"), HasSubstr("\"eos_token_id\": 2"));
+      EXPECT_EQ(ArchitectureString(HfModelConfig(run + "/hf")), ArchitectureString(c.student));
+    }
+    // The baseline's stored config.yaml keeps the teacher's directory for a later export.
+    const std::string exported = out + "-baseline-exported";
+    ExportRun(out + "-baseline", exported);
+    EXPECT_EQ(ReadBytes(exported + "/tokenizer.json"), tokenizer);
+    EXPECT_EQ(ReadBytes(exported + "/model.safetensors"),
+              ReadBytes(out + "-baseline/hf/model.safetensors"));
+    RemoveTree(out + "-models");
+  }
+}
+
 // A finished run stays exportable after its Hugging Face directories are moved or deleted: its
 // stored config.yaml holds the architecture, and the run's own export (hf/) stands in for
 // config.json's other keys and the tokenizer files.

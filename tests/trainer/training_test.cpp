@@ -96,6 +96,19 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
   c.teacher.checkpoint.clear();
   c.train.out_dir += "-b";
   EXPECT_TRUE(Trainer(c, RunOptions::Quiet()).warnings().empty());
+  // A teacher.hf_dir is where the end-of-run export takes config.json's keys and the tokenizer
+  // files from (a hard-label baseline keeps its HF teacher for that): unused only without it.
+  c.teacher.hf_dir = c.train.out_dir + "-no-such-hf-dir";
+  c.train.out_dir += "-c";
+  EXPECT_TRUE(Trainer(c, RunOptions::Quiet()).warnings().empty());
+  c.train.export_hf = false;
+  c.train.out_dir += "-d";
+  warnings = Trainer(c, RunOptions::Quiet()).warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "warning: teacher.hf_dir is set (" + c.teacher.hf_dir +
+                             ") but train.mode is pretrain, which trains on the hard labels "
+                             "alone: the teacher is not loaded (train.mode: distill distills "
+                             "from it)");
 }
 
 // A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation

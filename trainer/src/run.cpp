@@ -86,7 +86,12 @@ Config StudentStageConfig(const Config& config) {
 Config BaselineStageConfig(const Config& config) {
   Config c = config;
   c.student.init_from_teacher = false;
-  c.teacher = TeacherConfig();
+  // Nothing of the teacher is loaded or trained on. A Hugging Face teacher stays in the config
+  // all the same: its directory is where the baseline's tokens come from (its tokenizer) and so
+  // what the baseline's export takes its config.json keys and tokenizer files from, as the
+  // distilled student's does (ExportSources); the stored config.yaml keeps it for a later
+  // `distill_trainer export`.
+  if (config.teacher.hf_dir.empty()) c.teacher = TeacherConfig();
   c.train.mode = Mode::kPretrain;
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "baseline");
