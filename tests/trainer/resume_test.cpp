@@ -793,6 +793,42 @@ TEST(ResumeTest, StopSignalsSetAFlagAndRestoreTheHandlers) {
   EXPECT_EQ(SignalName(SIGINT), "SIGINT");
 }
 
+// A single distillation with train.baseline trains the baseline into <out_dir>-baseline after
+// it. A directory there that would refuse the baseline (here a user's own folder) is found
+// before the distillation trains, with what to do about it; nothing is written or deleted.
+TEST(ResumeTest, ABaselineDirectoryInTheWayIsFoundBeforeTheDistillationTrains) {
+  Config c = testing::TinyDistillConfig(TempRunDir(), /*teacher_steps=*/2);
+  c.train.steps = 2;
+  c.train.baseline = true;
+  const std::string baseline = c.train.out_dir + "-baseline";
+  fs::create_directories(baseline);
+  WriteBytes(baseline + "/notes.txt", "mine");
+  for (const bool fresh : {false, true}) {
+    SCOPED_TRACE(fresh ? "--fresh" : "");
+    std::ostringstream table;
+    try {
+      distill::Run(c, RunFlags{fresh, true}, table);
+      ADD_FAILURE() << "trained with a foreign directory where the baseline goes";
+    } catch (const RunDirError& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(baseline));
+      EXPECT_THAT(e.what(),
+                  ::testing::HasSubstr(fmt::format(
+                      "(nothing was trained: this is the directory of the hard-label baseline "
+                      "that train.baseline: true trains after the distillation, train.out_dir + "
+                      "\"-baseline\"; --fresh would start the distillation in {} over as well, "
+                      "and train.baseline=false leaves the baseline out)",
+                      c.train.out_dir)));
+    }
+    EXPECT_FALSE(fs::exists(c.train.out_dir));
+    EXPECT_EQ(ReadBytes(baseline + "/notes.txt"), "mine");
+  }
+  // Without the baseline the distillation runs, and leaves that directory alone.
+  c.train.baseline = false;
+  std::ostringstream table;
+  EXPECT_EQ(distill::Run(c, RunFlags{false, true}, table).size(), 1u);
+  EXPECT_EQ(ReadBytes(baseline + "/notes.txt"), "mine");
+}
+
 // The quickstart's shape in miniature: teacher pretrain, distil, hard-label baseline. Running
 // it again reuses the finished stages and reports the same table.
 TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {

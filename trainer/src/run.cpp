@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -126,13 +127,30 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
   RunDirPlan plan;  // a pipeline's directory: its lock is held until results.txt is written
   if (!IsPipeline(config)) {
     const bool distill = config.train.mode == Mode::kDistill;
-    rows.push_back(TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags));
+    std::optional<Config> baseline;
     if (distill && config.train.baseline) {
-      // The single-run layout keeps the baseline beside the run: <out_dir>-baseline.
-      Config baseline = BaselineStageConfig(config);
-      baseline.train.out_dir = config.train.out_dir + "-baseline";
-      rows.push_back(TrainOne(baseline, "student (hard labels)", flags));
+      // The single-run layout keeps the baseline beside the run: <out_dir>-baseline. Its
+      // directory is checked now, before the distillation trains (and again when the baseline
+      // starts): one that would refuse the baseline is reported before hours of training, not
+      // after them.
+      baseline = BaselineStageConfig(config);
+      baseline->train.out_dir = config.train.out_dir + "-baseline";
+      dist.MainDecides([&] {
+        try {
+          PlanRunDir(*baseline, flags.fresh);
+        } catch (const RunDirError& e) {
+          throw RunDirError(fmt::format(
+              "{} (nothing was trained: this is the directory of the hard-label baseline that "
+              "train.baseline: true trains after the distillation, train.out_dir + \"-baseline\"; "
+              "--fresh would start the distillation in {} over as well, and "
+              "train.baseline=false leaves the baseline out)",
+              e.what(), config.train.out_dir));
+        }
+        return true;
+      });
     }
+    rows.push_back(TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags));
+    if (baseline) rows.push_back(TrainOne(*baseline, "student (hard labels)", flags));
   } else {
     // The pipeline's own directory holds its config; --fresh clears all stages at once. Checked
     // now, written (and with --fresh deleted) only when the first stage has built its models and
