@@ -25,8 +25,9 @@ parallel (the tokenizers package's threads; TOKENIZERS_PARALLELISM=false for one
 
 It never overwrites or deletes what it did not write: an --out-dir that already holds PREFIX_*.bin
 shards is refused (a glob over them would mix two tokenizations), and a run that fails part-way
-(an input that is not UTF-8, a full disk) removes the shards it wrote, so nothing half-done is
-left for a glob to pick up.
+(an input that is not UTF-8, a full disk) or is stopped (Ctrl-C, SIGTERM, SIGHUP: one line, exit
+status 128 + the signal's number) removes the shards it wrote, so nothing half-done is left for a
+glob to pick up.
 """
 import argparse
 import codecs
@@ -35,6 +36,7 @@ import gzip
 import json
 import os
 import re
+import signal
 import sys
 import zlib
 from pathlib import Path
@@ -52,6 +54,44 @@ class Failure(Exception):
 
 def fail(message):
     raise Failure(message)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """A stop signal: raised where the run is, so that it cleans up as after a failure; then one
+    line, "tokenize_shards: stopped by SIGTERM (...)", exit status 128 + the signal's number."""
+
+    def __init__(self, signum, removed=0):
+        super().__init__(signum)
+        self.signum, self.removed = signum, removed
+
+
+class StopSignalsHeld:
+    """A stop signal that arrives inside is raised at the block's end: a shard written and its
+    entry in the run's list of shards are one step, so that the clean-up knows every shard. (A
+    flag, not a signal mask: the tokenizers package's threads would take a masked signal.)"""
+
+    held = False
+    pending = None
+
+    def __enter__(self):
+        StopSignalsHeld.held = True
+
+    def __exit__(self, *exc):
+        StopSignalsHeld.held = False
+        if StopSignalsHeld.pending is not None and exc[0] is None:
+            raise Stopped(StopSignalsHeld.pending)
+
+
+def on_stop_signal(signum, frame):
+    for s in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(s, signal.SIG_IGN)
+    if StopSignalsHeld.held:
+        StopSignalsHeld.pending = signum
+        return
+    raise Stopped(signum)
 
 
 DIR_PATTERNS = ("*.txt", "*.jsonl", "*.jsonl.gz")
@@ -332,11 +372,21 @@ def existing_shards(out_dir, prefix):
 
 
 def main(argv=None):
+    previous = {s: signal.signal(s, on_stop_signal) for s in STOP_SIGNALS}
     try:
         run(argv)
     except Failure as e:
         print(f"tokenize_shards: {e}", file=sys.stderr)
         sys.exit(1)
+    except Stopped as e:
+        removed = (f" (removed the {e.removed} shard{'s' if e.removed != 1 else ''} this run had "
+                   "written)" if e.removed else "")
+        print(f"tokenize_shards: stopped by {signal.Signals(e.signum).name}{removed}",
+              file=sys.stderr)
+        sys.exit(128 + e.signum)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run(argv):
@@ -345,7 +395,8 @@ def run(argv):
                         help="text files (a document each), JSON Lines files (*.jsonl, "
                              "*.json, also .gz: a document per line), or directories of *.txt, "
                              "*.jsonl and *.jsonl.gz files")
-    parser.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json")
+    parser.add_argument("--tokenizer", required=True,
+                        help="a Hugging Face tokenizer.json, or the model directory that holds it")
     parser.add_argument("--out-dir", required=True, help="where the shards are written")
     parser.add_argument("--prefix", default="train", help="shard names: PREFIX_000000.bin, ...")
     parser.add_argument("--shard-tokens", type=int, default=10_000_000,
@@ -374,6 +425,11 @@ def run(argv):
         from tokenizers import Tokenizer
     except ImportError:
         fail("the Python package 'tokenizers' is missing (pip install tokenizers)")
+    if Path(args.tokenizer).is_dir():
+        if not (Path(args.tokenizer) / "tokenizer.json").is_file():
+            fail(f"--tokenizer {args.tokenizer}: a directory without tokenizer.json (expected a "
+                 "Hugging Face tokenizer.json, or the model directory that holds one)")
+        args.tokenizer = str(Path(args.tokenizer) / "tokenizer.json")
     try:
         tokenizer = Tokenizer.from_file(args.tokenizer)
     except Exception as e:  # tokenizers raises a bare Exception for unreadable files
@@ -414,8 +470,9 @@ def run(argv):
         while pending_tokens >= args.shard_tokens or (final and pending_tokens > 0):
             stream = np.concatenate(pending)
             path = out_dir / f"{args.prefix}_{len(shards):06d}.bin"
-            write_shard(path, stream[: args.shard_tokens], fmt)
-            shards.append(path)
+            with StopSignalsHeld():
+                write_shard(path, stream[: args.shard_tokens], fmt)
+                shards.append(path)
             rest = stream[args.shard_tokens:]
             pending, pending_tokens = ([rest] if len(rest) else []), len(rest)
 
@@ -446,6 +503,8 @@ def run(argv):
         if shards and isinstance(e, Failure):
             raise Failure(f"{e} (removed the {len(shards)} shard{'s' if len(shards) != 1 else ''} "
                           f"this run had written)") from None
+        if isinstance(e, Stopped):
+            raise Stopped(e.signum, len(shards)) from None
         raise
     names = shards[0].name + (f" .. {shards[-1].name}" if len(shards) > 1 else "")
     print(f"tokenize_shards: {len(files)} file{'s' if len(files) != 1 else ''}, "

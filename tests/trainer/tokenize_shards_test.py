@@ -7,8 +7,10 @@ Usage: tokenize_shards_test.py WORK_DIR   (ctest: distill.scripts.TokenizeShards
 import gzip
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +260,35 @@ def main():
                  "be", text / "b.txt")
     check(r.returncode == 0 and "separator 3 'be': tokenizer_config.json's eos_token" in r.stdout,
           r.stdout)
+
+    # --tokenizer may name the model directory that holds tokenizer.json (its
+    # tokenizer_config.json is read from there too); a directory without one is named.
+    r = tokenize("--tokenizer", chat, "--out-dir", work / "dir_tok", text / "b.txt")
+    check(r.returncode == 0 and "separator 3 'be'" in r.stdout, f"dir: {r.stdout} {r.stderr}")
+    r = tokenize("--tokenizer", text, "--out-dir", work / "dir_tok", "--prefix", "x", text)
+    check(r.returncode == 1 and f"--tokenizer {text}: a directory without tokenizer.json" in
+          r.stderr, f"dir without: {r.stderr}")
+
+    # Stopped part-way (Ctrl-C, SIGTERM, SIGHUP): the shards written so far are removed with the
+    # --out-dir the run made, one line says so, exit status 128 + the signal's number.
+    path = work / "many.jsonl"
+    path.write_text('{"text": "to be or not to be"}\n' * 1_000_000, encoding="utf-8")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        out = work / f"stopped_{sig.name}"
+        p = subprocess.Popen([sys.executable, str(SCRIPT), "--tokenizer", tokenizer, "--out-dir",
+                              out, "--shard-tokens", "1000", path], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (out.is_dir() and any(out.iterdir())) and p.poll() is None:
+            check(time.monotonic() < deadline, f"{sig.name}: no shard after 60 s")
+            time.sleep(0.005)
+        check(p.poll() is None, f"{sig.name}: the run ended before the signal; a larger input?")
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        check(p.returncode == 128 + sig and "Traceback" not in err and
+              f"tokenize_shards: stopped by {sig.name} (removed the " in err and
+              " this run had written)\n" in err, f"{sig.name}: {p.returncode} {err}")
+        check(not out.exists(), f"{sig.name}: the stopped run left {out} behind")
     print("PASS")
 
 
