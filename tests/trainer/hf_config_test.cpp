@@ -292,6 +292,12 @@ TEST(ReadHfConfig, MissingRequiredKeys) {
     ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
                    {dir + "/config.json: " + key + ": expected", "no such key"});
     ExpectSameModel(m, before);  // untouched
+    // A null value counts as absent (transformers' None), and is named as what it is.
+    c[key] = nullptr;
+    const std::string null_dir = ConfigDir(c);
+    ExpectContains(ErrorOf([&] { ReadHfConfig(null_dir, m); }),
+                   {null_dir + "/config.json: " + key + ": expected", ", got null"});
+    ExpectSameModel(m, before);
   }
 }
 

@@ -508,9 +508,9 @@ TEST(LoadModuleFromHf, ShapeMismatchNamesFileTensorAndShapes) {
   WriteSafetensors(dir + "/model.safetensors", weights);
   auto module = MakeModule();
   const auto before = Snapshot(*module);
-  ExpectContains(
-      ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
-      {dir + "/model.safetensors", std::string("tensor \"") + kUp + "\"", "[4, 3]", "[4, 2]"});
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+                 {dir + "/model.safetensors", std::string("tensor \"") + kUp + "\"", "[4, 3]",
+                  "[4, 2]", "(the architecture in config.json does not match the weights?)"});
   ExpectUntouched(*module, before);
 }
 

@@ -292,7 +292,26 @@ TEST_F(TokenDataErrorTest, ValidShardLoads) { EXPECT_EQ(Load(), "(no error)"); }
 
 TEST_F(TokenDataErrorTest, WrongMagic) {
   Patch([](auto& bytes) { PutLe32(bytes, 0, 20240522); });
-  EXPECT_THAT(Load(), HasSubstr(path_ + ": not an llm.c token shard: magic 20240522"));
+  EXPECT_THAT(Load(), HasSubstr("data.path: " + path_ +
+                                ": not an llm.c token shard: magic "
+                                "20240522 (expected 20240520 for uint16 or 20240801 for uint32 "
+                                "tokens; scripts/tokenize_shards.py makes shards from text: "
+                                "docs/hf.md)"));
+}
+
+// What a glob matched that is no shard is named with the key of that glob: a directory (a
+// data.path of the folder rather than of its shards), a text file in the validation glob.
+TEST_F(TokenDataErrorTest, ADirectoryOrATextFileWhereAShardShouldBe) {
+  const std::string folder = dir_ + "/folder";
+  std::filesystem::create_directories(folder);
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(folder, dir_ + "/val.bin"), 100); }),
+            "data.path: " + folder +
+                ": not a regular file (a directory); expected an llm.c token shard, named by a "
+                "glob such as \"data/train_*.bin\"");
+  const std::string text = dir_ + "/val.txt";
+  WriteBytes(text, std::vector<unsigned char>(2000, 'a'));
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, text), 100); }),
+              HasSubstr("data.val_path: " + text + ": not an llm.c token shard: magic "));
 }
 
 TEST_F(TokenDataErrorTest, WrongVersionForTheMagic) {

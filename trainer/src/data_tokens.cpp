@@ -122,7 +122,7 @@ class TokenShardSource : public DataSource {
     }
     const int64_t T = c.seq_len;
     const std::vector<std::string> train_paths = Glob("data.path", c.path);
-    for (const std::string& p : train_paths) AddShard(p);
+    for (const std::string& p : train_paths) AddShard("data.path", p);
     const size_t num_train = shards_.size();
     num_train_ = num_train;
     if (!c.val_path.empty()) {
@@ -138,7 +138,7 @@ class TokenShardSource : public DataSource {
                 p, c.path, t));
           }
         }
-        AddShard(p);
+        AddShard("data.val_path", p);
         // A copy of a training shard (another file with the same tokens) would be evaluated on
         // what the model trains on, as above. Only shards of the same size are compared, each
         // until its first different byte.
@@ -230,9 +230,14 @@ class TokenShardSource : public DataSource {
   }
 
  private:
-  // Every shard has the same token width: a mix means shards from different tokenizers.
-  void AddShard(const std::string& path) {
-    shards_.push_back(std::make_unique<TokenShard>(path));
+  // Every shard has the same token width: a mix means shards from different tokenizers. A shard
+  // that cannot be read is reported at `key`, the glob that matched it.
+  void AddShard(const char* key, const std::string& path) {
+    try {
+      shards_.push_back(std::make_unique<TokenShard>(path));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("{}: {}", key, e.what()));
+    }
     const TokenShard& first = *shards_.front();
     if (shards_.back()->token_bytes() != first.token_bytes()) {
       throw ShardError(path, fmt::format("{} tokens, but {} has {} tokens (mixed tokenizers?)",
@@ -377,7 +382,11 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   } closer{fd};
   struct stat st {};
   if (fstat(fd, &st) != 0) throw ShardError(path, "cannot stat: " + Errno());
-  if (!S_ISREG(st.st_mode)) throw ShardError(path, "not a regular file");
+  if (!S_ISREG(st.st_mode)) {
+    throw ShardError(path, fmt::format("not a regular file ({}); expected an llm.c token shard, "
+                                       "named by a glob such as \"data/train_*.bin\"",
+                                       S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe"));
+  }
   const int64_t file_bytes = st.st_size;
   if (file_bytes < kShardHeaderBytes) {
     throw ShardError(path, fmt::format("{} bytes, shorter than the {}-byte header of an llm.c "
@@ -403,7 +412,8 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     expected_version = kShardVersionU32;
   } else {
     throw ShardError(path, fmt::format("not an llm.c token shard: magic {} (expected {} for "
-                                       "uint16 or {} for uint32 tokens)",
+                                       "uint16 or {} for uint32 tokens; scripts/tokenize_shards.py "
+                                       "makes shards from text: docs/hf.md)",
                                        magic, kShardMagicU16, kShardMagicU32));
   }
   if (version != expected_version) {

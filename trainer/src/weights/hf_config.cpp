@@ -68,6 +68,10 @@ class Keys {
     return it == object_.end() || it->is_null() ? nullptr : &*it;
   }
   bool Has(const std::string& key) const { return Find(key) != nullptr; }
+  // "got ..." for key's value v (Find's): a null value, which counts as absent, is named as null.
+  std::string Got(const std::string& key, const Json* v) const {
+    return v == nullptr && object_.contains(key) ? "null" : Describe(v);
+  }
 
   [[noreturn]] void Fail(const std::string& key, const std::string& expected,
                          const std::string& got) const {
@@ -78,10 +82,10 @@ class Keys {
   int64_t Int(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
     const Json* v = Find(key);
     if (v == nullptr && fallback) return *fallback;
-    if (v == nullptr || !v->is_number_integer()) Fail(key, "an integer", Describe(v));
+    if (v == nullptr || !v->is_number_integer()) Fail(key, "an integer", Got(key, v));
     if (v->is_number_unsigned() &&
         v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      Fail(key, "an integer that fits in 64 bits", Describe(v));
+      Fail(key, "an integer that fits in 64 bits", Got(key, v));
     }
     return v->get<int64_t>();
   }
@@ -94,7 +98,7 @@ class Keys {
   double Number(const std::string& key, std::optional<double> fallback = std::nullopt) const {
     const Json* v = Find(key);
     if (v == nullptr && fallback) return *fallback;
-    if (v == nullptr || !v->is_number()) Fail(key, "a number", Describe(v));
+    if (v == nullptr || !v->is_number()) Fail(key, "a number", Got(key, v));
     return v->get<double>();
   }
   double PositiveNumber(const std::string& key,
@@ -106,14 +110,14 @@ class Keys {
   bool Bool(const std::string& key, bool fallback) const {
     const Json* v = Find(key);
     if (v == nullptr) return fallback;
-    if (!v->is_boolean()) Fail(key, "true or false", Describe(v));
+    if (!v->is_boolean()) Fail(key, "true or false", Got(key, v));
     return v->get<bool>();
   }
   std::string String(const std::string& key,
                      std::optional<std::string> fallback = std::nullopt) const {
     const Json* v = Find(key);
     if (v == nullptr && fallback) return *fallback;
-    if (v == nullptr || !v->is_string()) Fail(key, "a string", Describe(v));
+    if (v == nullptr || !v->is_string()) Fail(key, "a string", Got(key, v));
     return v->get<std::string>();
   }
 

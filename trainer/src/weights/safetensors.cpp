@@ -669,10 +669,11 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
     const auto& shape = weights.shape(t.file_name);
     const at::Tensor expected = t.transpose ? t.tensor.t() : t.tensor;
     if (!expected.sizes().equals(shape)) {
-      TensorError(
-          weights.file_of(t.file_name), t.file_name,
-          fmt::format("expected shape {} (the module's{}), got {}", ShapeString(expected.sizes()),
-                      t.transpose ? ", transposed" : "", ShapeString(shape)));
+      TensorError(weights.file_of(t.file_name), t.file_name,
+                  fmt::format("expected shape {} (the module's{}), got {} (the architecture in "
+                              "config.json does not match the weights?)",
+                              ShapeString(expected.sizes()), t.transpose ? ", transposed" : "",
+                              ShapeString(shape)));
     }
     if (!IsWeightDtype(weights.dtype(t.file_name))) {
       TensorError(weights.file_of(t.file_name), t.file_name,
