@@ -11,12 +11,34 @@
 #include <torch/cuda.h>
 
 #include "distill/autocast.h"
+#include "distill/checkpoint.h"
 #include "distill/model.h"
 #include "distill/trainer.h"
 #include "test_util.h"
 
 namespace distill {
 namespace {
+
+// The teacher's fingerprint is computed where its weights are (a loop on the CPU, tensor sums
+// on the device): the same integers, so a run resumed on another device sees the same teacher.
+TEST(CudaTest, WeightsFingerprintIsTheSameOnTheDevice) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Config c = testing::TinyConfig(testing::TempRunDir());
+  c.teacher.vocab_size = 3000;  // an embedding of more than one 2^24-unit slice
+  c.teacher.d_model = 3000;
+  c.teacher.n_head = 4;
+  c.teacher.n_layer = 1;
+  c.teacher.mlp_ratio = 1.0;
+  Model model = MakeModel(c.teacher);
+  const std::string cpu = WeightsFingerprint(*model);
+  model->to(at::Device(at::kCUDA, 0));
+  EXPECT_EQ(WeightsFingerprint(*model), cpu);
+  model->to(at::kBFloat16);  // other bits: another fingerprint, on either device
+  const std::string bf16 = WeightsFingerprint(*model);
+  EXPECT_NE(bf16, cpu);
+  model->to(at::Device(at::kCPU));
+  EXPECT_EQ(WeightsFingerprint(*model), bf16);
+}
 
 TEST(CudaTest, Bf16DistillationTrainsAndResumes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";

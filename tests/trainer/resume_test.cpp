@@ -377,6 +377,70 @@ TEST(ResumeTest, ResumingOnOtherDataFilesWarns) {
   RemoveTree(shards);
 }
 
+// A resume with a teacher whose weights are not those the checkpoint was trained with (here
+// the teacher's run trained on, so its latest checkpoint is another teacher) says so, once: the
+// next checkpoint records the new teacher.
+TEST(ResumeTest, ResumingWithAnotherTeacherWarns) {
+  Config c = testing::TinyDistillConfig(TempRunDir(), /*teacher_steps=*/2);
+  c.train.steps = 2;
+  c.train.checkpoint_interval = 1;
+  Trainer(c, RunOptions::Quiet()).Train();
+  auto teacher_warnings = [](const Trainer& t) {
+    std::vector<std::string> found;
+    for (const auto& w : t.warnings()) {
+      if (w.find("the teacher (") != std::string::npos) found.push_back(w);
+    }
+    return found;
+  };
+  c.train.steps = 3;
+  {
+    Trainer same(c, RunOptions::Quiet());
+    EXPECT_TRUE(teacher_warnings(same).empty());
+    same.Train();
+  }
+  testing::MakeTeacher(c, c.teacher.checkpoint, /*steps=*/4);
+  c.train.steps = 4;
+  {
+    Trainer other(c, RunOptions::Quiet());
+    const auto found = teacher_warnings(other);
+    ASSERT_EQ(found.size(), 1u);
+    EXPECT_EQ(found[0], "warning: the teacher (teacher.checkpoint " + c.teacher.checkpoint +
+                            ") is not the one the checkpoint of step 3 was trained with: its "
+                            "weights differ (files rewritten, or a teacher run that trained on "
+                            "since); distillation goes on with this teacher, so the student's "
+                            "targets change from here on (restore the old teacher to keep them, "
+                            "or pass --fresh to start over with this one)");
+    other.Train();
+  }
+  EXPECT_TRUE(teacher_warnings(Trainer(c, RunOptions::Quiet())).empty());  // recorded at step 4
+}
+
+// The fingerprint sees any change of a weight's bits, of their order, and nothing else.
+TEST(ResumeTest, WeightsFingerprintSeesEveryChangeOfTheBits) {
+  const Config c = TinyConfig(TempRunDir());
+  torch::manual_seed(7);
+  Model a = MakeModel(c.teacher);
+  torch::manual_seed(7);
+  Model b = MakeModel(c.teacher);
+  const std::string fingerprint = WeightsFingerprint(*a);
+  EXPECT_EQ(fingerprint.size(), 16u);
+  EXPECT_EQ(WeightsFingerprint(*b), fingerprint);
+  at::NoGradGuard no_grad;
+  at::Tensor w = b->parameters()[1];
+  ASSERT_GE(w.numel(), 2);
+  at::Tensor flat = w.view(-1);
+  const float first = flat[0].item<float>(), second = flat[1].item<float>();
+  ASSERT_NE(first, second);
+  flat[0] = std::nextafter(first, 1e9f);  // one bit
+  EXPECT_NE(WeightsFingerprint(*b), fingerprint);
+  flat[0] = second;  // the first two swapped
+  flat[1] = first;
+  EXPECT_NE(WeightsFingerprint(*b), fingerprint);
+  flat[1] = second;
+  flat[0] = first;
+  EXPECT_EQ(WeightsFingerprint(*b), fingerprint);
+}
+
 // Lowers RLIMIT_FSIZE for its scope, with SIGXFSZ ignored: a write past `bytes` then fails with
 // EFBIG, the way a full disk fails with ENOSPC (no root or special filesystem needed).
 class FileSizeLimit {

@@ -1,6 +1,7 @@
 #include "distill/checkpoint.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -213,6 +214,7 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   archive.write("elapsed_s", c10::IValue(position.elapsed_s));
   archive.write("skipped_steps", c10::IValue(position.skipped_steps));
   archive.write("data_files", c10::IValue(position.data_files));
+  archive.write("teacher_weights", c10::IValue(position.teacher_weights));
   archive.write("rng_cpu", DefaultGenerator(at::Device(at::kCPU)).get_state(), /*is_buffer=*/true);
   if (device.is_cuda()) {
     archive.write("rng_cuda", DefaultGenerator(device).get_state(), /*is_buffer=*/true);
@@ -272,6 +274,8 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   if (archive.try_read("skipped_steps", value)) position.skipped_steps = value.toInt();
   // ... and before the data's files were.
   if (archive.try_read("data_files", value)) position.data_files = value.toStringRef();
+  // ... and before the teacher's weights were.
+  if (archive.try_read("teacher_weights", value)) position.teacher_weights = value.toStringRef();
   at::Tensor state;
   archive.read("rng_cpu", state, /*is_buffer=*/true);
   DefaultGenerator(at::Device(at::kCPU)).set_state(state.cpu());
@@ -408,6 +412,63 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
                                     failure, intact->file));
   }
   return position;
+}
+
+std::string WeightsFingerprint(const torch::nn::Module& module) {
+  at::NoGradGuard no_grad;
+  std::vector<std::string> names;
+  std::vector<std::array<int64_t, 2>> sums;  // per tensor: two exact sums of its bits
+  auto add = [&](const std::string& name, const at::Tensor& tensor) {
+    names.push_back(fmt::format("{} {} [{}]", name, c10::toString(tensor.scalar_type()),
+                                fmt::join(tensor.sizes(), ", ")));
+    // The tensor's bytes as unsigned 16-bit units (bytes for a tensor of 1-byte elements),
+    // summed in int64, plainly and weighted by the unit's position (mod 251, plus 1) so that a
+    // permutation shows too: exact (no sum of fewer than 2^43 units overflows), so the same on
+    // every device.
+    const at::Tensor flat = tensor.detach().contiguous().view(-1);
+    const bool bytes = flat.element_size() == 1;
+    const at::Tensor units = bytes ? flat.view(at::kByte) : flat.view(at::kShort);
+    if (units.is_cpu()) {  // a loop: the tensor expressions below are ~8 passes over int64 copies
+      int64_t plain = 0, weighted = 0, weight = 1;
+      const int64_t n = units.numel();
+      auto sum = [&](const auto* u) {
+        for (int64_t i = 0; i < n; ++i) {
+          plain += u[i];
+          weighted += u[i] * weight;
+          if (++weight == 252) weight = 1;
+        }
+      };
+      if (bytes) {
+        sum(units.data_ptr<uint8_t>());
+      } else {
+        sum(reinterpret_cast<const uint16_t*>(units.data_ptr<int16_t>()));
+      }
+      sums.push_back({plain, weighted});
+      return;
+    }
+    // On a device: a slice at a time, to bound the temporaries; one transfer of the two sums.
+    const auto opts = flat.options().dtype(at::kLong);
+    at::Tensor plain = at::zeros({}, opts), weighted = at::zeros({}, opts);
+    constexpr int64_t kSlice = int64_t(1) << 24;
+    for (int64_t begin = 0; begin < units.numel(); begin += kSlice) {
+      const int64_t n = std::min(kSlice, units.numel() - begin);
+      const at::Tensor u =
+          units.narrow(0, begin, n).to(at::kLong).bitwise_and(bytes ? 0xFF : 0xFFFF);
+      const at::Tensor weight = at::arange(begin, begin + n, opts).remainder(251).add(1);
+      plain += u.sum();
+      weighted += (u * weight).sum();
+    }
+    const at::Tensor both = at::stack({plain, weighted}).cpu();
+    sums.push_back({both.data_ptr<int64_t>()[0], both.data_ptr<int64_t>()[1]});
+  };
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) add(item.key(), item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) add(item.key(), item.value());
+  uint64_t hash = Fnv1a64("", 0);
+  for (size_t i = 0; i < names.size(); ++i) {
+    hash = Fnv1a64(names[i].data(), names[i].size(), hash);
+    hash = Fnv1a64(sums[i].data(), sizeof(sums[i]), hash);
+  }
+  return fmt::format("{:016x}", hash);
 }
 
 }  // namespace distill

@@ -112,6 +112,34 @@ std::optional<std::string> DataFilesChanged(const std::string& before, const std
   return warning;
 }
 
+// A resume whose teacher's weights are not those its checkpoint was trained with (a teacher
+// whose files were rewritten, or a teacher run that trained on since): a warning. A checkpoint
+// written before the teacher's weights were kept ("") says nothing.
+std::optional<std::string> TeacherChanged(const Config& config, const TrainingPosition& position,
+                                          const std::string& teacher_weights) {
+  if (position.teacher_weights.empty() || teacher_weights.empty() ||
+      position.teacher_weights == teacher_weights) {
+    return std::nullopt;
+  }
+  const bool checkpoint = !config.teacher.checkpoint.empty();
+  const std::string source =
+      fmt::format("{} {}", checkpoint ? "teacher.checkpoint" : "teacher.hf_dir",
+                  checkpoint ? config.teacher.checkpoint : config.teacher.hf_dir);
+  if (position.step >= config.train.steps) {
+    return fmt::format(
+        "warning: the teacher ({}) is not the one the run was trained with: its weights differ "
+        "(files rewritten, or a teacher run that trained on since); its evaluation's "
+        "teacher_val_loss and val_kd are this teacher's, not comparable with the run's",
+        source);
+  }
+  return fmt::format(
+      "warning: the teacher ({}) is not the one the checkpoint of step {} was trained with: its "
+      "weights differ (files rewritten, or a teacher run that trained on since); distillation "
+      "goes on with this teacher, so the student's targets change from here on (restore the "
+      "old teacher to keep them, or pass --fresh to start over with this one)",
+      source, position.step);
+}
+
 // Host tensors go to CUDA through pinned memory, asynchronously: a copy from pageable memory
 // waits for every kernel already queued, so the GPU would idle while the CPU queues the next.
 at::Tensor ToDevice(const at::Tensor& t, const at::Device& device) {
@@ -320,6 +348,7 @@ Trainer::Trainer(Config config, RunOptions options)
   if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
   if (distill_) {
     teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
+    teacher_weights_ = WeightsFingerprint(*teacher_);  // as loaded: before any cast below
     teacher_->eval();
     for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
   }
@@ -358,6 +387,9 @@ Trainer::Trainer(Config config, RunOptions options)
       }
       if (auto warning = DataFilesChanged(position_.data_files, data_->Files(), position_.step,
                                           position_.step >= config_.train.steps, config_.data)) {
+        warnings.push_back(*warning);
+      }
+      if (auto warning = TeacherChanged(config_, position_, teacher_weights_)) {
         warnings.push_back(*warning);
       }
     }
@@ -734,6 +766,7 @@ void Trainer::SaveCheckpoint() {
   if (dist_->is_main()) {  // the replicas are identical; rank 0 writes the one copy
     position_.elapsed_s = elapsed_;
     position_.data_files = data_->Files();
+    position_.teacher_weights = teacher_weights_;
     distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
                             *optimizer_, position_, device_, RunIdentityHash(config_));
     PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step);

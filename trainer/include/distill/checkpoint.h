@@ -34,7 +34,16 @@ struct TrainingPosition {
   double elapsed_s = 0;       // training seconds up to this step, over every attempt of the run
   int64_t skipped_steps = 0;  // steps whose update train.nonfinite=skip skipped, over the run
   std::string data_files;     // DataSource::Files() of the data trained on ("" before it was kept)
+  // WeightsFingerprint of the teacher distilled from ("": pretraining, or a checkpoint written
+  // before it was kept).
+  std::string teacher_weights;
 };
+
+// The bits of `module`'s parameters and buffers as 16 hex digits: FNV-1a over each one's name
+// and exact integer sums of its bits (the same on every device and thread count; a changed value,
+// shape or name changes it, short of a collision). For telling whether a teacher is the one a
+// checkpoint was trained with. One pass over the weights where they are.
+std::string WeightsFingerprint(const torch::nn::Module& module);
 
 // Saves atomically to `path` (throws FileError); the RNG states saved are the default
 // generators of the CPU and, when `device` is CUDA, of that device. `run_identity`:

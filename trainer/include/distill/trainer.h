@@ -174,6 +174,7 @@ class Trainer {
   std::unique_ptr<DataSource> data_;
   Model student_;
   Model teacher_;
+  std::string teacher_weights_;  // WeightsFingerprint of the teacher as loaded ("": pretraining)
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;
