@@ -381,9 +381,16 @@ def main(argv=None):
     except Stopped as e:
         removed = (f" (removed the {e.removed} shard{'s' if e.removed != 1 else ''} this run had "
                    "written)" if e.removed else "")
-        print(f"tokenize_shards: stopped by {signal.Signals(e.signum).name}{removed}",
-              file=sys.stderr)
-        sys.exit(128 + e.signum)
+        try:
+            print(f"tokenize_shards: stopped by {signal.Signals(e.signum).name}{removed}",
+                  file=sys.stderr, flush=True)
+        except OSError:  # SIGHUP: the terminal may be gone
+            pass
+        # Ended by the signal itself (the shell's status 128 + its number), so that a shell loop
+        # over this script stops on Ctrl-C as it would for any other program.
+        signal.signal(e.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), e.signum)
+        sys.exit(128 + e.signum)  # (not reached)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -453,16 +460,6 @@ def run(argv):
     while not level.exists() and level != level.parent:
         created.append(level)
         level = level.parent
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        fail(f"--out-dir {out_dir}: cannot create: {e}")
-    old = existing_shards(out_dir, args.prefix)
-    if old:
-        fail(f"--out-dir {out_dir} already holds {len(old)} shard{'s' if len(old) != 1 else ''} "
-             f"named {args.prefix}_*.bin ({', '.join(old[:3])}{' ...' if len(old) > 3 else ''}): "
-             f"a glob over them would mix two tokenizations; delete them, or choose another "
-             f"--out-dir or --prefix")
     shards, pending, pending_tokens, total, count = [], [], 0, 0, 0
 
     def flush(final):
@@ -476,7 +473,18 @@ def run(argv):
             rest = stream[args.shard_tokens:]
             pending, pending_tokens = ([rest] if len(rest) else []), len(rest)
 
-    try:
+    try:  # from the first directory it creates: a failure or a stop removes what it made
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"--out-dir {out_dir}: cannot create: {e}")
+        old = existing_shards(out_dir, args.prefix)
+        if old:
+            fail(f"--out-dir {out_dir} already holds {len(old)} "
+                 f"shard{'s' if len(old) != 1 else ''} named {args.prefix}_*.bin "
+                 f"({', '.join(old[:3])}{' ...' if len(old) > 3 else ''}): a glob over them "
+                 f"would mix two tokenizations; delete them, or choose another --out-dir or "
+                 f"--prefix")
         for batch in batches(documents(files, args.text_key, split)):
             for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
                 ids = encoding.ids
@@ -492,7 +500,9 @@ def run(argv):
         if not shards:
             names = ", ".join(str(p) for p in files[:3]) + (" ..." if len(files) > 3 else "")
             fail(f"no document in {names} (JSON Lines files of blank lines only?)")
-    except BaseException as e:  # a failure, Ctrl-C: the shards written so far are not a dataset
+    except BaseException as e:  # a failure, a stop: the shards written so far are not a dataset
+        for sig in STOP_SIGNALS:  # the clean-up is not cut short: a stop signal now is ignored
+            signal.signal(sig, signal.SIG_IGN)
         for shard in shards:
             shard.unlink(missing_ok=True)
         for level in created:  # and the directories it made for them, if nothing else is there

@@ -66,9 +66,9 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.log_interval=3", "train.eval_interval=0", "train.eval_batches=5",
       "train.checkpoint_interval=0", "train.keep_checkpoints=9", "train.resume=false",
       "train.baseline=true", "train.out_dir=elsewhere", "train.export_hf=false",
-      "train.nonfinite=skip", "train.max_skipped_steps=3", "train.bucket_mb=7",
-      "data.val_path=v/*.bin", "distill.vocab_size=25", "distill.fused_linear=true",
-      "train.cuda_graph=false", "train.activation_checkpointing=false",
+      "train.export_from=models/tok", "train.nonfinite=skip", "train.max_skipped_steps=3",
+      "train.bucket_mb=7", "data.val_path=v/*.bin", "distill.vocab_size=25",
+      "distill.fused_linear=true", "train.cuda_graph=false", "train.activation_checkpointing=false",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
       "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",
@@ -128,6 +128,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_FALSE(c.train.resume);
   EXPECT_TRUE(c.train.baseline);
   EXPECT_EQ(c.train.out_dir, "elsewhere");
+  EXPECT_EQ(c.train.export_from, "models/tok");
   // A trailing separator names the same run directory.
   EXPECT_EQ(ParseConfig(kValidDistill, "x.yaml", {"train.out_dir=runs/x//"}).train.out_dir,
             "runs/x");
@@ -361,6 +362,16 @@ TEST(ConfigTest, TheActivationKeyLeavesTheIdentityOfEarlierRunsAlone) {
   const Config tanh = ParseConfig(kValidDistill, "x.yaml", {"student.activation=gelu_tanh"});
   EXPECT_NE(RunIdentity(tanh).find("\n  activation: gelu_tanh\n"), std::string::npos);
   EXPECT_NE(RunIdentityHash(tanh), RunIdentityHash(c));
+}
+
+// train.export_from says what the export copies, not what is trained: not part of the identity
+// (a run resumes with it changed), and absent from its text (earlier runs' hashes still match).
+TEST(ConfigTest, ExportFromIsNotPartOfTheRunIdentity) {
+  const Config c = ParseConfig(kValidDistill, "x.yaml");
+  const Config from = ParseConfig(kValidDistill, "x.yaml", {"train.export_from=models/tok"});
+  EXPECT_EQ(RunIdentity(from), RunIdentity(c));
+  EXPECT_EQ(RunIdentity(c).find("export_from"), std::string::npos);
+  EXPECT_NE(ConfigToYaml(from).find("\n  export_from: models/tok\n"), std::string::npos);
 }
 
 // A llama student that its hf_model_type's class cannot express is refused when the config is

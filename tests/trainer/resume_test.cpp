@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include "distill/checkpoint.h"
@@ -439,6 +440,16 @@ TEST(ResumeTest, WeightsFingerprintSeesEveryChangeOfTheBits) {
   flat[1] = second;
   flat[0] = first;
   EXPECT_EQ(WeightsFingerprint(*b), fingerprint);
+  // The CPU's loop and the device's tensor expressions give the same integers, also over more
+  // than one of the device path's 2^24-unit slices and the loop's 2^20-unit grains.
+  EXPECT_EQ(WeightsFingerprint(*b, /*device_path_on_cpu=*/true), fingerprint);
+  torch::nn::Linear wide(3000, 3001);
+  wide->to(at::kBFloat16);              // 2-byte elements: 9M units
+  torch::nn::Linear wider(3000, 3001);  // 4-byte: 18M units
+  for (const torch::nn::Module* m : {static_cast<torch::nn::Module*>(wide.get()),
+                                     static_cast<torch::nn::Module*>(wider.get())}) {
+    EXPECT_EQ(WeightsFingerprint(*m, true), WeightsFingerprint(*m));
+  }
 }
 
 // Lowers RLIMIT_FSIZE for its scope, with SIGXFSZ ignored: a write past `bytes` then fails with
@@ -879,9 +890,10 @@ TEST(ResumeTest, ABaselineDirectoryInTheWayIsFoundBeforeTheDistillationTrains) {
                   ::testing::HasSubstr(fmt::format(
                       "(nothing was trained: this is the directory of the hard-label baseline "
                       "that train.baseline: true trains after the distillation, train.out_dir + "
-                      "\"-baseline\"; --fresh would start the distillation in {} over as well, "
-                      "and train.baseline=false leaves the baseline out)",
-                      c.train.out_dir)));
+                      "\"-baseline\"; {}train.baseline=false leaves the baseline out)",
+                      fresh ? ""
+                            : "--fresh would start the distillation in " + c.train.out_dir +
+                                  " over as well, and ")));
     }
     EXPECT_FALSE(fs::exists(c.train.out_dir));
     EXPECT_EQ(ReadBytes(baseline + "/notes.txt"), "mine");

@@ -96,13 +96,8 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
   c.teacher.checkpoint.clear();
   c.train.out_dir += "-b";
   EXPECT_TRUE(Trainer(c, RunOptions::Quiet()).warnings().empty());
-  // A teacher.hf_dir is where the end-of-run export takes config.json's keys and the tokenizer
-  // files from (a hard-label baseline keeps its HF teacher for that): unused only without it.
   c.teacher.hf_dir = c.train.out_dir + "-no-such-hf-dir";
   c.train.out_dir += "-c";
-  EXPECT_TRUE(Trainer(c, RunOptions::Quiet()).warnings().empty());
-  c.train.export_hf = false;
-  c.train.out_dir += "-d";
   warnings = Trainer(c, RunOptions::Quiet()).warnings();
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0], "warning: teacher.hf_dir is set (" + c.teacher.hf_dir +

@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/serialize/input-archive.h>
@@ -414,7 +415,7 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
   return position;
 }
 
-std::string WeightsFingerprint(const torch::nn::Module& module) {
+std::string WeightsFingerprint(const torch::nn::Module& module, bool device_path_on_cpu) {
   at::NoGradGuard no_grad;
   std::vector<std::string> names;
   std::vector<std::array<int64_t, 2>> sums;  // per tensor: two exact sums of its bits
@@ -422,39 +423,51 @@ std::string WeightsFingerprint(const torch::nn::Module& module) {
     names.push_back(fmt::format("{} {} [{}]", name, c10::toString(tensor.scalar_type()),
                                 fmt::join(tensor.sizes(), ", ")));
     // The tensor's bytes as unsigned 16-bit units (bytes for a tensor of 1-byte elements),
-    // summed in int64, plainly and weighted by the unit's position (mod 251, plus 1) so that a
-    // permutation shows too: exact (no sum of fewer than 2^43 units overflows), so the same on
-    // every device.
+    // summed plainly and weighted by the unit's position (mod 251, plus 1, so that most
+    // permutations show too), in 64-bit integers: exact below 2^39 units (a 1 TiB tensor), and
+    // past that both paths wrap alike, so the sums are the same on every device.
     const at::Tensor flat = tensor.detach().contiguous().view(-1);
     const bool bytes = flat.element_size() == 1;
     const at::Tensor units = bytes ? flat.view(at::kByte) : flat.view(at::kShort);
-    if (units.is_cpu()) {  // a loop: the tensor expressions below are ~8 passes over int64 copies
-      int64_t plain = 0, weighted = 0, weight = 1;
-      const int64_t n = units.numel();
-      auto sum = [&](const auto* u) {
-        for (int64_t i = 0; i < n; ++i) {
-          plain += u[i];
-          weighted += u[i] * weight;
-          if (++weight == 252) weight = 1;
+    const int64_t n = units.numel();
+    if (units.is_cpu() && !device_path_on_cpu) {
+      // A loop over slices in parallel (integer sums: any order gives the same bits); the
+      // tensor expressions below would be ~8 passes over int64 copies here.
+      constexpr int64_t kGrain = int64_t(1) << 20;
+      std::vector<std::array<uint64_t, 2>> part(static_cast<size_t>((n + kGrain - 1) / kGrain));
+      const auto* u8 = bytes ? units.data_ptr<uint8_t>() : nullptr;
+      const auto* u16 =
+          bytes ? nullptr : reinterpret_cast<const uint16_t*>(units.data_ptr<int16_t>());
+      at::parallel_for(0, static_cast<int64_t>(part.size()), 1, [&](int64_t first, int64_t last) {
+        for (int64_t c = first; c < last; ++c) {
+          const int64_t begin = c * kGrain, end = std::min(n, begin + kGrain);
+          uint64_t plain = 0, weighted = 0, weight = static_cast<uint64_t>(begin % 251) + 1;
+          for (int64_t i = begin; i < end; ++i) {
+            const uint64_t u = bytes ? u8[i] : u16[i];
+            plain += u;
+            weighted += u * weight;
+            if (++weight == 252) weight = 1;
+          }
+          part[static_cast<size_t>(c)] = {plain, weighted};
         }
-      };
-      if (bytes) {
-        sum(units.data_ptr<uint8_t>());
-      } else {
-        sum(reinterpret_cast<const uint16_t*>(units.data_ptr<int16_t>()));
+      });
+      uint64_t plain = 0, weighted = 0;
+      for (const auto& p : part) {
+        plain += p[0];
+        weighted += p[1];
       }
-      sums.push_back({plain, weighted});
+      sums.push_back({static_cast<int64_t>(plain), static_cast<int64_t>(weighted)});
       return;
     }
     // On a device: a slice at a time, to bound the temporaries; one transfer of the two sums.
     const auto opts = flat.options().dtype(at::kLong);
     at::Tensor plain = at::zeros({}, opts), weighted = at::zeros({}, opts);
     constexpr int64_t kSlice = int64_t(1) << 24;
-    for (int64_t begin = 0; begin < units.numel(); begin += kSlice) {
-      const int64_t n = std::min(kSlice, units.numel() - begin);
+    for (int64_t begin = 0; begin < n; begin += kSlice) {
+      const int64_t len = std::min(kSlice, n - begin);
       const at::Tensor u =
-          units.narrow(0, begin, n).to(at::kLong).bitwise_and(bytes ? 0xFF : 0xFFFF);
-      const at::Tensor weight = at::arange(begin, begin + n, opts).remainder(251).add(1);
+          units.narrow(0, begin, len).to(at::kLong).bitwise_and(bytes ? 0xFF : 0xFFFF);
+      const at::Tensor weight = at::arange(begin, begin + len, opts).remainder(251).add(1);
       plain += u.sum();
       weighted += (u * weight).sum();
     }

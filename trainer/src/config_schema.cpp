@@ -445,6 +445,12 @@ std::vector<KeyDecl> Declare() {
       "and gpt-family runs with a student or teacher hf_dir (GPT2LMHeadModel; other gpt runs: "
       "distill_trainer export RUN_DIR OUT_DIR).");
   Add(
+      k, "train.export_from", [](auto& c) -> auto& { return c.train.export_from; }, AnyString(),
+      "A Hugging Face model directory whose config.json keys (token ids) and tokenizer files the "
+      "export takes where the student's and teacher's hf_dir give none (\"\": none; a gpt-family "
+      "run with it exports too). The hard-label baseline of a distillation from a Hugging Face "
+      "teacher (train.baseline) gets the teacher's hf_dir here.");
+  Add(
       k, "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; },
       OneOfEnum<NonFinite>(),
       "A step whose kd/ce loss or gradient norm is NaN/inf: stop (an error before the optimizer "

@@ -234,10 +234,13 @@ class TokenShardSource : public DataSource {
   // that cannot be read is reported at `key`, the glob that matched it.
   void AddShard(const char* key, const std::string& path) {
     try {
-      shards_.push_back(std::make_unique<TokenShard>(path));
+      AddShard(path);
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(fmt::format("{}: {}", key, e.what()));
     }
+  }
+  void AddShard(const std::string& path) {
+    shards_.push_back(std::make_unique<TokenShard>(path));
     const TokenShard& first = *shards_.front();
     if (shards_.back()->token_bytes() != first.token_bytes()) {
       throw ShardError(path, fmt::format("{} tokens, but {} has {} tokens (mixed tokenizers?)",

@@ -103,7 +103,8 @@ std::string Gone(const std::string& dir) {
 HfExportSources ExportSources(const Config& config, const std::string& run_dir) {
   HfExportSources sources;
   std::vector<std::string> dirs, gone;
-  for (const std::string& dir : {config.student.hf_dir, config.teacher.hf_dir}) {
+  for (const std::string& dir :
+       {config.student.hf_dir, config.teacher.hf_dir, config.train.export_from}) {
     if (dir.empty()) continue;
     (fs::exists(fs::path(dir) / "config.json") ? dirs : gone).push_back(dir);
   }

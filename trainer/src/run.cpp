@@ -87,12 +87,11 @@ Config StudentStageConfig(const Config& config) {
 Config BaselineStageConfig(const Config& config) {
   Config c = config;
   c.student.init_from_teacher = false;
-  // Nothing of the teacher is loaded or trained on. A Hugging Face teacher stays in the config
-  // all the same: its directory is where the baseline's tokens come from (its tokenizer) and so
-  // what the baseline's export takes its config.json keys and tokenizer files from, as the
-  // distilled student's does (ExportSources); the stored config.yaml keeps it for a later
-  // `distill_trainer export`.
-  if (config.teacher.hf_dir.empty()) c.teacher = TeacherConfig();
+  c.teacher = TeacherConfig();
+  // A Hugging Face teacher's tokenizer made the baseline's tokens: its export takes config.json's
+  // other keys and the tokenizer files from the teacher's directory, as the distilled student's
+  // does (the stored config.yaml keeps it for a later `distill_trainer export`).
+  if (c.train.export_from.empty()) c.train.export_from = config.teacher.hf_dir;
   c.train.mode = Mode::kPretrain;
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "baseline");
@@ -139,12 +138,17 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
         try {
           PlanRunDir(*baseline, flags.fresh);
         } catch (const RunDirError& e) {
+          // (--fresh deletes the baseline's directory only when the trainer made it, and the
+          // distillation's with it: said where it was not passed.)
           throw RunDirError(fmt::format(
               "{} (nothing was trained: this is the directory of the hard-label baseline that "
               "train.baseline: true trains after the distillation, train.out_dir + \"-baseline\"; "
-              "--fresh would start the distillation in {} over as well, and "
-              "train.baseline=false leaves the baseline out)",
-              e.what(), config.train.out_dir));
+              "{}train.baseline=false leaves the baseline out)",
+              e.what(),
+              flags.fresh ? ""
+                          : fmt::format("--fresh would start the distillation in {} over as "
+                                        "well, and ",
+                                        config.train.out_dir)));
         }
         return true;
       });

@@ -246,6 +246,7 @@ std::string RunIdentity(const Config& config) {
   c.train.resume = defaults.resume;
   c.train.out_dir = defaults.out_dir;
   c.train.export_hf = defaults.export_hf;
+  c.train.export_from = defaults.export_from;  // what the export copies, not what is trained
   c.train.nonfinite = defaults.nonfinite;
   c.train.max_skipped_steps = defaults.max_skipped_steps;
   c.train.bucket_mb = defaults.bucket_mb;    // how the gradients travel, not what they are
@@ -256,10 +257,11 @@ std::string RunIdentity(const Config& config) {
   c.distill.fused_linear = DistillConfig().fused_linear;
   std::string identity = ConfigToYaml(c);
   // Keys added since runs existed are left out of the text where they hold the value every
-  // earlier run had (activation_checkpointing is not part of the identity at all; a model's
-  // activation is, but gelu is what the gpt family always ran): the checkpoints of runs started
-  // before them carry a hash of the identity without these lines.
-  for (const std::string line : {"\n  activation_checkpointing: false", "\n  activation: gelu"}) {
+  // earlier run had (activation_checkpointing and export_from are not part of the identity at
+  // all; a model's activation is, but gelu is what the gpt family always ran): the checkpoints
+  // of runs started before them carry a hash of the identity without these lines.
+  for (const std::string line :
+       {"\n  activation_checkpointing: false", "\n  activation: gelu", "\n  export_from: \"\""}) {
     for (size_t at = identity.find(line); at != std::string::npos; at = identity.find(line, at)) {
       const size_t end = at + line.size();
       if (end == identity.size() || identity[end] == '\n') {

@@ -244,15 +244,12 @@ std::optional<std::string> RepeatedValidationWarning(const Config& config, const
 }
 
 // A teacher named in pretrain mode is not loaded: said once at the start, with the mode that
-// uses it (a distill config switched to train.mode=pretrain keeps its teacher keys). Except a
-// teacher.hf_dir that the end-of-run export uses, as the source of config.json's other keys and
-// the tokenizer files (ExportSources): the hard-label baseline of a distillation from a Hugging
-// Face teacher keeps it for that (BaselineStageConfig).
+// uses it (a distill config switched to train.mode=pretrain keeps its teacher keys).
 std::optional<std::string> UnusedTeacherWarning(const Config& config) {
   if (config.train.mode != Mode::kPretrain) return std::nullopt;
   const bool checkpoint = !config.teacher.checkpoint.empty();
   const std::string& value = checkpoint ? config.teacher.checkpoint : config.teacher.hf_dir;
-  if (value.empty() || (!checkpoint && config.train.export_hf)) return std::nullopt;
+  if (value.empty()) return std::nullopt;
   return fmt::format(
       "warning: {} is set ({}) but train.mode is pretrain, which trains on the hard labels alone: "
       "the teacher is not loaded (train.mode: distill distills from it)",
@@ -895,8 +892,10 @@ EvalResult Trainer::Train() {
                           "\n");
   // gpt-family runs export at the end only when they come from a Hugging Face model (the
   // quickstart's runs would each get an hf/ they did not ask for; `distill_trainer export`):
-  // the student's, or the teacher's (a hard-label baseline keeps its HF teacher for this).
-  const bool from_hf = !config_.student.hf_dir.empty() || !config_.teacher.hf_dir.empty();
+  // the student's, the teacher's, or train.export_from (a hard-label baseline's HF teacher).
+  const bool from_hf = !config_.student.hf_dir.empty() ||
+                       (distill_ && !config_.teacher.hf_dir.empty()) ||
+                       !config_.train.export_from.empty();
   if (config_.train.export_hf && (config_.student.family == ModelFamily::kLlama || from_hf)) {
     const std::string hf_dir = (fs::path(config_.train.out_dir) / "hf").string();
     // The run's own previous export stands in for an hf_dir removed while the run trained.

@@ -39,11 +39,14 @@ struct TrainingPosition {
   std::string teacher_weights;
 };
 
-// The bits of `module`'s parameters and buffers as 16 hex digits: FNV-1a over each one's name
-// and exact integer sums of its bits (the same on every device and thread count; a changed value,
-// shape or name changes it, short of a collision). For telling whether a teacher is the one a
-// checkpoint was trained with. One pass over the weights where they are.
-std::string WeightsFingerprint(const torch::nn::Module& module);
+// The bits of `module`'s parameters and buffers as 16 hex digits: FNV-1a over each one's name,
+// dtype and shape and two integer sums of its bits, one weighted by position (the same on every
+// device and thread count). A change of names, shapes or values changes it, except the rare
+// edits that leave both sums as they were: a check that warns, not a cryptographic hash. For
+// telling whether a teacher is the one a checkpoint was trained with. One pass over the weights
+// where they are (on the CPU a parallel loop; `device_path_on_cpu`: the device's tensor
+// expressions there too, for the tests that compare the two).
+std::string WeightsFingerprint(const torch::nn::Module& module, bool device_path_on_cpu = false);
 
 // Saves atomically to `path` (throws FileError); the RNG states saved are the default
 // generators of the CPU and, when `device` is CUDA, of that device. `run_identity`:

@@ -239,6 +239,10 @@ struct TrainConfig {
   bool baseline = false;  // distill mode: also train the student on hard labels, for comparison
   std::string out_dir = "runs/default";
   bool export_hf = true;  // llama family: write <out_dir>/hf (config.json + safetensors) at the end
+  // A Hugging Face model directory that the export also takes config.json's other keys and the
+  // tokenizer files from, after the student's and the teacher's hf_dir ("": none). The
+  // hard-label baseline of a distillation from a Hugging Face teacher gets the teacher's.
+  std::string export_from;
   // stop: a non-finite kd/ce loss or gradient norm is an error before the optimizer step;
   // skip: the step's update is skipped (at most max_skipped_steps times in the run, counted over
   // resumes; a run whose every step was skipped is an error at its end).

@@ -6,7 +6,7 @@
 // checkpoint when train.resume is true. Keys that may change between attempts of the same run:
 // train.steps (extends the run; the schedule's horizon moves with it), train.log_interval,
 // train.eval_interval, train.checkpoint_interval, train.keep_checkpoints, train.resume,
-// train.out_dir, train.export_hf, train.nonfinite, train.max_skipped_steps.
+// train.out_dir, train.export_hf, train.export_from, train.nonfinite, train.max_skipped_steps.
 //
 // Ownership: a directory the trainer creates gets a marker file, .distill_run (a random run
 // id, the creation time and a hash of the run identity). Deletion (--fresh) only ever touches a
