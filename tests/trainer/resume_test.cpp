@@ -17,7 +17,6 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include "distill/checkpoint.h"
@@ -322,6 +321,15 @@ TEST(ResumeTest, FailedStartLeavesNoRunDirectory) {
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
 }
 
+// The start-up warnings of `trainer` that hold `text`.
+std::vector<std::string> WarningsWith(const Trainer& trainer, const std::string& text) {
+  std::vector<std::string> found;
+  for (const auto& w : trainer.warnings()) {
+    if (w.find(text) != std::string::npos) found.push_back(w);
+  }
+  return found;
+}
+
 // A resume on other data files than its checkpoint was trained on says so (a shard added to the
 // glob: the batches change, and with data.val_fraction the validation windows move); the same
 // files say nothing, and the next checkpoint records the new files.
@@ -338,13 +346,7 @@ TEST(ResumeTest, ResumingOnOtherDataFilesWarns) {
   WriteTokenShard(shards + "/train_000000.bin", ids, /*uint32_tokens=*/false);
   WriteTokenShard(shards + "/train_000001.bin", ids, /*uint32_tokens=*/false);
   Trainer(c, RunOptions::Quiet()).Train();
-  auto data_warnings = [](const Trainer& t) {
-    std::vector<std::string> found;
-    for (const auto& w : t.warnings()) {
-      if (w.find("data files") != std::string::npos) found.push_back(w);
-    }
-    return found;
-  };
+  auto data_warnings = [](const Trainer& t) { return WarningsWith(t, "data files"); };
   c.train.steps = 3;
   {
     Trainer same(c, RunOptions::Quiet());
@@ -386,13 +388,7 @@ TEST(ResumeTest, ResumingWithAnotherTeacherWarns) {
   c.train.steps = 2;
   c.train.checkpoint_interval = 1;
   Trainer(c, RunOptions::Quiet()).Train();
-  auto teacher_warnings = [](const Trainer& t) {
-    std::vector<std::string> found;
-    for (const auto& w : t.warnings()) {
-      if (w.find("the teacher (") != std::string::npos) found.push_back(w);
-    }
-    return found;
-  };
+  auto teacher_warnings = [](const Trainer& t) { return WarningsWith(t, "the teacher ("); };
   c.train.steps = 3;
   {
     Trainer same(c, RunOptions::Quiet());
@@ -440,15 +436,22 @@ TEST(ResumeTest, WeightsFingerprintSeesEveryChangeOfTheBits) {
   flat[1] = second;
   flat[0] = first;
   EXPECT_EQ(WeightsFingerprint(*b), fingerprint);
-  // The CPU's loop and the device's tensor expressions give the same integers, also over more
-  // than one of the device path's 2^24-unit slices and the loop's 2^20-unit grains.
-  EXPECT_EQ(WeightsFingerprint(*b, /*device_path_on_cpu=*/true), fingerprint);
-  torch::nn::Linear wide(3000, 3001);
-  wide->to(at::kBFloat16);              // 2-byte elements: 9M units
-  torch::nn::Linear wider(3000, 3001);  // 4-byte: 18M units
-  for (const torch::nn::Module* m : {static_cast<torch::nn::Module*>(wide.get()),
-                                     static_cast<torch::nn::Module*>(wider.get())}) {
-    EXPECT_EQ(WeightsFingerprint(*m, true), WeightsFingerprint(*m));
+  // The sums against tensor expressions of their definition, over more than one of the
+  // function's 2^24-unit slices and 2^20-unit grains, for 2-, 4- and 1-byte elements.
+  auto reference = [](const at::Tensor& t) {
+    const bool bytes = t.element_size() == 1;
+    const at::Tensor flat = t.contiguous().view(-1);
+    const at::Tensor u = (bytes ? flat.view(at::kByte) : flat.view(at::kShort))
+                             .to(at::kLong)
+                             .bitwise_and(bytes ? 0xFF : 0xFFFF);
+    const at::Tensor weight = at::arange(u.numel(), at::kLong).remainder(251).add(1);
+    return std::array<int64_t, 2>{u.sum().item<int64_t>(), (u * weight).sum().item<int64_t>()};
+  };
+  const at::Tensor wide = at::randn({3000, 3001}).to(at::kBFloat16);  // 9M units
+  const at::Tensor wider = at::randn({3000, 3001});                   // 18M units: 2 slices
+  const at::Tensor narrow = at::randint(0, 256, {3000, 1001}, at::kByte);
+  for (const at::Tensor& t : {wide, wider, narrow}) {
+    EXPECT_EQ(WeightBitSums(t), reference(t)) << t.scalar_type();
   }
 }
 

@@ -415,72 +415,56 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
   return position;
 }
 
-std::string WeightsFingerprint(const torch::nn::Module& module, bool device_path_on_cpu) {
+std::array<int64_t, 2> WeightBitSums(const at::Tensor& tensor) {
   at::NoGradGuard no_grad;
-  std::vector<std::string> names;
-  std::vector<std::array<int64_t, 2>> sums;  // per tensor: two exact sums of its bits
-  auto add = [&](const std::string& name, const at::Tensor& tensor) {
-    names.push_back(fmt::format("{} {} [{}]", name, c10::toString(tensor.scalar_type()),
-                                fmt::join(tensor.sizes(), ", ")));
-    // The tensor's bytes as unsigned 16-bit units (bytes for a tensor of 1-byte elements),
-    // summed plainly and weighted by the unit's position (mod 251, plus 1, so that most
-    // permutations show too), in 64-bit integers: exact below 2^39 units (a 1 TiB tensor), and
-    // past that both paths wrap alike, so the sums are the same on every device.
-    const at::Tensor flat = tensor.detach().contiguous().view(-1);
-    const bool bytes = flat.element_size() == 1;
-    const at::Tensor units = bytes ? flat.view(at::kByte) : flat.view(at::kShort);
-    const int64_t n = units.numel();
-    if (units.is_cpu() && !device_path_on_cpu) {
-      // A loop over slices in parallel (integer sums: any order gives the same bits); the
-      // tensor expressions below would be ~8 passes over int64 copies here.
-      constexpr int64_t kGrain = int64_t(1) << 20;
-      std::vector<std::array<uint64_t, 2>> part(static_cast<size_t>((n + kGrain - 1) / kGrain));
-      const auto* u8 = bytes ? units.data_ptr<uint8_t>() : nullptr;
-      const auto* u16 =
-          bytes ? nullptr : reinterpret_cast<const uint16_t*>(units.data_ptr<int16_t>());
-      at::parallel_for(0, static_cast<int64_t>(part.size()), 1, [&](int64_t first, int64_t last) {
-        for (int64_t c = first; c < last; ++c) {
-          const int64_t begin = c * kGrain, end = std::min(n, begin + kGrain);
-          uint64_t plain = 0, weighted = 0, weight = static_cast<uint64_t>(begin % 251) + 1;
-          for (int64_t i = begin; i < end; ++i) {
-            const uint64_t u = bytes ? u8[i] : u16[i];
-            plain += u;
-            weighted += u * weight;
-            if (++weight == 252) weight = 1;
-          }
-          part[static_cast<size_t>(c)] = {plain, weighted};
+  const at::Tensor flat = tensor.detach().contiguous().view(-1);
+  const bool bytes = flat.element_size() == 1;
+  const at::Tensor units = bytes ? flat.view(at::kByte) : flat.view(at::kShort);
+  const int64_t n = units.numel();
+  // On the host a slice at a time (a device's tensor is copied one slice at a time; a host
+  // tensor's slice is a view), each slice's grains in parallel: integer sums, so any order gives
+  // the same bits. Unsigned arithmetic wraps alike everywhere past 2^39 units (a 1 TiB tensor).
+  constexpr int64_t kSlice = int64_t(1) << 24, kGrain = int64_t(1) << 20;
+  uint64_t plain = 0, weighted = 0;
+  for (int64_t start = 0; start < n; start += kSlice) {
+    const at::Tensor slice = units.narrow(0, start, std::min(kSlice, n - start)).cpu();
+    const int64_t len = slice.numel();
+    const auto* u8 = bytes ? slice.data_ptr<uint8_t>() : nullptr;
+    const auto* u16 =
+        bytes ? nullptr : reinterpret_cast<const uint16_t*>(slice.data_ptr<int16_t>());
+    std::vector<std::array<uint64_t, 2>> part(static_cast<size_t>((len + kGrain - 1) / kGrain));
+    at::parallel_for(0, static_cast<int64_t>(part.size()), 1, [&](int64_t first, int64_t last) {
+      for (int64_t c = first; c < last; ++c) {
+        const int64_t begin = c * kGrain, end = std::min(len, begin + kGrain);
+        uint64_t p = 0, w = 0, weight = static_cast<uint64_t>((start + begin) % 251) + 1;
+        for (int64_t i = begin; i < end; ++i) {
+          const uint64_t u = bytes ? u8[i] : u16[i];
+          p += u;
+          w += u * weight;
+          if (++weight == 252) weight = 1;
         }
-      });
-      uint64_t plain = 0, weighted = 0;
-      for (const auto& p : part) {
-        plain += p[0];
-        weighted += p[1];
+        part[static_cast<size_t>(c)] = {p, w};
       }
-      sums.push_back({static_cast<int64_t>(plain), static_cast<int64_t>(weighted)});
-      return;
+    });
+    for (const auto& sums : part) {
+      plain += sums[0];
+      weighted += sums[1];
     }
-    // On a device: a slice at a time, to bound the temporaries; one transfer of the two sums.
-    const auto opts = flat.options().dtype(at::kLong);
-    at::Tensor plain = at::zeros({}, opts), weighted = at::zeros({}, opts);
-    constexpr int64_t kSlice = int64_t(1) << 24;
-    for (int64_t begin = 0; begin < n; begin += kSlice) {
-      const int64_t len = std::min(kSlice, n - begin);
-      const at::Tensor u =
-          units.narrow(0, begin, len).to(at::kLong).bitwise_and(bytes ? 0xFF : 0xFFFF);
-      const at::Tensor weight = at::arange(begin, begin + len, opts).remainder(251).add(1);
-      plain += u.sum();
-      weighted += (u * weight).sum();
-    }
-    const at::Tensor both = at::stack({plain, weighted}).cpu();
-    sums.push_back({both.data_ptr<int64_t>()[0], both.data_ptr<int64_t>()[1]});
+  }
+  return {static_cast<int64_t>(plain), static_cast<int64_t>(weighted)};
+}
+
+std::string WeightsFingerprint(const torch::nn::Module& module) {
+  uint64_t hash = Fnv1a64("", 0);
+  auto add = [&](const std::string& name, const at::Tensor& tensor) {
+    const std::string what = fmt::format("{} {} [{}]", name, c10::toString(tensor.scalar_type()),
+                                         fmt::join(tensor.sizes(), ", "));
+    const std::array<int64_t, 2> sums = WeightBitSums(tensor);
+    hash = Fnv1a64(what.data(), what.size(), hash);
+    hash = Fnv1a64(sums.data(), sizeof(sums), hash);
   };
   for (const auto& item : module.named_parameters(/*recurse=*/true)) add(item.key(), item.value());
   for (const auto& item : module.named_buffers(/*recurse=*/true)) add(item.key(), item.value());
-  uint64_t hash = Fnv1a64("", 0);
-  for (size_t i = 0; i < names.size(); ++i) {
-    hash = Fnv1a64(names[i].data(), names[i].size(), hash);
-    hash = Fnv1a64(sums[i].data(), sizeof(sums[i]), hash);
-  }
   return fmt::format("{:016x}", hash);
 }
 

@@ -10,6 +10,7 @@
 // header (a bare zip) still load, unverified.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -40,13 +41,16 @@ struct TrainingPosition {
 };
 
 // The bits of `module`'s parameters and buffers as 16 hex digits: FNV-1a over each one's name,
-// dtype and shape and two integer sums of its bits, one weighted by position (the same on every
-// device and thread count). A change of names, shapes or values changes it, except the rare
-// edits that leave both sums as they were: a check that warns, not a cryptographic hash. For
-// telling whether a teacher is the one a checkpoint was trained with. One pass over the weights
-// where they are (on the CPU a parallel loop; `device_path_on_cpu`: the device's tensor
-// expressions there too, for the tests that compare the two).
-std::string WeightsFingerprint(const torch::nn::Module& module, bool device_path_on_cpu = false);
+// dtype and shape and its WeightBitSums (the same on every device and thread count). A change of
+// names, shapes or values changes it, except the rare edits that leave both sums as they were:
+// a check that warns, not a cryptographic hash. For telling whether a teacher is the one a
+// checkpoint was trained with. One pass over the weights, on the host (a device's tensors are
+// copied a slice at a time).
+std::string WeightsFingerprint(const torch::nn::Module& module);
+// A tensor's bytes as unsigned 16-bit units (bytes for a tensor of 1-byte elements), summed
+// plainly and weighted by the unit's position (i mod 251, plus 1, so that most permutations show
+// too), in 64-bit integers: exact below 2^39 units.
+std::array<int64_t, 2> WeightBitSums(const at::Tensor& tensor);
 
 // Saves atomically to `path` (throws FileError); the RNG states saved are the default
 // generators of the CPU and, when `device` is CUDA, of that device. `run_identity`:
