@@ -1,5 +1,6 @@
 # ctest script: install the project into a temporary prefix, move that prefix elsewhere (the
-# package must be relocatable), then configure, build and run examples/link_lossfns against it.
+# package must be relocatable), then configure, build and run examples/link_lossfns against it;
+# then the same against the build tree's package.
 # Inputs: -DBUILD_DIR -DSOURCE_DIR -DWORK_DIR -DTORCH_PREFIX -DGENERATOR
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -53,3 +54,9 @@ if(rc EQUAL 0 OR NOT said MATCHES "lossfns was built against Torch 2\\.11, but C
                       "naming both versions; got rc ${rc}:\n${out}\n${err}")
 endif()
 message("a consumer finding Torch 2.10 first is refused: ok")
+# The build tree is a package too: the same app against it, without installing.
+set(ENV{CMAKE_PREFIX_PATH} "${TORCH_PREFIX}")
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/link_lossfns -B ${WORK_DIR}/build_tree -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=Release -Dlossfns_DIR=${BUILD_DIR}/lib)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build_tree)
+run(${WORK_DIR}/build_tree/link_lossfns)

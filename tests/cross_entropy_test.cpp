@@ -343,11 +343,12 @@ TEST(CrossEntropyLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
                   {"got -100 at row 2", "ignore_index (9)"}));
   EXPECT_TRUE(has(err(x, at::zeros({5}, at::kLong)), {"labels must have shape [4]", "got [5]"}));
   EXPECT_TRUE(has(err(x.view({2, 2, 10}), at::zeros({4, 1}, at::kLong)),
-                  {"[2, 2] (logits's shape without its last dimension) or (4,)", "got [4, 1]",
+                  {"[2, 2] (the shape of logits without its last dimension) or (4,)", "got [4, 1]",
                    "flatten them with reshape(-1)"}));
-  EXPECT_TRUE(has(err(x, at::zeros({2, 2}, at::kLong)),
-                  {"labels must have shape [4] (logits's shape without its last dimension); got "
-                   "[2, 2] (the same number of labels: flatten them with reshape(-1))"}));
+  EXPECT_TRUE(
+      has(err(x, at::zeros({2, 2}, at::kLong)),
+          {"labels must have shape [4] (the shape of logits without its last dimension); got "
+           "[2, 2] (the same number of labels: flatten them with reshape(-1))"}));
   EXPECT_TRUE(
       has(err(x, labels.to(at::kInt)), {"labels must be int64", "got Int", "Float [4, 10]"}));
   EXPECT_TRUE(has(err(x.to(at::kInt), labels), {"logits must be one of", "got Int"}));

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/container/any.h>
 
 #include "common.h"  // cpu_isa(): which CPU build of the kernels runs
 #include "distill_reference.h"
@@ -601,7 +602,10 @@ TEST(DistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
                  std::optional<at::Tensor> l = std::nullopt) {
     return error_of([&] { distill_loss(a, b, o, l); });
   };
-  EXPECT_NE(err(s, at::randn({5, 10})).find("leading shape [4]"), std::string::npos);
+  EXPECT_NE(err(s, at::randn({5, 10}))
+                .find("leading shape [4] of student_logits [4, 10] (every dimension but the last; "
+                      "the vocabulary sizes may differ); got [5, 10]"),
+            std::string::npos);
   EXPECT_NE(err(s, t.to(at::kBFloat16)).find("BFloat16"), std::string::npos);
   EXPECT_NE(err(s.to(at::kInt), t.to(at::kInt)).find("Int"), std::string::npos);
   EXPECT_NE(err(s, t, DistillLossOptions().temperature(0)).find("temperature"), std::string::npos);
@@ -628,6 +632,14 @@ TEST(DistillLoss, ModuleWrapperCallsTheOp) {
             "ignore_index=-100, vocab_size=8)");
   const at::Tensor s = at::randn({2, 10}), t = at::randn({2, 10});
   EXPECT_EQ(fn(s, t).item<double>(), distill_loss(s, t, fn->options).item<double>());
+  const at::Tensor labels = at::tensor({3, -100}, at::kLong);
+  EXPECT_EQ(fn(s, t, labels).item<double>(),
+            distill_loss(s, t, fn->options, labels).item<double>());
+  // Through AnyModule (what Sequential holds), with and without the labels.
+  torch::nn::AnyModule any(fn);
+  EXPECT_EQ(any.forward(s, t, labels).item<double>(),
+            distill_loss(s, t, fn->options, labels).item<double>());
+  EXPECT_EQ(any.forward(s, t).item<double>(), distill_loss(s, t, fn->options).item<double>());
 }
 
 }  // namespace

@@ -451,7 +451,9 @@ TEST(FusedLinearDistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
                   "student_lm_head must be (V_s, H_s) with H_s = 3"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw.narrow(1, 0, 2)),
                   "teacher_lm_head must be (V_t, H_t) with H_t = 5"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, in.th.narrow(0, 0, 3), in.tw), "leading shape [4]"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th.narrow(0, 0, 3), in.tw),
+                  "leading shape [4] of student_hidden [4, 3] (every dimension but the last; the "
+                  "hidden sizes may differ); got [3, 5]"));
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, in.tw.to(at::kFloat)),
                   "teacher_lm_head must have student_hidden's dtype"));
   EXPECT_TRUE(has(

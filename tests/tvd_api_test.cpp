@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/container/any.h>
 
 #include "lossfns/lossfns.h"
 #include "tvd_reference.h"
@@ -84,7 +85,7 @@ TEST(TvdErrors, CudaDevicesAndDtypesMustAgree) {
   const at::Tensor p = probs({4, 10}, at::kFloat, at::kCUDA);
   expect_error([&] { tvd_loss(p, probs({4, 10})); }, {"q must be on p's device cuda:0", "got cpu"});
   expect_error([&] { tvd_loss(p, p.clone(), {}, at::zeros({4}, at::kLong)); },
-               {"labels must be on p's device cuda:0", "got cpu"});
+               {"labels must be on the device of p, cuda:0", "got cpu"});
   expect_error([&] { tvd_loss(p.to(at::kDouble), p.to(at::kDouble)); },
                {"on CUDA p and q must be one of", "got Double"});
 }
@@ -137,6 +138,10 @@ TEST(TvdModule, MatchesTheFunctionAndPrintsItsOptions) {
   TVDLoss module(TVDLossOptions().reduction(torch::kMean).ignore_index(-1));
   EXPECT_TRUE(module(p, q, labels).equal(tvd_loss(p, q, module->options, labels)));
   EXPECT_TRUE(module(p, q).equal(tvd_loss(p, q, module->options)));
+  // Through AnyModule (what Sequential holds), with and without the labels.
+  torch::nn::AnyModule any(module);
+  EXPECT_TRUE(any.forward(p, q, labels).equal(tvd_loss(p, q, module->options, labels)));
+  EXPECT_TRUE(any.forward(p, q).equal(tvd_loss(p, q, module->options)));
   std::ostringstream s;
   s << *module;
   EXPECT_EQ(s.str(), "lossfns::TVDLoss(reduction=mean, ignore_index=-1)");

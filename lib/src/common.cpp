@@ -78,12 +78,12 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
   const at::Tensor& l = *labels;
   TORCH_CHECK(l.scalar_type() == at::kLong, op, ": labels must be int64 (Long); got ",
               l.scalar_type(), " (", kLabelsToLong, ")");
-  TORCH_CHECK(l.device() == device, op, ": labels must be on ", what, "'s device ", device,
+  TORCH_CHECK(l.device() == device, op, ": labels must be on the device of ", what, ", ", device,
               "; got ", l.device());
   // (BT,) labels go with (B, T, V) logits too; with (BT, V) logits the two forms are one.
   TORCH_CHECK(
       l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op, ": labels must have shape ",
-      dims(lead), " (", what, "'s shape without its last dimension)",
+      dims(lead), " (the shape of ", what, " without its last dimension)",
       lead.size() > 1 ? " or (" + num(rows) + ",)" : std::string(), "; got ", dims(l.sizes()),
       l.numel() == rows ? " (the same number of labels: flatten them with reshape(-1))" : "");
   return l.reshape({rows}).contiguous();

@@ -64,8 +64,10 @@ DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,
               ": student_logits must be (BT, V) or (B, T, V); got shape ", dims(s.sizes()));
   const auto lead = s.sizes().slice(0, s.dim() - 1);
   TORCH_CHECK(t.dim() == s.dim() && t.sizes().slice(0, t.dim() - 1) == lead, op,
-              ": teacher_logits must have the student's leading shape ", dims(lead),
-              " (the vocabulary sizes may differ); got ", dims(t.sizes()));
+              ": teacher_logits must have the leading shape ", dims(lead), " of student_logits ",
+              dims(s.sizes()),
+              " (every dimension but the last; the vocabulary sizes may differ); got ",
+              dims(t.sizes()));
   TORCH_CHECK(t.scalar_type() == s.scalar_type(), op,
               ": teacher_logits must have the student's dtype ", s.scalar_type(), "; got ",
               t.scalar_type(), " (convert one with .to(dtype))");

@@ -18,8 +18,7 @@ void DistillLossImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor DistillLossImpl::forward(const at::Tensor& student_logits,
-                                    const at::Tensor& teacher_logits,
-                                    const std::optional<at::Tensor>& labels) {
+                                    const at::Tensor& teacher_logits, const at::Tensor& labels) {
   return distill_loss(student_logits, teacher_logits, options, labels);
 }
 

@@ -82,8 +82,10 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
               ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sizes()));
   const auto lead = sh.sizes().slice(0, sh.dim() - 1);
   TORCH_CHECK(th.dim() == sh.dim() && th.sizes().slice(0, th.dim() - 1) == lead, kFusedOp,
-              ": teacher_hidden must have student_hidden's leading shape ", dims(lead),
-              " (the hidden sizes may differ); got ", dims(th.sizes()));
+              ": teacher_hidden must have the leading shape ", dims(lead), " of student_hidden ",
+              dims(sh.sizes()),
+              " (every dimension but the last; the hidden sizes may differ); got ",
+              dims(th.sizes()));
   TORCH_CHECK(sw.dim() == 2 && tw.dim() == 2, kFusedOp,
               ": the lm_heads must be (V_s, H_s) and (V_t, H_t); got ", dims(sw.sizes()), " and ",
               dims(tw.sizes()));

@@ -13,7 +13,7 @@ void TVDLossImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor TVDLossImpl::forward(const at::Tensor& p, const at::Tensor& q,
-                                const std::optional<at::Tensor>& labels) {
+                                const at::Tensor& labels) {
   return tvd_loss(p, q, options, labels);
 }
 

@@ -3,12 +3,28 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from typing import Optional
 
 import torch
 
 from ._ops import (DEFAULT_IGNORE_INDEX, DIVERGENCES, REDUCTIONS, Divergence, Reduction, check_name,
                    cross_entropy_loss, distill_loss, tvd_loss)
+
+
+def _float32(x: float) -> float:
+    """x rounded to float32 as C++'s static_cast<float> does (inf past float32's largest value)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _temperature_ok(t: float) -> bool:
+    """The op's check (lib/src/distill_checks.cpp, check_temperature): t > 0 and finite, and so
+    are its float32 rounding and that rounding's float32 inverse."""
+    t32 = _float32(t)
+    return math.isfinite(t) and t > 0 and math.isfinite(t32) and t32 > 0 and math.isfinite(_float32(1.0 / t32))
 
 
 def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=None) -> None:
@@ -22,11 +38,9 @@ def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=N
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             hint = " (float(t) of a 0-dim tensor)" if isinstance(value, torch.Tensor) else ""
             raise ValueError(f"{op}: {name} must be a Python number{hint}; got {value!r}")
-    if temperature is not None:
-        inverse = 1.0 / temperature if temperature > 0 else math.inf
-        if not (math.isfinite(temperature) and 0 < temperature < 3.4e38 and inverse < 3.4e38):
-            raise ValueError(f"{op}: temperature must be > 0 and representable with its inverse in float32 "
-                             f"(about 3e-38 to 3e38); got {temperature!r}")
+    if temperature is not None and not _temperature_ok(float(temperature)):
+        raise ValueError(f"{op}: temperature must be > 0 and representable with its inverse in float32 "
+                         f"(about 3e-38 to 3e38); got {temperature!r}")
     if beta is not None and not 0.0 <= beta <= 1.0:
         raise ValueError(f"{op}: beta must be in [0, 1] for 'jsd'; got {beta!r}")
 

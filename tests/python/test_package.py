@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import site
 import subprocess
 import sys
 import textwrap
@@ -213,17 +212,22 @@ def test_module_and_function_agree_and_validate():
 
 
 def test_pip_install_into_fresh_virtualenv(tmp_path):
-    """pip install --no-build-isolation --no-deps <tree> into a new virtualenv, offline: torch and
-    scikit-build-core come from this Python's site-packages through a .pth file (a venv made with
-    --system-site-packages from a venv's python sees the base interpreter's packages, not the
-    venv's). The library is built again, CPU-only, in a temporary build directory."""
+    """pip install --no-build-isolation --no-deps <tree> into a new virtualenv, offline, made as
+    the docs say (scripts/venv_with_torch.sh): torch and scikit-build-core come from this Python's
+    site-packages through a .pth file. The library is built again, CPU-only, in a temporary build
+    directory."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    made = subprocess.run(["bash", os.path.join(ROOT, "scripts", "venv_with_torch.sh"), str(venv), sys.executable],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, f"venv_with_torch.sh failed:\n{made.stdout}\n{made.stderr}"
+    assert f"sees torch {torch.__version__}" in made.stdout, made.stdout
+    # A directory that exists is refused, and left as it was.
+    again = subprocess.run(["bash", os.path.join(ROOT, "scripts", "venv_with_torch.sh"), str(venv), sys.executable],
+                           capture_output=True, text=True)
+    assert again.returncode == 1 and "already exists" in again.stderr, again.stderr
     vpy = str(venv / "bin" / "python")
     vsite = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                            check=True, capture_output=True, text=True).stdout.strip()
-    with open(os.path.join(vsite, "lossfns_test_parent.pth"), "w") as f:
-        f.write("\n".join(site.getsitepackages()) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOSSFNS_LIBRARY", "PYTHONHOME")}
     env.update(CMAKE_ARGS="-DLOSSFNS_CUDA=OFF", SKBUILD_BUILD_DIR=str(tmp_path / "build"),
                CMAKE_BUILD_PARALLEL_LEVEL="2", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
@@ -416,6 +420,30 @@ def test_modules_check_their_numbers_when_built():
             cls(**kwargs)
     lossfns.DistillLoss(divergence="tvd", beta=2.0)  # beta is read by jsd only (as the op does)
     lossfns.DistillLoss(temperature=1e-3, vocab_size=5, ignore_index=-1)
+
+
+def test_modules_and_the_op_agree_on_the_temperatures_at_float32s_limits():
+    """The module's check at construction is the op's: the same temperatures refused and accepted
+    around float32's largest value and the smallest whose inverse is finite."""
+    big = torch.finfo(torch.float32).max
+    cases = [big, big * (1 + 2.0 ** -25), big * (1 + 2.0 ** -23), 1 / big, 2.95e-39, 2.9e-39, 1e-45, 5e-324,
+             3.4e38, 1e38, 1e-38]
+    s = torch.randn(2, 5)
+    for t in cases:
+        try:
+            lossfns.distill_loss(s, s, temperature=t)
+            op_ok = True
+        except RuntimeError as e:
+            assert "temperature must be > 0" in str(e), e
+            op_ok = False
+        try:
+            lossfns.DistillLoss(temperature=t)
+            module_ok = True
+        except ValueError as e:
+            assert "temperature must be > 0" in str(e), e
+            module_ok = False
+        assert module_ok == op_ok, (t, module_ok, op_ok)
+    lossfns.DistillLoss(temperature=big)  # float32's largest value is a temperature
 
 
 def second_order_cases():

@@ -4,7 +4,6 @@
 //   loss = loss_fn(student_logits, teacher_logits.detach(), labels);
 #pragma once
 
-#include <optional>
 #include <ostream>
 
 #include <torch/nn/cloneable.h>
@@ -21,13 +20,15 @@ class DistillLossImpl : public torch::nn::Cloneable<DistillLossImpl> {
   explicit DistillLossImpl(DistillLossOptions options = {});
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  // labels: (BT,) / (B, T) int64, or an undefined tensor for none (torch::nn's convention for
+  // optional tensors, so that AnyModule and Sequential can pass them).
   at::Tensor forward(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
-                     const std::optional<at::Tensor>& labels = std::nullopt);
+                     const at::Tensor& labels = {});
 
   DistillLossOptions options;
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({2, torch::nn::AnyValue(std::optional<at::Tensor>())})
+  FORWARD_HAS_DEFAULT_ARGS({2, torch::nn::AnyValue(at::Tensor())})
 };
 
 TORCH_MODULE(DistillLoss);

@@ -3,7 +3,6 @@
 //   at::Tensor loss = loss_fn(p, q);            // or loss_fn(p, q, labels)
 #pragma once
 
-#include <optional>
 #include <ostream>
 
 #include <torch/nn/cloneable.h>
@@ -20,14 +19,15 @@ class TVDLossImpl : public torch::nn::Cloneable<TVDLossImpl> {
   explicit TVDLossImpl(TVDLossOptions options = {});
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
-  // p, q: (BT, V) or (B, T, V) probabilities; labels: optional (BT,) / (B, T) int64.
-  at::Tensor forward(const at::Tensor& p, const at::Tensor& q,
-                     const std::optional<at::Tensor>& labels = std::nullopt);
+  // p, q: (BT, V) or (B, T, V) probabilities; labels: (BT,) / (B, T) int64, or an undefined
+  // tensor for none (torch::nn's convention for optional tensors, so that AnyModule and
+  // Sequential can pass them).
+  at::Tensor forward(const at::Tensor& p, const at::Tensor& q, const at::Tensor& labels = {});
 
   TVDLossOptions options;
 
  protected:
-  FORWARD_HAS_DEFAULT_ARGS({2, torch::nn::AnyValue(std::optional<at::Tensor>())})
+  FORWARD_HAS_DEFAULT_ARGS({2, torch::nn::AnyValue(at::Tensor())})
 };
 
 TORCH_MODULE(TVDLoss);
