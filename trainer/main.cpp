@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   // SIGTERM / SIGINT outside a training loop: one line instead of a silent death (inside one,
   // the step finishes and a checkpoint is written: StopSignals).
   distill::ExitOnStopSignals();
+  distill::ExplainBusErrors();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

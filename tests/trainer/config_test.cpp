@@ -9,6 +9,7 @@
 
 #include "distill/config.h"
 #include "distill/run_dir.h"
+#include "test_files.h"
 
 namespace distill {
 namespace {
@@ -181,6 +182,10 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "distil:\n  temperature: 2\n",
        "x.yaml:5: distil: unknown key; did you mean \"distill\"?"},
       {head + "bogus: 1\n", "x.yaml:5: bogus: unknown key"},
+      {head + "optim:\n  lr: 0.01\n  weight_decay: 100\n",
+       "x.yaml:7: optim.weight_decay: expected below 1 / optim.lr = 100 (AdamW multiplies the "
+       "weights by 1 - lr * weight_decay at every step: at 1 or more they vanish or change "
+       "sign), got 100"},
       {head + "distill: 3\n",
        "x.yaml:5: distill: expected a mapping (the distill section), got \"3\""},
       {head + "distill:\n  temperature: -1\n",
@@ -368,10 +373,56 @@ TEST(ConfigTest, TheActivationKeyLeavesTheIdentityOfEarlierRunsAlone) {
 // (a run resumes with it changed), and absent from its text (earlier runs' hashes still match).
 TEST(ConfigTest, ExportFromIsNotPartOfTheRunIdentity) {
   const Config c = ParseConfig(kValidDistill, "x.yaml");
-  const Config from = ParseConfig(kValidDistill, "x.yaml", {"train.export_from=models/tok"});
+  const Config from = ParseConfig(kValidDistill, "x.yaml",
+                                  {"train.export_from=models/tok", "train.export_hf=false"});
   EXPECT_EQ(RunIdentity(from), RunIdentity(c));
   EXPECT_EQ(RunIdentity(c).find("export_from"), std::string::npos);
   EXPECT_NE(ConfigToYaml(from).find("\n  export_from: models/tok\n"), std::string::npos);
+}
+
+// train.export_from is checked when the config is read, not found wrong after the training: a
+// model directory with a config.json, whose tokenizer's ids the student has rows for.
+TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
+  const std::string dir = testing::FreshTestDir("distill_config_");
+  const std::string model = dir + "/model";
+  std::filesystem::create_directories(model);
+  testing::WriteBytes(model + "/notes.txt", "");
+  testing::WriteBytes(dir + "/file", "");
+  const std::string prefix = "override \"train.export_from=" + dir +
+                             "/missing\": train.export_from: expected a Hugging Face model "
+                             "directory with a config.json ";
+  EXPECT_THAT(
+      ErrorOf(kValidDistill, {"train.export_from=" + dir + "/missing"}),
+      ::testing::AllOf(::testing::StartsWith(prefix),
+                       ::testing::EndsWith("got \"" + dir + "/missing\", which does not exist")));
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + dir + "/file"}),
+              ::testing::EndsWith("got \"" + dir + "/file\", a file"));
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
+              ::testing::EndsWith("got \"" + model + "\", a directory without config.json"));
+  testing::WriteBytes(model + "/config.json", "{}");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
+  // The student's vocabulary: 64 ids. A BPE vocabulary of ids 0..9 and an added token 63 fits;
+  // an added token 64 (65 ids) does not.
+  auto tokenizer = [&](int added_id) {
+    testing::WriteBytes(model + "/tokenizer.json",
+                        R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 9}}, "added_tokens": )"
+                        R"([{"id": )" +
+                            std::to_string(added_id) + R"(, "content": "<x>"}]})");
+  };
+  tokenizer(63);
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
+  tokenizer(64);
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
+              ::testing::EndsWith(": train.export_from: expected the directory of a model whose "
+                                  "tokenizer the student can take (at most student.vocab_size 64 "
+                                  "token ids), got \"" +
+                                  model +
+                                  "\", whose tokenizer.json has 65 ids: the exported model would "
+                                  "have no rows for ids from 64 on"));
+  // Not exported: not read.
+  EXPECT_EQ(
+      ErrorOf(kValidDistill, {"train.export_from=" + dir + "/missing", "train.export_hf=false"}),
+      "");
 }
 
 // A llama student that its hf_model_type's class cannot express is refused when the config is

@@ -4,6 +4,7 @@
 #include "distill/hf_config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -453,6 +454,13 @@ TEST(ReadHfConfig, InvalidJsonAndMissingFile) {
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {dir + "/config.json", "JSON object"});
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir + "/nope", m); }),
                  {dir + "/nope/config.json", "cannot read"});
+  WriteText(dir + "/config.json", "{\"vocab_size\": 1e400}");  // a number past a double
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json: expected JSON that fits", "1e400"});
+  std::filesystem::remove(dir + "/config.json");  // a FIFO is refused, not waited on
+  ASSERT_EQ(::mkfifo((dir + "/config.json").c_str(), 0600), 0);
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json: not a regular file"});
 }
 
 TEST(HfConfigJson, RoundTripsEachFamily) {

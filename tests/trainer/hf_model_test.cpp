@@ -276,6 +276,43 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
             std::string::npos);
 }
 
+// What an export killed before left (another process id) is recovered by the run's next export:
+// the previous export it had moved aside is put back (and, holding a user's file, kept as
+// .previous when the new export replaces it), its temporary deleted; a temporary holding a file
+// the export does not write is left alone.
+TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
+  Model model = MakeModel(TinyLlama(32));
+  const std::string root = TempRunDir();
+  const std::string out = root + "/hf";
+  std::filesystem::create_directories(out + ".old-99999");
+  WriteBytes(out + ".old-99999/config.json", "{}");
+  WriteBytes(out + ".old-99999/README.md", "my model card");
+  std::filesystem::create_directories(out + ".tmp-99999");
+  WriteBytes(out + ".tmp-99999/config.json.tmp", "{");
+  std::filesystem::create_directories(out + ".tmp-99998");
+  WriteBytes(out + ".tmp-99998/notes.txt", "not the export's");
+  const std::string warnings = ExportHf(*model, out, {}, /*replace=*/true);
+  EXPECT_THAT(warnings, HasSubstr("warning: " + out +
+                                  ".old-99999 was left by an export that was stopped; it is " +
+                                  out + " again\n"));
+  EXPECT_THAT(warnings, HasSubstr("it was kept as " + out + ".previous"));
+  EXPECT_EQ(ReadBytes(out + ".previous/README.md"), "my model card");
+  EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
+  EXPECT_FALSE(std::filesystem::exists(out + ".old-99999"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp-99999"));
+  EXPECT_EQ(ReadBytes(out + ".tmp-99998/notes.txt"), "not the export's");
+
+  // Killed after the new export was in place: the old copy, only export files, is deleted.
+  std::filesystem::create_directories(out + ".old-99997");
+  WriteBytes(out + ".old-99997/config.json", "{}");
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
+  EXPECT_FALSE(std::filesystem::exists(out + ".old-99997"));
+  // `distill_trainer export` (replace=false, no run lock) touches no other process's directories.
+  std::filesystem::create_directories(root + "/x.tmp-99996");
+  ExportHf(*model, root + "/x", {}, /*replace=*/false);
+  EXPECT_TRUE(std::filesystem::exists(root + "/x.tmp-99996"));
+}
+
 // A relative hf_dir that is not found is reported with the working directory it was looked up
 // from (the export may run elsewhere than the run did), not as deleted.
 TEST(HfModel, ARelativeHfDirNotFoundNamesTheWorkingDirectory) {

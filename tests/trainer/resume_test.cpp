@@ -39,6 +39,13 @@ using testing::TempRunDir;
 using testing::TinyConfig;
 using testing::WriteBytes;
 
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 void ExpectBitIdentical(CausalLM& a, CausalLM& b) {
   auto pb = b.named_parameters();
   for (const auto& p : a.named_parameters()) {
@@ -245,6 +252,24 @@ TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
   std::ofstream(foreign.train.out_dir + "/notes.txt") << "mine";
   EXPECT_THROW(Trainer(foreign, RunOptions::Quiet(/*fresh=*/true)), RunDirError);
   EXPECT_TRUE(fs::exists(foreign.train.out_dir + "/notes.txt"));
+
+  // A run directory moved since: the way to continue it names where it is now (its config.yaml
+  // still names where it was), and that command resumes it.
+  Config moved = changed;
+  moved.train.out_dir = TempRunDir("-moved");
+  fs::rename(c.train.out_dir, moved.train.out_dir);
+  moved.optim.lr = 0.25;
+  try {
+    Trainer t(moved, RunOptions::Quiet());
+    FAIL() << "a different run was silently resumed";
+  } catch (const RunDirError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("to continue that run use --config " +
+                                               moved.train.out_dir + "/config.yaml train.out_dir=" +
+                                               moved.train.out_dir + ", to start this one"));
+  }
+  const Config stored = LoadConfigFile(moved.train.out_dir + "/config.yaml",
+                                       {"train.out_dir=" + moved.train.out_dir});
+  EXPECT_NO_THROW(Trainer(stored, RunOptions::Quiet()));  // the same run
 }
 
 // --fresh deletes only what the trainer created (the .distill_run marker): a directory that
@@ -284,6 +309,86 @@ TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
   EXPECT_FALSE(IsOwnRunDir(c.train.out_dir)) << "resuming must not adopt a directory";
   EXPECT_THROW(Trainer(c, RunOptions::Quiet(/*fresh=*/true)), RunDirError);
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/checkpoints"));
+}
+
+// --fresh deletes a run whole or not at all: a run directory that holds what distill_trainer did
+// not write (notes, an evaluation's output, another run put inside it, a model card in the
+// export) is refused, naming them, and nothing in it is deleted. Once they are moved out it is
+// deleted as before.
+TEST(ResumeTest, FreshDeletesNothingOfARunHoldingWhatItDidNotWrite) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string out = c.train.out_dir;
+  Config inner = c;
+  inner.train.out_dir = out + "/myteacher";  // a run of its own, marked, inside this one
+  Trainer(inner, RunOptions::Quiet()).Train();
+  WriteBytes(out + "/notes.md", "mine");
+  fs::create_directories(out + "/eval_results");
+  fs::create_directories(out + "/hf");
+  WriteBytes(out + "/hf/config.json", "{}");
+  WriteBytes(out + "/hf/README.md", "my model card");
+  const std::vector<std::string> names = Names(out);
+  try {
+    Trainer t(c, RunOptions::Quiet(/*fresh=*/true));
+    FAIL() << "--fresh deleted a run holding files it did not write";
+  } catch (const RunDirError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                              "--fresh: " + out +
+                              " holds what distill_trainer did not write (eval_results/, "
+                              "hf/README.md, myteacher/, notes.md), so nothing was deleted"));
+  }
+  EXPECT_EQ(Names(out), names);
+  EXPECT_EQ(ReadBytes(out + "/hf/README.md"), "my model card");
+  EXPECT_EQ(Trainer(inner, RunOptions::Quiet()).step(), 2);  // the inner run is whole
+
+  for (const char* mine : {"/notes.md", "/eval_results", "/myteacher", "/hf/README.md"}) {
+    RemoveTree(out + mine);
+  }
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet(/*fresh=*/true)).step(), 0);
+  EXPECT_FALSE(fs::exists(out + "/hf"));
+}
+
+// A train.out_dir that cannot be created or looked up is one line naming the key and the
+// path, not std::filesystem's message.
+TEST(ResumeTest, AnOutDirThatCannotBeMadeNamesTheKey) {
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir);
+  WriteBytes(dir + "/afile", "");
+  Config c = TinyConfig(dir + "/afile/sub");
+  c.train.steps = 1;
+  EXPECT_THAT([&] { Trainer t(c, RunOptions::Quiet()); },
+              ::testing::ThrowsMessage<RunDirError>(::testing::StrEq(
+                  "train.out_dir \"" + dir + "/afile/sub\": cannot create it: Not a directory")));
+  c.train.out_dir = dir + "/" + std::string(300, 'a');
+  EXPECT_THAT(
+      [&] { Trainer t(c, RunOptions::Quiet()); },
+      ::testing::ThrowsMessage<RunDirError>(::testing::StrEq(
+          "train.out_dir \"" + c.train.out_dir + "\": cannot look it up: File name too long")));
+}
+
+// The lock file is never written through a link (its target would be overwritten): a link in
+// its place is refused, naming it, and the target is unchanged.
+TEST(ResumeTest, ALinkInPlaceOfTheLockFileIsRefused) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string victim = c.train.out_dir + "-victim.txt";
+  WriteBytes(victim, "precious");
+  const std::string lock = c.train.out_dir + "/" + kRunLock;
+  fs::remove(lock);
+  fs::create_symlink(victim, lock);
+  Config longer = c;
+  longer.train.steps = 3;
+  try {
+    Trainer t(longer, RunOptions::Quiet());
+    FAIL() << "a link in place of the lock file was followed";
+  } catch (const RunDirError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(lock + " is not a plain file (a symbolic link)"));
+  }
+  EXPECT_EQ(ReadBytes(victim), "precious");
+  fs::remove(lock);
+  EXPECT_EQ(Trainer(longer, RunOptions::Quiet()).step(), 2);  // resumed
 }
 
 // A start that fails (a typo in teacher.checkpoint) writes nothing: the corrected command is
@@ -475,13 +580,6 @@ class FileSizeLimit {
   rlimit saved_{};
   void (*previous_handler_)(int) = nullptr;
 };
-
-std::vector<std::string> Names(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 // A checkpoint, config.yaml or summary.json write that fails (here: EFBIG from a file-size
 // limit; a full disk gives ENOSPC the same way) is an exception naming the file and the cause --
@@ -804,6 +902,20 @@ TEST(ResumeTest, OnlyTheTrainersCheckpointNamesAreCheckpoints) {
             (std::vector<std::string>{"step_.pt", "step_0000002_keep.pt", "step_0000006.pt",
                                       "step_0000008.pt", "step_2.pt.bak", "step_best.pt"}));
 
+  // A checkpoint's name that says another step than it holds (a copy under another name) is
+  // skipped with a warning, not resumed from: it would set the run back at every start.
+  fs::copy_file(CheckpointPath(c.train.out_dir, 6), CheckpointPath(c.train.out_dir, 99));
+  c.train.steps = 10;
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    EXPECT_EQ(resumed.step(), 8);
+    ASSERT_EQ(resumed.warnings().size(), 1u);
+    EXPECT_THAT(resumed.warnings()[0],
+                ::testing::HasSubstr(CheckpointPath(c.train.out_dir, 99) +
+                                     ": holds step 6, not step 99 as its name says (a copy under "
+                                     "another name?)"));
+  }
+
   const std::string other = TempRunDir("-order");
   fs::create_directories(fs::path(other) / "checkpoints");
   for (const char* name : {"step_9999999.pt", "step_10000000.pt", "step_0000003.pt"}) {
@@ -869,6 +981,30 @@ TEST(ResumeTest, StopSignalsSetAFlagAndRestoreTheHandlers) {
   sigaction(SIGTERM, nullptr, &after);
   EXPECT_EQ(after.sa_handler, before.sa_handler);
   EXPECT_EQ(SignalName(SIGINT), "SIGINT");
+}
+
+// A token shard truncated while it is mapped (the trainer reads it): SIGBUS, explained in one
+// line, and the process ends as by the signal.
+TEST(ResumeDeathTest, ATokenShardCutShortWhileMappedIsExplained) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer runtime handles SIGBUS itself";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir);
+  const std::string path = dir + "/shard.bin";
+  WriteTokenShard(path, std::vector<uint32_t>(1 << 18, 3), /*wide=*/false);
+  EXPECT_EXIT(
+      {
+        ExplainBusErrors();
+        const TokenShard shard(path);
+        ASSERT_EQ(::truncate(path.c_str(), 1024), 0);
+        int64_t sum = 0;
+        for (int64_t i = 0; i < shard.num_tokens(); ++i) sum += shard.Token(i);
+        std::printf("%lld\n", static_cast<long long>(sum));
+      },
+      ::testing::KilledBySignal(SIGBUS),
+      "distill_trainer: SIGBUS: a memory-mapped file was cut short while it was read");
 }
 
 // A single distillation with train.baseline trains the baseline into <out_dir>-baseline after

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -170,6 +171,10 @@ TEST(Safetensors, TruncatedAtEveryByteIsAnError) {
     }
   }
   EXPECT_NO_THROW(SafetensorsFile{full_path});
+  // A FIFO (no writer) is refused at once, not waited on.
+  ASSERT_EQ(::mkfifo((dir + "/fifo.safetensors").c_str(), 0600), 0);
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(dir + "/fifo.safetensors"); }),
+                 {"fifo.safetensors", "expected a regular file"});
 }
 
 TEST(Safetensors, HeaderLengthPastTheFileOrAbsurd) {

@@ -1,5 +1,7 @@
 // data.source "tokens": llm.c shards read back exactly, batches are windows inside one shard and
 // outside validation, deterministic; every malformed file or config is refused, naming it.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -113,6 +115,10 @@ TEST(TokenDataTest, ShardsReadBackExactly) {
                 WriteTokenShard(dir + "/bad.bin", {1, 70000}, false);
               }),
               HasSubstr("bad.bin: the token at position 1 is 70000, too large for a uint16 shard"));
+  // A FIFO (no writer) is refused at once, not waited on.
+  ASSERT_EQ(::mkfifo((dir + "/fifo.bin").c_str(), 0600), 0);
+  EXPECT_THAT(ErrorOf([&] { TokenShard shard(dir + "/fifo.bin"); }),
+              HasSubstr("fifo.bin: not a regular file (a device or pipe)"));
 }
 
 // Every training row is a window of seq_len + 1 consecutive tokens of one shard, before the

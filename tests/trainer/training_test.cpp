@@ -5,6 +5,7 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "distill/checkpoint.h"
@@ -311,6 +312,28 @@ TEST(TrainingTest, StepReportsTheNormBeforeClippingAndClips) {
   EXPECT_FALSE(r.skipped);
   const double clipped = norm_of(Grads(trainer.student()));
   EXPECT_NEAR(clipped, c.optim.grad_clip, 1e-4 * c.optim.grad_clip);
+}
+
+// A validation loss that is not finite after finite training steps (here: weights made infinite
+// after the last step) is a warning, not only a null in summary.json.
+TEST(TrainingTest, ANonFiniteValidationLossWarns) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  c.train.eval_interval = 0;  // the final evaluation only
+  Trainer trainer(c, RunOptions::Quiet());
+  trainer.TrainUntil(2);
+  EXPECT_TRUE(trainer.warnings().empty());
+  {
+    at::NoGradGuard no_grad;
+    trainer.student().lm_head_weight().fill_(std::numeric_limits<float>::infinity());
+  }
+  EXPECT_FALSE(std::isfinite(trainer.Train().val_loss));
+  ASSERT_EQ(trainer.warnings().size(), 1u);
+  EXPECT_THAT(
+      trainer.warnings()[0],
+      ::testing::AllOf(
+          ::testing::StartsWith("warning: step 2: the validation losses are not finite (val_loss "),
+          ::testing::HasSubstr("): the logits overflow on some validation tokens")));
 }
 
 // skip: the update is skipped (weights unchanged, the step and data move on), counted, and an

@@ -258,6 +258,17 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
         "it was copied here from elsewhere; move it away, or use that run's config",
         path, saved_identity.toStringRef(), run_identity));
   }
+  // The newest checkpoint is found by its name's step: a file holding another step (a copy under
+  // another name) would set the run back to that step at every start. Skipped as damaged.
+  c10::IValue stored_step;
+  archive.read("step", stored_step);
+  const auto named = CheckpointStep(fs::path(path).filename().string());
+  if (named && *named != stored_step.toInt()) {
+    throw CorruptCheckpointError(fmt::format(
+        "{}: holds step {}, not step {} as its name says (a copy under another name?); move it "
+        "away or name it after its step",
+        path, stored_step.toInt(), *named));
+  }
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive.read("model", model_archive);
   archive.read("optimizer", optimizer_archive);

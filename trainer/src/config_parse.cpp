@@ -17,6 +17,7 @@
 namespace distill {
 namespace {
 
+namespace fs = std::filesystem;
 using internal::KeyDecl;
 using internal::Keys;
 
@@ -400,6 +401,13 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
          "expected fp32 with train.device cpu (bf16 autocast is CUDA-only), got \"bf16\"");
   }
   if (c.train.out_dir.empty()) fail("train.out_dir", "expected a directory path, got \"\"");
+  if (requested && c.optim.lr * c.optim.weight_decay >= 1) {
+    fail("optim.weight_decay",
+         fmt::format("expected below 1 / optim.lr = {:g} (AdamW multiplies the weights by 1 - lr "
+                     "* weight_decay at every step: at 1 or more they vanish or change sign), "
+                     "got {:g}",
+                     1 / c.optim.lr, c.optim.weight_decay));
+  }
   if (c.train.device == "cpu" && c.train.cuda_graph == CudaGraph::kOn) {
     fail("train.cuda_graph",
          "expected auto or false with train.device cpu (CUDA graphs need CUDA), got true");
@@ -419,6 +427,31 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                          "writes that model class's config.json; set {}.hf_model_type to a "
                          "type that has it, or train.export_hf: false), got {}",
                          mismatch->expected, name, m->hf_model_type, name, mismatch->got));
+      }
+    }
+    // train.export_from: a model directory whose tokenizer fits the student (its ids are rows of
+    // the exported embedding), checked now, not found missing after the training.
+    const std::string& from = c.train.export_from;
+    if (!from.empty()) {
+      const bool is_dir = fs::is_directory(from);
+      if (!is_dir || !fs::is_regular_file(fs::path(from) / "config.json")) {
+        fail("train.export_from",
+             fmt::format("expected a Hugging Face model directory with a config.json (whose "
+                         "token ids and tokenizer files the export takes), or \"\" for none; "
+                         "got \"{}\", {}",
+                         from,
+                         !fs::exists(from) ? "which does not exist"
+                         : !is_dir         ? "a file"
+                                           : "a directory without config.json"));
+      }
+      const std::optional<int64_t> ids = HfTokenizerSize(from);
+      if (ids && *ids > c.student.vocab_size) {
+        fail("train.export_from",
+             fmt::format("expected the directory of a model whose tokenizer the student can "
+                         "take (at most student.vocab_size {} token ids), got \"{}\", whose "
+                         "tokenizer.json has {} ids: the exported model would have no rows for "
+                         "ids from {} on",
+                         c.student.vocab_size, from, *ids, c.student.vocab_size));
       }
     }
   }

@@ -374,7 +374,9 @@ std::vector<KeyDecl> Declare() {
       "AdamW eps (>= 1e-30: a normal fp32 number, not 0).");
   Add(
       k, "optim.weight_decay", [](auto& c) -> auto& { return c.optim.weight_decay; },
-      NumberAtLeast(0), "Decoupled weight decay on matrices (not on biases and norms).");
+      NumberAtLeast(0),
+      "Decoupled weight decay on matrices (not on biases and norms); below 1 / optim.lr (each "
+      "step multiplies the weights by 1 - lr * weight_decay).");
   Add(
       k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
       "Clip the global gradient norm to this; 0 disables clipping.");

@@ -377,7 +377,8 @@ class TokenShardSource : public DataSource {
 }  // namespace
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw ShardError(path, "cannot open: " + Errno());
   struct FdCloser {
     int fd;

@@ -139,6 +139,12 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   return sources;
 }
 
+bool IsExportFileName(const std::string& name) {
+  bool ours = name == "config.json" || name == "model.safetensors";
+  for (const char* file : kTokenizerFiles) ours = ours || name == file;
+  return ours;
+}
+
 namespace {
 
 // The entries of `dir` that an export does not write (a user's notes or model card), by name.
@@ -146,12 +152,64 @@ std::vector<std::string> ForeignEntries(const fs::path& dir) {
   std::vector<std::string> foreign;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    bool ours = name == "config.json" || name == "model.safetensors";
-    for (const char* file : kTokenizerFiles) ours = ours || name == file;
-    if (!ours) foreign.push_back(name);
+    if (!IsExportFileName(name)) foreign.push_back(name);
   }
   std::sort(foreign.begin(), foreign.end());
   return foreign;
+}
+
+// A name for keeping a previous export that holds a user's files: <target>.previous(-N).
+fs::path PreviousName(const fs::path& target) {
+  fs::path kept = target.string() + ".previous";
+  for (int n = 2; fs::exists(kept); ++n) kept = target.string() + ".previous-" + std::to_string(n);
+  return kept;
+}
+
+// Before the run's own export (replace: the run's lock is held, so no other export runs here):
+// what an export killed before (another process id) left beside `target`. Its temporary
+// <target>.tmp-<pid>, holding only export files, is deleted. Its <target>.old-<pid> is the
+// export before it, moved aside: put back where no export took its place, else deleted, or kept
+// as <target>.previous when it holds a user's files. Returns warnings, one a line.
+std::string RecoverInterruptedExports(const fs::path& target) {
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent)) return "";
+  const std::string name = target.filename().string();
+  std::vector<fs::path> temporaries, olds;
+  for (const auto& entry : fs::directory_iterator(parent)) {
+    const std::string n = entry.path().filename().string();
+    if (!entry.is_directory() || entry.is_symlink()) continue;
+    if (n.rfind(name + ".tmp-", 0) == 0) temporaries.push_back(entry.path());
+    if (n.rfind(name + ".old-", 0) == 0) olds.push_back(entry.path());
+  }
+  std::string warnings;
+  for (const fs::path& tmp : temporaries) {
+    bool only_ours = true;
+    for (const auto& f : fs::directory_iterator(tmp)) {
+      std::string n = f.path().filename().string();
+      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0) n.resize(n.size() - 4);
+      only_ours = only_ours && IsExportFileName(n);
+    }
+    if (only_ours) RemoveTree(tmp.string());
+  }
+  std::sort(olds.begin(), olds.end());
+  for (const fs::path& old : olds) {
+    if (!fs::exists(target)) {
+      fs::rename(old, target);
+      warnings +=
+          fmt::format("warning: {} was left by an export that was stopped; it is {} again\n",
+                      old.string(), target.string());
+    } else if (ForeignEntries(old).empty()) {
+      RemoveTree(old.string());
+    } else {
+      const fs::path kept = PreviousName(target);
+      fs::rename(old, kept);
+      warnings += fmt::format(
+          "warning: {} (left by an export that was stopped) holds files the export does not "
+          "write: it was kept as {}\n",
+          old.string(), kept.string());
+    }
+  }
+  return warnings;
 }
 
 // ExportHf's work once the family is checked; std::filesystem's errors come out as they are.
@@ -178,6 +236,8 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     throw std::runtime_error(fmt::format(
         "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));
   }
+  std::string recovered = replace ? RecoverInterruptedExports(target) : "";
+  if (!recovered.empty()) recovered.pop_back();  // the last newline
   const std::string pid = std::to_string(::getpid());
   const fs::path tmp = target.string() + ".tmp-" + pid;
   const fs::path old = target.string() + ".old-" + pid;
@@ -204,25 +264,24 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
   }
   // The new export is in place: what follows only tidies the previous one, and its failure is a
   // warning, not the export's.
+  const std::string before = recovered.empty() ? "" : recovered + "\n";
   try {
-    if (!fs::exists(old)) return "";
+    if (!fs::exists(old)) return recovered;
     // The previous export holds files the export does not write: not deleted, kept beside it.
     const std::vector<std::string> foreign = ForeignEntries(old);
     if (foreign.empty()) {
       RemoveTree(old.string());
-      return "";
+      return recovered;
     }
-    fs::path kept = target.string() + ".previous";
-    for (int n = 2; fs::exists(kept); ++n) {
-      kept = target.string() + ".previous-" + std::to_string(n);
-    }
+    const fs::path kept = PreviousName(target);
     fs::rename(old, kept);
-    return fmt::format(
-        "warning: the previous {} held files the export does not write ({}): it was kept as {}",
-        target.string(), fmt::join(foreign, ", "), kept.string());
+    return before + fmt::format(
+                        "warning: the previous {} held files the export does not write ({}): it "
+                        "was kept as {}",
+                        target.string(), fmt::join(foreign, ", "), kept.string());
   } catch (const std::exception& e) {
-    return fmt::format("warning: exported to {}, but its previous copy is left at {}: {}",
-                       target.string(), old.string(), e.what());
+    return before + fmt::format("warning: exported to {}, but its previous copy is left at {}: {}",
+                                target.string(), old.string(), e.what());
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -20,6 +21,9 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "distill/hf_files.h"  // IsExportFileName
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -47,6 +51,67 @@ bool IsInterruptedStart(const fs::path& dir) {
 
 // What a directory holding only our start-up files (or nothing) is: a new run's.
 bool IsUnstarted(const fs::path& dir) { return fs::is_empty(dir) || IsInterruptedStart(dir); }
+
+bool EndsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The entries of run directory `dir` that distill_trainer does not write, as paths under it
+// (directories with a trailing '/'), sorted: what --fresh must not delete. Ours: the marker, the
+// lock, config.yaml, metrics.jsonl, summary.json, a pipeline's results.txt (each also as the
+// ".tmp" of a write cut short), checkpoints/ and profile/, the export hf/ and its temporaries
+// hf.tmp-<pid> and hf.old-<pid> (but not a file in them that the export does not write, such as a
+// model card), and a pipeline's stage runs teacher/, student/ and baseline/ (marked run
+// directories, looked into the same way). Anything else is a user's: notes, an evaluation's
+// output, another run placed inside, an export's hf.previous (kept because it held a user's files).
+void ForeignEntriesOfRun(const fs::path& dir, const std::string& prefix, bool stages,
+                         std::vector<std::string>& foreign) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    const std::string base = EndsWith(name, ".tmp") ? name.substr(0, name.size() - 4) : name;
+    const bool is_dir = entry.is_directory() && !entry.is_symlink();
+    const bool is_file = entry.is_regular_file() && !entry.is_symlink();
+    bool ours = false;
+    if (name == kRunLock || base == kRunMarker || base == "config.yaml" ||
+        base == "metrics.jsonl" || base == "summary.json" || base == "results.txt") {
+      ours = is_file;
+    } else if (name == "checkpoints" || name == "profile") {
+      ours = is_dir;
+    } else if (name == "hf" || name.rfind("hf.tmp-", 0) == 0 || name.rfind("hf.old-", 0) == 0) {
+      ours = is_dir;
+      if (ours) {
+        for (const auto& file : fs::directory_iterator(entry.path())) {
+          const std::string f = file.path().filename().string();
+          if (!IsExportFileName(EndsWith(f, ".tmp") ? f.substr(0, f.size() - 4) : f)) {
+            foreign.push_back(prefix + name + "/" + f);
+          }
+        }
+      }
+    } else if (stages && (name == "teacher" || name == "student" || name == "baseline") && is_dir &&
+               IsOwnRunDir(entry.path().string())) {
+      ours = true;
+      ForeignEntriesOfRun(entry.path(), prefix + name + "/", /*stages=*/false, foreign);
+    }
+    if (!ours) foreign.push_back(prefix + name + (is_dir ? "/" : ""));
+  }
+  std::sort(foreign.begin(), foreign.end());
+}
+
+// --fresh deletes a run whole or not at all: refused while it holds what it did not write.
+void CheckOnlyOursToDelete(const fs::path& dir) {
+  std::vector<std::string> foreign;
+  ForeignEntriesOfRun(dir, "", /*stages=*/true, foreign);
+  if (foreign.empty()) return;
+  const size_t shown = std::min<size_t>(foreign.size(), 6);
+  const std::string list = fmt::format(
+      "{}{}", fmt::join(foreign.begin(), foreign.begin() + shown, ", "),
+      foreign.size() > shown ? fmt::format(" and {} more", foreign.size() - shown) : "");
+  throw RunDirError(fmt::format(
+      "--fresh: {} holds what distill_trainer did not write ({}), so nothing was deleted; move "
+      "that out of it (or delete it by hand), then run again with --fresh, or choose another "
+      "train.out_dir",
+      dir.string(), list));
+}
 
 std::string HostName() {
   char host[256] = {};
@@ -120,11 +185,25 @@ bool HeldHere(const fs::path& lock_file) {
 RunLock::RunLock(const std::string& dir) : path_((fs::path(dir) / kRunLock).string()) {
   // 0666 less the umask: a teammate's process (a group-writable directory) can lock it too. A
   // lock file that exists but is not writable still locks, read-only.
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
+  // Never through a link (the lock's text is written into the file: a link's target would be
+  // overwritten), and only a plain file.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  struct stat opened {};
+  if (fd_ < 0 || ::fstat(fd_, &opened) != 0 || !S_ISREG(opened.st_mode)) {
+    const int error = errno;
+    const bool link = fd_ < 0 && error == ELOOP;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    if (link || (::lstat(path_.c_str(), &opened) == 0 && !S_ISREG(opened.st_mode))) {
+      throw RunDirError(fmt::format(
+          "{} is not a plain file ({}); distill_trainer's lock file is one it creates: remove "
+          "what is there (nothing in the run depends on it) and run again",
+          path_,
+          S_ISLNK(opened.st_mode) || link ? "a symbolic link" : "a directory, FIFO or device"));
+    }
     throw RunDirError(
-        fmt::format("cannot create the lock file {}: {}", path_, std::strerror(errno)));
+        fmt::format("cannot create the lock file {}: {}", path_, std::strerror(error)));
   }
   int rc = 0;
   do {
@@ -277,7 +356,12 @@ std::string RunIdentity(const Config& config) {
 RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   const fs::path dir = config.train.out_dir;
   const fs::path config_file = dir / "config.yaml";
-  const bool exists = fs::exists(dir);
+  std::error_code looked;
+  const bool exists = fs::exists(dir, looked);
+  if (looked) {  // a name too long, a directory on the path that cannot be searched, ...
+    throw RunDirError(
+        fmt::format("train.out_dir \"{}\": cannot look it up: {}", dir.string(), looked.message()));
+  }
   if (exists && !fs::is_directory(dir)) {
     throw RunDirError(
         fmt::format("train.out_dir \"{}\" is a file; choose a directory", dir.string()));
@@ -290,6 +374,7 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   }
   if (IsUnstarted(dir)) return plan;
   if (fresh && IsOwnRunDir(dir.string())) {
+    CheckOnlyOursToDelete(dir);
     // Never delete a run in progress, this one or one inside it (a pipeline's stages): checked
     // now, and again (held) while CommitRunDir deletes.
     LockRunsInside(dir.string());
@@ -316,9 +401,11 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
           ? "pass --fresh (deletes it)"
           : fmt::format("delete it by hand (rm -r {}; it has no {} marker, so --fresh will not)",
                         dir.string(), kRunMarker);
-  std::string stored_identity;
+  std::string stored_identity, stored_out_dir;
   try {
-    stored_identity = RunIdentity(LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored));
+    const Config stored = LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored);
+    stored_identity = RunIdentity(stored);
+    stored_out_dir = stored.train.out_dir;
   } catch (const ConfigError& e) {
     throw RunDirError(fmt::format(
         "{} holds a run whose config no longer parses ({}); to start over {}, or choose another "
@@ -327,10 +414,14 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   }
   const std::string wanted = RunIdentity(config);
   if (stored_identity != wanted) {
+    // A run directory moved since: its config.yaml names where it was.
+    const std::string moved =
+        stored_out_dir == config.train.out_dir ? "" : " train.out_dir=" + config.train.out_dir;
     throw RunDirError(fmt::format(
-        "{} holds a different run ({}); to continue that run use --config {}, to start this "
+        "{} holds a different run ({}); to continue that run use --config {}{}, to start this "
         "one {} or set train.out_dir to another directory",
-        dir.string(), FirstDifference(stored_identity, wanted), config_file.string(), discard));
+        dir.string(), FirstDifference(stored_identity, wanted), config_file.string(), moved,
+        discard));
   }
   if (!config.train.resume) {
     throw RunDirError(
@@ -353,6 +444,7 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     // The runs inside it (a pipeline's stages) locked for the deletion: refused if another
     // process trains in one.
     const auto inside = LockRunsInside(dir.string());
+    CheckOnlyOursToDelete(dir);  // again: a file put there since PlanRunDir
     // Everything but the lock file, which this process holds (no other process can take the
     // directory between the deletion and the new run's files), and the marker last: a deletion
     // that fails part-way leaves a directory that --fresh still deletes.
@@ -364,7 +456,12 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     for (const std::string& path : doomed) RemoveTree(path);
     RemoveTree((dir / kRunMarker).string());
   }
-  fs::create_directories(dir);
+  std::error_code created_error;
+  fs::create_directories(dir, created_error);
+  if (created_error) {  // a file on the path, a read-only filesystem, a name too long, ...
+    throw RunDirError(fmt::format("train.out_dir \"{}\": cannot create it: {}", dir.string(),
+                                  created_error.message()));
+  }
   if (plan.lock == nullptr || !plan.lock->Current()) {
     plan.lock = std::make_shared<RunLock>(dir.string());
     // Planned as a new run: a process that started one here meanwhile (and may have finished

@@ -72,7 +72,26 @@ void HandleOutside(int signal) {
   DieBySignal(signal);
 }
 
+// A SIGBUS: the one likely cause in the trainer is a memory-mapped input cut short under it.
+void HandleBusError(int signal) {
+  const char* line =
+      "distill_trainer: SIGBUS: a memory-mapped file was cut short while it was read (a token "
+      "shard or a safetensors file truncated or rewritten in place while the trainer ran?); the "
+      "checkpoints written so far are kept: restore the file, then run the same command to "
+      "resume\n";
+  ssize_t ignored = write(STDERR_FILENO, line, strlen(line));
+  (void)ignored;
+  DieBySignal(signal);
+}
+
 }  // namespace
+
+void ExplainBusErrors() {
+  struct sigaction action {};
+  action.sa_handler = HandleBusError;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGBUS, &action, nullptr);
+}
 
 // The signal's default action (terminate) taken now: a parent sees a death by the signal (a shell
 // script stops on a child's SIGINT; Python's returncode is -2), not exit status 130. Only

@@ -816,6 +816,24 @@ void Trainer::LogEval(const EvalResult& r) {
   }
   if (std::isfinite(floor)) line += fmt::format("  floor {:.4f}", floor);
   progress_->Log(line);
+  // The training losses are checked at every step (train.nonfinite); a validation loss that is
+  // not finite is said too, never only written as null.
+  const bool finite = std::isfinite(r.val_loss) &&
+                      (!distill_ || (std::isfinite(r.teacher_val_loss) && std::isfinite(r.val_kd)));
+  if (!finite) {
+    const std::string warning = fmt::format(
+        "warning: step {}: the validation losses are not finite (val_loss {}{}): the logits "
+        "overflow on some validation tokens, though the training losses were finite. Likely "
+        "causes: huge weights (1e38 or so) in rows of the embedding or lm_head that the training "
+        "data never reaches, or validation data from another tokenizer; check them before using "
+        "this model",
+        position_.step, LogNumber(r.val_loss, 4),
+        distill_ ? fmt::format(", teacher {}, val_kd {}", LogNumber(r.teacher_val_loss, 4),
+                               LogNumber(r.val_kd, 4))
+                 : "");
+    progress_->Log(warning);
+    warnings_.push_back(warning);
+  }
 }
 
 void Trainer::TrainUntil(int64_t stop_step) {

@@ -38,4 +38,9 @@ struct HfMismatch {
 };
 std::optional<HfMismatch> HfExpressibleMismatch(const ModelConfig& model);
 
+// The number of token ids of the tokenizer in `dir` (its tokenizer.json's largest id, of the
+// model's vocabulary or the added tokens, plus one), or nullopt without a tokenizer.json. Throws
+// ConfigError naming the file when it is not a JSON object.
+std::optional<int64_t> HfTokenizerSize(const std::string& dir);
+
 }  // namespace distill

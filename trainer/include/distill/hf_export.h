@@ -7,6 +7,7 @@
 #include <string>
 
 #include "distill/config.h"
+#include "distill/hf_files.h"  // IsExportFileName
 #include "distill/model.h"
 
 namespace distill {

@@ -29,6 +29,11 @@ class StopSignals {
 // signal, where the default action would end the process without a word. main() installs it.
 void ExitOnStopSignals();
 
+// A SIGBUS (a memory-mapped token shard or safetensors file truncated while it is read) prints
+// one line saying so, then ends the process as by the signal, where the default action would end
+// it with only "Bus error". main() installs it.
+void ExplainBusErrors();
+
 // Ends the process as the signal's default action would (after restoring it): a parent sees a
 // death by the signal, not an exit status. Async-signal-safe.
 [[noreturn]] void DieBySignal(int signal);

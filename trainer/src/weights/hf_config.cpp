@@ -130,6 +130,13 @@ class Keys {
 // Reads `path` as a JSON object; ConfigError naming the file (and the byte of a parse error).
 template <typename J>
 J ReadJsonObject(const std::string& path) {
+  std::error_code ec;  // a FIFO would block the open, a device never end
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+    throw ConfigError(
+        fmt::format("{}: not a regular file (a directory, device or pipe); expected "
+                    "a JSON file",
+                    path));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw ConfigError(
@@ -143,6 +150,8 @@ J ReadJsonObject(const std::string& path) {
   } catch (const typename J::parse_error& e) {
     throw ConfigError(
         fmt::format("{}: expected JSON, got a parse error at byte {}: {}", path, e.byte, e.what()));
+  } catch (const typename J::exception& e) {  // a number out of range (1e400), ...
+    throw ConfigError(fmt::format("{}: expected JSON that fits: {}", path, e.what()));
   }
   if (!json.is_object()) {
     throw ConfigError(fmt::format("{}: expected a JSON object, got {}", path,
@@ -515,6 +524,34 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
   json["torch_dtype"] = "float32";
   if (json.contains("dtype")) json["dtype"] = "float32";  // transformers >= 4.56's spelling
   return json.dump(2) + "\n";
+}
+
+std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "tokenizer.json").string();
+  if (!fs::exists(path)) return std::nullopt;
+  const Json json = ReadJsonObject<Json>(path);
+  int64_t size = 0;
+  const auto model = json.find("model");
+  if (model != json.end() && model->is_object()) {
+    const auto vocab = model->find("vocab");
+    if (vocab != model->end() && vocab->is_object()) {  // BPE, WordPiece: token -> id
+      for (const auto& id : *vocab) {
+        if (id.is_number_integer()) size = std::max(size, id.get<int64_t>() + 1);
+      }
+    } else if (vocab != model->end() && vocab->is_array()) {  // Unigram: [piece, score] by id
+      size = static_cast<int64_t>(vocab->size());
+    }
+  }
+  const auto added = json.find("added_tokens");
+  if (added != json.end() && added->is_array()) {
+    for (const auto& token : *added) {
+      const auto id = token.is_object() ? token.find("id") : token.end();
+      if (id != token.end() && id->is_number_integer()) {
+        size = std::max(size, id->get<int64_t>() + 1);
+      }
+    }
+  }
+  return size;
 }
 
 }  // namespace distill

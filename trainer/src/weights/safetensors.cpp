@@ -146,7 +146,8 @@ struct SafetensorsFile::Impl {
 };
 
 void SafetensorsFile::Impl::Open() {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw WeightsError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
