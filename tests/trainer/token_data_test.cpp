@@ -407,7 +407,7 @@ TEST_F(TokenDataErrorTest, TokenOutsideTheVocabulary) {
   c.batch_size = 1;
   EXPECT_THAT(
       ErrorOf([&] { MakeTokenShardSource(c, 100); }),
-      HasSubstr(bad +
+      HasSubstr("data.val_path: " + bad +
                 ": the token at position 37 is 999, not below the vocabulary size 100: tokenized "
                 "with a different tokenizer?"));
   // The vocabulary bound is exclusive: the token equal to the vocabulary size is refused.
@@ -424,8 +424,9 @@ TEST_F(TokenDataErrorTest, TokenOutsideTheVocabulary) {
   WriteTokenShard(big, many, true);
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(TokensConfig(big), 50000); }),
               HasSubstr(fmt::format(
-                  "{}: the token at position {} is 70000, not below the vocabulary size 50000", big,
-                  chunk + 10)));
+                  "data.path: {}: the token at position {} is 70000, not below the vocabulary "
+                  "size 50000",
+                  big, chunk + 10)));
   EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(big), 100001); }), "(no error)");
 }
 

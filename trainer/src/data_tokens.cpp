@@ -288,7 +288,7 @@ class TokenShardSource : public DataSource {
     for (size_t c = 0; c < chunks.size(); ++c) {  // shard order, then position
       if (first[c] >= 0) {
         const TokenShard& shard = *shards_[chunks[c].first];
-        throw BadToken(shard, first[c], shard.Token(first[c]));
+        throw BadToken(chunks[c].first, first[c], shard.Token(first[c]));
       }
     }
     const std::lock_guard<std::mutex> guard(checked_mutex());
@@ -313,11 +313,13 @@ class TokenShardSource : public DataSource {
     return keys;
   }
 
-  std::runtime_error BadToken(const TokenShard& shard, int64_t index, uint32_t token) const {
-    return ShardError(shard.path(), fmt::format("the token at position {} is {}, not below the "
-                                                "vocabulary size {}: "
-                                                "tokenized with a different tokenizer?",
-                                                index, token, vocab_size_));
+  // Named with its key: shards [0, num_train_) are data.path's, the rest data.val_path's.
+  std::runtime_error BadToken(size_t shard, int64_t index, uint32_t token) const {
+    return std::runtime_error(fmt::format(
+        "{}: {}: the token at position {} is {}, not below the vocabulary size {}: tokenized with "
+        "a different tokenizer?",
+        shard < num_train_ ? "data.path" : "data.val_path", shards_[shard]->path(), index, token,
+        vocab_size_));
   }
 
   // Windows of T + 1 tokens in a segment of n: any start for training; for validation the
@@ -353,13 +355,15 @@ class TokenShardSource : public DataSource {
     int64_t* in = inputs.data_ptr<int64_t>();
     int64_t* out = targets.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      const TokenShard& shard = *shards_[windows[b].first->shard];
+      const size_t shard_index = windows[b].first->shard;
+      const TokenShard& shard = *shards_[shard_index];
       const int64_t start = windows[b].second;
       for (int64_t t = 0; t <= T; ++t) {
         const uint32_t token = shard.Token(start + t);
         // (Checked at start-up; a shard overwritten in place since, through the mapping, is
         // caught here. One replaced by a rename is not seen: the mapping keeps the old file.)
-        if (token >= static_cast<uint64_t>(vocab_size_)) throw BadToken(shard, start + t, token);
+        if (token >= static_cast<uint64_t>(vocab_size_))
+          throw BadToken(shard_index, start + t, token);
         if (t < T) in[b * T + t] = token;
         if (t > 0) out[b * T + t - 1] = token;
       }
