@@ -24,8 +24,12 @@ if [ -z "$py" ]; then
     exit 1
   }
   py="$(sed -n 's/^LOSSFNS_PYTHON=//p' "$env_file")"
+  [ -n "$py" ] || {
+    echo "venv_with_torch.sh: $env_file names no LOSSFNS_PYTHON; run \`bash scripts/setup.sh\` again, or name a python: $usage" >&2
+    exit 1
+  }
 fi
-[ -e "$dir" ] && {
+{ [ -e "$dir" ] || [ -L "$dir" ]; } && {
   echo "venv_with_torch.sh: $dir already exists; choose a new directory (nothing was changed)" >&2
   exit 1
 }
@@ -35,7 +39,10 @@ fi
 }
 "$py" -m venv "$dir"
 site_dir="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-"$py" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site_dir/lossfns_shared_packages.pth"
+# One "import" line: site.addsitedir also runs the .pth files of those directories (editable
+# installs, ...), which plain path lines would not.
+"$py" -c 'import site; print("import site; " + "; ".join("site.addsitedir(%r)" % d for d in site.getsitepackages()))' \
+  > "$site_dir/lossfns_shared_packages.pth"
 torch_at="$("$dir/bin/python" -c 'import torch; print(torch.__version__, torch.__file__)')"
 echo "$dir: a virtualenv that sees torch $torch_at"
 echo "install the package into it with: $dir/bin/python -m pip install --no-build-isolation ."

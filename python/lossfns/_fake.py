@@ -83,8 +83,9 @@ def _check_logits(s: torch.Tensor, t: torch.Tensor) -> None:
     op = "lossfns.distill_loss"
     torch._check(s.dim() in (2, 3), lambda: f"{op}: student_logits must be (BT, V) or (B, T, V); got {tuple(s.shape)}")
     torch._check(t.dim() == s.dim() and t.shape[:-1] == s.shape[:-1],
-                 lambda: f"{op}: teacher_logits must have the leading shape {tuple(s.shape[:-1])} of student_logits; "
-                         f"got {tuple(t.shape)}")
+                 lambda: f"{op}: teacher_logits must have the leading shape {list(s.shape[:-1])} of student_logits "
+                         f"{list(s.shape)} (every dimension but the last; the vocabulary sizes may differ); "
+                         f"got {list(t.shape)}")
     torch._check(t.dtype == s.dtype, lambda: f"{op}: teacher_logits must have the student's dtype {s.dtype}; got {t.dtype}")
     torch._check(t.device == s.device,
                  lambda: f"{op}: teacher_logits must be on the student's device {s.device}; got {t.device}")
@@ -145,7 +146,9 @@ def _check_hidden(sh, sw, th, tw) -> None:
     op = "lossfns.fused_linear_distill_loss"
     torch._check(sh.dim() in (2, 3), lambda: f"{op}: student_hidden must be (BT, H_s) or (B, T, H_s); got {tuple(sh.shape)}")
     torch._check(th.dim() == sh.dim() and th.shape[:-1] == sh.shape[:-1],
-                 lambda: f"{op}: teacher_hidden must have the leading shape {tuple(sh.shape[:-1])} of student_hidden")
+                 lambda: f"{op}: teacher_hidden must have the leading shape {list(sh.shape[:-1])} of student_hidden "
+                         f"{list(sh.shape)} (every dimension but the last; the hidden sizes may differ); "
+                         f"got {list(th.shape)}")
     torch._check(sw.dim() == 2 and sw.shape[1] == sh.shape[-1],
                  lambda: f"{op}: student_lm_head must be (V_s, H_s) with H_s = {sh.shape[-1]}; got {tuple(sw.shape)}")
     torch._check(tw.dim() == 2 and tw.shape[1] == th.shape[-1],

@@ -284,33 +284,47 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
   Model model = MakeModel(TinyLlama(32));
   const std::string root = TempRunDir();
   const std::string out = root + "/hf";
-  std::filesystem::create_directories(out + ".old-99999");
-  WriteBytes(out + ".old-99999/config.json", "{}");
-  WriteBytes(out + ".old-99999/README.md", "my model card");
-  std::filesystem::create_directories(out + ".tmp-99999");
-  WriteBytes(out + ".tmp-99999/config.json.tmp", "{");
-  std::filesystem::create_directories(out + ".tmp-99998");
-  WriteBytes(out + ".tmp-99998/notes.txt", "not the export's");
+  std::filesystem::create_directories(out + ".old-2000000001");
+  WriteBytes(out + ".old-2000000001/config.json", "{}");
+  WriteBytes(out + ".old-2000000001/README.md", "my model card");
+  std::filesystem::create_directories(out + ".tmp-2000000001");
+  WriteBytes(out + ".tmp-2000000001/config.json", "{}");
+  WriteBytes(out + ".tmp-2000000001/model.safetensors.tmp.2000000001",
+             "half a model");  // killed mid-write
+  std::filesystem::create_directories(out + ".tmp-2000000002");
+  WriteBytes(out + ".tmp-2000000002/notes.txt", "not the export's");
   const std::string warnings = ExportHf(*model, out, {}, /*replace=*/true);
   EXPECT_THAT(warnings, HasSubstr("warning: " + out +
-                                  ".old-99999 was left by an export that was stopped; it is " +
+                                  ".old-2000000001 was left by an export that was stopped; it is " +
                                   out + " again\n"));
   EXPECT_THAT(warnings, HasSubstr("it was kept as " + out + ".previous"));
   EXPECT_EQ(ReadBytes(out + ".previous/README.md"), "my model card");
   EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
-  EXPECT_FALSE(std::filesystem::exists(out + ".old-99999"));
-  EXPECT_FALSE(std::filesystem::exists(out + ".tmp-99999"));
-  EXPECT_EQ(ReadBytes(out + ".tmp-99998/notes.txt"), "not the export's");
+  EXPECT_FALSE(std::filesystem::exists(out + ".old-2000000001"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp-2000000001"));
+  EXPECT_EQ(ReadBytes(out + ".tmp-2000000002/notes.txt"), "not the export's");
+  // A directory that only looks like one (no process id): a user's, left alone.
+  std::filesystem::create_directories(out + ".old-before-lr-change");
+  WriteBytes(out + ".old-before-lr-change/config.json", "{}");
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
+  EXPECT_EQ(ReadBytes(out + ".old-before-lr-change/config.json"), "{}");
+  // One of a process that still runs (`distill_trainer export` into this path): left alone.
+  const std::string live = out + ".tmp-" + std::to_string(::getppid());
+  std::filesystem::create_directories(live);
+  WriteBytes(live + "/config.json", "{}");
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
+  EXPECT_TRUE(std::filesystem::exists(live + "/config.json"));
+  RemoveTree(live);
 
   // Killed after the new export was in place: the old copy, only export files, is deleted.
-  std::filesystem::create_directories(out + ".old-99997");
-  WriteBytes(out + ".old-99997/config.json", "{}");
+  std::filesystem::create_directories(out + ".old-2000000003");
+  WriteBytes(out + ".old-2000000003/config.json", "{}");
   EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
-  EXPECT_FALSE(std::filesystem::exists(out + ".old-99997"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".old-2000000003"));
   // `distill_trainer export` (replace=false, no run lock) touches no other process's directories.
-  std::filesystem::create_directories(root + "/x.tmp-99996");
+  std::filesystem::create_directories(root + "/x.tmp-2000000004");
   ExportHf(*model, root + "/x", {}, /*replace=*/false);
-  EXPECT_TRUE(std::filesystem::exists(root + "/x.tmp-99996"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/x.tmp-2000000004"));
 }
 
 // A relative hf_dir that is not found is reported with the working directory it was looked up
@@ -483,7 +497,7 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
   EXPECT_EQ(c.student.rope_scaling.type, "llama3");
   // The family and the GELU are architecture keys too: GPT-2's config.json says gpt, gelu_new.
   const std::string gpt2 = Fixture("gpt2_tanh");
-  for (const std::string& key : {"family: llama", "activation: gelu"}) {
+  for (const char* key : {"family: llama", "activation: gelu"}) {
     try {
       ParseConfig(fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\n  {}\ndata:\n"
                               "  seq_len: 8\n  min_seq_len: 8\n",

@@ -263,9 +263,12 @@ TEST(ResumeTest, RunDirectoryOfADifferentRunIsRefused) {
     Trainer t(moved, RunOptions::Quiet());
     FAIL() << "a different run was silently resumed";
   } catch (const RunDirError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("to continue that run use --config " +
-                                               moved.train.out_dir + "/config.yaml train.out_dir=" +
-                                               moved.train.out_dir + ", to start this one"));
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("to continue that run use --config " + moved.train.out_dir +
+                                     "/config.yaml train.out_dir=" + moved.train.out_dir +
+                                     " (its config.yaml names " + c.train.out_dir +
+                                     ": moved since? then the other "
+                                     "paths it names may have moved too), to start"));
   }
   const Config stored = LoadConfigFile(moved.train.out_dir + "/config.yaml",
                                        {"train.out_dir=" + moved.train.out_dir});
@@ -323,7 +326,11 @@ TEST(ResumeTest, FreshDeletesNothingOfARunHoldingWhatItDidNotWrite) {
   Config inner = c;
   inner.train.out_dir = out + "/myteacher";  // a run of its own, marked, inside this one
   Trainer(inner, RunOptions::Quiet()).Train();
+  Config stage_named = c;  // named like a pipeline's stage, in a run that is not a pipeline
+  stage_named.train.out_dir = out + "/teacher";
+  Trainer(stage_named, RunOptions::Quiet()).Train();
   WriteBytes(out + "/notes.md", "mine");
+  fs::copy_file(CheckpointPath(out, 2), out + "/checkpoints/step_best.pt");
   fs::create_directories(out + "/eval_results");
   fs::create_directories(out + "/hf");
   WriteBytes(out + "/hf/config.json", "{}");
@@ -333,20 +340,31 @@ TEST(ResumeTest, FreshDeletesNothingOfARunHoldingWhatItDidNotWrite) {
     Trainer t(c, RunOptions::Quiet(/*fresh=*/true));
     FAIL() << "--fresh deleted a run holding files it did not write";
   } catch (const RunDirError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr(
-                              "--fresh: " + out +
-                              " holds what distill_trainer did not write (eval_results/, "
-                              "hf/README.md, myteacher/, notes.md), so nothing was deleted"));
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("--fresh: " + out +
+                                     " holds what distill_trainer did not write "
+                                     "(checkpoints/step_best.pt, eval_results/, hf/README.md, "
+                                     "myteacher/, notes.md, teacher/), so nothing was deleted"));
   }
   EXPECT_EQ(Names(out), names);
   EXPECT_EQ(ReadBytes(out + "/hf/README.md"), "my model card");
   EXPECT_EQ(Trainer(inner, RunOptions::Quiet()).step(), 2);  // the inner run is whole
 
-  for (const char* mine : {"/notes.md", "/eval_results", "/myteacher", "/hf/README.md"}) {
+  for (const char* mine : {"/notes.md", "/eval_results", "/myteacher", "/hf/README.md", "/teacher",
+                           "/checkpoints/step_best.pt"}) {
     RemoveTree(out + mine);
   }
+  // What a stopped export left (its temporary, the safetensors writer's half-written file) and a
+  // profile are the trainer's own: no refusal.
+  fs::create_directories(out + "/hf.tmp-2000000001");
+  WriteBytes(out + "/hf.tmp-2000000001/model.safetensors.tmp.2000000001", "half");
+  fs::create_directories(out + "/profile");
+  WriteBytes(out + "/profile/trace.json", "{}");
+  WriteBytes(out + "/profile/phases_rank1.json.tmp", "{");
   EXPECT_EQ(Trainer(c, RunOptions::Quiet(/*fresh=*/true)).step(), 0);
   EXPECT_FALSE(fs::exists(out + "/hf"));
+  EXPECT_FALSE(fs::exists(out + "/hf.tmp-2000000001"));
+  EXPECT_FALSE(fs::exists(out + "/profile"));
 }
 
 // A train.out_dir that cannot be created or looked up is one line naming the key and the
@@ -914,6 +932,16 @@ TEST(ResumeTest, OnlyTheTrainersCheckpointNamesAreCheckpoints) {
                 ::testing::HasSubstr(CheckpointPath(c.train.out_dir, 99) +
                                      ": holds step 6, not step 99 as its name says (a copy under "
                                      "another name?)"));
+  }
+  // A run directory read as a teacher (or exported) skips it the same way.
+  {
+    Model teacher = MakeModel(c.student);
+    std::vector<std::string> warnings;
+    EXPECT_EQ(LoadWeights(c.train.out_dir, *teacher, at::Device(at::kCPU), "teacher.checkpoint",
+                          &warnings),
+              CheckpointPath(c.train.out_dir, 8));
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_THAT(warnings[0], ::testing::HasSubstr("holds step 6, not step 99"));
   }
 
   const std::string other = TempRunDir("-order");

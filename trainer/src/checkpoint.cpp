@@ -244,6 +244,23 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
   WriteFileAtomically(path, bytes);
 }
 
+namespace {
+
+// The newest checkpoint is found by its name's step: a file holding another step (a copy under
+// another checkpoint's name) would set a resume back to that step at every start, and give a run
+// directory's reader older weights. Refused as damaged, so that the one before it is taken.
+void CheckStepMatchesName(torch::serialize::InputArchive& archive, const std::string& path) {
+  const auto named = CheckpointStep(fs::path(path).filename().string());
+  c10::IValue stored;
+  if (!named || !archive.try_read("step", stored) || stored.toInt() == *named) return;
+  throw CorruptCheckpointError(fmt::format(
+      "{}: holds step {}, not step {} as its name says (a copy under another name?); move it "
+      "away or name it after its step",
+      path, stored.toInt(), *named));
+}
+
+}  // namespace
+
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device,
                                 const std::string& run_identity) {
@@ -258,17 +275,7 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
         "it was copied here from elsewhere; move it away, or use that run's config",
         path, saved_identity.toStringRef(), run_identity));
   }
-  // The newest checkpoint is found by its name's step: a file holding another step (a copy under
-  // another name) would set the run back to that step at every start. Skipped as damaged.
-  c10::IValue stored_step;
-  archive.read("step", stored_step);
-  const auto named = CheckpointStep(fs::path(path).filename().string());
-  if (named && *named != stored_step.toInt()) {
-    throw CorruptCheckpointError(fmt::format(
-        "{}: holds step {}, not step {} as its name says (a copy under another name?); move it "
-        "away or name it after its step",
-        path, stored_step.toInt(), *named));
-  }
+  CheckStepMatchesName(archive, path);
   torch::serialize::InputArchive model_archive, optimizer_archive;
   archive.read("model", model_archive);
   archive.read("optimizer", optimizer_archive);
@@ -302,11 +309,13 @@ namespace {
 // The weights of one checkpoint file into `model` (its architecture checked first). Returns a
 // warning when the run that wrote it skipped every one of its steps as non-finite (the weights
 // are the ones the run started from, never updated), else "".
+// check_name: a file found in a run directory's checkpoints/ (not one named by the user).
 std::string ReadWeights(const std::string& file, CausalLM& model, const at::Device& device,
-                        const std::string& what) {
+                        const std::string& what, bool check_name = false) {
   torch::serialize::InputArchive archive;
   OpenArchive(file, device, archive);
   CheckArchitecture(archive, model, file);
+  if (check_name) CheckStepMatchesName(archive, file);
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
   model.load(model_archive);
@@ -367,7 +376,9 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
     // A run directory: its newest intact checkpoint, as a resume would take.
     const auto intact = LoadNewestIntact(
         path,
-        [&](const std::string& file) { never_updated = ReadWeights(file, model, device, what); },
+        [&](const std::string& file) {
+          never_updated = ReadWeights(file, model, device, what, /*check_name=*/true);
+        },
         what + ": ",
         what == "export" ? "this run has no intact weights to export"
                          : fmt::format("set {} to an intact checkpoint file or another run", what));

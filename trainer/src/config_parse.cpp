@@ -433,18 +433,24 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     // the exported embedding), checked now, not found missing after the training.
     const std::string& from = c.train.export_from;
     if (!from.empty()) {
-      const bool is_dir = fs::is_directory(from);
-      if (!is_dir || !fs::is_regular_file(fs::path(from) / "config.json")) {
+      std::error_code ec;  // an unreadable path is "does not exist" here; the reads below say more
+      const bool is_dir = fs::is_directory(from, ec);
+      if (!is_dir || !fs::is_regular_file(fs::path(from) / "config.json", ec)) {
         fail("train.export_from",
              fmt::format("expected a Hugging Face model directory with a config.json (whose "
                          "token ids and tokenizer files the export takes), or \"\" for none; "
                          "got \"{}\", {}",
                          from,
-                         !fs::exists(from) ? "which does not exist"
-                         : !is_dir         ? "a file"
-                                           : "a directory without config.json"));
+                         !fs::exists(from, ec) ? "which does not exist"
+                         : !is_dir             ? "a file"
+                                               : "a directory without config.json"));
       }
-      const std::optional<int64_t> ids = HfTokenizerSize(from);
+      std::optional<int64_t> ids;
+      try {
+        ids = HfTokenizerSize(from);
+      } catch (const ConfigError& e) {
+        fail("train.export_from", fmt::format("expected a readable tokenizer.json: {}", e.what()));
+      }
       if (ids && *ids > c.student.vocab_size) {
         fail("train.export_from",
              fmt::format("expected the directory of a model whose tokenizer the student can "

@@ -1,12 +1,16 @@
 #include "distill/hf_export.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -146,6 +150,29 @@ bool IsExportFileName(const std::string& name) {
 }
 
 namespace {
+bool AllDigits(const std::string& s, size_t from) {
+  if (from >= s.size()) return false;
+  for (size_t i = from; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool IsExportFileOrTemporary(const std::string& name) {
+  if (IsExportFileName(name)) return true;
+  const size_t at = name.rfind(".tmp");
+  if (at == std::string::npos || !IsExportFileName(name.substr(0, at))) return false;
+  return at + 4 == name.size() || (name[at + 4] == '.' && AllDigits(name, at + 5));
+}
+
+bool IsExportSibling(const std::string& name, const std::string& target, const std::string& kind) {
+  const std::string prefix = target + kind;
+  return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+         AllDigits(name, prefix.size());
+}
+
+namespace {
 
 // The entries of `dir` that an export does not write (a user's notes or model card), by name.
 std::vector<std::string> ForeignEntries(const fs::path& dir) {
@@ -165,49 +192,65 @@ fs::path PreviousName(const fs::path& target) {
   return kept;
 }
 
-// Before the run's own export (replace: the run's lock is held, so no other export runs here):
-// what an export killed before (another process id) left beside `target`. Its temporary
-// <target>.tmp-<pid>, holding only export files, is deleted. Its <target>.old-<pid> is the
-// export before it, moved aside: put back where no export took its place, else deleted, or kept
-// as <target>.previous when it holds a user's files. Returns warnings, one a line.
+// Whether the process of this id is alive (a temporary it is still writing is not left over).
+bool ProcessAlive(const std::string& pid_text) {
+  const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+  return pid > 0 && pid <= std::numeric_limits<pid_t>::max() &&
+         (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+// Before the run's own export (replace): what an export killed before left beside `target`,
+// named after its process id. Its temporary <target>.tmp-<pid>, holding only export files (or
+// their temporaries), is deleted, unless that process still runs (`distill_trainer export` into
+// this path takes no run lock). Its <target>.old-<pid> is the export before it, moved aside: put
+// back where no export took its place; else deleted when it holds only export files, or kept as
+// <target>.previous when it holds a user's. Only tidying: a failure is a warning, not the
+// export's. Returns warnings, one a line.
 std::string RecoverInterruptedExports(const fs::path& target) {
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent)) return "";
-  const std::string name = target.filename().string();
-  std::vector<fs::path> temporaries, olds;
-  for (const auto& entry : fs::directory_iterator(parent)) {
-    const std::string n = entry.path().filename().string();
-    if (!entry.is_directory() || entry.is_symlink()) continue;
-    if (n.rfind(name + ".tmp-", 0) == 0) temporaries.push_back(entry.path());
-    if (n.rfind(name + ".old-", 0) == 0) olds.push_back(entry.path());
-  }
   std::string warnings;
-  for (const fs::path& tmp : temporaries) {
-    bool only_ours = true;
-    for (const auto& f : fs::directory_iterator(tmp)) {
-      std::string n = f.path().filename().string();
-      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0) n.resize(n.size() - 4);
-      only_ours = only_ours && IsExportFileName(n);
+  try {
+    const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    if (!fs::is_directory(parent)) return "";
+    const std::string name = target.filename().string();
+    std::vector<fs::path> temporaries, olds;
+    for (const auto& entry : fs::directory_iterator(parent)) {
+      const std::string n = entry.path().filename().string();
+      if (!entry.is_directory() || entry.is_symlink()) continue;
+      if (IsExportSibling(n, name, ".tmp-")) temporaries.push_back(entry.path());
+      if (IsExportSibling(n, name, ".old-")) olds.push_back(entry.path());
     }
-    if (only_ours) RemoveTree(tmp.string());
-  }
-  std::sort(olds.begin(), olds.end());
-  for (const fs::path& old : olds) {
-    if (!fs::exists(target)) {
-      fs::rename(old, target);
-      warnings +=
-          fmt::format("warning: {} was left by an export that was stopped; it is {} again\n",
-                      old.string(), target.string());
-    } else if (ForeignEntries(old).empty()) {
-      RemoveTree(old.string());
-    } else {
-      const fs::path kept = PreviousName(target);
-      fs::rename(old, kept);
-      warnings += fmt::format(
-          "warning: {} (left by an export that was stopped) holds files the export does not "
-          "write: it was kept as {}\n",
-          old.string(), kept.string());
+    for (const fs::path& tmp : temporaries) {
+      const std::string pid = tmp.filename().string().substr(name.size() + 5);
+      if (ProcessAlive(pid)) continue;
+      bool only_ours = true;
+      for (const auto& f : fs::directory_iterator(tmp)) {
+        only_ours = only_ours && IsExportFileOrTemporary(f.path().filename().string());
+      }
+      if (only_ours) RemoveTree(tmp.string());
     }
+    std::sort(olds.begin(), olds.end());
+    for (const fs::path& old : olds) {
+      if (ProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
+      if (!fs::exists(target)) {
+        fs::rename(old, target);
+        warnings +=
+            fmt::format("warning: {} was left by an export that was stopped; it is {} again\n",
+                        old.string(), target.string());
+      } else if (ForeignEntries(old).empty()) {
+        RemoveTree(old.string());
+      } else {
+        const fs::path kept = PreviousName(target);
+        fs::rename(old, kept);
+        warnings += fmt::format(
+            "warning: {} (left by an export that was stopped) holds files the export does not "
+            "write: it was kept as {}\n",
+            old.string(), kept.string());
+      }
+    }
+  } catch (const std::exception& e) {
+    warnings +=
+        fmt::format("warning: what an earlier, stopped export left beside {} was not tidied: {}\n",
+                    target.string(), e.what());
   }
   return warnings;
 }

@@ -23,7 +23,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "distill/hf_files.h"  // IsExportFileName
+#include "distill/hf_files.h"  // IsExportFileOrTemporary, IsExportSibling
+#include "distill/run.h"       // IsPipeline
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -56,39 +57,79 @@ bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+std::string WithoutTmp(const std::string& name) {
+  return EndsWith(name, ".tmp") ? name.substr(0, name.size() - 4) : name;
+}
+
+// A checkpoint's name as the trainer writes it: step_<digits>.pt (or its .tmp).
+bool IsCheckpointName(const std::string& name) {
+  const std::string n = WithoutTmp(name);
+  if (n.size() <= 8 || n.compare(0, 5, "step_") != 0 || !EndsWith(n, ".pt")) return false;
+  for (size_t i = 5; i + 3 < n.size(); ++i) {
+    if (n[i] < '0' || n[i] > '9') return false;
+  }
+  return true;
+}
+
+// What --profile-steps writes into profile/: trace.json and phases.json, or per rank
+// trace_rank<N>.json and phases_rank<N>.json (each also as .tmp).
+bool IsProfileName(const std::string& name) {
+  const std::string n = WithoutTmp(name);
+  for (const char* kind : {"trace", "phases"}) {
+    const std::string k = kind;
+    if (n == k + ".json") return true;
+    if (n.rfind(k + "_rank", 0) == 0 && EndsWith(n, ".json") && n.size() > k.size() + 10) {
+      const std::string rank = n.substr(k.size() + 5, n.size() - k.size() - 10);
+      if (!rank.empty() && rank.find_first_not_of("0123456789") == std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
 // The entries of run directory `dir` that distill_trainer does not write, as paths under it
 // (directories with a trailing '/'), sorted: what --fresh must not delete. Ours: the marker, the
 // lock, config.yaml, metrics.jsonl, summary.json, a pipeline's results.txt (each also as the
-// ".tmp" of a write cut short), checkpoints/ and profile/, the export hf/ and its temporaries
-// hf.tmp-<pid> and hf.old-<pid> (but not a file in them that the export does not write, such as a
-// model card), and a pipeline's stage runs teacher/, student/ and baseline/ (marked run
-// directories, looked into the same way). Anything else is a user's: notes, an evaluation's
-// output, another run placed inside, an export's hf.previous (kept because it held a user's files).
+// ".tmp" of a write cut short); in checkpoints/ the step_<digits>.pt files, in profile/ the
+// traces and phase timings; the export hf/ and its temporaries hf.tmp-<pid> and hf.old-<pid>,
+// with the files an export writes (not a model card); and a pipeline's stage runs teacher/,
+// student/ and baseline/ (run directories of ours, started or not, looked into the same way).
+// Anything else is a user's: notes, a copy such as checkpoints/step_best.pt, an evaluation's
+// output, another run put inside, an export's hf.previous (kept because it held a user's files).
 void ForeignEntriesOfRun(const fs::path& dir, const std::string& prefix, bool stages,
                          std::vector<std::string>& foreign) {
+  // The entries of a subdirectory of ours that `ours` does not claim.
+  const auto look_into = [&](const fs::path& sub, const std::string& at,
+                             bool (*ours)(const std::string&)) {
+    for (const auto& entry : fs::directory_iterator(sub)) {
+      const std::string f = entry.path().filename().string();
+      const bool is_file = entry.is_regular_file() && !entry.is_symlink();
+      if (!is_file || !ours(f)) {
+        foreign.push_back(at + f + (entry.is_directory() && !entry.is_symlink() ? "/" : ""));
+      }
+    }
+  };
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const std::string base = EndsWith(name, ".tmp") ? name.substr(0, name.size() - 4) : name;
+    const std::string base = WithoutTmp(name);
     const bool is_dir = entry.is_directory() && !entry.is_symlink();
     const bool is_file = entry.is_regular_file() && !entry.is_symlink();
     bool ours = false;
     if (name == kRunLock || base == kRunMarker || base == "config.yaml" ||
         base == "metrics.jsonl" || base == "summary.json" || base == "results.txt") {
       ours = is_file;
-    } else if (name == "checkpoints" || name == "profile") {
-      ours = is_dir;
-    } else if (name == "hf" || name.rfind("hf.tmp-", 0) == 0 || name.rfind("hf.old-", 0) == 0) {
-      ours = is_dir;
-      if (ours) {
-        for (const auto& file : fs::directory_iterator(entry.path())) {
-          const std::string f = file.path().filename().string();
-          if (!IsExportFileName(EndsWith(f, ".tmp") ? f.substr(0, f.size() - 4) : f)) {
-            foreign.push_back(prefix + name + "/" + f);
-          }
-        }
-      }
+    } else if (name == "checkpoints" && is_dir) {
+      ours = true;
+      look_into(entry.path(), prefix + name + "/", IsCheckpointName);
+    } else if (name == "profile" && is_dir) {
+      ours = true;
+      look_into(entry.path(), prefix + name + "/", IsProfileName);
+    } else if ((name == "hf" || IsExportSibling(name, "hf", ".tmp-") ||
+                IsExportSibling(name, "hf", ".old-")) &&
+               is_dir) {
+      ours = true;
+      look_into(entry.path(), prefix + name + "/", IsExportFileOrTemporary);
     } else if (stages && (name == "teacher" || name == "student" || name == "baseline") && is_dir &&
-               IsOwnRunDir(entry.path().string())) {
+               (IsOwnRunDir(entry.path().string()) || IsUnstarted(entry.path()))) {
       ours = true;
       ForeignEntriesOfRun(entry.path(), prefix + name + "/", /*stages=*/false, foreign);
     }
@@ -99,8 +140,21 @@ void ForeignEntriesOfRun(const fs::path& dir, const std::string& prefix, bool st
 
 // --fresh deletes a run whole or not at all: refused while it holds what it did not write.
 void CheckOnlyOursToDelete(const fs::path& dir) {
+  // Stage directories are ours in a pipeline's directory only (in another run's, a teacher/ is a
+  // run someone put there): as its config.yaml says.
+  bool pipeline = false;
+  try {
+    pipeline =
+        IsPipeline(LoadConfigFile((dir / "config.yaml").string(), {}, ConfigOrigin::kStored));
+  } catch (const std::exception&) {  // unreadable: no stages claimed, so they are named
+  }
   std::vector<std::string> foreign;
-  ForeignEntriesOfRun(dir, "", /*stages=*/true, foreign);
+  try {
+    ForeignEntriesOfRun(dir, "", pipeline, foreign);
+  } catch (const fs::filesystem_error& e) {
+    throw RunDirError(fmt::format("--fresh: cannot list what {} holds ({}), so nothing was deleted",
+                                  dir.string(), e.code().message()));
+  }
   if (foreign.empty()) return;
   const size_t shown = std::min<size_t>(foreign.size(), 6);
   const std::string list = fmt::format(
@@ -188,10 +242,14 @@ RunLock::RunLock(const std::string& dir) : path_((fs::path(dir) / kRunLock).stri
   // Never through a link (the lock's text is written into the file: a link's target would be
   // overwritten), and only a plain file.
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int first_error = fd_ < 0 ? errno : 0;
+  if (fd_ < 0 && first_error == EACCES) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd_ < 0 && errno != ENOENT) first_error = errno;  // ENOENT: nothing to open read-only
+  }
   struct stat opened {};
   if (fd_ < 0 || ::fstat(fd_, &opened) != 0 || !S_ISREG(opened.st_mode)) {
-    const int error = errno;
+    const int error = fd_ < 0 ? first_error : errno;
     const bool link = fd_ < 0 && error == ELOOP;
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -374,10 +432,10 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   }
   if (IsUnstarted(dir)) return plan;
   if (fresh && IsOwnRunDir(dir.string())) {
-    CheckOnlyOursToDelete(dir);
     // Never delete a run in progress, this one or one inside it (a pipeline's stages): checked
     // now, and again (held) while CommitRunDir deletes.
     LockRunsInside(dir.string());
+    CheckOnlyOursToDelete(dir);
     plan.delete_first = true;
     return plan;
   }
@@ -416,7 +474,12 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   if (stored_identity != wanted) {
     // A run directory moved since: its config.yaml names where it was.
     const std::string moved =
-        stored_out_dir == config.train.out_dir ? "" : " train.out_dir=" + config.train.out_dir;
+        stored_out_dir == config.train.out_dir
+            ? ""
+            : fmt::format(
+                  " train.out_dir={} (its config.yaml names {}: moved since? then the "
+                  "other paths it names may have moved too)",
+                  config.train.out_dir, stored_out_dir);
     throw RunDirError(fmt::format(
         "{} holds a different run ({}); to continue that run use --config {}{}, to start this "
         "one {} or set train.out_dir to another directory",

@@ -76,8 +76,9 @@ void HandleOutside(int signal) {
 void HandleBusError(int signal) {
   const char* line =
       "distill_trainer: SIGBUS: a memory-mapped file was cut short while it was read (a token "
-      "shard or a safetensors file truncated or rewritten in place while the trainer ran?); the "
-      "checkpoints written so far are kept: restore the file, then run the same command to "
+      "shard or a safetensors file truncated or rewritten in place while the trainer ran? or, "
+      "on several GPUs, /dev/shm full: NCCL's shared memory, docker --shm-size); the "
+      "checkpoints written so far are kept: fix the cause, then run the same command to "
       "resume\n";
   ssize_t ignored = write(STDERR_FILENO, line, strlen(line));
   (void)ignored;

@@ -823,10 +823,9 @@ void Trainer::LogEval(const EvalResult& r) {
   if (!finite) {
     const std::string warning = fmt::format(
         "warning: step {}: the validation losses are not finite (val_loss {}{}): the logits "
-        "overflow on some validation tokens, though the training losses were finite. Likely "
-        "causes: huge weights (1e38 or so) in rows of the embedding or lm_head that the training "
-        "data never reaches, or validation data from another tokenizer; check them before using "
-        "this model",
+        "overflow on some validation tokens. Likely causes: huge weights (1e38 or so) in rows of "
+        "the embedding or lm_head that the training data never reaches, or validation data from "
+        "another tokenizer; check them before using the model",
         position_.step, LogNumber(r.val_loss, 4),
         distill_ ? fmt::format(", teacher {}, val_kd {}", LogNumber(r.teacher_val_loss, 4),
                                LogNumber(r.val_kd, 4))

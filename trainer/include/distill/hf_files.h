@@ -10,4 +10,12 @@ namespace distill {
 // files); anything else in an export directory is a user's (a model card).
 bool IsExportFileName(const std::string& name);
 
+// The same, or the temporary of such a file that a killed export left: "<file>.tmp"
+// (WriteFileAtomically's) or "<file>.tmp.<pid>" (WriteSafetensors').
+bool IsExportFileOrTemporary(const std::string& name);
+
+// Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
+// its previous copy moved aside, named after the exporting process's id.
+bool IsExportSibling(const std::string& name, const std::string& target, const std::string& kind);
+
 }  // namespace distill

@@ -526,6 +526,12 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
   return json.dump(2) + "\n";
 }
 
+namespace {
+int64_t SaturatingNext(int64_t id) {  // id + 1, without overflow at the largest id
+  return id < std::numeric_limits<int64_t>::max() ? id + 1 : id;
+}
+}  // namespace
+
 std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
   if (!fs::exists(path)) return std::nullopt;
@@ -536,7 +542,7 @@ std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
     const auto vocab = model->find("vocab");
     if (vocab != model->end() && vocab->is_object()) {  // BPE, WordPiece: token -> id
       for (const auto& id : *vocab) {
-        if (id.is_number_integer()) size = std::max(size, id.get<int64_t>() + 1);
+        if (id.is_number_integer()) size = std::max(size, SaturatingNext(id.get<int64_t>()));
       }
     } else if (vocab != model->end() && vocab->is_array()) {  // Unigram: [piece, score] by id
       size = static_cast<int64_t>(vocab->size());
@@ -547,7 +553,7 @@ std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
     for (const auto& token : *added) {
       const auto id = token.is_object() ? token.find("id") : token.end();
       if (id != token.end() && id->is_number_integer()) {
-        size = std::max(size, id->get<int64_t>() + 1);
+        size = std::max(size, SaturatingNext(id->get<int64_t>()));
       }
     }
   }
