@@ -497,7 +497,7 @@ TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
   EXPECT_EQ(c.student.rope_scaling.type, "llama3");
   // The family and the GELU are architecture keys too: GPT-2's config.json says gpt, gelu_new.
   const std::string gpt2 = Fixture("gpt2_tanh");
-  for (const char* key : {"family: llama", "activation: gelu"}) {
+  for (const std::string key : {"family: llama", "activation: gelu"}) {
     try {
       ParseConfig(fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\n  {}\ndata:\n"
                               "  seq_len: 8\n  min_seq_len: 8\n",
