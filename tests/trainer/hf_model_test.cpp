@@ -321,10 +321,15 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
   WriteBytes(out + ".old-2000000003/config.json", "{}");
   EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
   EXPECT_FALSE(std::filesystem::exists(out + ".old-2000000003"));
-  // `distill_trainer export` (replace=false, no run lock) touches no other process's directories.
+  // `distill_trainer export` (replace=false): its own stopped export's temporary is tidied too
+  // (no .old- copies: it never replaces), not one of a process that still runs.
   std::filesystem::create_directories(root + "/x.tmp-2000000004");
-  ExportHf(*model, root + "/x", {}, /*replace=*/false);
-  EXPECT_TRUE(std::filesystem::exists(root + "/x.tmp-2000000004"));
+  WriteBytes(root + "/x.tmp-2000000004/model.safetensors.tmp.2000000004", "half");
+  const std::string running = root + "/x.tmp-" + std::to_string(::getppid());
+  std::filesystem::create_directories(running);
+  EXPECT_EQ(ExportHf(*model, root + "/x", {}, /*replace=*/false), "");
+  EXPECT_FALSE(std::filesystem::exists(root + "/x.tmp-2000000004"));
+  EXPECT_TRUE(std::filesystem::exists(running));
 }
 
 // A relative hf_dir that is not found is reported with the working directory it was looked up

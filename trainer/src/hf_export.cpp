@@ -199,14 +199,14 @@ bool ProcessAlive(const std::string& pid_text) {
          (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
 
-// Before the run's own export (replace): what an export killed before left beside `target`,
-// named after its process id. Its temporary <target>.tmp-<pid>, holding only export files (or
-// their temporaries), is deleted, unless that process still runs (`distill_trainer export` into
-// this path takes no run lock). Its <target>.old-<pid> is the export before it, moved aside: put
-// back where no export took its place; else deleted when it holds only export files, or kept as
-// <target>.previous when it holds a user's. Only tidying: a failure is a warning, not the
-// export's. Returns warnings, one a line.
-std::string RecoverInterruptedExports(const fs::path& target) {
+// Before an export: what an export killed before left beside `target`, named after its process
+// id. Its temporary <target>.tmp-<pid>, holding only export files (or their temporaries), is
+// deleted, unless that process still runs (`distill_trainer export` takes no run lock). With
+// `replace` (the run's own export), also its <target>.old-<pid>, the export before it, moved
+// aside: put back where no export took its place; else deleted when it holds only export files,
+// or kept as <target>.previous when it holds a user's. Only tidying: a failure is a warning, not
+// the export's. Returns warnings, one a line.
+std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
   std::string warnings;
   try {
     const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -217,7 +217,7 @@ std::string RecoverInterruptedExports(const fs::path& target) {
       const std::string n = entry.path().filename().string();
       if (!entry.is_directory() || entry.is_symlink()) continue;
       if (IsExportSibling(n, name, ".tmp-")) temporaries.push_back(entry.path());
-      if (IsExportSibling(n, name, ".old-")) olds.push_back(entry.path());
+      if (replace && IsExportSibling(n, name, ".old-")) olds.push_back(entry.path());
     }
     for (const fs::path& tmp : temporaries) {
       const std::string pid = tmp.filename().string().substr(name.size() + 5);
@@ -279,7 +279,7 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     throw std::runtime_error(fmt::format(
         "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));
   }
-  std::string recovered = replace ? RecoverInterruptedExports(target) : "";
+  std::string recovered = RecoverInterruptedExports(target, replace);
   if (!recovered.empty()) recovered.pop_back();  // the last newline
   const std::string pid = std::to_string(::getpid());
   const fs::path tmp = target.string() + ".tmp-" + pid;
@@ -352,7 +352,8 @@ std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
   const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU), "export");
   const HfExportSources sources = ExportSources(config, run_dir);
   if (!sources.note.empty()) std::cerr << sources.note << '\n';
-  ExportHf(*model, out_dir, sources, /*replace=*/false);
+  const std::string warnings = ExportHf(*model, out_dir, sources, /*replace=*/false);
+  if (!warnings.empty()) std::cerr << warnings << '\n';
   return checkpoint;
 }
 

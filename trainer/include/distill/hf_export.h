@@ -31,8 +31,10 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir =
 // "<out_dir>.tmp-<pid>", then renamed into place. An existing out_dir is replaced only when
 // `replace` (the run's own <out_dir>/hf); otherwise it is an error that names it. A replaced
 // directory that holds files the export does not write (a user's model card) is not deleted but
-// kept as "<out_dir>.previous" (or ".previous-N"): the returned warning says so (else ""). Throws
-// std::runtime_error naming the file on any failure, leaving no temporary behind.
+// kept as "<out_dir>.previous" (or ".previous-N"): the returned warning says so (else ""). What a
+// stopped export left beside out_dir ("<out_dir>.tmp-<pid>" of a process gone; with `replace`
+// also "<out_dir>.old-<pid>") is tidied first. Throws std::runtime_error naming the file on any
+// failure, leaving no temporary behind.
 std::string ExportHf(const CausalLM& model, const std::string& out_dir,
                      const HfExportSources& sources, bool replace);
 
