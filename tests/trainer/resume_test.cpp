@@ -383,6 +383,11 @@ TEST(ResumeTest, AnOutDirThatCannotBeMadeNamesTheKey) {
       [&] { Trainer t(c, RunOptions::Quiet()); },
       ::testing::ThrowsMessage<RunDirError>(::testing::StrEq(
           "train.out_dir \"" + c.train.out_dir + "\": cannot look it up: File name too long")));
+  // A name too long below directories that do not exist yet: those are not left behind.
+  c.train.out_dir = dir + "/new/sub/" + std::string(300, 'a');
+  EXPECT_THAT([&] { Trainer t(c, RunOptions::Quiet()); },
+              ::testing::ThrowsMessage<RunDirError>(::testing::HasSubstr("File name too long")));
+  EXPECT_FALSE(fs::exists(dir + "/new"));
 }
 
 // The lock file is never written through a link (its target would be overwritten): a link in

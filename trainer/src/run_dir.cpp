@@ -519,9 +519,16 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     for (const std::string& path : doomed) RemoveTree(path);
     RemoveTree((dir / kRunMarker).string());
   }
-  std::error_code created_error;
+  // The directories a failed creation made on the way are removed again (each only if empty).
+  std::error_code created_error, ignored;
+  std::vector<fs::path> missing;
+  for (fs::path p = dir; !p.empty() && !fs::exists(p, ignored); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(dir, created_error);
   if (created_error) {  // a file on the path, a read-only filesystem, a name too long, ...
+    for (const fs::path& p : missing) fs::remove(p, ignored);  // deepest first; rmdir only
     throw RunDirError(fmt::format("train.out_dir \"{}\": cannot create it: {}", dir.string(),
                                   created_error.message()));
   }
