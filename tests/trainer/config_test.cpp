@@ -1,5 +1,7 @@
 // Config parsing: every key round-trips through YAML and overrides; every error path names
 // where, which key, what was expected and what was found.
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -399,6 +401,11 @@ TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
               ::testing::EndsWith("got \"" + dir + "/file\", a file"));
   EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
               ::testing::EndsWith("got \"" + model + "\", a directory without config.json"));
+  ASSERT_EQ(::mkfifo((model + "/config.json").c_str(), 0600), 0);  // never opened
+  EXPECT_THAT(
+      ErrorOf(kValidDistill, {"train.export_from=" + model}),
+      ::testing::EndsWith("got \"" + model + "\", whose config.json is not a regular file"));
+  std::filesystem::remove(model + "/config.json");
   testing::WriteBytes(model + "/config.json", "{}");
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
   // The student's vocabulary: 64 ids. A BPE vocabulary of ids 0..9 and an added token 63 fits;

@@ -443,7 +443,9 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                          from,
                          !fs::exists(from, ec) ? "which does not exist"
                          : !is_dir             ? "a file"
-                                               : "a directory without config.json"));
+                         : fs::exists(fs::path(from) / "config.json", ec)
+                             ? "whose config.json is not a regular file"
+                             : "a directory without config.json"));
       }
       std::optional<int64_t> ids;
       try {
