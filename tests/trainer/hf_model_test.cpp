@@ -321,6 +321,13 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
   WriteBytes(out + ".old-2000000003/config.json", "{}");
   EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
   EXPECT_FALSE(std::filesystem::exists(out + ".old-2000000003"));
+  // Left by an earlier process with this process's id (a container's pid 1 at every start): an
+  // old copy in the way of this export's own .old-<pid> is tidied first, not renamed onto.
+  const std::string own_old = out + ".old-" + std::to_string(::getpid());
+  std::filesystem::create_directories(own_old);
+  WriteBytes(own_old + "/config.json", "{}");
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
+  EXPECT_FALSE(std::filesystem::exists(own_old));
   // `distill_trainer export` (replace=false): its own stopped export's temporary is tidied too
   // (no .old- copies: it never replaces), not one of a process that still runs.
   std::filesystem::create_directories(root + "/x.tmp-2000000004");

@@ -192,10 +192,12 @@ fs::path PreviousName(const fs::path& target) {
   return kept;
 }
 
-// Whether the process of this id is alive (a temporary it is still writing is not left over).
-bool ProcessAlive(const std::string& pid_text) {
+// Whether another process of this id is alive (a temporary it is still writing is not left
+// over). This process's own id is not: what carries it was left by an earlier process that had
+// the same id (a container's trainer is often pid 1 at every start).
+bool OtherProcessAlive(const std::string& pid_text) {
   const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
-  return pid > 0 && pid <= std::numeric_limits<pid_t>::max() &&
+  return pid > 0 && pid <= std::numeric_limits<pid_t>::max() && pid != ::getpid() &&
          (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
 
@@ -221,7 +223,7 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
     }
     for (const fs::path& tmp : temporaries) {
       const std::string pid = tmp.filename().string().substr(name.size() + 5);
-      if (ProcessAlive(pid)) continue;
+      if (OtherProcessAlive(pid)) continue;
       bool only_ours = true;
       for (const auto& f : fs::directory_iterator(tmp)) {
         only_ours = only_ours && IsExportFileOrTemporary(f.path().filename().string());
@@ -230,7 +232,7 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
     }
     std::sort(olds.begin(), olds.end());
     for (const fs::path& old : olds) {
-      if (ProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
+      if (OtherProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
       if (!fs::exists(target)) {
         fs::rename(old, target);
         warnings +=
