@@ -30,7 +30,9 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config-reference", print_reference,
                "print every key as the Markdown tables of docs/config.md and exit");
   app.add_flag("--fresh", flags.fresh,
-               "delete an existing run in train.out_dir and start over (instead of resuming)");
+               "delete an existing run in train.out_dir and start over (instead of resuming); "
+               "refused, deleting nothing, where the directory holds files the trainer did not "
+               "write");
   app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
   app.add_option("--profile-steps", flags.profile_steps,
                  "after --profile-skip steps: N steps under the Kineto profiler (a chrome trace), "

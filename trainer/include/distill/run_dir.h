@@ -41,7 +41,8 @@ class RunDirError : public std::runtime_error {
 // The marker file of a directory created by the trainer.
 inline constexpr const char* kRunMarker = ".distill_run";
 
-// The lock file of a run directory (kept by --fresh, which deletes everything else).
+// The lock file of a run directory (kept by --fresh, which deletes the rest of a run directory
+// that holds only what the trainer wrote, and nothing of one that holds more).
 inline constexpr const char* kRunLock = ".distill_lock";
 
 // An exclusive flock(2) on <dir>/kRunLock (created when missing), released when destroyed. Holds
