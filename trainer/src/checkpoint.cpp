@@ -33,24 +33,6 @@ at::Generator DefaultGenerator(const at::Device& device) {
   return at::globalContext().defaultGenerator(device);
 }
 
-// The step of a checkpoint's file name, "step_<digits>.pt" (CheckpointPath's; at most 18 digits),
-// else nullopt: a user's "step_best.pt" or "step_0000002_keep.pt" is no checkpoint of the run,
-// never resumed from and never pruned.
-std::optional<int64_t> CheckpointStep(const std::string& name) {
-  constexpr size_t kPrefix = 5, kSuffix = 3;  // "step_", ".pt"
-  if (name.size() <= kPrefix + kSuffix || name.size() > kPrefix + 18 + kSuffix ||
-      name.compare(0, kPrefix, "step_") != 0 ||
-      name.compare(name.size() - kSuffix, kSuffix, ".pt") != 0) {
-    return std::nullopt;
-  }
-  int64_t step = 0;
-  for (size_t i = kPrefix; i < name.size() - kSuffix; ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
-}
-
 // The run's checkpoints with their steps, oldest step first (by the parsed number: past 7
 // digits the zero-padded names no longer sort by step).
 std::vector<std::pair<int64_t, fs::path>> CheckpointEntries(const std::string& run_dir) {

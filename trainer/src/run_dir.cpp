@@ -63,12 +63,7 @@ std::string WithoutTmp(const std::string& name) {
 
 // A checkpoint's name as the trainer writes it: step_<digits>.pt (or its .tmp).
 bool IsCheckpointName(const std::string& name) {
-  const std::string n = WithoutTmp(name);
-  if (n.size() <= 8 || n.compare(0, 5, "step_") != 0 || !EndsWith(n, ".pt")) return false;
-  for (size_t i = 5; i + 3 < n.size(); ++i) {
-    if (n[i] < '0' || n[i] > '9') return false;
-  }
-  return true;
+  return CheckpointStep(WithoutTmp(name)).has_value();
 }
 
 // What --profile-steps writes into profile/: trace.json and phases.json, or per rank
@@ -216,6 +211,21 @@ uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash) {
 std::string RunIdentityHash(const Config& config) {
   const std::string identity = RunIdentity(config);
   return fmt::format("{:016x}", Fnv1a64(identity.data(), identity.size()));
+}
+
+std::optional<int64_t> CheckpointStep(const std::string& name) {
+  constexpr size_t kPrefix = 5, kSuffix = 3;  // "step_", ".pt"
+  if (name.size() <= kPrefix + kSuffix || name.size() > kPrefix + 18 + kSuffix ||
+      name.compare(0, kPrefix, "step_") != 0 ||
+      name.compare(name.size() - kSuffix, kSuffix, ".pt") != 0) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  for (size_t i = kPrefix; i < name.size() - kSuffix; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
 }
 
 bool IsOwnRunDir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kRunMarker); }

@@ -96,6 +96,11 @@ bool IsOwnRunDir(const std::string& dir);
 bool RemoveIfOnlyMarker(const std::string& dir);
 // 64-bit FNV-1a of `data` (stable across platforms and runs, unlike std::hash).
 uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);
+// The step of a checkpoint's file name, "step_<digits>.pt" (CheckpointPath's; at most 18 digits),
+// else nullopt: a user's "step_best.pt" or "step_0000002_keep.pt" is no checkpoint of the run,
+// never resumed from, never pruned, and not deleted by --fresh.
+std::optional<int64_t> CheckpointStep(const std::string& name);
+
 // Fnv1a64 of RunIdentity(config), as 16 hex digits.
 std::string RunIdentityHash(const Config& config);
 
