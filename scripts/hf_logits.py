@@ -33,6 +33,10 @@ from typing import Any, NoReturn
 from hf_layout import split_rope_parameters
 
 
+# What AutoTokenizer can build a tokenizer from (fast, sentencepiece, byte-level BPE, WordPiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def bad_input(msg: str) -> NoReturn:
     print(f"hf_logits: error: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -152,10 +156,16 @@ def generate(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     tok_dir = args.tokenizer_dir or args.hf_dir
+    if not any((tok_dir / name).is_file() for name in TOKENIZER_FILES):
+        hint = ("" if args.tokenizer_dir else
+                "; a model exported without them (or a gpt-family export, which has none) takes "
+                "--tokenizer-dir DIR: the model whose tokenizer made its training data")
+        bad_input(f"no tokenizer files in {tok_dir} (none of {', '.join(TOKENIZER_FILES)}){hint}")
     try:
         tok = AutoTokenizer.from_pretrained(tok_dir)
-    except (OSError, ValueError) as e:
-        bad_input(f"no tokenizer in {tok_dir} (give --tokenizer-dir): {e}")
+    except Exception as e:  # noqa: BLE001 (transformers raises several kinds for files it cannot use)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        bad_input(f"cannot load the tokenizer in {tok_dir} (give --tokenizer-dir): {first}")
     model, info = load_model(args.hf_dir, args.attn)
     if problems := loading_problems(info):
         print(f"warning: {args.hf_dir}: " + "; ".join(problems), file=sys.stderr)

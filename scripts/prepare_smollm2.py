@@ -324,8 +324,8 @@ def shards(texts: dict[str, Path], hf_dir: Path, dest: Path, tokenize_script: Pa
         "Validation: whole plays held out in every version (modern and folio spelling); training: all else,",
         "including the poems and sonnets.",
         "",
-        f"train_*.bin: {len(split['train'])} files, {totals['train']:,} tokens",
-        f"val_*.bin:   {len(split['val'])} files, {totals['val']:,} tokens "
+        f"train_*.bin: {len(split['train'])} text files, {totals['train']:,} tokens",
+        f"val_*.bin:   {len(split['val'])} text files, {totals['val']:,} tokens "
         f"({100 * totals['val'] / (totals['train'] + totals['val']):.1f}% of all)",
         "",
         "Validation plays:",

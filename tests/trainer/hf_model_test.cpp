@@ -143,6 +143,27 @@ TEST(HfModel, Gpt2FilesOfTheBareBaseModelLoad) {
                   HasSubstr("h.0.mlp.c_gate.weight"), HasSubstr("unexpected tensor"))));
 }
 
+// The docs' generation command on an export without tokenizer files (a run that never exported,
+// a gpt-family export) says what to pass, in one line and exit status 2, not a traceback.
+TEST(HfModel, GeneratingWithoutTokenizerFilesSaysWhatToPass) {
+  if (!PythonHasTransformers()) GTEST_SKIP() << "no python with transformers (LOSSFNS_PYTHON)";
+  const std::string cmd =
+      fmt::format("'{}' '{}/hf_logits.py' --hf-dir '{}' --generate 'To be' 2>&1", LOSSFNS_PYTHON,
+                  DISTILL_SCRIPTS_DIR, Fixture("llama_gqa_rope3"));
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("hf_logits: error: no tokenizer files in " +
+                                           Fixture("llama_gqa_rope3")));
+  EXPECT_THAT(output, ::testing::HasSubstr("takes --tokenizer-dir DIR"));
+  EXPECT_THAT(output, ::testing::Not(::testing::HasSubstr("Traceback")));
+}
+
 TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
   const bool python = PythonHasTransformers();
   for (const auto& name : kFixtureNames) {

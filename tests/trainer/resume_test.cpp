@@ -876,6 +876,42 @@ TEST(ResumeTest, PruningAfterAFallbackKeepsTheCheckpointsWrittenSince) {
   EXPECT_NE(again.warnings()[0].find(step6), std::string::npos) << again.warnings()[0];
 }
 
+// Nor is one that a resume skipped where its name is older than the checkpoints written since:
+// a copy of step 2 named step 5 took a place among the newest, and pruning deleted step 4, the
+// run's last good checkpoint before the ones it wrote. A file the run writes itself counts again.
+TEST(ResumeTest, PruningLeavesACheckpointTheResumeSkippedOutOfTheCount) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.checkpoint_interval = 2;
+  c.train.keep_checkpoints = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string step2 = CheckpointPath(c.train.out_dir, 2);
+  const std::string step5 = CheckpointPath(c.train.out_dir, 5);
+  const std::string step6 = CheckpointPath(c.train.out_dir, 6);
+  fs::copy_file(step2, step5);  // a copy under a later step's name
+  c.train.steps = 6;
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    ASSERT_EQ(resumed.step(), 4);
+    ASSERT_EQ(resumed.warnings().size(), 1u);
+    EXPECT_THAT(resumed.warnings()[0], ::testing::HasSubstr(step5 + ": holds step 2"));
+    resumed.Train();  // writes step 6, then prunes
+  }
+  EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
+            (std::vector<std::string>{"step_0000004.pt", "step_0000005.pt", "step_0000006.pt"}));
+  // The newest damaged as well: the resume still has step 4 to fall back to ...
+  WriteBytes(step6, "not a checkpoint");
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    ASSERT_EQ(resumed.step(), 4);
+    EXPECT_EQ(resumed.warnings().size(), 2u);
+    resumed.Train();  // ... and writing step 6 again makes that file the run's own
+  }
+  EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
+            (std::vector<std::string>{"step_0000004.pt", "step_0000005.pt", "step_0000006.pt"}));
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 6);
+}
+
 // A checkpoint carries its run's identity: one copied into another run's directory is refused
 // with the reason (a teacher checkpoint, from another run by design, is not checked).
 TEST(ResumeTest, CheckpointOfAnotherRunIsRefused) {

@@ -162,12 +162,23 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir) {
   return files.back().string();
 }
 
-void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step) {
+void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
+                      const std::set<std::string>& leave_alone) {
   std::vector<fs::path> files;  // the checkpoints up to `step`, oldest first
   for (auto& [s, path] : CheckpointEntries(run_dir)) {
-    if (s <= step) files.push_back(std::move(path));
+    if (s <= step && leave_alone.count(path.filename().string()) == 0) {
+      files.push_back(std::move(path));
+    }
   }
   for (size_t i = 0; i + keep < files.size(); ++i) fs::remove(files[i]);
+}
+
+std::set<std::string> CheckpointsAfter(const std::string& run_dir, int64_t step) {
+  std::set<std::string> names;
+  for (const auto& [s, path] : CheckpointEntries(run_dir)) {
+    if (s > step) names.insert(path.filename().string());
+  }
+  return names;
 }
 
 void SaveCheckpoint(const std::string& path, const CausalLM& model,

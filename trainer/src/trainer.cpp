@@ -371,6 +371,7 @@ Trainer::Trainer(Config config, RunOptions options)
       position_ = *position;
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
+      skipped_checkpoints_ = CheckpointsAfter(config_.train.out_dir, position_.step);
       if (position_.step > config_.train.steps) {
         // A run is not shortened after the fact: it stays at its step, and its config.yaml,
         // progress and summary say so (not the smaller train.steps asked for).
@@ -764,9 +765,12 @@ void Trainer::SaveCheckpoint() {
     position_.elapsed_s = elapsed_;
     position_.data_files = data_->Files();
     position_.teacher_weights = teacher_weights_;
-    distill::SaveCheckpoint(CheckpointPath(config_.train.out_dir, position_.step), *student_,
-                            *optimizer_, position_, device_, RunIdentityHash(config_));
-    PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step);
+    const std::string path = CheckpointPath(config_.train.out_dir, position_.step);
+    distill::SaveCheckpoint(path, *student_, *optimizer_, position_, device_,
+                            RunIdentityHash(config_));
+    skipped_checkpoints_.erase(fs::path(path).filename().string());  // this run's own now
+    PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step,
+                     skipped_checkpoints_);
   }
   checkpointed_step_ = position_.step;  // only once written: a failed write is retried
 }

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -89,8 +90,14 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir);
 // <run_dir>/checkpoints/step_NNNNNNN.pt
 std::string CheckpointPath(const std::string& run_dir, int64_t step);
 // Deletes all but the newest `keep` checkpoints of `run_dir` up to `step` (the one just written).
-// Later ones -- files that a resume skipped as corrupt, and trained past since -- are neither
-// counted nor deleted: counting them had the run delete the checkpoints it had just written.
-void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step);
+// Later ones, and the files named in `leave_alone` (file names in checkpoints/: those a resume
+// skipped as damaged or misnamed), are neither counted nor deleted: counting them had the run
+// delete the checkpoints it had just written, or its last good one (a copy of step 5 named step 12
+// pushed out step 10).
+void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
+                      const std::set<std::string>& leave_alone = {});
+// The file names in <run_dir>/checkpoints of the checkpoints named for a step after `step`: after
+// a resume from `step`, the newer ones it skipped as damaged or misnamed.
+std::set<std::string> CheckpointsAfter(const std::string& run_dir, int64_t step);
 
 }  // namespace distill

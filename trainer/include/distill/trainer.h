@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <vector>
 
@@ -178,6 +179,9 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;
+  // The checkpoint files the resume skipped as damaged or misnamed (CheckpointsAfter): never
+  // pruned nor counted as one of the newest, unless this run writes that file itself.
+  std::set<std::string> skipped_checkpoints_;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
   std::shared_ptr<RunLock> run_lock_;    // rank 0 only: train.out_dir is this process's
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
