@@ -198,6 +198,11 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got nothing"},
       {head + "distill:\n  temperature: .inf\n",
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \".inf\""},
+      // The clip is a float32 scalar on the device: 1e39 failed at the first step, with torch's
+      // words and no key.
+      {head + "optim:\n  grad_clip: 1e39\n",
+       "x.yaml:6: optim.grad_clip: expected a number in [0, 1e+30], got \"1e39\""},
+
       {head + "distill:\n  divergence: kl\n",
        "x.yaml:6: distill.divergence: expected one of: tvd, forward_kl, reverse_kl, jsd, got "
        "\"kl\""},
@@ -277,6 +282,12 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "distill.ce_weight (with both 0 the loss is 0 and the student does not learn), got 0"},
   };
   for (const auto& c : cases) EXPECT_EQ(ErrorOf(c.yaml), c.message) << c.yaml;
+  // The system sees a path only up to a NUL: "run\0x" created "run".
+  EXPECT_THAT(
+      ErrorOf("train:\n  mode: distill\n  out_dir: \"run\\0x\"\nteacher:\n"
+              "  checkpoint: t.pt\n"),
+      ::testing::StrEq("x.yaml:3: train.out_dir: expected a string without NUL characters, got "
+                       "\"run\\x00x\""));
 }
 
 // A llama-family key on a gpt model (the default family) would be ignored: refused, naming the

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -457,10 +458,35 @@ TEST(ReadHfConfig, InvalidJsonAndMissingFile) {
   WriteText(dir + "/config.json", "{\"vocab_size\": 1e400}");  // a number past a double
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
                  {dir + "/config.json: expected JSON that fits", "1e400"});
+  // Nesting past any real file (dump() recursed once per level of a 10^5-deep key: a crash).
+  WriteText(dir + "/config.json",
+            "{\"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {dir + "/config.json: expected JSON nested at most 64 levels deep"});
   std::filesystem::remove(dir + "/config.json");  // a FIFO is refused, not waited on
   ASSERT_EQ(::mkfifo((dir + "/config.json").c_str(), 0600), 0);
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
                  {dir + "/config.json: not a regular file"});
+}
+
+// The ids of tokenizer.json, counted as large as they are: one past int64 (which get<int64_t>
+// wrapped to a negative number) or written as a float, in the vocabulary or the added tokens.
+TEST(HfTokenizerSize, CountsEveryIdAsLargeAsItIs) {
+  const std::string dir = TempDir();
+  const auto size_of = [&](const std::string& vocab, const std::string& added) {
+    WriteText(dir + "/tokenizer.json",
+              "{\"model\": {\"vocab\": " + vocab + "}, \"added_tokens\": " + added + "}");
+    return HfTokenizerSize(dir);
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(size_of("{\"a\": 0, \"b\": 41}", "[{\"id\": 7}]"), 42);
+  EXPECT_EQ(size_of("{\"a\": 18446744073709551615}", "[]"), kMax);
+  EXPECT_EQ(size_of("{\"a\": 9223372036854775807}", "[]"), kMax);
+  EXPECT_EQ(size_of("{\"a\": 1e9}", "[]"), 1000000001);
+  EXPECT_EQ(size_of("{\"a\": 3}", "[{\"id\": 9223372036854775808}]"), kMax);
+  EXPECT_EQ(size_of("{\"a\": -5, \"b\": \"x\"}", "[{\"id\": 2.5}]"), 3);
+  std::filesystem::remove(dir + "/tokenizer.json");
+  EXPECT_EQ(HfTokenizerSize(dir), std::nullopt);
 }
 
 TEST(HfConfigJson, RoundTripsEachFamily) {

@@ -1,6 +1,7 @@
 // The llama family against Hugging Face transformers: the fixtures' logits (tiny random models
 // made by scripts/make_hf_fixtures.py), export round trips (C++ and transformers), the padded
 // vocabulary of different widths, and the real SmolLM2-135M when the set-up prepared it.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -412,6 +413,20 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   EXPECT_EQ(ExportSources(c).tokenizer_dir, gpt2);
   ExportHf(*model, out + "-gpt2", ExportSources(c), /*replace=*/false);
   EXPECT_EQ(ReadBytes(out + "-gpt2/merges.txt"), "#version: 0.2\n");
+  // A tokenizer file that is a FIFO or a device is refused, not copied (a FIFO blocked the export
+  // for ever, /dev/zero filled the disk), and the export leaves nothing behind.
+  std::filesystem::remove(gpt2 + "/merges.txt");
+  ASSERT_EQ(::mkfifo((gpt2 + "/merges.txt").c_str(), 0600), 0);
+  EXPECT_THAT([&] { ExportHf(*model, out + "-fifo", ExportSources(c), /*replace=*/false); },
+              ::testing::ThrowsMessage<std::runtime_error>(
+                  HasSubstr("export: " + gpt2 + "/merges.txt: not a regular file")));
+  std::filesystem::remove(gpt2 + "/merges.txt");
+  std::filesystem::create_symlink("/dev/zero", gpt2 + "/merges.txt");
+  EXPECT_THAT([&] { ExportHf(*model, out + "-zero", ExportSources(c), /*replace=*/false); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("not a regular file")));
+  EXPECT_FALSE(std::filesystem::exists(out + "-fifo"));
+  EXPECT_FALSE(std::filesystem::exists(out + "-zero"));
+  EXPECT_FALSE(std::filesystem::exists(out + "-zero.tmp-" + std::to_string(::getpid())));
 }
 
 // The GPT-2 fixtures tell the two GELUs apart: the other one's logits miss transformers' by more
@@ -507,6 +522,41 @@ TEST(HfModel, GptModelExportsAsGpt2LMHeadModel) {
     EXPECT_EQ(TransformersCheck(out, out + "-check.safetensors"), 0);
   }
   if (!python) GTEST_SKIP() << "no python with transformers (LOSSFNS_PYTHON): C++ side only";
+}
+
+// config.json's values go into the run's config.yaml, so they must be values its keys accept: one
+// past a key's range (max_position_embeddings 2^31, rope_theta 1) trained, and then the run could
+// be neither resumed nor exported. Refused at the start, naming the file and the key.
+TEST(HfModel, ConfigJsonValuesOutsideTheKeysRangesAreRefused) {
+  const std::string original = ReadBytes(Fixture("llama_gqa_rope3") + "/config.json");
+  const struct {
+    const char* hf_key;
+    const char* value;
+    const char* message;
+  } cases[] = {
+      {"max_position_embeddings", "2147483648",
+       "student.context_length: expected an integer in [1, 16777216], got 2147483648"},
+      {"rope_theta", "1.0", "student.rope_theta: expected a number in (1, 1000000000000), got 1"},
+      {"rms_norm_eps", "2.0", "student.norm_eps: expected a number in (0, 1), got 2"},
+      {"vocab_size", "9223372036854775807", "student.vocab_size: expected an integer in [2, "},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.hf_key);
+    const std::string dir = TempRunDir(std::string("-") + c.hf_key);
+    fs::create_directories(dir);
+    const std::string key = fmt::format("\"{}\":", c.hf_key);
+    const size_t at = original.find(key);
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = original.find_first_of(",}", at);
+    WriteBytes(dir + "/config.json",
+               original.substr(0, at) + key + " " + c.value + original.substr(end));
+    try {
+      ParseConfig(fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\n", dir), "x.yaml");
+      ADD_FAILURE() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(dir + "/config.json: " + c.message));
+    }
+  }
 }
 
 TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {

@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/output-archive.h>
 
 #include "distill/checkpoint.h"
 #include "distill/file_io.h"
@@ -910,6 +911,64 @@ TEST(ResumeTest, PruningLeavesACheckpointTheResumeSkippedOutOfTheCount) {
   EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
             (std::vector<std::string>{"step_0000004.pt", "step_0000005.pt", "step_0000006.pt"}));
   EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 6);
+}
+
+// A zip archive that torch reads but that the trainer did not write (a TorchScript module, a
+// file of another program) is a damaged checkpoint: refused naming the file and what is wrong in
+// it, not with torch's internal assertion, and a resume falls back to the previous checkpoint.
+TEST(ResumeTest, AnArchiveTheTrainerDidNotWriteIsADamagedCheckpoint) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.checkpoint_interval = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string step4 = CheckpointPath(c.train.out_dir, 4);
+  {
+    torch::serialize::OutputArchive foreign;
+    foreign.write("architecture", c10::IValue(int64_t{3}));
+    foreign.write("step", c10::IValue(std::string("four")));
+    foreign.save_to(step4);
+  }
+  ASSERT_EQ(ReadBytes(step4).substr(0, 2), "PK");  // read as a checkpoint from before checksums
+  Model model = MakeModel(c.student);
+  try {
+    LoadWeights(step4, *model, at::Device(at::kCPU));
+    FAIL() << "loaded a foreign archive";
+  } catch (const CorruptCheckpointError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(step4 + ": not a distill_trainer checkpoint (its "
+                                                       "\"architecture\" is a Int, not text)"));
+  }
+  c.train.steps = 6;
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    EXPECT_EQ(resumed.step(), 2);
+    ASSERT_EQ(resumed.warnings().size(), 1u);
+    EXPECT_THAT(resumed.warnings()[0],
+                ::testing::HasSubstr(step4 + ": not a distill_trainer checkpoint"));
+  }
+}
+
+// Something else where the checkpoints belong is refused before anything is written (it was
+// read as "no checkpoints": the resume trained from step 0, dropped the run's metrics, then
+// failed to write its first checkpoint).
+TEST(ResumeTest, ACheckpointsPathThatIsNoDirectoryIsRefusedBeforeAnythingChanges) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  c.train.log_interval = 1;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const fs::path checkpoints = fs::path(c.train.out_dir) / "checkpoints";
+  RemoveTree(checkpoints.string());
+  WriteBytes(checkpoints.string(), "a file");
+  const std::string metrics = ReadBytes(c.train.out_dir + "/metrics.jsonl");
+  c.train.steps = 3;
+  try {
+    Trainer t(c, RunOptions::Quiet());
+    FAIL() << "resumed without its checkpoints directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr(checkpoints.string() + ": not a directory; a run keeps its "
+                                                            "checkpoints there: move it away"));
+  }
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/metrics.jsonl"), metrics);
 }
 
 // A checkpoint carries its run's identity: one copied into another run's directory is refused

@@ -203,6 +203,34 @@ TEST(Safetensors, InvalidJsonAndNonObjectHeader) {
   EXPECT_TRUE(SafetensorsFile(path).names().empty());
 }
 
+// A header is input: nested past any real file (a shape of [[[...]]] 10^5 deep overflowed the
+// stack in the message that quoted it), a number past double, and bytes after a NUL (where the
+// parser stops) are refused, naming the file; a long shape is quoted cut short.
+TEST(Safetensors, HostileHeadersAreRefusedNamingTheFile) {
+  const std::string dir = TempDir();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string path = HandFile(
+      dir, "{\"w\": {\"dtype\": \"F32\", \"shape\": " + deep + ", \"data_offsets\": [0, 4]}}",
+      std::string(4, '\0'));
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
+                 {path, "header", "nested at most 64 levels deep"});
+  path =
+      HandFile(dir, "{\"w\": {\"dtype\": \"F32\", \"shape\": [1e400], \"data_offsets\": [0, 4]}}",
+               std::string(4, '\0'));
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }), {path, "header", "fits"});
+  path = HandFile(dir, std::string("{}") + '\0' + "garbage{{{", "");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
+                 {path, "header", "NUL byte at byte 2 of the header (file offset 10)"});
+  std::string dims = "[1";
+  for (int i = 0; i < 100000; ++i) dims += ", 0.5";
+  path = HandFile(
+      dir, "{\"w\": {\"dtype\": \"F32\", \"shape\": " + dims + "], \"data_offsets\": [0, 4]}}",
+      std::string(4, '\0'));
+  const std::string message = ErrorOf([&] { SafetensorsFile file(path); });
+  ExpectContains(message, {path, "tensor \"w\"", "shape: expected non-negative integers"});
+  EXPECT_LT(message.size(), 400u) << message;
+}
+
 TEST(Safetensors, EntryErrorsNameTheTensor) {
   const std::string dir = TempDir();
   struct Case {
@@ -434,6 +462,26 @@ TEST(SafetensorsDir, BadIndex) {
   WriteIndex(dir, {{"a", "../outside.safetensors"}});
   ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
                  {index, "tensor \"a\"", "../outside.safetensors"});
+}
+
+// The index is input too: a FIFO or a device in its place is refused at once (not read until a
+// writer comes or memory runs out), and so are nesting past any real file and numbers past
+// double.
+TEST(SafetensorsDir, AnIndexThatIsNotAPlainJsonFileIsRefused) {
+  const std::string dir = TempDir();
+  const std::string index = dir + "/model.safetensors.index.json";
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "not a regular file"});
+  fs::remove(index);
+  fs::create_symlink("/dev/zero", index);
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "not a regular file"});
+  fs::remove(index);
+  WriteBytes(index, "{\"weight_map\": {}, \"x\": " + std::string(100000, '[') +
+                        std::string(100000, ']') + "}");
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "nested at most 64 levels deep"});
+  WriteBytes(index, "{\"metadata\": {\"total_size\": 1e400}, \"weight_map\": {}}");
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "JSON that fits"});
 }
 
 // ---------------------------------------------------------------------------------------------

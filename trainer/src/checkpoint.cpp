@@ -33,12 +33,88 @@ at::Generator DefaultGenerator(const at::Device& device) {
   return at::globalContext().defaultGenerator(device);
 }
 
+// A zip archive that torch reads but that SaveCheckpoint did not write (a TorchScript module, a
+// file of another program) is refused as a damaged checkpoint, naming the file and what is wrong
+// in it, not with torch's internal assertion; a resume then falls back to the previous one.
+[[noreturn]] void NotACheckpoint(const std::string& path, const std::string& what) {
+  throw CorruptCheckpointError(
+      fmt::format("{}: not a distill_trainer checkpoint ({})", path, what));
+}
+
+std::string FirstLine(const c10::Error& e) {
+  const std::string text = e.what_without_backtrace();
+  return text.substr(0, text.find('\n'));
+}
+
+// The field `key` as SaveCheckpoint wrote it; nullopt where the archive lacks it (an older
+// checkpoint).
+std::optional<c10::IValue> TryField(torch::serialize::InputArchive& archive,
+                                    const std::string& path, const char* key) {
+  c10::IValue value;
+  try {
+    if (!archive.try_read(key, value)) return std::nullopt;
+  } catch (const c10::Error& e) {
+    NotACheckpoint(path, fmt::format("its \"{}\" cannot be read: {}", key, FirstLine(e)));
+  }
+  return value;
+}
+
+c10::IValue Field(torch::serialize::InputArchive& archive, const std::string& path,
+                  const char* key) {
+  auto value = TryField(archive, path, key);
+  if (!value) NotACheckpoint(path, fmt::format("it has no \"{}\"", key));
+  return *value;
+}
+
+int64_t IntField(const c10::IValue& value, const std::string& path, const char* key) {
+  if (!value.isInt()) {
+    NotACheckpoint(path, fmt::format("its \"{}\" is a {}, not an integer", key, value.tagKind()));
+  }
+  return value.toInt();
+}
+
+double DoubleField(const c10::IValue& value, const std::string& path, const char* key) {
+  if (!value.isDouble()) {
+    NotACheckpoint(path, fmt::format("its \"{}\" is a {}, not a number", key, value.tagKind()));
+  }
+  return value.toDouble();
+}
+
+std::string StringField(const c10::IValue& value, const std::string& path, const char* key) {
+  if (!value.isString()) {
+    NotACheckpoint(path, fmt::format("its \"{}\" is a {}, not text", key, value.tagKind()));
+  }
+  return value.toStringRef();
+}
+
+// The sub-archive `key` (the model's or the optimizer's state) loaded into `load`.
+template <typename Load>
+void LoadPart(torch::serialize::InputArchive& archive, const std::string& path, const char* key,
+              Load&& load) {
+  torch::serialize::InputArchive part;
+  try {
+    archive.read(key, part);
+    load(part);
+  } catch (const c10::Error& e) {
+    NotACheckpoint(path, fmt::format("its \"{}\" cannot be loaded: {}", key, FirstLine(e)));
+  }
+}
+
 // The run's checkpoints with their steps, oldest step first (by the parsed number: past 7
 // digits the zero-padded names no longer sort by step).
 std::vector<std::pair<int64_t, fs::path>> CheckpointEntries(const std::string& run_dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   const fs::path dir = fs::path(run_dir) / "checkpoints";
-  if (!fs::is_directory(dir)) return {};
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    // Something else in its place: not "no checkpoints" (a resume would train again from step 0
+    // and drop the run's metrics before failing to write its first checkpoint there).
+    if (fs::exists(fs::symlink_status(dir, error))) {
+      throw std::runtime_error(fmt::format(
+          "{}: not a directory; a run keeps its checkpoints there: move it away", dir.string()));
+    }
+    return {};
+  }
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (auto step = CheckpointStep(entry.path().filename().string())) {
       found.emplace_back(*step, entry.path());
@@ -81,8 +157,7 @@ std::string ArchitectureDifference(const std::string& saved, const std::string& 
 
 void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& model,
                        const std::string& path) {
-  c10::IValue saved;
-  archive.read("architecture", saved);
+  const std::string saved = StringField(Field(archive, path, "architecture"), path, "architecture");
   const std::string expected = ArchitectureString(model.config());
   // Checkpoints of gpt models written before the string named intermediate_size: the rest must
   // match (their MLP width is then not checked here).
@@ -91,12 +166,11 @@ void CheckArchitecture(torch::serialize::InputArchive& archive, const CausalLM& 
     const std::string part = fmt::format(" intermediate_size={}", model.config().intermediate_size);
     legacy.erase(legacy.find(part), part.size());
   }
-  if (saved.toStringRef() != expected && saved.toStringRef() != legacy) {
+  if (saved != expected && saved != legacy) {
     throw std::runtime_error(fmt::format(
         "{}: the checkpoint's model differs from the configured one{} (the checkpoint's: {}; the "
         "configured one: {})",
-        path, ArchitectureDifference(saved.toStringRef(), expected), saved.toStringRef(),
-        expected));
+        path, ArchitectureDifference(saved, expected), saved, expected));
   }
 }
 
@@ -244,12 +318,14 @@ namespace {
 // directory's reader older weights. Refused as damaged, so that the one before it is taken.
 void CheckStepMatchesName(torch::serialize::InputArchive& archive, const std::string& path) {
   const auto named = CheckpointStep(fs::path(path).filename().string());
-  c10::IValue stored;
-  if (!named || !archive.try_read("step", stored) || stored.toInt() == *named) return;
+  const auto stored = TryField(archive, path, "step");
+  if (!named || !stored) return;
+  const int64_t step = IntField(*stored, path, "step");
+  if (step == *named) return;
   throw CorruptCheckpointError(fmt::format(
       "{}: holds step {}, not step {} as its name says (a copy under another name?); move it "
       "away or name it after its step",
-      path, stored.toInt(), *named));
+      path, step, *named));
 }
 
 }  // namespace
@@ -260,39 +336,53 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   torch::serialize::InputArchive archive;
   OpenArchive(path, device, archive);
   CheckArchitecture(archive, model, path);
-  c10::IValue saved_identity;
-  if (!run_identity.empty() && archive.try_read("run_identity", saved_identity) &&
-      !saved_identity.toStringRef().empty() && saved_identity.toStringRef() != run_identity) {
-    throw std::runtime_error(fmt::format(
-        "{} is a checkpoint of another run (run identity {}; this run's config.yaml gives {}): "
-        "it was copied here from elsewhere; move it away, or use that run's config",
-        path, saved_identity.toStringRef(), run_identity));
+  if (const auto saved = TryField(archive, path, "run_identity"); saved && !run_identity.empty()) {
+    const std::string identity = StringField(*saved, path, "run_identity");
+    if (!identity.empty() && identity != run_identity) {
+      throw std::runtime_error(fmt::format(
+          "{} is a checkpoint of another run (run identity {}; this run's config.yaml gives {}): "
+          "it was copied here from elsewhere; move it away, or use that run's config",
+          path, identity, run_identity));
+    }
   }
   CheckStepMatchesName(archive, path);
-  torch::serialize::InputArchive model_archive, optimizer_archive;
-  archive.read("model", model_archive);
-  archive.read("optimizer", optimizer_archive);
-  model.load(model_archive);
-  optimizer.load(optimizer_archive);
+  // The position's fields first: a file that is not ours is refused before any weight changes.
   TrainingPosition position;
-  c10::IValue value;
-  archive.read("step", value);
-  position.step = value.toInt();
-  archive.read("data_position", value);
-  position.data_position = value.toInt();
+  position.step = IntField(Field(archive, path, "step"), path, "step");
+  position.data_position = IntField(Field(archive, path, "data_position"), path, "data_position");
   // Checkpoints written before elapsed_s was saved resume at 0 s.
-  if (archive.try_read("elapsed_s", value)) position.elapsed_s = value.toDouble();
+  if (auto v = TryField(archive, path, "elapsed_s")) {
+    position.elapsed_s = DoubleField(*v, path, "elapsed_s");
+  }
   // ... and before skipped_steps was, with none counted.
-  if (archive.try_read("skipped_steps", value)) position.skipped_steps = value.toInt();
+  if (auto v = TryField(archive, path, "skipped_steps")) {
+    position.skipped_steps = IntField(*v, path, "skipped_steps");
+  }
   // ... and before the data's files were.
-  if (archive.try_read("data_files", value)) position.data_files = value.toStringRef();
+  if (auto v = TryField(archive, path, "data_files")) {
+    position.data_files = StringField(*v, path, "data_files");
+  }
   // ... and before the teacher's weights were.
-  if (archive.try_read("teacher_weights", value)) position.teacher_weights = value.toStringRef();
-  at::Tensor state;
-  archive.read("rng_cpu", state, /*is_buffer=*/true);
-  DefaultGenerator(at::Device(at::kCPU)).set_state(state.cpu());
-  if (device.is_cuda() && archive.try_read("rng_cuda", state, /*is_buffer=*/true)) {
-    DefaultGenerator(device).set_state(state.cpu());
+  if (auto v = TryField(archive, path, "teacher_weights")) {
+    position.teacher_weights = StringField(*v, path, "teacher_weights");
+  }
+  at::Tensor rng_cpu, rng_cuda;
+  try {
+    archive.read("rng_cpu", rng_cpu, /*is_buffer=*/true);
+    if (device.is_cuda()) archive.try_read("rng_cuda", rng_cuda, /*is_buffer=*/true);
+  } catch (const c10::Error& e) {
+    NotACheckpoint(path,
+                   fmt::format("its random generators' states cannot be read: {}", FirstLine(e)));
+  }
+  // A file torch reads but that is not ours can still fail midway through the weights; a resume
+  // then loads the previous checkpoint, which replaces every weight and the optimizer's state.
+  LoadPart(archive, path, "model", [&](auto& part) { model.load(part); });
+  LoadPart(archive, path, "optimizer", [&](auto& part) { optimizer.load(part); });
+  try {
+    DefaultGenerator(at::Device(at::kCPU)).set_state(rng_cpu.cpu());
+    if (rng_cuda.defined()) DefaultGenerator(device).set_state(rng_cuda.cpu());
+  } catch (const c10::Error& e) {
+    NotACheckpoint(path, fmt::format("its random generators' states do not fit: {}", FirstLine(e)));
   }
   return position;
 }
@@ -309,16 +399,16 @@ std::string ReadWeights(const std::string& file, CausalLM& model, const at::Devi
   OpenArchive(file, device, archive);
   CheckArchitecture(archive, model, file);
   if (check_name) CheckStepMatchesName(archive, file);
-  torch::serialize::InputArchive model_archive;
-  archive.read("model", model_archive);
-  model.load(model_archive);
-  c10::IValue step, skipped;
-  if (archive.try_read("step", step) && archive.try_read("skipped_steps", skipped) &&
-      step.toInt() > 0 && skipped.toInt() == step.toInt()) {
+  const auto step_field = TryField(archive, file, "step");
+  const auto skipped_field = TryField(archive, file, "skipped_steps");
+  const int64_t step = step_field ? IntField(*step_field, file, "step") : 0;
+  const int64_t skipped = skipped_field ? IntField(*skipped_field, file, "skipped_steps") : -1;
+  LoadPart(archive, file, "model", [&](auto& part) { model.load(part); });
+  if (step > 0 && skipped == step) {
     return fmt::format(
         "warning: {}: {}: all {} steps before this checkpoint were skipped as non-finite "
         "(train.nonfinite=skip): its weights were never updated (the ones the run started from)",
-        what, file, step.toInt());
+        what, file, step);
   }
   return "";
 }

@@ -43,8 +43,15 @@ bool IsSection(const std::string& path) {
 
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar:
-      return fmt::format("\"{}\"", node.Scalar());
+    case YAML::NodeType::Scalar: {
+      // Control characters shown as escapes: a NUL or a newline would cut the message short.
+      std::string shown;
+      for (const char ch : node.Scalar()) {
+        const auto byte = static_cast<unsigned char>(ch);
+        shown += byte < 0x20 || byte == 0x7f ? fmt::format("\\x{:02x}", byte) : std::string(1, ch);
+      }
+      return fmt::format("\"{}\"", shown);
+    }
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Map:
@@ -230,6 +237,20 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
     with_hf.student = from_hf;
   } else {
     with_hf.teacher = from_hf;
+  }
+  // config.json's values within the keys' own ranges: the run's config.yaml stores them, and one
+  // that no key accepts (max_position_embeddings 2^31, rope_theta 1) trained, then could be
+  // neither resumed nor exported.
+  for (const auto& key : ArchitectureKeys()) {
+    const std::string path = name + "." + key;
+    const internal::KeyDecl* decl = FindKey(path);
+    const std::string value = decl->get(with_hf);
+    Config scratch = with_hf;
+    if (!decl->set(YAML::Load(value), scratch)) {
+      Fail(model.hf_dir + "/config.json", path,
+           fmt::format("expected {}, got {} (the value config.json gives this key)", decl->expected,
+                       value));
+    }
   }
   for (const auto& key : ArchitectureKeys()) {
     const std::string path = name + "." + key;

@@ -56,8 +56,10 @@ Rule<std::string> OneOf(std::vector<std::string> names) {
             return false;
           }};
 }
+// Paths and globs: a NUL would cut the name the system sees short of the one the config shows.
 Rule<std::string> AnyString() {
-  return {"a string", [](const std::string&) { return true; }};
+  return {"a string without NUL characters",
+          [](const std::string& v) { return v.find('\0') == std::string::npos; }};
 }
 Rule<bool> Bool() {
   return {"true or false", [](const bool&) { return true; }};
@@ -378,7 +380,8 @@ std::vector<KeyDecl> Declare() {
       "Decoupled weight decay on matrices (not on biases and norms); below 1 / optim.lr (each "
       "step multiplies the weights by 1 - lr * weight_decay).");
   Add(
-      k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; }, NumberAtLeast(0),
+      k, "optim.grad_clip", [](auto& c) -> auto& { return c.optim.grad_clip; },
+      NumberIn(0, 1e30, false),  // the clip is a float32 scalar on the device
       "Clip the global gradient norm to this; 0 disables clipping.");
 
   Add(

@@ -43,6 +43,13 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
 
 // Byte copy with plain streams (see RemoveTree in run_dir.h for why not std::filesystem).
 void CopyFile(const fs::path& from, const fs::path& to) {
+  std::error_code error;  // a FIFO would block the copy, /dev/zero fill the disk
+  if (!fs::is_regular_file(from, error)) {
+    throw std::runtime_error(fmt::format(
+        "export: {}: not a regular file (a directory, device or pipe); expected a tokenizer file "
+        "to copy",
+        from.string()));
+  }
   std::ifstream in(from, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("export: cannot read {}", from.string()));
   std::ofstream out(to, std::ios::binary | std::ios::trunc);

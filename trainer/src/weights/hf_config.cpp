@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "distill/file_io.h"
+#include "json_limits.h"
 
 namespace distill {
 namespace {
@@ -145,8 +146,15 @@ J ReadJsonObject(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   J json;
+  const auto bounded = [&path](int depth, typename J::parse_event_t, J&) {
+    if (depth > kMaxJsonDepth) {
+      throw ConfigError(fmt::format("{}: expected JSON nested at most {} levels deep, got deeper",
+                                    path, kMaxJsonDepth));
+    }
+    return true;
+  };
   try {
-    json = J::parse(ss.str());
+    json = J::parse(ss.str(), bounded);
   } catch (const typename J::parse_error& e) {
     throw ConfigError(
         fmt::format("{}: expected JSON, got a parse error at byte {}: {}", path, e.byte, e.what()));
@@ -527,8 +535,24 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
 }
 
 namespace {
-int64_t SaturatingNext(int64_t id) {  // id + 1, without overflow at the largest id
-  return id < std::numeric_limits<int64_t>::max() ? id + 1 : id;
+// One past a token id of tokenizer.json, saturating: an id past int64 (which get<int64_t> would
+// wrap to a negative number) or a fractional one (1e9) counts, and counts as large as it is.
+int64_t PastId(const Json& id) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (id.is_number_unsigned()) {
+    const uint64_t v = id.get<uint64_t>();
+    return v >= static_cast<uint64_t>(kMax) ? kMax : static_cast<int64_t>(v) + 1;
+  }
+  if (id.is_number_integer()) {
+    const int64_t v = id.get<int64_t>();
+    return v < 0 ? 0 : (v < kMax ? v + 1 : kMax);
+  }
+  if (id.is_number_float()) {
+    const double v = id.get<double>();
+    if (!(v >= 0)) return 0;
+    return v >= 9.2e18 ? kMax : static_cast<int64_t>(v) + 1;
+  }
+  return 0;
 }
 }  // namespace
 
@@ -542,7 +566,7 @@ std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
     const auto vocab = model->find("vocab");
     if (vocab != model->end() && vocab->is_object()) {  // BPE, WordPiece: token -> id
       for (const auto& id : *vocab) {
-        if (id.is_number_integer()) size = std::max(size, SaturatingNext(id.get<int64_t>()));
+        size = std::max(size, PastId(id));
       }
     } else if (vocab != model->end() && vocab->is_array()) {  // Unigram: [piece, score] by id
       size = static_cast<int64_t>(vocab->size());
@@ -552,9 +576,7 @@ std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
   if (added != json.end() && added->is_array()) {
     for (const auto& token : *added) {
       const auto id = token.is_object() ? token.find("id") : token.end();
-      if (id != token.end() && id->is_number_integer()) {
-        size = std::max(size, SaturatingNext(id->get<int64_t>()));
-      }
+      if (id != token.end()) size = std::max(size, PastId(*id));
     }
   }
   return size;

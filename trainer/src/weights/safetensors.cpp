@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "json_limits.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.cpp assumes a little-endian host (the format's byte order)"
 #endif
@@ -89,6 +91,13 @@ std::string Describe(const Json& v) {
     return s.size() <= 40 ? s : s.substr(0, 40) + "...";
   }
   return v.is_array() ? "an array" : "an object";
+}
+
+// A JSON value as text for a message, cut at 80 characters (a header is input: a shape may hold
+// a million entries).
+std::string Shown(const Json& v) {
+  std::string s = v.dump();
+  return s.size() <= 80 ? s : s.substr(0, 80) + "...";
 }
 
 // A non-negative JSON integer that fits in int64, or nullopt-like false.
@@ -197,6 +206,10 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
   std::string duplicate;
   std::vector<std::set<std::string>> keys;  // one set per open object
   const auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth > kMaxJsonDepth) {
+      HeaderError(path, fmt::format("expected JSON nested at most {} levels deep, got deeper",
+                                    kMaxJsonDepth));
+    }
     if (event == Json::parse_event_t::object_start) keys.emplace_back();
     if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == Json::parse_event_t::key && depth == 1 && !keys.empty() &&
@@ -205,6 +218,14 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
     }
     return true;
   };
+  // JSON padded with spaces, as the format says: a NUL (after which nlohmann stops reading)
+  // with anything behind it is refused, as Python's safetensors refuses it.
+  if (const void* nul = std::memchr(text, 0, length)) {
+    const size_t at = static_cast<size_t>(static_cast<const char*>(nul) - text);
+    HeaderError(path, fmt::format("expected JSON padded with spaces, got a NUL byte at byte {} of "
+                                  "the header (file offset {})",
+                                  at, at + 8));
+  }
   Json header;
   try {
     header = Json::parse(text, text + length, callback);
@@ -212,6 +233,8 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
     HeaderError(path, fmt::format("expected JSON, got a parse error at byte {} of the header "
                                   "(file offset {}): {}",
                                   e.byte, e.byte + 8, e.what()));
+  } catch (const Json::exception& e) {  // a number out of range (1e400), ...
+    HeaderError(path, fmt::format("expected JSON that fits: {}", e.what()));
   }
   if (!header.is_object()) HeaderError(path, "expected a JSON object, got " + Describe(header));
   if (!duplicate.empty()) TensorError(path, duplicate, "expected one entry, got two");
@@ -263,17 +286,17 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
       if (!AsCount(dim, d)) {
         TensorError(path, name,
                     fmt::format("shape: expected non-negative integers, got {} in {}",
-                                Describe(dim), shape->dump()));
+                                Describe(dim), Shown(*shape)));
       }
       if (__builtin_mul_overflow(numel, d, &numel)) {
         TensorError(path, name,
-                    "shape: expected a size that fits in 64 bits, got " + shape->dump());
+                    "shape: expected a size that fits in 64 bits, got " + Shown(*shape));
       }
       info.shape.push_back(static_cast<int64_t>(d));
     }
     uint64_t nbytes = 0;
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_info->itemsize), &nbytes)) {
-      TensorError(path, name, "shape: expected a size that fits in 64 bits, got " + shape->dump());
+      TensorError(path, name, "shape: expected a size that fits in 64 bits, got " + Shown(*shape));
     }
 
     auto offsets = entry.find("data_offsets");
@@ -281,7 +304,7 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
         !AsCount((*offsets)[0], info.begin) || !AsCount((*offsets)[1], info.end)) {
       TensorError(path, name,
                   "data_offsets: expected [begin, end] (non-negative integers), got " +
-                      (offsets == entry.end() ? std::string("none") : offsets->dump()));
+                      (offsets == entry.end() ? std::string("none") : Shown(*offsets)));
     }
     if (info.begin > info.end) {
       TensorError(
@@ -387,12 +410,29 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
     files_.emplace_back(source_);
   } else if (fs::exists(index, ec)) {
     source_ = index.string();
+    if (!fs::is_regular_file(index, ec)) {  // a FIFO would block the read, a device never end
+      throw WeightsError(fmt::format(
+          "{}: not a regular file (a directory, device or pipe); expected the JSON index of a "
+          "sharded checkpoint",
+          source_));
+    }
     Json json;
+    const auto bounded = [this](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth) {
+        throw WeightsError(
+            fmt::format("{}: expected JSON nested at most {} levels deep, got "
+                        "deeper",
+                        source_, kMaxJsonDepth));
+      }
+      return true;
+    };
     try {
-      json = Json::parse(ReadTextFile(source_));
+      json = Json::parse(ReadTextFile(source_), bounded);
     } catch (const Json::parse_error& e) {
       throw WeightsError(fmt::format("{}: expected JSON, got a parse error at byte {}: {}", source_,
                                      e.byte, e.what()));
+    } catch (const Json::exception& e) {  // a number out of range (1e400), ...
+      throw WeightsError(fmt::format("{}: expected JSON that fits: {}", source_, e.what()));
     }
     auto weight_map = json.is_object() ? json.find("weight_map") : json.end();
     if (!json.is_object() || weight_map == json.end() || !weight_map->is_object()) {
