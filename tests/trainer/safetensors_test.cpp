@@ -482,6 +482,13 @@ TEST(SafetensorsDir, AnIndexThatIsNotAPlainJsonFileIsRefused) {
                  {index, "nested at most 64 levels deep"});
   WriteBytes(index, "{\"metadata\": {\"total_size\": 1e400}, \"weight_map\": {}}");
   ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "JSON that fits"});
+  // A tensor mapped twice (the parser would keep the last), and at depth 2 outside weight_map
+  // (allowed: metadata's own keys).
+  WriteBytes(index,
+             "{\"metadata\": {\"a\": 1}, \"weight_map\": {\"a\": \"x.safetensors\", \"b\": "
+             "\"x.safetensors\", \"a\": \"y.safetensors\"}}");
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "weight_map: tensor \"a\": expected one entry, got two"});
 }
 
 // ---------------------------------------------------------------------------------------------

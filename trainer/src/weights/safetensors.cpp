@@ -417,12 +417,21 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
           source_));
     }
     Json json;
-    const auto bounded = [this](int depth, Json::parse_event_t, Json&) {
+    // The DOM parser keeps the last of duplicate keys: a tensor the index maps twice (to two
+    // shards, say) is an error here, as a duplicate in a header is.
+    std::string top_key, duplicate;
+    std::set<std::string> mapped;
+    const auto bounded = [&](int depth, Json::parse_event_t event, Json& parsed) {
       if (depth > kMaxJsonDepth) {
         throw WeightsError(
             fmt::format("{}: expected JSON nested at most {} levels deep, got "
                         "deeper",
                         source_, kMaxJsonDepth));
+      }
+      if (event == Json::parse_event_t::key && depth == 1) top_key = parsed.get<std::string>();
+      if (event == Json::parse_event_t::key && depth == 2 && top_key == "weight_map" &&
+          !mapped.insert(parsed.get<std::string>()).second && duplicate.empty()) {
+        duplicate = parsed.get<std::string>();
       }
       return true;
     };
@@ -433,6 +442,10 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
                                      e.byte, e.what()));
     } catch (const Json::exception& e) {  // a number out of range (1e400), ...
       throw WeightsError(fmt::format("{}: expected JSON that fits: {}", source_, e.what()));
+    }
+    if (!duplicate.empty()) {
+      throw WeightsError(fmt::format("{}: weight_map: tensor {}: expected one entry, got two",
+                                     source_, Quoted(duplicate)));
     }
     auto weight_map = json.is_object() ? json.find("weight_map") : json.end();
     if (!json.is_object() || weight_map == json.end() || !weight_map->is_object()) {
