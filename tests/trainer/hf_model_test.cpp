@@ -425,6 +425,7 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   EXPECT_THAT([&] { ExportHf(*model, out + "-zero", ExportSources(c), /*replace=*/false); },
               ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("not a regular file")));
   EXPECT_FALSE(std::filesystem::exists(out + "-fifo"));
+  EXPECT_FALSE(std::filesystem::exists(out + "-fifo.tmp-" + std::to_string(::getpid())));
   EXPECT_FALSE(std::filesystem::exists(out + "-zero"));
   EXPECT_FALSE(std::filesystem::exists(out + "-zero.tmp-" + std::to_string(::getpid())));
 }

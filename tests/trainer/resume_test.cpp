@@ -900,17 +900,31 @@ TEST(ResumeTest, PruningLeavesACheckpointTheResumeSkippedOutOfTheCount) {
   }
   EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
             (std::vector<std::string>{"step_0000004.pt", "step_0000005.pt", "step_0000006.pt"}));
-  // The newest damaged as well: the resume still has step 4 to fall back to ...
+  // The newest damaged as well: the resume still has step 4 to fall back to, and writing step 6
+  // again makes that file the run's own: counted (keep 1 deletes step 4), the copy still not.
   WriteBytes(step6, "not a checkpoint");
+  c.train.keep_checkpoints = 1;
   {
     Trainer resumed(c, RunOptions::Quiet());
     ASSERT_EQ(resumed.step(), 4);
     EXPECT_EQ(resumed.warnings().size(), 2u);
-    resumed.Train();  // ... and writing step 6 again makes that file the run's own
+    resumed.Train();
   }
   EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
-            (std::vector<std::string>{"step_0000004.pt", "step_0000005.pt", "step_0000006.pt"}));
-  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 6);
+            (std::vector<std::string>{"step_0000005.pt", "step_0000006.pt"}));
+  // What is skipped is a file, not a step: a damaged step_6.pt beside the good step_0000006.pt
+  // (both step 6) is left alone, and the good one is resumed from and then pruned as usual.
+  WriteBytes(fs::path(step6).replace_filename("step_6.pt").string(), "not a checkpoint");
+  c.train.steps = 8;
+  {
+    Trainer resumed(c, RunOptions::Quiet());
+    ASSERT_EQ(resumed.step(), 6);
+    ASSERT_EQ(resumed.warnings().size(), 1u);
+    EXPECT_THAT(resumed.warnings()[0], ::testing::HasSubstr("step_6.pt"));
+    resumed.Train();
+  }
+  EXPECT_EQ(CheckpointDirNames(c.train.out_dir),
+            (std::vector<std::string>{"step_0000008.pt", "step_6.pt"}));
 }
 
 // A zip archive that torch reads but that the trainer did not write (a TorchScript module, a
@@ -934,8 +948,10 @@ TEST(ResumeTest, AnArchiveTheTrainerDidNotWriteIsADamagedCheckpoint) {
     LoadWeights(step4, *model, at::Device(at::kCPU));
     FAIL() << "loaded a foreign archive";
   } catch (const CorruptCheckpointError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr(step4 + ": not a distill_trainer checkpoint (its "
-                                                       "\"architecture\" is a Int, not text)"));
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr(step4 + ": not a distill_trainer checkpoint (its "
+                                             "\"architecture\" holds a value of type Int, not "
+                                             "text)"));
   }
   c.train.steps = 6;
   {

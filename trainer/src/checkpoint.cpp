@@ -68,21 +68,24 @@ c10::IValue Field(torch::serialize::InputArchive& archive, const std::string& pa
 
 int64_t IntField(const c10::IValue& value, const std::string& path, const char* key) {
   if (!value.isInt()) {
-    NotACheckpoint(path, fmt::format("its \"{}\" is a {}, not an integer", key, value.tagKind()));
+    NotACheckpoint(path, fmt::format("its \"{}\" holds a value of type {}, not an integer", key,
+                                     value.tagKind()));
   }
   return value.toInt();
 }
 
 double DoubleField(const c10::IValue& value, const std::string& path, const char* key) {
   if (!value.isDouble()) {
-    NotACheckpoint(path, fmt::format("its \"{}\" is a {}, not a number", key, value.tagKind()));
+    NotACheckpoint(path, fmt::format("its \"{}\" holds a value of type {}, not a number", key,
+                                     value.tagKind()));
   }
   return value.toDouble();
 }
 
 std::string StringField(const c10::IValue& value, const std::string& path, const char* key) {
   if (!value.isString()) {
-    NotACheckpoint(path, fmt::format("its \"{}\" is a {}, not text", key, value.tagKind()));
+    NotACheckpoint(
+        path, fmt::format("its \"{}\" holds a value of type {}, not text", key, value.tagKind()));
   }
   return value.toStringRef();
 }
@@ -97,6 +100,8 @@ void LoadPart(torch::serialize::InputArchive& archive, const std::string& path, 
     load(part);
   } catch (const c10::Error& e) {
     NotACheckpoint(path, fmt::format("its \"{}\" cannot be loaded: {}", key, FirstLine(e)));
+  } catch (const std::exception& e) {  // torch's optimizer loader parses keys with std::stoull
+    NotACheckpoint(path, fmt::format("its \"{}\" cannot be loaded: {}", key, e.what()));
   }
 }
 
@@ -105,15 +110,20 @@ void LoadPart(torch::serialize::InputArchive& archive, const std::string& path, 
 std::vector<std::pair<int64_t, fs::path>> CheckpointEntries(const std::string& run_dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   const fs::path dir = fs::path(run_dir) / "checkpoints";
-  std::error_code error;
-  if (!fs::is_directory(dir, error)) {
-    // Something else in its place: not "no checkpoints" (a resume would train again from step 0
-    // and drop the run's metrics before failing to write its first checkpoint there).
-    if (fs::exists(fs::symlink_status(dir, error))) {
-      throw std::runtime_error(fmt::format(
-          "{}: not a directory; a run keeps its checkpoints there: move it away", dir.string()));
+  // Something else in its place, or a directory that cannot be looked at, is not "no
+  // checkpoints": a resume would train again from step 0 and drop the run's metrics.
+  std::error_code error, ignored;
+  const fs::file_status status = fs::status(dir, error);
+  if (!fs::is_directory(status)) {
+    if (status.type() == fs::file_type::not_found &&
+        !fs::exists(fs::symlink_status(dir, ignored))) {
+      return {};
     }
-    return {};
+    throw std::runtime_error(
+        status.type() == fs::file_type::none
+            ? fmt::format("{}: cannot look it up: {}", dir.string(), error.message())
+            : fmt::format("{}: not a directory; a run keeps its checkpoints there: move it away",
+                          dir.string()));
   }
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (auto step = CheckpointStep(entry.path().filename().string())) {
@@ -245,14 +255,6 @@ void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
     }
   }
   for (size_t i = 0; i + keep < files.size(); ++i) fs::remove(files[i]);
-}
-
-std::set<std::string> CheckpointsAfter(const std::string& run_dir, int64_t step) {
-  std::set<std::string> names;
-  for (const auto& [s, path] : CheckpointEntries(run_dir)) {
-    if (s > step) names.insert(path.filename().string());
-  }
-  return names;
 }
 
 void SaveCheckpoint(const std::string& path, const CausalLM& model,
@@ -415,11 +417,13 @@ std::string ReadWeights(const std::string& file, CausalLM& model, const at::Devi
 
 struct IntactCheckpoint {
   std::string file;
-  std::vector<std::string> skipped;  // the errors of the corrupt newer checkpoints
+  std::vector<std::string> skipped;     // the errors of the corrupt newer checkpoints
+  std::set<std::string> skipped_names;  // their file names in checkpoints/
 };
 
 // Calls `load` on the checkpoints of `run_dir`, newest first, until one does not throw
-// CorruptCheckpointError (which a damaged file throws before anything is changed). nullopt: no
+// CorruptCheckpointError (a damaged file, before anything is changed; an archive the trainer did
+// not write, possibly after some weights were loaded, which the next file replaces). nullopt: no
 // checkpoints. None intact: throws CorruptCheckpointError "<prefix>no intact checkpoint in
 // <run_dir>/checkpoints: <every file's error>; <fix>".
 std::optional<IntactCheckpoint> LoadNewestIntact(
@@ -433,6 +437,7 @@ std::optional<IntactCheckpoint> LoadNewestIntact(
       load(it->string());
     } catch (const CorruptCheckpointError& e) {
       result.skipped.push_back(e.what());
+      result.skipped_names.insert(it->filename().string());
       continue;
     }
     result.file = it->string();
@@ -504,7 +509,8 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
 
 std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
-    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings) {
+    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings,
+    std::set<std::string>* skipped) {
   TrainingPosition position;
   const auto intact = LoadNewestIntact(
       run_dir,
@@ -517,6 +523,7 @@ std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     warnings->push_back(fmt::format("warning: {}; resuming from the previous checkpoint, {}",
                                     failure, intact->file));
   }
+  if (skipped != nullptr) *skipped = intact->skipped_names;
   return position;
 }
 

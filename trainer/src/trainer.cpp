@@ -366,12 +366,12 @@ Trainer::Trainer(Config config, RunOptions options)
   // The run's checkpoint (read only) before the directory is written: a resume whose every
   // checkpoint is corrupt fails with the directory as it was.
   if (same_run) {
-    if (auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
-                                                 device_, RunIdentityHash(config_), &warnings)) {
+    if (auto position =
+            LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_, device_,
+                                     RunIdentityHash(config_), &warnings, &skipped_checkpoints_)) {
       position_ = *position;
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
-      skipped_checkpoints_ = CheckpointsAfter(config_.train.out_dir, position_.step);
       if (position_.step > config_.train.steps) {
         // A run is not shortened after the fact: it stays at its step, and its config.yaml,
         // progress and summary say so (not the smaller train.steps asked for).

@@ -61,18 +61,21 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const at::Device& device, const std::string& run_identity = "");
 
 // Restores everything SaveCheckpoint wrote (also the RNG states). Throws CorruptCheckpointError
-// for a damaged file (before changing anything), std::runtime_error when the checkpoint's
+// for a damaged file (before changing anything; an archive the trainer did not write possibly
+// after loading some weights), std::runtime_error when the checkpoint's
 // architecture differs from `model`'s or, `run_identity` given, it belongs to another run.
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device,
                                 const std::string& run_identity = "");
 
 // Restores the newest checkpoint of `run_dir` that is intact, newest first: a corrupt one is
-// skipped with a line in `warnings` naming it and the one used instead. nullopt: no
-// checkpoints. Throws CorruptCheckpointError naming every file when none is intact.
+// skipped with a line in `warnings` naming it and the one used instead, and its file name goes
+// into `skipped` (when given). nullopt: no checkpoints. Throws CorruptCheckpointError naming
+// every file when none is intact.
 std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
-    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings);
+    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings,
+    std::set<std::string>* skipped = nullptr);
 
 // Loads only the weights (the teacher; export). `path`: a checkpoint file, or a run directory
 // whose newest intact checkpoint is used: a corrupt newer one is skipped with a line in
@@ -90,14 +93,12 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir);
 // <run_dir>/checkpoints/step_NNNNNNN.pt
 std::string CheckpointPath(const std::string& run_dir, int64_t step);
 // Deletes all but the newest `keep` checkpoints of `run_dir` up to `step` (the one just written).
-// Later ones, and the files named in `leave_alone` (file names in checkpoints/: those a resume
-// skipped as damaged or misnamed), are neither counted nor deleted: counting them had the run
-// delete the checkpoints it had just written, or its last good one (a copy of step 5 named step 12
-// pushed out step 10).
+// Later ones, and the files named in `leave_alone` (file names in checkpoints/: those this
+// process's resume skipped as damaged or misnamed), are neither counted nor deleted: counting
+// them had the run delete the checkpoints it had just written, or its last good one (a copy of
+// step 5 named step 12 pushed out step 10). A later process, resuming from a checkpoint past
+// such a file, no longer knows it (the resume's warning said to move it away).
 void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
                       const std::set<std::string>& leave_alone = {});
-// The file names in <run_dir>/checkpoints of the checkpoints named for a step after `step`: after
-// a resume from `step`, the newer ones it skipped as damaged or misnamed.
-std::set<std::string> CheckpointsAfter(const std::string& run_dir, int64_t step);
 
 }  // namespace distill

@@ -179,8 +179,8 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;
-  // The checkpoint files the resume skipped as damaged or misnamed (CheckpointsAfter): never
-  // pruned nor counted as one of the newest, unless this run writes that file itself.
+  // The checkpoint files the resume skipped as damaged or misnamed (their names in checkpoints/):
+  // never pruned nor counted as one of the newest, unless this process writes that file itself.
   std::set<std::string> skipped_checkpoints_;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
   std::shared_ptr<RunLock> run_lock_;    // rank 0 only: train.out_dir is this process's
