@@ -241,11 +241,11 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
   // config.json's values within the keys' own ranges: the run's config.yaml stores them, and one
   // that no key accepts (max_position_embeddings 2^31, rope_theta 1) trained, then could be
   // neither resumed nor exported.
+  Config scratch = with_hf;  // each key set back to its own value: the copy stays with_hf
   for (const auto& key : ArchitectureKeys()) {
     const std::string path = name + "." + key;
     const internal::KeyDecl* decl = FindKey(path);
     const std::string value = decl->get(with_hf);
-    Config scratch = with_hf;
     if (!decl->set(YAML::Load(value), scratch)) {
       Fail(model.hf_dir + "/config.json", path,
            fmt::format("expected {}, got {} (the value config.json gives this key)", decl->expected,

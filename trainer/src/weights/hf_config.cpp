@@ -147,10 +147,7 @@ J ReadJsonObject(const std::string& path) {
   ss << in.rdbuf();
   J json;
   const auto bounded = [&path](int depth, typename J::parse_event_t, J&) {
-    if (depth > kMaxJsonDepth) {
-      throw ConfigError(fmt::format("{}: expected JSON nested at most {} levels deep, got deeper",
-                                    path, kMaxJsonDepth));
-    }
+    if (depth > kMaxJsonDepth) throw ConfigError(path + ": " + JsonTooDeep());
     return true;
   };
   try {

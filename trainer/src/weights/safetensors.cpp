@@ -206,10 +206,7 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
   std::string duplicate;
   std::vector<std::set<std::string>> keys;  // one set per open object
   const auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth > kMaxJsonDepth) {
-      HeaderError(path, fmt::format("expected JSON nested at most {} levels deep, got deeper",
-                                    kMaxJsonDepth));
-    }
+    if (depth > kMaxJsonDepth) HeaderError(path, JsonTooDeep());
     if (event == Json::parse_event_t::object_start) keys.emplace_back();
     if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == Json::parse_event_t::key && depth == 1 && !keys.empty() &&
@@ -422,12 +419,7 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
     std::string top_key, duplicate;
     std::set<std::string> mapped;
     const auto bounded = [&](int depth, Json::parse_event_t event, Json& parsed) {
-      if (depth > kMaxJsonDepth) {
-        throw WeightsError(
-            fmt::format("{}: expected JSON nested at most {} levels deep, got "
-                        "deeper",
-                        source_, kMaxJsonDepth));
-      }
+      if (depth > kMaxJsonDepth) throw WeightsError(source_ + ": " + JsonTooDeep());
       if (event == Json::parse_event_t::key && depth == 1) top_key = parsed.get<std::string>();
       if (event == Json::parse_event_t::key && depth == 2 && top_key == "weight_map" &&
           !mapped.insert(parsed.get<std::string>()).second && duplicate.empty()) {
