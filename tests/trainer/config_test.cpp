@@ -36,6 +36,19 @@ TEST(ConfigTest, EmptyDocumentGivesDefaultsWhichNeedATeacher) {
   EXPECT_EQ(ErrorOf(kValidDistill), "");
 }
 
+// A run's stored config.yaml holds every key: an empty one is a damaged file, not the defaults
+// (whose error would be about teacher.checkpoint, "(default)").
+TEST(ConfigTest, AnEmptyStoredConfigIsADamagedFile) {
+  try {
+    ParseConfig("\n", "runs/x/config.yaml", {}, ConfigOrigin::kStored);
+    FAIL() << "an empty stored config parsed";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "runs/x/config.yaml: expected the run's config (distill_trainer writes every key "
+                 "there when the run starts), got an empty file");
+  }
+}
+
 // Every key: print the defaults, parse them back, and compare the dump; then change every key
 // through an override to a different valid value and check it was applied.
 TEST(ConfigTest, EveryKeyRoundTripsThroughPrintConfig) {
@@ -503,6 +516,10 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
                  "in [0, 1), got invalid YAML",
                  0),
       0u);
+  // One YAML document, as in the file (YAML::Load kept the first of "2\n---\n3").
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.steps=2\n---\n3"}),
+            "override \"train.steps=2\n---\n3\": train.steps: expected an integer in [1, "
+            "1099511627776], got more than one YAML document (a \"---\" line)");
   // Cross-key errors point at the override that set the key.
   EXPECT_EQ(ErrorOf(kValidDistill, {"student.n_head=3"}),
             "(default): student.d_model: expected a multiple of student.n_head (3), got 64");

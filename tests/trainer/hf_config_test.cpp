@@ -450,7 +450,7 @@ TEST(ReadHfConfig, InvalidJsonAndMissingFile) {
   WriteText(dir + "/config.json", "{\"hidden_size\": 12,\n \"model_type\": }");
   ModelConfig m;
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
-                 {dir + "/config.json", "parse error at byte 36"});
+                 {dir + "/config.json", "expected JSON, got a parse error at line 2, column 16"});
   WriteText(dir + "/config.json", "[]");
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {dir + "/config.json", "JSON object"});
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir + "/nope", m); }),

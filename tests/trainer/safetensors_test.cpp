@@ -193,7 +193,10 @@ TEST(Safetensors, InvalidJsonAndNonObjectHeader) {
   const std::string dir = TempDir();
   std::string path = HandFile(dir, "{\"w\": {\"dtype\": ", "");
   ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }),
-                 {path, "header", "parse error at byte"});
+                 {path, "header",
+                  "parse error at byte 17 of the header (file offset 25): "
+                  "syntax error while parsing value"});
+  EXPECT_EQ(ErrorOf([&] { SafetensorsFile file(path); }).find("json.exception"), std::string::npos);
   path = HandFile(dir, "[1, 2]", "");
   ExpectContains(ErrorOf([&] { SafetensorsFile file(path); }), {path, "header", "JSON object"});
   path = HandFile(dir, "", "");
@@ -454,7 +457,10 @@ TEST(SafetensorsDir, BadIndex) {
   const std::string dir = TempDir();
   const std::string index = dir + "/model.safetensors.index.json";
   WriteBytes(index, "{\"weight_map\": {");
-  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "parse error at byte"});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "expected JSON, got a parse error at line 1, column 17: syntax error"});
+  EXPECT_EQ(ErrorOf([&] { SafetensorsDir weights(dir); }).find("json.exception"),
+            std::string::npos);
   WriteBytes(index, "{\"metadata\": {}}");
   ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }), {index, "weight_map"});
   WriteIndex(dir, {{"a", 3}});
@@ -462,6 +468,37 @@ TEST(SafetensorsDir, BadIndex) {
   WriteIndex(dir, {{"a", "../outside.safetensors"}});
   ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
                  {index, "tensor \"a\"", "../outside.safetensors"});
+  WriteIndex(dir, {{"a", "gone.safetensors"}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "tensor \"a\"", "gone.safetensors to exist, got no such file"});
+  fs::create_directory(dir + "/shard_dir");
+  WriteIndex(dir, {{"a", "shard_dir"}});
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "tensor \"a\"", "shard_dir to exist, got no regular file"});
+}
+
+// A model.safetensors that cannot be looked at, or a symbolic link to nothing, is named with
+// what is wrong with it: not "got neither" (as if the directory held no weights).
+TEST(SafetensorsDir, ALinkThatLeadsNowhereIsNamed) {
+  const std::string dir = TempDir();
+  const std::string single = dir + "/model.safetensors";
+  fs::create_symlink("model.safetensors", single);  // a loop
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {single, "got an error looking at it: Too many levels of symbolic links"});
+  fs::remove(single);
+  fs::create_symlink(dir + "/elsewhere.safetensors", single);
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {single, "a symbolic link to " + dir +
+                              "/elsewhere.safetensors, which does not "
+                              "exist"});
+  fs::remove(single);
+  const std::string index = dir + "/model.safetensors.index.json";
+  fs::create_symlink("model.safetensors.index.json", index);
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {index, "Too many levels of symbolic links"});
+  fs::remove(index);
+  ExpectContains(ErrorOf([&] { SafetensorsDir weights(dir); }),
+                 {dir, "expected model.safetensors or model.safetensors.index.json, got neither"});
 }
 
 // The index is input too: a FIFO or a device in its place is refused at once (not read until a

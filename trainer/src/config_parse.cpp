@@ -184,7 +184,14 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
   }
   YAML::Node value;
   try {
-    value = YAML::Load(text.substr(eq + 1));
+    // One document, as for the file: YAML::Load would keep the first of "2\n---\n3".
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text.substr(eq + 1));
+    if (documents.size() > 1) {
+      Fail(where, path,
+           fmt::format("expected {}, got more than one YAML document (a \"---\" line)",
+                       key->expected));
+    }
+    if (!documents.empty()) value = documents[0];
   } catch (const YAML::Exception& e) {
     Fail(where, path, fmt::format("expected {}, got invalid YAML ({})", key->expected, e.msg));
   }
@@ -635,6 +642,12 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
     throw ConfigError(fmt::format(
         "{}:{}: invalid YAML: {}{}", source_name, e.mark.line + 1, e.msg,
         tab ? " (this line is indented with a tab: YAML indents with spaces only)" : ""));
+  }
+  if (root.IsNull() && origin == ConfigOrigin::kStored) {  // not the defaults: a damaged file
+    throw ConfigError(fmt::format(
+        "{}: expected the run's config (distill_trainer writes every key there when the run "
+        "starts), got an empty file",
+        source_name));
   }
   if (root.IsMap()) {
     ApplyMap(root, "", source_name, config, locations);

@@ -128,7 +128,8 @@ class Keys {
   std::string prefix_;
 };
 
-// Reads `path` as a JSON object; ConfigError naming the file (and the byte of a parse error).
+// Reads `path` as a JSON object; ConfigError naming the file (and the line and column of a parse
+// error).
 template <typename J>
 J ReadJsonObject(const std::string& path) {
   std::error_code ec;  // a FIFO would block the open, a device never end
@@ -153,10 +154,9 @@ J ReadJsonObject(const std::string& path) {
   try {
     json = J::parse(ss.str(), bounded);
   } catch (const typename J::parse_error& e) {
-    throw ConfigError(
-        fmt::format("{}: expected JSON, got a parse error at byte {}: {}", path, e.byte, e.what()));
+    throw ConfigError(fmt::format("{}: expected JSON, got a {}", path, JsonReason(e)));
   } catch (const typename J::exception& e) {  // a number out of range (1e400), ...
-    throw ConfigError(fmt::format("{}: expected JSON that fits: {}", path, e.what()));
+    throw ConfigError(fmt::format("{}: expected JSON that fits: {}", path, JsonReason(e)));
   }
   if (!json.is_object()) {
     throw ConfigError(fmt::format("{}: expected a JSON object, got {}", path,
@@ -555,7 +555,8 @@ int64_t PastId(const Json& id) {
 
 std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
-  if (!fs::exists(path)) return std::nullopt;
+  std::error_code ec;  // a symbolic link loop: the read below names it
+  if (!fs::exists(path, ec) && !ec) return std::nullopt;
   const Json json = ReadJsonObject<Json>(path);
   int64_t size = 0;
   const auto model = json.find("model");

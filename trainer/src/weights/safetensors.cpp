@@ -112,6 +112,26 @@ bool AsCount(const Json& v, uint64_t& out) {
   return out <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 }
 
+// Whether `path` is there to read. What can't be looked at (a symbolic link loop, a directory
+// without search permission) or a symbolic link to nothing is an error naming the file, not a
+// file that is missing.
+bool IsPresent(const fs::path& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec)) return true;
+  if (ec) {
+    throw WeightsError(
+        fmt::format("{}: expected a file that can be read, got an error looking at it: {}",
+                    path.string(), ec.message()));
+  }
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    throw WeightsError(
+        fmt::format("{}: expected a file, got a symbolic link to {}, which does not "
+                    "exist",
+                    path.string(), fs::read_symlink(path, ec).string()));
+  }
+  return false;
+}
+
 std::string ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw WeightsError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
@@ -229,9 +249,9 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
   } catch (const Json::parse_error& e) {
     HeaderError(path, fmt::format("expected JSON, got a parse error at byte {} of the header "
                                   "(file offset {}): {}",
-                                  e.byte, e.byte + 8, e.what()));
+                                  e.byte, e.byte + 8, JsonReason(e, /*drop_position=*/true)));
   } catch (const Json::exception& e) {  // a number out of range (1e400), ...
-    HeaderError(path, fmt::format("expected JSON that fits: {}", e.what()));
+    HeaderError(path, fmt::format("expected JSON that fits: {}", JsonReason(e)));
   }
   if (!header.is_object()) HeaderError(path, "expected a JSON object, got " + Describe(header));
   if (!duplicate.empty()) TensorError(path, duplicate, "expected one entry, got two");
@@ -402,10 +422,10 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;
-  if (fs::exists(single, ec)) {
+  if (IsPresent(single)) {
     source_ = single.string();
     files_.emplace_back(source_);
-  } else if (fs::exists(index, ec)) {
+  } else if (IsPresent(index)) {
     source_ = index.string();
     if (!fs::is_regular_file(index, ec)) {  // a FIFO would block the read, a device never end
       throw WeightsError(fmt::format(
@@ -430,10 +450,9 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
     try {
       json = Json::parse(ReadTextFile(source_), bounded);
     } catch (const Json::parse_error& e) {
-      throw WeightsError(fmt::format("{}: expected JSON, got a parse error at byte {}: {}", source_,
-                                     e.byte, e.what()));
+      throw WeightsError(fmt::format("{}: expected JSON, got a {}", source_, JsonReason(e)));
     } catch (const Json::exception& e) {  // a number out of range (1e400), ...
-      throw WeightsError(fmt::format("{}: expected JSON that fits: {}", source_, e.what()));
+      throw WeightsError(fmt::format("{}: expected JSON that fits: {}", source_, JsonReason(e)));
     }
     if (!duplicate.empty()) {
       throw WeightsError(fmt::format("{}: weight_map: tensor {}: expected one entry, got two",
@@ -469,11 +488,12 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
                         source_, Quoted(name), dir, Quoted(shard)));
       }
       const std::string full = (fs::path(dir) / shard_path).string();
-      if (!fs::is_regular_file(full, ec)) {
+      if (!IsPresent(full) || !fs::is_regular_file(full, ec)) {
         throw WeightsError(
-            fmt::format("{}: weight_map: tensor {}: expected shard file {} to "
-                        "exist, got no such file",
-                        source_, Quoted(name), full));
+            fmt::format("{}: weight_map: tensor {}: expected shard file {} to exist, got {}",
+                        source_, Quoted(name), full,
+                        fs::exists(full, ec) ? "no regular file (a directory, device or pipe)"
+                                             : "no such file"));
       }
       if (shard_index.emplace(full, files_.size()).second) files_.emplace_back(full);
       listed.emplace_back(name, full);
