@@ -474,6 +474,28 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
         }
 }
 
+// 'mean' divides by rows * V, which past 2^24 is no float: the scale a forward that computes the
+// gradient uses is the one the loss and the backward use (a double, rounded once), so the kept
+// hint's gradient is the hintless one bit for bit. At 335 x 50257 the float product of the two
+// counts, rounded, gave a scale one ulp off.
+TEST(DistillLoss, GradScaleHintKeepsTheMeanScaleBitForBit) {
+  at::manual_seed(7);
+  for (const auto& dev : devices())
+    for (Divergence div : kAll) {
+      const auto opts = at::TensorOptions(dev).dtype(at::kBFloat16);
+      at::Tensor s0 = at::randn({335, 50257}, opts), t = at::randn({335, 50257}, opts);
+      at::Tensor a = leaf(s0), b = leaf(s0);
+      const auto o = DistillLossOptions().divergence(div).reduction(torch::kMean);
+      const at::Tensor la = distill_loss(a, t, o);
+      la.backward();
+      const at::Tensor lb = distill_loss(
+          b, t, DistillLossOptions(o).grad_scale(at::ones({1}, at::TensorOptions(dev))));
+      lb.backward();
+      EXPECT_TRUE(at::equal(lb, la)) << divergence_name(div) << " " << dev;
+      EXPECT_TRUE(at::equal(b.grad(), a.grad())) << divergence_name(div) << " " << dev;
+    }
+}
+
 // The ops' backward is first-order only. A gradient taken with create_graph=True is returned,
 // and equals the plain one; differentiating it again raises, naming the op, where it used to
 // drop the second-order term silently (a gradient penalty got the loss's plain gradient).

@@ -462,17 +462,33 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   }
 }
 
-// The reduction's scale from the labels (before a forward that computes the gradient needs it).
+// The rows that count (label not ignore_index), summed over one block; the total in thread 0.
+__device__ __forceinline__ long long block_count_valid(const DistillArgs<float>& a,
+                                                       long long* shared) {
+  long long valid = 0;
+  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
+    valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
+  for (int o = 16; o > 0; o >>= 1) valid += __shfl_xor_sync(0xffffffffu, valid, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) shared[warp] = valid;
+  __syncthreads();
+  long long n = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < warps; ++w) n += shared[w];
+  return n;
+}
+
+// The reduction's scale from the labels (before a forward that computes the gradient needs it),
+// computed as the finalize computes it (an integer count, the scale in double, rounded once to
+// float): the gradient written in the forward is the one the backward would write, bit for bit
+// ('mean' at V = 151936: a float product n * V rounded differently from n = 14135 rows on).
 // static (as the finalize): this header is included by more than one translation unit (the
 // cross-entropy kernels use its row helpers).
 static __global__ void distill_count_kernel(DistillArgs<float> a) {
-  __shared__ float red[64];
-  int64_t valid = 0;
-  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
-    valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
-  const float2 v = block_sum2(make_float2(float(valid), 0.f), red);  // exact below 2^24 rows
+  __shared__ long long shn[32];
+  const long long n = block_count_valid(a, shn);
   if (threadIdx.x == 0)
-    *a.scale = distill_reduction_scale<float>(a.reduction, static_cast<int64_t>(v.x), a.V);
+    *a.scale = static_cast<float>(distill_reduction_scale<double>(a.reduction, n, a.V));
 }
 
 // The loss from the rows' losses (summed in double) and the reduction's scale. One block.

@@ -155,6 +155,12 @@ bool cuda_addmm_accumulates_in_float(const at::Device& device) {
   return ok;
 }
 
+// Rows of the lm_head per float32 product where ATen cannot accumulate the product in place
+// (accumulate_grad_lm_head): 128 MiB of float32.
+int64_t lm_head_slice_rows(int64_t hidden) {
+  return std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(hidden, 1)));
+}
+
 // acc += g^T h: acc (V_s, H_s) in the accumulation dtype (the inputs' for float32 and float64,
 // float32 for the half types), g (n, V_s), h (n, H_s) in the inputs' dtype. An undefined acc is
 // the first chunk's product (no zero-filled matrix read back: on CUDA the product is written
@@ -172,17 +178,18 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
   }
   if (same) {
     acc.addmm_(g.t(), h);
-  } else if (!g.is_cuda()) {
-    acc.add_(at::mm(g.t().to(dtype), h.to(dtype)));
   } else if (cuda_float) {
     at::addmm_out(acc, acc, g.t(), h, at::kFloat);
   } else {
-    // A float32 product per slice of the vocabulary, added: the temporary stays <= 128 MiB.
-    const int64_t slice =
-        std::max<int64_t>(1, (int64_t{128} << 20) / (4 * std::max<int64_t>(h.size(1), 1)));
+    // A float32 product per slice of the vocabulary, added: the temporary stays <= 128 MiB, not
+    // a second (V_s, H_s) float32 matrix beside acc (8 GiB at V 256000, H 8192). On the CPU from
+    // float32 copies of the slice of g and of h (its matmul of the half types gives no float32).
+    const at::Tensor hf = g.is_cuda() ? h : h.to(dtype);
+    const int64_t slice = lm_head_slice_rows(h.size(1));
     for (int64_t v0 = 0; v0 < acc.size(0); v0 += slice) {
       const int64_t n = std::min(slice, acc.size(0) - v0);
-      acc.narrow(0, v0, n).add_(at::mm(g.narrow(1, v0, n).t(), h, at::kFloat));
+      const at::Tensor gs = g.narrow(1, v0, n).t();
+      acc.narrow(0, v0, n).add_(g.is_cuda() ? at::mm(gs, h, at::kFloat) : at::mm(gs.to(dtype), hf));
     }
   }
 }
