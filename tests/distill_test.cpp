@@ -284,6 +284,44 @@ TEST(DistillLoss, NegativeInfinityColumnsAreExactlyZeroAndNeverNaN) {
       }
 }
 
+// A row -inf everywhere on one side has no distribution (docs/distill.md): whatever the op gives
+// for it, it is no NaN that reaches the other rows, and with ignore_index it is nothing at all. A
+// row -inf everywhere on both sides is padding: loss 0, gradient 0.
+TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
+  at::manual_seed(12);
+  for (const auto& dev : devices())
+    for (Divergence div : kAll) {
+      const auto opts = at::TensorOptions(dev);
+      const at::Tensor s0 = at::randn({4, 33}, opts), t0 = at::randn({4, 33}, opts);
+      at::Tensor s1 = s0.clone(), t1 = t0.clone();
+      t1[0].fill_(-kInf);  // no teacher mass
+      s1[1].fill_(-kInf);  // no student mass
+      s1[2].fill_(-kInf);  // neither
+      t1[2].fill_(-kInf);
+      const auto o = DistillLossOptions().divergence(div).reduction(torch::kNone);
+      at::Tensor a = leaf(s1), b = leaf(s0.narrow(0, 3, 1));
+      const at::Tensor la = distill_loss(a, t1, o), lb = distill_loss(b, t0.narrow(0, 3, 1), o);
+      la.sum().backward();
+      lb.sum().backward();
+      const std::string what = std::string(divergence_name(div)) + " " + dev.str();
+      EXPECT_TRUE(at::equal(la.narrow(0, 3, 1), lb)) << what;
+      EXPECT_TRUE(at::equal(a.grad().narrow(0, 3, 1), b.grad())) << what;
+      EXPECT_EQ(la[2].item<double>(), 0.0) << what;
+      EXPECT_EQ(a.grad()[2].abs().max().item<double>(), 0.0) << what;
+      EXPECT_FALSE(la.isnan().any().item<bool>()) << what;
+      // Ignored, they are not there: the batch mean over row 3 alone, its gradient alone.
+      const at::Tensor labels =
+          at::tensor({kDefaultIgnoreIndex, kDefaultIgnoreIndex, kDefaultIgnoreIndex, int64_t{5}},
+                     opts.dtype(at::kLong));
+      at::Tensor c = leaf(s1);
+      const at::Tensor lc = distill_loss(c, t1, DistillLossOptions().divergence(div), labels);
+      lc.backward();
+      EXPECT_TRUE(at::equal(lc, lb.sum())) << what;
+      EXPECT_EQ(c.grad().narrow(0, 0, 3).abs().max().item<double>(), 0.0) << what;
+      EXPECT_TRUE(at::equal(c.grad().narrow(0, 3, 1), b.grad())) << what;
+    }
+}
+
 TEST(DistillLoss, ReverseKlIsInfiniteWhereOnlyTheTeacherIsNegativeInfinity) {
   for (const auto& dev : devices()) {
     at::Tensor s = at::zeros({1, 4}, at::TensorOptions(dev));

@@ -48,6 +48,15 @@ inline torch::autograd::variable_list first_order_only(const char* op, const at:
 
 // Forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: an input that
 // carries a tangent is refused, where the forward-only path would drop the tangent silently.
+// Every input defined (not None from Python), checked before autograd's Function::apply, whose
+// VariableInfo of an undefined input fails with "tensor does not have a device". The kernels'
+// own checks say the same words.
+inline void check_defined(const char* op, const char* names,
+                          std::initializer_list<at::Tensor> inputs) {
+  for (const at::Tensor& x : inputs)
+    TORCH_CHECK(x.defined(), op, ": ", names, " must be defined tensors");
+}
+
 inline void check_no_forward_ad(const char* op, std::initializer_list<at::Tensor> inputs) {
   for (const at::Tensor& x : inputs) {
     TORCH_CHECK(!x.defined() || !x._fw_grad(/*level=*/0).defined(), op,

@@ -78,6 +78,7 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
                   double temperature, int64_t ignore_index, c10::string_view reduction,
                   std::optional<int64_t> vocab_size, double kd_weight, double ce_weight,
                   std::optional<int64_t> chunk_size) {
+  check_defined(kFusedOp, "the hidden states and lm_heads", {sh, sw, th, tw});
   TORCH_CHECK(sh.dim() == 2 || sh.dim() == 3, kFusedOp,
               ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sizes()));
   const auto lead = sh.sizes().slice(0, sh.dim() - 1);

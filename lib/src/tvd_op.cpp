@@ -97,6 +97,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
 at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
                              const std::optional<at::Tensor>& labels, int64_t ignore_index,
                              c10::string_view reduction) {
+  check_defined("lossfns.tvd_loss", "p and q", {p, q});
   check_no_forward_ad("lossfns.tvd_loss", {p, q});
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
   return TVDFunction::apply(p, q, labels, ignore_index,

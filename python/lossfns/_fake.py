@@ -31,18 +31,44 @@ def _acc_dtype(p: torch.Tensor) -> torch.dtype:
     return torch.float64 if p.dtype == torch.float64 else torch.float32
 
 
-def _check_inputs(p: torch.Tensor, q: torch.Tensor) -> None:
+def _rows(s: torch.Tensor):
+    n = 1
+    for d in s.shape[:-1]:
+        n = n * d
+    return n
+
+
+def _check_labels(op: str, labels: Optional[torch.Tensor], x: torch.Tensor, what: str) -> None:
+    # lib/src/common.cpp's check_labels: int64, on x's device, x's leading shape or (rows,). Here
+    # too, not only in the kernels: labels on another device (meta) make the dispatcher pick these
+    # fakes even in eager mode, whose empty outputs would be taken for the loss.
+    if labels is None:
+        return
+    lead = tuple(x.shape[:-1])
+    rows = _rows(x)
+    torch._check(labels.dtype == torch.int64,
+                 lambda: f"{op}: labels must be int64 (Long); got {labels.dtype} (convert with .long() in Python, "
+                         ".to(torch::kLong) in C++)")
+    torch._check(labels.device == x.device,
+                 lambda: f"{op}: labels must be on the device of {what}, {x.device}; got {labels.device}")
+    torch._check(tuple(labels.shape) == lead or (labels.dim() == 1 and labels.shape[0] == rows),
+                 lambda: f"{op}: labels must have shape {list(lead)} (the shape of {what} without its last "
+                         f"dimension); got {list(labels.shape)}")
+
+
+def _check_inputs(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None) -> None:
     torch._check(p.dim() in (2, 3), lambda: f"lossfns.tvd_loss: p must be (BT, V) or (B, T, V); got {tuple(p.shape)}")
     torch._check(q.shape == p.shape, lambda: f"lossfns.tvd_loss: q must have p's shape {tuple(p.shape)}; got {tuple(q.shape)}")
     torch._check(q.dtype == p.dtype, lambda: f"lossfns.tvd_loss: q must have p's dtype {p.dtype}; got {q.dtype}")
     torch._check(q.device == p.device, lambda: f"lossfns.tvd_loss: q must be on p's device {p.device}; got {q.device}")
     torch._check(p.shape[-1] > 0, lambda: "lossfns.tvd_loss: the vocabulary dimension V must be > 0")
+    _check_labels("lossfns.tvd_loss", labels, p, "p")
 
 
 @torch.library.register_fake("lossfns::tvd_loss")
 def _tvd_loss_fake(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None,
                    ignore_index: int = DEFAULT_IGNORE_INDEX, reduction: str = "batchmean") -> torch.Tensor:
-    _check_inputs(p, q)
+    _check_inputs(p, q, labels)
     # 'none': the per-element loss, p's shape, contiguous; else a 0-dim loss.
     return p.new_empty(p.shape if reduction == "none" else (), dtype=_acc_dtype(p))
 
@@ -50,7 +76,7 @@ def _tvd_loss_fake(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tens
 @torch.library.register_fake("lossfns::_tvd_forward")
 def _tvd_forward_fake(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor], ignore_index: int,
                       reduction: int, save_signs: bool):
-    _check_inputs(p, q)
+    _check_inputs(p, q, labels)
     V = p.shape[-1]
     rows = p.numel() // V
     acc = _acc_dtype(p)
@@ -79,7 +105,7 @@ def _tvd_backward_fake(grad_output: torch.Tensor, signs: torch.Tensor, scale: to
 _STATS_PER_ROW = 6  # lib/src/distill_common.h, kStatsPerRow
 
 
-def _check_logits(s: torch.Tensor, t: torch.Tensor) -> None:
+def _check_logits(s: torch.Tensor, t: torch.Tensor, labels: Optional[torch.Tensor] = None) -> None:
     op = "lossfns.distill_loss"
     torch._check(s.dim() in (2, 3), lambda: f"{op}: student_logits must be (BT, V) or (B, T, V); got {tuple(s.shape)}")
     torch._check(t.dim() == s.dim() and t.shape[:-1] == s.shape[:-1],
@@ -89,19 +115,13 @@ def _check_logits(s: torch.Tensor, t: torch.Tensor) -> None:
     torch._check(t.dtype == s.dtype, lambda: f"{op}: teacher_logits must have the student's dtype {s.dtype}; got {t.dtype}")
     torch._check(t.device == s.device,
                  lambda: f"{op}: teacher_logits must be on the student's device {s.device}; got {t.device}")
-
-
-def _rows(s: torch.Tensor):
-    n = 1
-    for d in s.shape[:-1]:
-        n = n * d
-    return n
+    _check_labels(op, labels, s, "student_logits")
 
 
 @torch.library.register_fake("lossfns::distill_loss")
 def _distill_loss_fake(s, t, labels=None, divergence="tvd", beta=0.5, temperature=1.0,
                        ignore_index=DEFAULT_IGNORE_INDEX, reduction="batchmean", vocab_size=None, grad_scale=None):
-    _check_logits(s, t)
+    _check_logits(s, t, labels)
     return s.new_empty(s.shape[:-1] if reduction == "none" else (), dtype=_acc_dtype(s))
 
 
@@ -109,7 +129,7 @@ def _distill_loss_fake(s, t, labels=None, divergence="tvd", beta=0.5, temperatur
 def _distill_forward_fake(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale, save):
     # loss (rows,) or (); stats (rows, 6); scale (1,); the gradient computed in forward: (rows, ws)
     # on CUDA with a grad_scale for a reduced loss when saving, else (0, ws).
-    _check_logits(s, t)
+    _check_logits(s, t, labels)
     if grad_scale is not None:  # as check_grad_scale (lib/src/distill_checks.cpp), on every device
         torch._check(
             grad_scale.numel() == 1 and grad_scale.device == s.device and grad_scale.dtype.is_floating_point,
@@ -127,6 +147,7 @@ def _distill_forward_fake(s, t, labels, divergence, beta, temperature, ignore_in
 @torch.library.register_fake("lossfns::_distill_backward")
 def _distill_backward_fake(grad_output, s, t, labels, stats, scale, divergence, beta, temperature, ignore_index,
                            reduction, V):
+    _check_logits(s, t, labels)
     return s.new_empty((_rows(s), s.shape[-1]))
 
 
@@ -142,7 +163,7 @@ def _distill_ce_grad_fake(grad, s, t, labels, stats, kd_weight, ce_weight, ce_st
 
 
 # --- lossfns.fused_linear_distill_loss (lib/src/fused_linear_op.cpp, fused_linear_driver.cpp) -------
-def _check_hidden(sh, sw, th, tw) -> None:
+def _check_hidden(sh, sw, th, tw, labels=None) -> None:
     op = "lossfns.fused_linear_distill_loss"
     torch._check(sh.dim() in (2, 3), lambda: f"{op}: student_hidden must be (BT, H_s) or (B, T, H_s); got {tuple(sh.shape)}")
     torch._check(th.dim() == sh.dim() and th.shape[:-1] == sh.shape[:-1],
@@ -155,13 +176,14 @@ def _check_hidden(sh, sw, th, tw) -> None:
                  lambda: f"{op}: teacher_lm_head must be (V_t, H_t) with H_t = {th.shape[-1]}; got {tuple(tw.shape)}")
     for x in (sw, th, tw):
         torch._check(x.dtype == sh.dtype, lambda: f"{op}: the four inputs must have student_hidden's dtype {sh.dtype}")
+    _check_labels(op, labels, sh, "student_hidden")
 
 
 @torch.library.register_fake("lossfns::fused_linear_distill_loss")
 def _fused_linear_fake(sh, sw, th, tw, labels=None, divergence="tvd", beta=0.5, temperature=1.0,
                        ignore_index=DEFAULT_IGNORE_INDEX, reduction="batchmean", vocab_size=None, kd_weight=1.0, ce_weight=0.0, chunk_size=None):
     # loss, divergence, ce: 0-dim, or the hidden states' leading shape for 'none'.
-    _check_hidden(sh, sw, th, tw)
+    _check_hidden(sh, sw, th, tw, labels)
     shape = sh.shape[:-1] if reduction == "none" else ()
     return tuple(sh.new_empty(shape, dtype=_acc_dtype(sh)) for _ in range(3))
 
@@ -176,7 +198,7 @@ def _fused_grads(sh, sw, grad_hidden, grad_lm_head):
 def _fused_linear_forward_fake(sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index, reduction, V,
                                kd_weight, ce_weight, chunk_size, grad_hidden, grad_lm_head):
     # The gradients only for a reduced loss (kNone recomputes them in _fused_linear_distill_backward).
-    _check_hidden(sh, sw, th, tw)
+    _check_hidden(sh, sw, th, tw, labels)
     none = reduction == _NONE
     shape = (sh.shape[0],) if none else ()
     losses = tuple(sh.new_empty(shape, dtype=_acc_dtype(sh)) for _ in range(3))
@@ -202,9 +224,7 @@ _CE_STATS_PER_ROW = 2  # lib/src/cross_entropy_common.h, kCeStatsPerRow
 def _check_ce(logits: torch.Tensor, labels: torch.Tensor) -> None:
     op = "lossfns.cross_entropy_loss"
     torch._check(logits.dim() in (2, 3), lambda: f"{op}: logits must be (BT, V) or (B, T, V); got {tuple(logits.shape)}")
-    torch._check(labels.dtype == torch.int64, lambda: f"{op}: labels must be int64 (Long); got {labels.dtype}")
-    torch._check(labels.device == logits.device,
-                 lambda: f"{op}: labels must be on the logits' device {logits.device}; got {labels.device}")
+    _check_labels(op, labels, logits, "logits")
 
 
 @torch.library.register_fake("lossfns::cross_entropy_loss")

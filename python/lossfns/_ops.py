@@ -1,7 +1,7 @@
 """The functional API: thin typed wrappers of the registered ops (torch.ops.lossfns.*)."""
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional, Union, overload
 
 import torch
 
@@ -24,6 +24,19 @@ def check_name(op: str, what: str, value: str, names: tuple) -> None:
     is built rather than at its first call)."""
     if value not in names:
         raise ValueError(f"{op}: {what} must be one of {', '.join(repr(n) for n in names)}; got {value!r}")
+
+
+def _check_scalars(op: str, ints: dict, floats: dict) -> None:
+    """What the op's schema cannot say well: a Python int past int64 (torch's message is "Expected a
+    value of type 'int' ... found type 'int'"), and a number given as a tensor that requires grad
+    (converted to a float, it would get no gradient, silently). RuntimeError, as the op's errors."""
+    for name, v in ints.items():
+        if isinstance(v, int) and not -2**63 <= v < 2**63:
+            raise RuntimeError(f"{op}: {name} must fit in a 64-bit integer; got {v}")
+    for name, v in floats.items():
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            raise RuntimeError(f"{op}: {name} is a tensor that requires grad, but the op takes a number and gives "
+                               f"it no gradient; pass float({name}.detach()) (a learned {name} is not supported)")
 
 
 def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None,
@@ -52,6 +65,7 @@ def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = 
     gives ``-0.5 * scale``. Errors (shapes, dtypes, devices, labels) raise RuntimeError naming
     what was expected and what was passed.
     """
+    _check_scalars("lossfns.tvd_loss", {"ignore_index": ignore_index}, {})
     return torch.ops.lossfns.tvd_loss(p, q, labels, ignore_index, reduction)
 
 
@@ -96,6 +110,8 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, lab
     the student is finite makes reverse KL +inf (forward KL: a student -inf where the teacher is
     finite); identical rows give loss 0 and gradient 0 for every divergence.
     """
+    _check_scalars("lossfns.distill_loss", {"ignore_index": ignore_index, "vocab_size": vocab_size},
+                   {"beta": beta, "temperature": temperature})
     return torch.ops.lossfns.distill_loss(student_logits, teacher_logits, labels, divergence, beta, temperature,
                                           ignore_index, reduction, vocab_size, grad_scale)
 
@@ -108,13 +124,33 @@ class FusedLinearDistillResult(NamedTuple):
     ce: torch.Tensor
 
 
+@overload
+def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: torch.Tensor,
+                              teacher_hidden: torch.Tensor, teacher_lm_head: torch.Tensor,
+                              labels: Optional[torch.Tensor] = ..., divergence: Divergence = ...,
+                              beta: float = ..., temperature: float = ..., ignore_index: int = ...,
+                              reduction: Reduction = ..., vocab_size: Optional[int] = ...,
+                              kd_weight: float = ..., ce_weight: float = ..., chunk_size: Optional[int] = ...,
+                              return_parts: Literal[False] = ...) -> torch.Tensor: ...
+
+
+@overload
+def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: torch.Tensor,
+                              teacher_hidden: torch.Tensor, teacher_lm_head: torch.Tensor,
+                              labels: Optional[torch.Tensor] = ..., divergence: Divergence = ...,
+                              beta: float = ..., temperature: float = ..., ignore_index: int = ...,
+                              reduction: Reduction = ..., vocab_size: Optional[int] = ...,
+                              kd_weight: float = ..., ce_weight: float = ..., chunk_size: Optional[int] = ...,
+                              *, return_parts: Literal[True]) -> FusedLinearDistillResult: ...
+
+
 def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: torch.Tensor,
                               teacher_hidden: torch.Tensor, teacher_lm_head: torch.Tensor,
                               labels: Optional[torch.Tensor] = None, divergence: Divergence = "tvd",
                               beta: float = 0.5, temperature: float = 1.0, ignore_index: int = DEFAULT_IGNORE_INDEX,
                               reduction: Reduction = "batchmean", vocab_size: Optional[int] = None,
                               kd_weight: float = 1.0, ce_weight: float = 0.0, chunk_size: Optional[int] = None,
-                              return_parts: bool = False):
+                              return_parts: bool = False) -> Union[torch.Tensor, FusedLinearDistillResult]:
     """``distill_loss`` (+ a hard-label cross-entropy) from hidden states and lm_heads, without the
     ``(BT, V)`` logits: the tokens are processed a chunk at a time (logits by a matmul in the input
     dtype, the divergence by distill_loss's kernels, the cross-entropy, and the gradients of
@@ -146,10 +182,15 @@ def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: tor
         The loss, a 0-dim float32 tensor (float64 for float64 inputs) or per token for ``"none"``;
         or the three tensors with ``return_parts=True``.
     """
+    _check_scalars("lossfns.fused_linear_distill_loss",
+                   {"ignore_index": ignore_index, "vocab_size": vocab_size, "chunk_size": chunk_size},
+                   {"beta": beta, "temperature": temperature, "kd_weight": kd_weight, "ce_weight": ce_weight})
     loss, div, ce = torch.ops.lossfns.fused_linear_distill_loss(
         student_hidden, student_lm_head, teacher_hidden, teacher_lm_head, labels, divergence, beta, temperature,
         ignore_index, reduction, vocab_size, kd_weight, ce_weight, chunk_size)
     return FusedLinearDistillResult(loss, div, ce) if return_parts else loss
+
+
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = DEFAULT_IGNORE_INDEX,
                        reduction: Reduction = "mean", vocab_size: Optional[int] = None) -> torch.Tensor:
     """Hard-label cross-entropy from logits, fused: ``F.cross_entropy(logits.float(), labels)``
@@ -174,4 +215,5 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index:
     Returns:
         A 0-dim float32 tensor (float64 for float64 logits), or the per-row losses for ``"none"``.
     """
+    _check_scalars("lossfns.cross_entropy_loss", {"ignore_index": ignore_index, "vocab_size": vocab_size}, {})
     return torch.ops.lossfns.cross_entropy_loss(logits, labels, ignore_index, reduction, vocab_size)

@@ -29,11 +29,12 @@ def _temperature_ok(t: float) -> bool:
 
 def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=None) -> None:
     """The checks the ops make at their first call, made when the module is built (ValueError)."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise ValueError(f"{op}: ignore_index must be an int; got {ignore_index!r}")
+    if (isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral)
+            or not -2**63 <= ignore_index < 2**63):
+        raise ValueError(f"{op}: ignore_index must be an int that fits in 64 bits; got {ignore_index!r}")
     if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral)
-                                   or vocab_size < 1):
-        raise ValueError(f"{op}: vocab_size must be an int >= 1 (or None); got {vocab_size!r}")
+                                   or not 1 <= vocab_size < 2**63):
+        raise ValueError(f"{op}: vocab_size must be an int >= 1 that fits in 64 bits (or None); got {vocab_size!r}")
     for name, value in (("temperature", temperature), ("beta", beta)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             hint = " (float(t) of a 0-dim tensor)" if isinstance(value, torch.Tensor) else ""

@@ -414,12 +414,50 @@ def test_modules_check_their_numbers_when_built():
            (lossfns.DistillLoss, dict(vocab_size=0), "vocab_size must be an int >= 1"),
            (lossfns.DistillLoss, dict(ignore_index="x"), "ignore_index must be an int"),
            (lossfns.CrossEntropyLoss, dict(vocab_size=0), "vocab_size must be an int >= 1"),
-           (lossfns.TVDLoss, dict(ignore_index=1.5), "ignore_index must be an int")]
+           (lossfns.TVDLoss, dict(ignore_index=1.5), "ignore_index must be an int"),
+           (lossfns.TVDLoss, dict(ignore_index=2**63), "ignore_index must be an int that fits in 64 bits"),
+           (lossfns.CrossEntropyLoss, dict(vocab_size=2**63), "vocab_size must be an int >= 1 that fits")]
     for cls, kwargs, message in bad:
         with pytest.raises(ValueError, match=message):
             cls(**kwargs)
     lossfns.DistillLoss(divergence="tvd", beta=2.0)  # beta is read by jsd only (as the op does)
     lossfns.DistillLoss(temperature=1e-3, vocab_size=5, ignore_index=-1)
+
+
+def test_what_the_schema_cannot_say_is_said_by_the_functions():
+    """Labels on another device than the logits (meta: the dispatcher then picks the fake kernels,
+    whose empty outputs were taken for the loss), an input that is None, an int past int64 and a
+    number given as a tensor that requires grad (it would get no gradient) are errors naming them."""
+    s, t = torch.randn(4, 10, requires_grad=True), torch.randn(4, 10)
+    meta = torch.tensor([1, 2, -100, 3], device="meta")
+    p, q = t.softmax(-1), t.softmax(-1)
+    sh, sw, th, tw, _ = hidden_states((4,), torch.float32, "cpu")
+    on_meta = r"labels must be on the device of {}, cpu; got meta"
+    cases = [
+        (lambda: lossfns.distill_loss(s, t, meta), on_meta.format("student_logits")),
+        (lambda: lossfns.distill_loss(s.detach(), t, meta), on_meta.format("student_logits")),
+        (lambda: lossfns.tvd_loss(p, q, meta), on_meta.format("p")),
+        (lambda: lossfns.cross_entropy_loss(s, meta), on_meta.format("logits")),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, meta), on_meta.format("student_hidden")),
+        (lambda: lossfns.distill_loss(s, None), "student_logits and teacher_logits must be defined tensors"),
+        (lambda: lossfns.tvd_loss(p.requires_grad_(), None), "p and q must be defined tensors"),
+        (lambda: lossfns.cross_entropy_loss(s, None), "logits and labels must be defined tensors"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, None, tw),
+         "the hidden states and lm_heads must be defined tensors"),
+        (lambda: lossfns.distill_loss(s, t, ignore_index=2**70), "ignore_index must fit in a 64-bit integer"),
+        (lambda: lossfns.cross_entropy_loss(s, torch.zeros(4, dtype=torch.long), vocab_size=2**63),
+         "vocab_size must fit in a 64-bit"),
+        (lambda: lossfns.distill_loss(s, t, temperature=torch.tensor(2.0, requires_grad=True)),
+         r"temperature is a tensor that requires grad, but the op takes a number and gives it no gradient"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, kd_weight=torch.ones((), requires_grad=True)),
+         r"kd_weight is a tensor that requires grad"),
+    ]
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    # Under torch.compile too (the fakes check the labels as the kernels do).
+    with pytest.raises(Exception, match=on_meta.format("student_logits")):
+        torch.compile(lambda a, b, lab: lossfns.distill_loss(a, b, lab), fullgraph=True)(s, t, meta)
 
 
 def test_modules_and_the_op_agree_on_the_temperatures_at_float32s_limits():
