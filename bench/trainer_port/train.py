@@ -116,7 +116,8 @@ def make_optimizer(config: dict, model, impl: str) -> torch.optim.AdamW:
 
 def build(config: dict, device: torch.device, teacher_source: dict):
     """Teacher (distill mode) and student, initialised as the Trainer does: seed, teacher built
-    (drawing its initialisation) then loaded, student built; all on the CPU, then moved."""
+    (drawing its initialisation) then loaded, seed again, student built (its weights and dropout
+    stream from the seed alone); all on the CPU, then moved."""
     torch.manual_seed(config["train"]["seed"])
     teacher = None
     if config["train"]["mode"] == "distill":
@@ -126,6 +127,7 @@ def build(config: dict, device: torch.device, teacher_source: dict):
         elif teacher_source["kind"] == "checkpoint":
             load_trainer_checkpoint(teacher, teacher_source["path"])
         teacher = teacher.to(device).eval().requires_grad_(False)
+    torch.manual_seed(config["train"]["seed"])
     student = make_model(config["student"])
     if config["student"].get("init_from_teacher") and teacher is not None:
         student.load_state_dict(teacher.state_dict())

@@ -235,6 +235,15 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "x.yaml:6: data.val_fraction: expected a number in (0, 1), got \"1\""},
       {head + "data:\n  synthetic:\n    branching: 65\n",
        "x.yaml:7: data.synthetic.branching: expected an integer in [1, 64], got \"65\""},
+      // The data's tokens must be real (below distill.vocab_size): a synthetic language of more
+      // branches than tokens never drew its batch, a text byte past it failed at some batch.
+      {head + "distill:\n  vocab_size: 3\ndata:\n  synthetic:\n    branching: 4\n",
+       "x.yaml:9: data.synthetic.branching: expected at most distill.vocab_size (3, the tokens the "
+       "data draws from), got 4"},
+      {"train:\n  mode: pretrain\nstudent:\n  vocab_size: 256\ndistill:\n  vocab_size: 128\n"
+       "data:\n  source: text\n  path: x.txt\n",
+       "x.yaml:6: distill.vocab_size: expected 256 or 0 (unset) with data.source text (its tokens "
+       "are the bytes 0-255, all real), got 128"},
       {head + "train:\n  device: tpu\n", "x.yaml:5: train: duplicate key (first set at x.yaml:1)"},
       {head + "schedule:\n  min_lr_ratio: 1.5\n",
        "x.yaml:6: schedule.min_lr_ratio: expected a number in [0, 1], got \"1.5\""},

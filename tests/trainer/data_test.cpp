@@ -59,6 +59,22 @@ TEST(DataTest, PaddingIsIgnoredAndCounted) {
   }
 }
 
+// A language of more branches than tokens could never draw its distinct successors (the first
+// batch hung, deaf to SIGTERM): refused when it is built, naming the key. (The config refuses
+// it first: tests/trainer/config_test.cpp.)
+TEST(DataTest, MoreBranchesThanTokensIsRefused) {
+  DataConfig c = SmallData();
+  c.synthetic.branching = 4;
+  try {
+    SyntheticLanguage language(c.synthetic, 3, 1);
+    FAIL() << "built";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "data.synthetic.branching: expected at most the 3 real tokens, got 4");
+  }
+  SyntheticLanguage fits(c.synthetic, 4, 1);
+  EXPECT_GT(fits.ConditionalEntropy(), 0.0);
+}
+
 // The floor is E[-log P(token | context)] over the targets. Measure it on samples with the
 // language's own probabilities: every sampled transition must be possible (finite log-prob),
 // and the mean must match the floor within 4 standard errors (a false alarm ~ 1 in 16000).

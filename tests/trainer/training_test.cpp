@@ -109,6 +109,35 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
 
 // A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation
 // steps must close a good part of that gap. 0.7 leaves margin both ways on this deterministic run.
+// The student starts from the weights train.seed gives it whatever teacher was built before it:
+// the hard-label baseline (pretrain mode, no teacher) and a distillation with kd_weight 0 are one
+// run, bit for bit, from the first weights to the last step's. (The teacher's random
+// initialisation, overwritten by its checkpoint, used to shift the student's.)
+TEST(TrainingTest, TheBaselineStartsFromTheDistilledStudentsWeights) {
+  Config c = TinyDistillConfig(TempRunDir());
+  c.distill.kd_weight = 0.0;
+  c.distill.ce_weight = 1.0;
+  c.distill.fused_linear = FusedLinear::kOff;
+  c.student.dropout = 0.1;  // the dropout stream too
+  c.train.steps = 3;
+  Config baseline = BaselineStageConfig(c);
+  baseline.train.out_dir = c.train.out_dir + "-baseline";
+  // One run after the other: the trainers draw from the one global generator.
+  std::vector<std::vector<at::Tensor>> first, last;
+  for (const Config* config : {&c, &baseline}) {
+    Trainer t(*config, RunOptions::Quiet());
+    first.emplace_back();
+    for (const auto& p : t.student().parameters()) first.back().push_back(p.detach().clone());
+    t.TrainUntil(3);
+    last.emplace_back(t.student().parameters());
+  }
+  for (size_t i = 0; i < first[0].size(); ++i) {
+    EXPECT_TRUE(at::equal(first[0][i], first[1][i])) << "parameter " << i << " at the start";
+    EXPECT_TRUE(at::equal(last[0][i], last[1][i])) << "parameter " << i << " after 3 steps";
+    EXPECT_FALSE(at::equal(first[0][i], last[0][i])) << "parameter " << i << " did not train";
+  }
+}
+
 TEST(TrainingTest, DistillStepsReduceValidationKd) {
   Config c = TinyDistillConfig(TempRunDir(), /*teacher_steps=*/60);
   c.train.steps = 40;
@@ -319,7 +348,8 @@ TEST(TrainingTest, StepReportsTheNormBeforeClippingAndClips) {
 TEST(TrainingTest, ANonFiniteValidationLossWarns) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
-  c.train.eval_interval = 0;  // the final evaluation only
+  c.schedule.warmup_steps = 1;  // shorter than the run: no warning of an unfinished schedule
+  c.train.eval_interval = 0;    // the final evaluation only
   Trainer trainer(c, RunOptions::Quiet());
   trainer.TrainUntil(2);
   EXPECT_TRUE(trainer.warnings().empty());
@@ -498,6 +528,24 @@ TEST(TrainingTest, NonFiniteWeightsAreNeverCheckpointed) {
     EXPECT_NE(std::string(e.what()).find("holds NaN or inf values"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(LatestCheckpoint(c.train.out_dir).has_value());
+}
+
+// A run that ends inside its warmup says so once at the start (a shortened trial of a config with
+// a long warmup); one with steps left after the warmup does not, and neither does a finished run
+// resumed with fewer steps (nothing is trained).
+TEST(TrainingTest, ARunThatEndsInItsWarmupWarns) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 3;
+  c.schedule.warmup_steps = 5;
+  c.optim.lr = 0.002;
+  EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(),
+              ::testing::ElementsAre(
+                  "warning: schedule.warmup_steps 5 is not shorter than train.steps 3: the run "
+                  "ends in its warmup, its last step at learning rate 0.0012 (optim.lr 0.002), and "
+                  "the decay never starts; a warmup of at most 1 steps finishes the schedule"));
+  c.schedule.warmup_steps = 2;
+  c.train.out_dir = TempRunDir("-short");
+  EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::IsEmpty());
 }
 
 TEST(TrainingTest, LearningRateSchedule) {

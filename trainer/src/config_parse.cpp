@@ -505,6 +505,28 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       }
     }
   }
+  // distill.vocab_size bounds the data's tokens in either mode (the real vocabulary; pretraining
+  // draws its data from it too).
+  if (c.distill.vocab_size > 0) {
+    if (c.distill.vocab_size > c.student.vocab_size) {
+      fail("distill.vocab_size", fmt::format("expected at most student.vocab_size ({}), got {}",
+                                             c.student.vocab_size, c.distill.vocab_size));
+    }
+    // The data's tokens are below distill.vocab_size: every byte for text, and the synthetic
+    // language's successors, which it draws distinct (fewer tokens than branches never ends).
+    if (c.data.source == "text" && c.distill.vocab_size != 256) {
+      fail("distill.vocab_size",
+           fmt::format("expected 256 or 0 (unset) with data.source text (its tokens are the bytes "
+                       "0-255, all real), got {}",
+                       c.distill.vocab_size));
+    }
+    if (c.data.source == "synthetic" && c.data.synthetic.branching > c.distill.vocab_size) {
+      fail("data.synthetic.branching",
+           fmt::format("expected at most distill.vocab_size ({}, the tokens the data draws "
+                       "from), got {}",
+                       c.distill.vocab_size, c.data.synthetic.branching));
+    }
+  }
   if (!distill) {
     if (c.train.baseline) fail("train.baseline", "expected false in pretrain mode, got true");
     if (c.student.init_from_teacher) {

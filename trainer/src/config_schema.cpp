@@ -300,7 +300,7 @@ std::vector<KeyDecl> Declare() {
       k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
       NumberStrictlyIn(0, 1),
       "text, tokens: the last fraction of the data is the validation split (tokens: unless "
-      "data.val_path is set).");
+      "data.val_path is set). The cut is at a token, not a document boundary.");
   Add(
       k, "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
       IntIn(1, int64_t{1} << 20), "Sequences per micro-batch.");
@@ -342,7 +342,9 @@ std::vector<KeyDecl> Declare() {
       // Logits up to |100| divided by 1e-3 stay below 1e5, far inside fp32 (and exp() of their
       // differences from the row max underflows to 0 cleanly); 1e3 flattens any such logits to
       // uniform already, so larger values only hide a typo.
-      NumberIn(1e-3, 1e3, false), "Both models' logits are divided by this before the softmax.");
+      NumberIn(1e-3, 1e3, false),
+      "Both models' logits are divided by this before the softmax. The divergence is not "
+      "multiplied by temperature^2 (Hinton's convention): set distill.kd_weight to T^2 for it.");
   Add(
       k, "distill.kd_weight", [](auto& c) -> auto& { return c.distill.kd_weight; },
       NumberIn(0, 1e6, false), "Weight of the divergence term.");
@@ -426,8 +428,9 @@ std::vector<KeyDecl> Declare() {
   Add(
       k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
       IntIn(1, int64_t{1} << 20),
-      "Validation micro-batches per evaluation (always the same ones; past the count of token "
-      "shards' validation windows they repeat, with a warning at the start).");
+      "Validation micro-batches per evaluation: always the same ones, the validation data's first "
+      "eval_batches x batch_size windows in order (a prefix of a larger set, not a sample of it; "
+      "past the count of validation windows they repeat, with a warning at the start).");
   Add(
       k, "train.checkpoint_interval", [](auto& c) -> auto& { return c.train.checkpoint_interval; },
       IntAtLeast(0), "Checkpoint every this many steps (0: only at the end).");

@@ -162,6 +162,12 @@ class TextSource : public DataSource {
 
 SyntheticLanguage::SyntheticLanguage(const SyntheticConfig& c, int64_t vocab_size, uint64_t seed)
     : order_(c.order), vocab_size_(vocab_size), seed_(seed) {
+  // Successor() draws `branching` distinct tokens: with fewer, it would never return.
+  if (c.branching > vocab_size) {
+    throw std::invalid_argument(
+        fmt::format("data.synthetic.branching: expected at most the {} real tokens, got {}",
+                    vocab_size, c.branching));
+  }
   double sum = 0.0;
   for (int64_t r = 1; r <= c.branching; ++r) {
     weights_.push_back(std::pow(static_cast<double>(r), -c.zipf));

@@ -243,6 +243,22 @@ std::optional<std::string> RepeatedValidationWarning(const Config& config, const
       config.train.eval_batches, batch, read, config.data.seq_len, *distinct, fix);
 }
 
+// A run that ends inside its warmup (a shortened trial, train.steps=10, of a config with
+// warmup_steps 20) never trains at optim.lr and never decays: said once at the start, with the
+// learning rate of its last step.
+std::optional<std::string> UnfinishedScheduleWarning(const Config& config) {
+  const ScheduleConfig& s = config.schedule;
+  const int64_t steps = config.train.steps;
+  if (s.warmup_steps < steps) return std::nullopt;
+  const bool decays = s.kind != ScheduleKind::kConstant && s.min_lr_ratio < 1.0;
+  return fmt::format(
+      "warning: schedule.warmup_steps {} is not shorter than train.steps {}: the run ends in its "
+      "warmup, its last step at learning rate {:.4g} (optim.lr {:.4g}){}; a warmup of at most {} "
+      "steps finishes the schedule",
+      s.warmup_steps, steps, LearningRate(config, steps - 1), config.optim.lr,
+      decays ? ", and the decay never starts" : "", std::max<int64_t>(steps - 2, 0));
+}
+
 // A teacher named in pretrain mode is not loaded: said once at the start, with the mode that
 // uses it (a distill config switched to train.mode=pretrain keeps its teacher keys).
 std::optional<std::string> UnusedTeacherWarning(const Config& config) {
@@ -349,6 +365,10 @@ Trainer::Trainer(Config config, RunOptions options)
     teacher_->eval();
     for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
   }
+  // The student's initialisation and dropout stream come from train.seed alone, not from whether
+  // (or which) teacher was built before it: the hard-label baseline, a kd_weight 0 control and
+  // students of different teachers start from the same weights.
+  torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   student_ = BuildModel(config_.student, /*checkpoint=*/"", device_);
   student_->set_activation_checkpointing(config_.train.activation_checkpointing);
   if (config_.student.init_from_teacher && config_.student.hf_dir.empty()) {
@@ -391,6 +411,9 @@ Trainer::Trainer(Config config, RunOptions options)
         warnings.push_back(*warning);
       }
     }
+  }
+  if (position_.step < config_.train.steps) {  // steps left to train
+    if (auto warning = UnfinishedScheduleWarning(config_)) warnings.push_back(*warning);
   }
   dist_->MainDecides([&] {
     if (options_.before_commit) options_.before_commit();
