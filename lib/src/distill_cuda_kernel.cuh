@@ -463,6 +463,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
 }
 
 // The rows that count (label not ignore_index), summed over one block; the total in thread 0.
+// blockDim.x a multiple of 32, at most 1024 (the launches' 1024): every warp full.
 __device__ __forceinline__ long long block_count_valid(const DistillArgs<float>& a,
                                                        long long* shared) {
   long long valid = 0;

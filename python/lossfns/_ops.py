@@ -34,7 +34,7 @@ def _check_scalars(op: str, ints: dict, floats: dict) -> None:
         if isinstance(v, int) and not -2**63 <= v < 2**63:
             raise RuntimeError(f"{op}: {name} must fit in a 64-bit integer; got {v}")
     for name, v in floats.items():
-        if isinstance(v, torch.Tensor) and v.requires_grad:
+        if isinstance(v, torch.Tensor) and v.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(f"{op}: {name} is a tensor that requires grad, but the op takes a number and gives "
                                f"it no gradient; pass float({name}.detach()) (a learned {name} is not supported)")
 
@@ -142,6 +142,16 @@ def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: tor
                               reduction: Reduction = ..., vocab_size: Optional[int] = ...,
                               kd_weight: float = ..., ce_weight: float = ..., chunk_size: Optional[int] = ...,
                               *, return_parts: Literal[True]) -> FusedLinearDistillResult: ...
+
+
+@overload
+def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: torch.Tensor,
+                              teacher_hidden: torch.Tensor, teacher_lm_head: torch.Tensor,
+                              labels: Optional[torch.Tensor] = ..., divergence: Divergence = ...,
+                              beta: float = ..., temperature: float = ..., ignore_index: int = ...,
+                              reduction: Reduction = ..., vocab_size: Optional[int] = ...,
+                              kd_weight: float = ..., ce_weight: float = ..., chunk_size: Optional[int] = ...,
+                              return_parts: bool = ...) -> Union[torch.Tensor, FusedLinearDistillResult]: ...
 
 
 def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: torch.Tensor,

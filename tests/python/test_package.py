@@ -455,6 +455,8 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
+    with torch.no_grad():  # no gradient to lose: the number is taken
+        lossfns.distill_loss(s, t, temperature=torch.nn.Parameter(torch.tensor(2.0)))
     # Under torch.compile too (the fakes check the labels as the kernels do).
     with pytest.raises(Exception, match=on_meta.format("student_logits")):
         torch.compile(lambda a, b, lab: lossfns.distill_loss(a, b, lab), fullgraph=True)(s, t, meta)

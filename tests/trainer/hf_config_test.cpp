@@ -487,6 +487,10 @@ TEST(HfTokenizerSize, CountsEveryIdAsLargeAsItIs) {
   EXPECT_EQ(size_of("{\"a\": -5, \"b\": \"x\"}", "[{\"id\": 2.5}]"), 3);
   std::filesystem::remove(dir + "/tokenizer.json");
   EXPECT_EQ(HfTokenizerSize(dir), std::nullopt);
+  // A link to nothing is a file that cannot be read (the size check is not skipped), not none.
+  std::filesystem::create_symlink(dir + "/gone.json", dir + "/tokenizer.json");
+  ExpectContains(ErrorOf([&] { HfTokenizerSize(dir); }),
+                 {dir + "/tokenizer.json", "cannot read"});
 }
 
 TEST(HfConfigJson, RoundTripsEachFamily) {

@@ -491,6 +491,11 @@ TEST(SafetensorsDir, ALinkThatLeadsNowhereIsNamed) {
                  {single, "a symbolic link to " + dir +
                               "/elsewhere.safetensors, which does not "
                               "exist"});
+  // Beside an index, as transformers does, the link to nothing is passed over for the index.
+  WriteSafetensors(dir + "/s1.safetensors", {{"a", at::ones({2})}});
+  WriteIndex(dir, {{"a", "s1.safetensors"}});
+  EXPECT_EQ(SafetensorsDir(dir).names(), std::vector<std::string>{"a"});
+  fs::remove(dir + "/model.safetensors.index.json");
   fs::remove(single);
   const std::string index = dir + "/model.safetensors.index.json";
   fs::create_symlink("model.safetensors.index.json", index);

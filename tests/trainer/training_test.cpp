@@ -107,8 +107,6 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
                              "from it)");
 }
 
-// A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation
-// steps must close a good part of that gap. 0.7 leaves margin both ways on this deterministic run.
 // The student starts from the weights train.seed gives it whatever teacher was built before it:
 // the hard-label baseline (pretrain mode, no teacher) and a distillation with kd_weight 0 are one
 // run, bit for bit, from the first weights to the last step's. (The teacher's random
@@ -138,6 +136,8 @@ TEST(TrainingTest, TheBaselineStartsFromTheDistilledStudentsWeights) {
   }
 }
 
+// A teacher pretrained for 60 steps is far from the fresh (near-uniform) student; 40 distillation
+// steps must close a good part of that gap. 0.7 leaves margin both ways on this deterministic run.
 TEST(TrainingTest, DistillStepsReduceValidationKd) {
   Config c = TinyDistillConfig(TempRunDir(), /*teacher_steps=*/60);
   c.train.steps = 40;
@@ -348,7 +348,7 @@ TEST(TrainingTest, StepReportsTheNormBeforeClippingAndClips) {
 TEST(TrainingTest, ANonFiniteValidationLossWarns) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
-  c.schedule.warmup_steps = 1;  // shorter than the run: no warning of an unfinished schedule
+  c.schedule.warmup_steps = 0;  // no warning of an unfinished schedule
   c.train.eval_interval = 0;    // the final evaluation only
   Trainer trainer(c, RunOptions::Quiet());
   trainer.TrainUntil(2);
@@ -530,9 +530,11 @@ TEST(TrainingTest, NonFiniteWeightsAreNeverCheckpointed) {
   EXPECT_FALSE(LatestCheckpoint(c.train.out_dir).has_value());
 }
 
-// A run that ends inside its warmup says so once at the start (a shortened trial of a config with
-// a long warmup); one with steps left after the warmup does not, and neither does a finished run
-// resumed with fewer steps (nothing is trained).
+// A run whose warmup leaves its schedule unfinished says so once at the start (a shortened trial
+// of a config with a long warmup): a decay ends at lr * min_lr_ratio on the last step only when
+// warmup_steps <= steps - 2 (LearningRate); a constant schedule needs warmup_steps <= steps.
+// (A finished run resumed with fewer steps trains nothing and is not warned: ResumeTest's
+// AFinishedRunIsNotShortened expects its one warning.)
 TEST(TrainingTest, ARunThatEndsInItsWarmupWarns) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 3;
@@ -540,11 +542,19 @@ TEST(TrainingTest, ARunThatEndsInItsWarmupWarns) {
   c.optim.lr = 0.002;
   EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(),
               ::testing::ElementsAre(
-                  "warning: schedule.warmup_steps 5 is not shorter than train.steps 3: the run "
-                  "ends in its warmup, its last step at learning rate 0.0012 (optim.lr 0.002), and "
-                  "the decay never starts; a warmup of at most 1 steps finishes the schedule"));
-  c.schedule.warmup_steps = 2;
+                  "warning: schedule.warmup_steps 5 leaves the schedule unfinished in train.steps "
+                  "3: the last step's learning rate is 0.0012 (optim.lr 0.002), and the decay "
+                  "never reaches lr * schedule.min_lr_ratio; a warmup of at most 1 steps "
+                  "finishes it"));
+  c.schedule.warmup_steps = 2;  // the last step at the peak: no decay
+  c.train.out_dir = TempRunDir("-peak");
+  EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::SizeIs(1));
+  c.schedule.warmup_steps = 1;
   c.train.out_dir = TempRunDir("-short");
+  EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::IsEmpty());
+  c.schedule.kind = ScheduleKind::kConstant;  // no decay to finish: the peak is enough
+  c.schedule.warmup_steps = 3;
+  c.train.out_dir = TempRunDir("-constant");
   EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::IsEmpty());
 }
 

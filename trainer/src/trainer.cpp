@@ -243,20 +243,24 @@ std::optional<std::string> RepeatedValidationWarning(const Config& config, const
       config.train.eval_batches, batch, read, config.data.seq_len, *distinct, fix);
 }
 
-// A run that ends inside its warmup (a shortened trial, train.steps=10, of a config with
-// warmup_steps 20) never trains at optim.lr and never decays: said once at the start, with the
-// learning rate of its last step.
+// A warmup that leaves the schedule unfinished (a shortened trial, train.steps=10, of a config
+// with warmup_steps 20): said once at the start, with the learning rate of the last step. A decay
+// ends at lr * min_lr_ratio on the last step when warmup_steps <= steps - 2 (LearningRate: the
+// step after the warmup is the decay's first, at the peak); a constant schedule reaches its peak
+// when warmup_steps <= steps.
 std::optional<std::string> UnfinishedScheduleWarning(const Config& config) {
   const ScheduleConfig& s = config.schedule;
   const int64_t steps = config.train.steps;
-  if (s.warmup_steps < steps) return std::nullopt;
   const bool decays = s.kind != ScheduleKind::kConstant && s.min_lr_ratio < 1.0;
+  const int64_t longest = decays ? steps - 2 : steps;
+  if (s.warmup_steps == 0 || s.warmup_steps <= longest) return std::nullopt;
   return fmt::format(
-      "warning: schedule.warmup_steps {} is not shorter than train.steps {}: the run ends in its "
-      "warmup, its last step at learning rate {:.4g} (optim.lr {:.4g}){}; a warmup of at most {} "
-      "steps finishes the schedule",
+      "warning: schedule.warmup_steps {} leaves the schedule unfinished in train.steps {}: the "
+      "last step's learning rate is {:.4g} (optim.lr {:.4g}){}; a warmup of at most {} steps "
+      "finishes it",
       s.warmup_steps, steps, LearningRate(config, steps - 1), config.optim.lr,
-      decays ? ", and the decay never starts" : "", std::max<int64_t>(steps - 2, 0));
+      decays ? ", and the decay never reaches lr * schedule.min_lr_ratio" : "",
+      std::max<int64_t>(longest, 0));
 }
 
 // A teacher named in pretrain mode is not loaded: said once at the start, with the mode that

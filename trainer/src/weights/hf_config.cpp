@@ -555,8 +555,10 @@ int64_t PastId(const Json& id) {
 
 std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
-  std::error_code ec;  // a symbolic link loop: the read below names it
-  if (!fs::exists(path, ec) && !ec) return std::nullopt;
+  std::error_code ec;  // a symbolic link loop, or to nothing: the read below names it
+  if (!fs::exists(path, ec) && !ec && !fs::is_symlink(fs::symlink_status(path, ec))) {
+    return std::nullopt;
+  }
   const Json json = ReadJsonObject<Json>(path);
   int64_t size = 0;
   const auto model = json.find("model");

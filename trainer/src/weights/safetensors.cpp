@@ -113,8 +113,7 @@ bool AsCount(const Json& v, uint64_t& out) {
 }
 
 // Whether `path` is there to read. What can't be looked at (a symbolic link loop, a directory
-// without search permission) or a symbolic link to nothing is an error naming the file, not a
-// file that is missing.
+// without search permission) is an error naming the file, not a file that is missing.
 bool IsPresent(const fs::path& path) {
   std::error_code ec;
   if (fs::exists(path, ec)) return true;
@@ -123,13 +122,19 @@ bool IsPresent(const fs::path& path) {
         fmt::format("{}: expected a file that can be read, got an error looking at it: {}",
                     path.string(), ec.message()));
   }
+  return false;
+}
+
+// A symbolic link to nothing at `path` (a half-downloaded Hugging Face snapshot): an error naming
+// it, for a directory that holds no weights otherwise.
+void RefuseDanglingLink(const fs::path& path) {
+  std::error_code ec;
   if (fs::is_symlink(fs::symlink_status(path, ec))) {
     throw WeightsError(
         fmt::format("{}: expected a file, got a symbolic link to {}, which does not "
                     "exist",
                     path.string(), fs::read_symlink(path, ec).string()));
   }
-  return false;
 }
 
 std::string ReadTextFile(const std::string& path) {
@@ -507,6 +512,8 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) {
       }
     }
   } else {
+    RefuseDanglingLink(single);  // as transformers, one that dangles beside an index is not used
+    RefuseDanglingLink(index);
     throw WeightsError(
         fmt::format("{}: expected model.safetensors or "
                     "model.safetensors.index.json, got neither",
