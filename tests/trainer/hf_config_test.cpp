@@ -489,8 +489,7 @@ TEST(HfTokenizerSize, CountsEveryIdAsLargeAsItIs) {
   EXPECT_EQ(HfTokenizerSize(dir), std::nullopt);
   // A link to nothing is a file that cannot be read (the size check is not skipped), not none.
   std::filesystem::create_symlink(dir + "/gone.json", dir + "/tokenizer.json");
-  ExpectContains(ErrorOf([&] { HfTokenizerSize(dir); }),
-                 {dir + "/tokenizer.json", "cannot read"});
+  ExpectContains(ErrorOf([&] { HfTokenizerSize(dir); }), {dir + "/tokenizer.json", "cannot read"});
 }
 
 TEST(HfConfigJson, RoundTripsEachFamily) {
