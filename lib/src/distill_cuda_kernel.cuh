@@ -462,23 +462,6 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   }
 }
 
-// The rows that count (label not ignore_index), summed over one block; the total in thread 0.
-// blockDim.x a multiple of 32, at most 1024 (the launches' 1024): every warp full.
-__device__ __forceinline__ long long block_count_valid(const DistillArgs<float>& a,
-                                                       long long* shared) {
-  long long valid = 0;
-  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
-    valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
-  for (int o = 16; o > 0; o >>= 1) valid += __shfl_xor_sync(0xffffffffu, valid, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  if (lane == 0) shared[warp] = valid;
-  __syncthreads();
-  long long n = 0;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < warps; ++w) n += shared[w];
-  return n;
-}
-
 // The reduction's scale from the labels (before a forward that computes the gradient needs it),
 // computed as the finalize computes it (an integer count, the scale in double, rounded once to
 // float): the gradient written in the forward is the one the backward would write, bit for bit
@@ -486,8 +469,12 @@ __device__ __forceinline__ long long block_count_valid(const DistillArgs<float>&
 // static (as the finalize): this header is included by more than one translation unit (the
 // cross-entropy kernels use its row helpers).
 static __global__ void distill_count_kernel(DistillArgs<float> a) {
-  __shared__ long long shn[32];
-  const long long n = block_count_valid(a, shn);
+  __shared__ unsigned red[block_reduce_words<long long>()];
+  long long valid = 0;
+  for (int64_t r = threadIdx.x; r < a.rows; r += blockDim.x)
+    valid += (a.labels == nullptr || a.labels[r] != a.ignore_index) ? 1 : 0;
+  const long long n = block_allreduce(
+      valid, [](long long x, long long y) { return x + y; }, 0LL, red);
   if (threadIdx.x == 0)
     *a.scale = static_cast<float>(distill_reduction_scale<double>(a.reduction, n, a.V));
 }
