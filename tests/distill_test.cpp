@@ -284,8 +284,10 @@ TEST(DistillLoss, NegativeInfinityColumnsAreExactlyZeroAndNeverNaN) {
       }
 }
 
-// A row -inf everywhere on one side has no distribution (docs/distill.md): whatever the op gives
-// for it, it is no NaN that reaches the other rows, and with ignore_index it is nothing at all. A
+// A row -inf everywhere on one side has no distribution (docs/distill.md): its loss and its
+// gradient are NaN at every column, as the composite's (softmax of an all -inf row is NaN), for
+// every divergence (a KL or JSD term whose weight is 0 would drop a NaN probability: the kernels
+// must not let it). The NaN stays in its row, and with ignore_index the row is nothing at all. A
 // row -inf everywhere on both sides is padding: loss 0, gradient 0.
 TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
   at::manual_seed(12);
@@ -306,9 +308,20 @@ TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
       const std::string what = std::string(divergence_name(div)) + " " + dev.str();
       EXPECT_TRUE(at::equal(la.narrow(0, 3, 1), lb)) << what;
       EXPECT_TRUE(at::equal(a.grad().narrow(0, 3, 1), b.grad())) << what;
+      for (int64_t r : {0, 1}) {
+        EXPECT_TRUE(std::isnan(la[r].item<double>())) << what << " row " << r;
+        EXPECT_TRUE(a.grad()[r].isnan().all().item<bool>()) << what << " row " << r;
+      }
       EXPECT_EQ(la[2].item<double>(), 0.0) << what;
       EXPECT_EQ(a.grad()[2].abs().max().item<double>(), 0.0) << what;
-      EXPECT_FALSE(la.isnan().any().item<bool>()) << what;
+      // With grad_scale (on CUDA the forward writes the gradient): the same rows.
+      at::Tensor d = leaf(s1);
+      distill_loss(d, t1, DistillLossOptions().divergence(div).grad_scale(at::ones({1}, opts)))
+          .backward();
+      for (int64_t r : {0, 1})
+        EXPECT_TRUE(d.grad()[r].isnan().all().item<bool>()) << what << " grad_scale row " << r;
+      EXPECT_EQ(d.grad()[2].abs().max().item<double>(), 0.0) << what << " grad_scale";
+      EXPECT_TRUE(d.grad()[3].isfinite().all().item<bool>()) << what << " grad_scale";
       // Ignored, they are not there: the batch mean over row 3 alone, its gradient alone.
       const at::Tensor labels =
           at::tensor({kDefaultIgnoreIndex, kDefaultIgnoreIndex, kDefaultIgnoreIndex, int64_t{5}},

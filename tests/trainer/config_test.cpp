@@ -451,6 +451,18 @@ TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
   };
   tokenizer(63);
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
+  // A tokenizer file that links to nothing (a Hugging Face cache whose files were deleted) would
+  // be left out of the export: refused now, and read only where the run exports.
+  std::filesystem::create_symlink(model + "/gone.json", model + "/tokenizer_config.json");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
+              ::testing::EndsWith(": train.export_from: expected tokenizer files that the "
+                                  "end-of-run export can copy (train.export_hf is on), got " +
+                                  model + "/tokenizer_config.json (a link to " + model +
+                                  "/gone.json): a link to a file that does not exist; restore it "
+                                  "(e.g. download the model again) or set train.export_hf: false"));
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model, "train.export_hf=false"}), "");
+  std::filesystem::remove(model + "/tokenizer_config.json");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
   tokenizer(64);
   EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
               ::testing::EndsWith(": train.export_from: expected the directory of a model whose "

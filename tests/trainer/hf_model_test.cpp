@@ -413,6 +413,21 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   EXPECT_EQ(ExportSources(c).tokenizer_dir, gpt2);
   ExportHf(*model, out + "-gpt2", ExportSources(c), /*replace=*/false);
   EXPECT_EQ(ReadBytes(out + "-gpt2/merges.txt"), "#version: 0.2\n");
+  EXPECT_EQ(ExportSources(c).note, "");
+  // A tokenizer file that links to nothing is left out, and the sources' note says which (the
+  // trainer refuses it at start-up; `distill_trainer export` prints the note).
+  std::filesystem::create_symlink(gpt2 + "/gone.txt", gpt2 + "/tokenizer_config.json");
+  EXPECT_EQ(ExportSources(c).note,
+            "warning: the export has no copy of " + gpt2 + "/tokenizer_config.json (a link to " +
+                gpt2 +
+                "/gone.txt): links to files that do not exist (a Hugging Face cache whose files "
+                "were deleted?); restore them, e.g. by downloading the model again, and export "
+                "again with `distill_trainer export`");
+  ExportHf(*model, out + "-dangling", ExportSources(c), /*replace=*/false);
+  EXPECT_EQ(ReadBytes(out + "-dangling/merges.txt"), "#version: 0.2\n");
+  EXPECT_FALSE(std::filesystem::exists(
+      std::filesystem::symlink_status(out + "-dangling/tokenizer_config.json")));
+  std::filesystem::remove(gpt2 + "/tokenizer_config.json");
   // A tokenizer file that is a FIFO or a device is refused, not copied (a FIFO blocked the export
   // for ever, /dev/zero filled the disk), and the export leaves nothing behind.
   std::filesystem::remove(gpt2 + "/merges.txt");

@@ -12,6 +12,7 @@
 #include "config_schema.h"
 #include "distill/config.h"
 #include "distill/hf_config.h"
+#include "distill/hf_files.h"  // DanglingTokenizerFiles
 #include "distill/run_dir.h"
 
 namespace distill {
@@ -488,6 +489,22 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                          "tokenizer.json has {} ids: the exported model would have no rows for "
                          "ids from {} on",
                          c.student.vocab_size, from, *ids, c.student.vocab_size));
+      }
+    }
+    // The tokenizer files the export copies: a link to nothing (a Hugging Face cache whose files
+    // were deleted) is refused now, not left out of the export after the training.
+    for (const auto& [key, dir] :
+         {std::pair<std::string, const std::string*>{"student.hf_dir", &c.student.hf_dir},
+          {"teacher.hf_dir", &c.teacher.hf_dir},
+          {"train.export_from", &c.train.export_from}}) {
+      if (dir->empty()) continue;
+      const std::vector<std::string> dangling = DanglingTokenizerFiles(*dir);
+      if (!dangling.empty()) {
+        fail(key, fmt::format("expected tokenizer files that the end-of-run export can copy "
+                              "(train.export_hf is on), got {}: a link to a file that does not "
+                              "exist; restore it (e.g. download the model again) or set "
+                              "train.export_hf: false",
+                              dangling.front()));
       }
     }
   }

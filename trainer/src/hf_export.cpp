@@ -133,6 +133,21 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   }
   if (!dirs.empty()) sources.config_template = (fs::path(dirs.front()) / "config.json").string();
   sources.tokenizer_dir = TokenizerDir(dirs);
+  // Tokenizer files that are links to nothing: in the directory whose files are copied, and in
+  // the ones before it (a dangling tokenizer.json passes its directory over).
+  std::vector<std::string> dangling;
+  for (const std::string& dir : dirs) {
+    for (std::string& file : DanglingTokenizerFiles(dir)) dangling.push_back(std::move(file));
+    if (dir == sources.tokenizer_dir) break;
+  }
+  const std::string dangling_note =
+      dangling.empty()
+          ? ""
+          : fmt::format(
+                "warning: the export has no copy of {}: links to files that do not exist (a "
+                "Hugging Face cache whose files were deleted?); restore them, e.g. by downloading "
+                "the model again, and export again with `distill_trainer export`",
+                fmt::join(dangling, ", "));
   if (!gone.empty() && !run_dir.empty()) {
     // What stands in for the missing directory: the other model's files, or nothing.
     const std::string keys =
@@ -147,7 +162,22 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
         fmt::format("warning: {}, and the run has no export of its own ({}): {}, and {}",
                     Gone(gone.front()), (fs::path(run_dir) / "hf").string(), keys, tokenizer);
   }
+  if (!dangling_note.empty())
+    sources.note = sources.note.empty() ? dangling_note : sources.note + "\n" + dangling_note;
   return sources;
+}
+
+std::vector<std::string> DanglingTokenizerFiles(const std::string& dir) {
+  std::vector<std::string> dangling;
+  for (const char* name : kTokenizerFiles) {
+    const fs::path file = fs::path(dir) / name;
+    std::error_code error;
+    if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
+    const fs::path target = fs::read_symlink(file, error);
+    dangling.push_back(fmt::format("{} (a link to {})", file.string(),
+                                   error ? std::string("?") : target.string()));
+  }
+  return dangling;
 }
 
 bool IsExportFileName(const std::string& name) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace distill {
 
@@ -13,6 +14,11 @@ bool IsExportFileName(const std::string& name);
 // The same, or the temporary of such a file that a killed export left: "<file>.tmp"
 // (WriteFileAtomically's) or "<file>.tmp.<pid>" (WriteSafetensors').
 bool IsExportFileOrTemporary(const std::string& name);
+
+// The tokenizer files in `dir` that are links to nothing (a Hugging Face cache whose blobs were
+// deleted), each as "<dir>/<name> (a link to <target>)": an export cannot copy them, so the
+// trainer refuses them at start-up when train.export_hf is on, and an export says it left them out.
+std::vector<std::string> DanglingTokenizerFiles(const std::string& dir);
 
 // Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
 // its previous copy moved aside, named after the exporting process's id.
