@@ -297,7 +297,9 @@ TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
       const at::Tensor s0 = at::randn({4, 33}, opts), t0 = at::randn({4, 33}, opts);
       at::Tensor s1 = s0.clone(), t1 = t0.clone();
       t1[0].fill_(-kInf);  // no teacher mass
+      s1[0][5] = -kInf;    // (a -inf column on the side with mass: p = q = 0 there)
       s1[1].fill_(-kInf);  // no student mass
+      t1[1][7] = -kInf;
       s1[2].fill_(-kInf);  // neither
       t1[2].fill_(-kInf);
       const auto o = DistillLossOptions().divergence(div).reduction(torch::kNone);
@@ -322,6 +324,21 @@ TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
         EXPECT_TRUE(d.grad()[r].isnan().all().item<bool>()) << what << " grad_scale row " << r;
       EXPECT_EQ(d.grad()[2].abs().max().item<double>(), 0.0) << what << " grad_scale";
       EXPECT_TRUE(d.grad()[3].isfinite().all().item<bool>()) << what << " grad_scale";
+      // A teacher narrower than the student (its missing columns are -inf), and padding past
+      // vocab_size, which stays exactly 0.
+      at::Tensor sw = at::randn({2, 9}, opts), tw = at::randn({2, 5}, opts);
+      tw[0].fill_(-kInf);
+      sw[1].fill_(-kInf);
+      for (bool hint : {false, true}) {
+        auto ow = DistillLossOptions().divergence(div).vocab_size(8);
+        if (hint) ow.grad_scale(at::ones({1}, opts));
+        at::Tensor e = leaf(sw);
+        const at::Tensor le = distill_loss(e, tw, ow);
+        le.backward();
+        EXPECT_TRUE(std::isnan(le.item<double>())) << what << " widths";
+        EXPECT_TRUE(e.grad().narrow(1, 0, 8).isnan().all().item<bool>()) << what << " widths";
+        EXPECT_EQ(e.grad().narrow(1, 8, 1).abs().max().item<double>(), 0.0) << what << " widths";
+      }
       // Ignored, they are not there: the batch mean over row 3 alone, its gradient alone.
       const at::Tensor labels =
           at::tensor({kDefaultIgnoreIndex, kDefaultIgnoreIndex, kDefaultIgnoreIndex, int64_t{5}},

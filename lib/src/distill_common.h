@@ -61,11 +61,13 @@ LOSSFNS_HOST_DEVICE bool needs_row_constant(int64_t divergence) { return diverge
 // which is 0 where q is NaN, and JSD's logs of ratios are clamped to their bounds, so a NaN
 // teacher row gave TVD a zero gradient and JSD a finite one under a NaN loss. A NaN constant
 // makes the row's every gradient NaN, as its loss ("NaN in, NaN out", docs/distill.md); per row,
-// nothing per element. 0 where the divergence needs no constant.
+// nothing per element. Where the divergence needs no constant (forward KL): 0, or NaN where the
+// loss is NaN (its gradient p - q adds it, so that it is NaN at every column too, also at a -inf
+// column, where p - q alone is 0).
 template <typename Acc>
 LOSSFNS_HOST_DEVICE Acc saved_row_constant(int64_t divergence, Acc loss, Acc c) {
-  if (!needs_row_constant(divergence)) return Acc(0);
-  return loss != loss ? loss : c;
+  if (loss != loss) return loss;
+  return needs_row_constant(divergence) ? c : Acc(0);
 }
 
 // Per-row state between forward and backward: kStatsPerRow floats per row.
@@ -133,10 +135,11 @@ LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstan
   }
 }
 
-// d loss_row / d a_j for one element, from p, q, g and the row constant c = sum_k p_k g_k.
+// d loss_row / d a_j for one element, from p, q, g and the row constant c = sum_k p_k g_k (forward
+// KL's c is 0, or NaN in a NaN row: adding it changes no bit of p - q, which is never -0).
 template <typename Acc>
 LOSSFNS_HOST_DEVICE Acc divergence_grad(int64_t divergence, Acc p, Acc q, Acc g, Acc c) {
-  return divergence == kForwardKl ? p - q : p * (g - c);
+  return divergence == kForwardKl ? (p - q) + c : p * (g - c);
 }
 
 // Scale that turns the summed row losses into the reduced loss; 0 when no row counts (an

@@ -150,15 +150,8 @@ void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants
                              Acc* stats) {
   using M = CpuMath<Acc>;
   const int64_t ns = row.ws < row.V ? row.ws : row.V, nt = row.wt < row.V ? row.wt : row.V;
-  auto lse_s = cpu_detail::row_logsumexp<T, Acc>(row.s, ns, inv_t);
-  auto lse_t = cpu_detail::row_logsumexp<T, Acc>(row.t, nt, inv_t);
-  // Mass on one side only (the other -inf everywhere: no distribution): NaN, loss and gradient,
-  // as the composite's softmax of an all -inf row gives. The side with mass gets NaN
-  // probabilities from a NaN log_sum (the backward reads it from the stats), and the loss and
-  // row constant are NaN (a KL or JSD term whose weight is 0 would drop a NaN probability).
-  const bool one_sided = (lse_s.max == -std::numeric_limits<Acc>::infinity()) !=
-                         (lse_t.max == -std::numeric_limits<Acc>::infinity());
-  if (one_sided) lse_s.log_sum = lse_t.log_sum = std::numeric_limits<Acc>::quiet_NaN();
+  const auto lse_s = cpu_detail::row_logsumexp<T, Acc>(row.s, ns, inv_t);
+  const auto lse_t = cpu_detail::row_logsumexp<T, Acc>(row.t, nt, inv_t);
   const int64_t n = ns < nt ? ns : nt;  // columns where both are read
   Acc loss = Acc(0), c = Acc(0);
 #pragma omp simd reduction(+ : loss, c)
@@ -185,7 +178,13 @@ void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants
   stats[1] = lse_s.log_sum;
   stats[2] = lse_t.max;
   stats[3] = lse_t.log_sum;
-  if (one_sided) loss = c = std::numeric_limits<Acc>::quiet_NaN();
+  // Mass on one side only (the other -inf everywhere: no distribution): a NaN loss, and a NaN row
+  // constant that makes the gradient NaN at every column, as the composite's softmax of an all
+  // -inf row gives. (Per element the terms whose weight is 0 drop it: forward KL would give 0.)
+  // The normalisers stay as they are: the fused cross-entropy reads the student's.
+  if ((lse_s.max == -std::numeric_limits<Acc>::infinity()) !=
+      (lse_t.max == -std::numeric_limits<Acc>::infinity()))
+    loss = std::numeric_limits<Acc>::quiet_NaN();
   stats[4] = saved_row_constant(kDiv, loss, c);
   stats[kStatLoss] = loss;
 }

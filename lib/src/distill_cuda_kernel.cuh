@@ -377,17 +377,9 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   const MaxSum w{ms.w.max, ms.w.sum};
   const float mx_s = rev ? w.max : ms.o.max, mx_t = rev ? ms.o.max : w.max;
   const float sum_s = rev ? w.sum : ms.o.sum, sum_t = rev ? ms.o.sum : w.sum;
-  // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0). A row with mass on
-  // one side only (the other -inf everywhere: no distribution) is NaN, loss and gradient, as the
-  // composite's softmax of an all -inf row gives: the side with mass gets NaN probabilities from
-  // a NaN log_sum (the backward reads it from the stats), and the loss and row constant are NaN.
-  const bool one_sided = (mx_s == -INFINITY) != (mx_t == -INFINITY);
-  const float ls_s = one_sided           ? NAN
-                     : mx_s == -INFINITY ? 0.f
-                                         : log2f(sum_s),
-              ls_t = one_sided           ? NAN
-                     : mx_t == -INFINITY ? 0.f
-                                         : log2f(sum_t);
+  // log2 of the sums (a row without mass: max -inf, every p 0, log_sum 0).
+  const float ls_s = mx_s == -INFINITY ? 0.f : log2f(sum_s),
+              ls_t = mx_t == -INFINITY ? 0.f : log2f(sum_t);
   const ProbNorm ns_s = prob_norm(mx_s, ls_s), ns_t = prob_norm(mx_t, ls_t);
 
   // Pass 2: the row's loss and its row constant sum_j p_j g_j. The KLs have both from pass 1:
@@ -428,7 +420,11 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     for_each_vec<true, !kGrad>(s, t, ns, nt, vs, vt, n_any, pass2);
     lc = block_sum2(lc, red);
   }
-  if (one_sided) lc = make_float2(NAN, NAN);
+  // Mass on one side only (the other -inf everywhere: no distribution): a NaN loss, and a NaN row
+  // constant that makes the gradient NaN at every column (saved_row_constant), as the
+  // composite's softmax of an all -inf row gives. The normalisers stay as they are: the fused
+  // cross-entropy reads the student's.
+  if ((mx_s == -INFINITY) != (mx_t == -INFINITY)) lc.x = NAN;
   const float c = saved_row_constant<float>(div, lc.x, lc.y);
   if (threadIdx.x == 0) {
     float* st = a.stats + row * kStatsPerRow;

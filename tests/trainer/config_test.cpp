@@ -456,10 +456,11 @@ TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
   std::filesystem::create_symlink(model + "/gone.json", model + "/tokenizer_config.json");
   EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
               ::testing::EndsWith(": train.export_from: expected tokenizer files that the "
-                                  "end-of-run export can copy (train.export_hf is on), got " +
-                                  model + "/tokenizer_config.json (a link to " + model +
-                                  "/gone.json): a link to a file that does not exist; restore it "
-                                  "(e.g. download the model again) or set train.export_hf: false"));
+                                  "end-of-run export can copy (train.export_hf is on), got \"" +
+                                  model + "/tokenizer_config.json\" (a link to \"" + model +
+                                  "/gone.json\"): a link to a file that does not exist; restore "
+                                  "it (e.g. download the model again) or set train.export_hf: "
+                                  "false"));
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model, "train.export_hf=false"}), "");
   std::filesystem::remove(model + "/tokenizer_config.json");
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");

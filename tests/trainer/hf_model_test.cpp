@@ -418,9 +418,9 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   // trainer refuses it at start-up; `distill_trainer export` prints the note).
   std::filesystem::create_symlink(gpt2 + "/gone.txt", gpt2 + "/tokenizer_config.json");
   EXPECT_EQ(ExportSources(c).note,
-            "warning: the export has no copy of " + gpt2 + "/tokenizer_config.json (a link to " +
-                gpt2 +
-                "/gone.txt): links to files that do not exist (a Hugging Face cache whose files "
+            "warning: the export has no copy of \"" + gpt2 +
+                "/tokenizer_config.json\" (a link to \"" + gpt2 +
+                "/gone.txt\"): links to files that do not exist (a Hugging Face cache whose files "
                 "were deleted?); restore them, e.g. by downloading the model again, and export "
                 "again with `distill_trainer export`");
   ExportHf(*model, out + "-dangling", ExportSources(c), /*replace=*/false);

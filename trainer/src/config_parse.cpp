@@ -8,11 +8,12 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "config_schema.h"
 #include "distill/config.h"
 #include "distill/hf_config.h"
-#include "distill/hf_files.h"  // DanglingTokenizerFiles
+#include "distill/hf_files.h"  // DanglingTokenizerFiles, HasTokenizer
 #include "distill/run_dir.h"
 
 namespace distill {
@@ -491,21 +492,29 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                          c.student.vocab_size, from, *ids, c.student.vocab_size));
       }
     }
-    // The tokenizer files the export copies: a link to nothing (a Hugging Face cache whose files
-    // were deleted) is refused now, not left out of the export after the training.
+    // The tokenizer files the end-of-run export copies, where the run exports (a llama student,
+    // or one from a Hugging Face model: trainer.cpp's condition) from the directories it takes
+    // them from (ExportSources: the first with a config.json and a tokenizer, and those before
+    // it): a link to nothing is refused now, not left out of the export after the training.
+    const bool exports = c.student.family == ModelFamily::kLlama || !c.student.hf_dir.empty() ||
+                         (distill && !c.teacher.hf_dir.empty()) || !c.train.export_from.empty();
     for (const auto& [key, dir] :
          {std::pair<std::string, const std::string*>{"student.hf_dir", &c.student.hf_dir},
           {"teacher.hf_dir", &c.teacher.hf_dir},
           {"train.export_from", &c.train.export_from}}) {
-      if (dir->empty()) continue;
+      std::error_code ec;
+      if (!exports || dir->empty() || !fs::exists(fs::path(*dir) / "config.json", ec)) continue;
       const std::vector<std::string> dangling = DanglingTokenizerFiles(*dir);
       if (!dangling.empty()) {
         fail(key, fmt::format("expected tokenizer files that the end-of-run export can copy "
-                              "(train.export_hf is on), got {}: a link to a file that does not "
-                              "exist; restore it (e.g. download the model again) or set "
-                              "train.export_hf: false",
-                              dangling.front()));
+                              "(train.export_hf is on), got {}: {}; restore {} (e.g. download "
+                              "the model again) or set train.export_hf: false",
+                              fmt::join(dangling, ", "),
+                              dangling.size() == 1 ? "a link to a file that does not exist"
+                                                   : "links to files that do not exist",
+                              dangling.size() == 1 ? "it" : "them"));
       }
+      if (HasTokenizer(*dir)) break;
     }
   }
   if (c.train.activation_checkpointing) {

@@ -83,14 +83,10 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
   return tensors;
 }
 
-// The first of `dirs` with a tokenizer: tokenizer.json, or a SentencePiece tokenizer.model alone
-// (older Llama and Mistral repositories), or GPT-2's vocab.json (with merges.txt); not one with
-// generation_config.json only, which save_pretrained writes beside any model. "" if none.
+// The first of `dirs` with a tokenizer (HasTokenizer), or "" if none.
 std::string TokenizerDir(const std::vector<std::string>& dirs) {
   for (const std::string& dir : dirs) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
-      if (fs::exists(fs::path(dir) / name)) return dir;
-    }
+    if (HasTokenizer(dir)) return dir;
   }
   return "";
 }
@@ -167,6 +163,13 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   return sources;
 }
 
+bool HasTokenizer(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
+    if (fs::exists(fs::path(dir) / name)) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> DanglingTokenizerFiles(const std::string& dir) {
   std::vector<std::string> dangling;
   for (const char* name : kTokenizerFiles) {
@@ -174,7 +177,7 @@ std::vector<std::string> DanglingTokenizerFiles(const std::string& dir) {
     std::error_code error;
     if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
     const fs::path target = fs::read_symlink(file, error);
-    dangling.push_back(fmt::format("{} (a link to {})", file.string(),
+    dangling.push_back(fmt::format("\"{}\" (a link to \"{}\")", file.string(),
                                    error ? std::string("?") : target.string()));
   }
   return dangling;

@@ -15,9 +15,14 @@ bool IsExportFileName(const std::string& name);
 // (WriteFileAtomically's) or "<file>.tmp.<pid>" (WriteSafetensors').
 bool IsExportFileOrTemporary(const std::string& name);
 
+// Whether `dir` holds a tokenizer an export copies: tokenizer.json, or a SentencePiece
+// tokenizer.model alone (older Llama and Mistral repositories), or GPT-2's vocab.json (with
+// merges.txt); not generation_config.json alone, which save_pretrained writes beside any model.
+bool HasTokenizer(const std::string& dir);
+
 // The tokenizer files in `dir` that are links to nothing (a Hugging Face cache whose blobs were
-// deleted), each as "<dir>/<name> (a link to <target>)": an export cannot copy them, so the
-// trainer refuses them at start-up when train.export_hf is on, and an export says it left them out.
+// deleted), each as "\"<dir>/<name>\" (a link to \"<target>\")": an export cannot copy them, so
+// the trainer refuses them at start-up where the run exports, and an export says it left them out.
 std::vector<std::string> DanglingTokenizerFiles(const std::string& dir);
 
 // Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
