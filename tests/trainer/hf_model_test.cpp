@@ -296,6 +296,33 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
   WriteBytes(out + "/notes.txt", "more");
   EXPECT_NE(ExportHf(*model, out, {}, /*replace=*/true).find("kept as " + out + ".previous-2"),
             std::string::npos);
+  // A user's file where the export goes, a link to a file, a link to an export's directory (its
+  // target is not the export's to replace) and a link to nothing: each kept as it was, beside.
+  const std::string other = root + "/elsewhere";
+  EXPECT_EQ(ExportHf(*model, other, {}, /*replace=*/false), "");
+  int n = 3;
+  for (const std::string& what :
+       {"a file", "a link to a file", "a link to a directory", "a link to nothing"}) {
+    SCOPED_TRACE(what);
+    RemoveTree(out);
+    if (what == "a file") {
+      WriteBytes(out, "user data");
+    } else {
+      const std::string target = what == "a link to a file"        ? other + "/config.json"
+                                 : what == "a link to a directory" ? other
+                                                                   : root + "/nothing";
+      std::filesystem::create_symlink(target, out);
+    }
+    const std::string kept = out + ".previous-" + std::to_string(n++);
+    EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true),
+              "warning: " + out + " was " + (what == "a file" ? "a file" : "a link") +
+                  ", not an export's directory: it was kept as " + kept);
+    EXPECT_TRUE(std::filesystem::is_directory(std::filesystem::symlink_status(out)));
+    EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
+    if (what == "a file") EXPECT_EQ(ReadBytes(kept), "user data");
+    if (what != "a file") EXPECT_TRUE(std::filesystem::is_symlink(kept));
+  }
+  EXPECT_EQ(HfModelConfig(other).vocab_size, 32);  // a link's target untouched
 }
 
 // What an export killed before left (another process id) is recovered by the run's next export:

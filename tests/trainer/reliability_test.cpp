@@ -333,7 +333,8 @@ TEST_F(ReliabilityTest, CorruptAndForeignCheckpointsThroughTheCommandLine) {
   fs::copy_file(CheckpointPath(other, 4), CheckpointPath(dir, 30));
   const Outcome foreign = Distill(dir);
   EXPECT_EQ(foreign.exit_status, 1) << foreign;
-  ExpectContains(foreign.err, {CheckpointPath(dir, 30) + " is a checkpoint of another run"});
+  ExpectContains(foreign.err, {CheckpointPath(dir, 30) + " is a checkpoint of another run",
+                               "either the run's config.yaml was edited"});
   // No intact checkpoint at all: every file named.
   for (const auto& e : fs::directory_iterator(dir + "/checkpoints")) {
     WriteBytes(e.path().string(), "not a checkpoint");

@@ -1151,6 +1151,47 @@ TEST(ResumeDeathTest, ATokenShardCutShortWhileMappedIsExplained) {
       "distill_trainer: SIGBUS: a memory-mapped file was cut short while it was read");
 }
 
+// A death by a handled signal (a second Ctrl-C during a checkpoint's write) deletes the temporary
+// being written, and only that: the file it replaces and a temporary no longer tracked stay.
+TEST(ResumeDeathTest, ASignalDeathDeletesTheTemporaryBeingWritten) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir);
+  const std::string tmp = dir + "/step_0000002.pt.tmp", done = dir + "/metrics.jsonl.tmp";
+  WriteBytes(dir + "/step_0000002.pt", "the previous file");
+  EXPECT_EXIT(
+      {
+        { const RemoveOnSignalDeath finished(done); }
+        WriteBytes(done, "kept");
+        const RemoveOnSignalDeath writing(tmp);
+        WriteBytes(tmp, "half-written");
+        DieBySignal(SIGINT);
+      },
+      ::testing::KilledBySignal(SIGINT), "");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp)));
+  EXPECT_EQ(ReadBytes(dir + "/step_0000002.pt"), "the previous file");
+  EXPECT_EQ(ReadBytes(done), "kept");
+}
+
+// A checkpoint's temporary left by a killed write (kill -9, or a second signal during it) is
+// deleted when the run next writes a checkpoint, whatever step it was for; other files stay.
+TEST(ResumeTest, PruningDeletesTheTemporariesOfKilledCheckpointWrites) {
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir + "/checkpoints");
+  for (const char* name :
+       {"step_0000002.pt.tmp", "step_0000009.pt.tmp", "notes.tmp", "step_0000004.pt"}) {
+    WriteBytes(dir + "/checkpoints/" + name, "x");
+  }
+  fs::create_symlink(dir + "/checkpoints/notes.tmp", dir + "/checkpoints/step_0000003.pt.tmp");
+  PruneCheckpoints(dir, /*keep=*/3, /*step=*/4, {});
+  for (const char* gone : {"step_0000002.pt.tmp", "step_0000009.pt.tmp"}) {
+    EXPECT_FALSE(fs::exists(dir + "/checkpoints/" + gone)) << gone;
+  }
+  for (const char* kept : {"notes.tmp", "step_0000004.pt", "step_0000003.pt.tmp"}) {
+    EXPECT_TRUE(fs::exists(fs::symlink_status(dir + "/checkpoints/" + kept))) << kept;
+  }
+}
+
 // A single distillation with train.baseline trains the baseline into <out_dir>-baseline after
 // it. A directory there that would refuse the baseline (here a user's own folder) is found
 // before the distillation trains, with what to do about it; nothing is written or deleted.

@@ -86,4 +86,19 @@ grep -q "terminate\|Aborted\|Traceback" "$work/err" && fail "twice: crash output
 [ -f "$dir/checkpoints/step_0000002.pt" ] || fail "twice: the step-2 checkpoint is missing"
 [ -f "$dir/checkpoints/step_0000003.pt" ] && fail "twice: a step-3 checkpoint was written"
 echo "SIGTERM twice, 1.5 s apart: exited at once with status $rc, the step-2 checkpoint kept"
+# A signal during a mid-run evaluation (step 3's, made long): that step is checkpointed and the
+# run stops there, without training another step first.
+dir="$work/run_in_eval"
+"$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000 train.eval_interval=3 \
+  train.eval_batches=20000 2>"$work/err" >/dev/null &
+pid=$!
+wait_for_records "$dir" 3
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" = 143 ] || fail "in an evaluation: exit status $rc, expected 143"
+grep -q "^distill_trainer: SIGTERM: checkpoint at step 3 written to" "$work/err" ||
+  fail "in an evaluation: did not stop at step 3"
+[ -f "$dir/checkpoints/step_0000004.pt" ] && fail "in an evaluation: a step-4 checkpoint was written"
+echo "SIGTERM during step 3's evaluation: stopped at step 3, status $rc"
 echo PASS

@@ -255,6 +255,19 @@ void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
     }
   }
   for (size_t i = 0; i + keep < files.size(); ++i) fs::remove(files[i]);
+  // A checkpoint's temporary that a killed write left (kill -9, or a second signal during it):
+  // never renamed into place, never read, and as large as a checkpoint. This process's own write
+  // is done and the run's lock keeps other processes out, so any there now is a stale one.
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(fs::path(run_dir) / "checkpoints", error)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code ignored;
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
+        CheckpointStep(name.substr(0, name.size() - 4)) && entry.is_regular_file(ignored) &&
+        !entry.is_symlink(ignored)) {
+      fs::remove(entry.path(), ignored);
+    }
+  }
 }
 
 void SaveCheckpoint(const std::string& path, const CausalLM& model,
@@ -343,7 +356,9 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
     if (!identity.empty() && identity != run_identity) {
       throw std::runtime_error(fmt::format(
           "{} is a checkpoint of another run (run identity {}; this run's config.yaml gives {}): "
-          "it was copied here from elsewhere; move it away, or use that run's config",
+          "either the run's config.yaml was edited after the checkpoint was written (undo the "
+          "edit; moving the checkpoint away would restart the run), or the checkpoint was copied "
+          "here from another run (move it away, or use that run's config)",
           path, identity, run_identity));
     }
   }

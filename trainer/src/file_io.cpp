@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "distill/signals.h"  // RemoveOnSignalDeath
+
 namespace distill {
 namespace {
 
@@ -51,6 +53,7 @@ std::string DescribeWriteError(int error) {
 
 void WriteFileAtomically(const std::string& path, const char* data, size_t size) {
   const std::string tmp = path + ".tmp";
+  const RemoveOnSignalDeath remove_on_death(tmp);  // a second Ctrl-C while this writes
   auto fail = [&](int error, const char* what) {
     ::unlink(tmp.c_str());
     throw FileError(fmt::format("cannot write {}: {}{}; the previous file, if any, is unchanged",

@@ -225,10 +225,16 @@ std::vector<std::string> ForeignEntries(const fs::path& dir) {
   return foreign;
 }
 
+// Whether anything is at `path`, a link to nothing included (fs::exists follows links).
+bool Present(const fs::path& path) {
+  std::error_code ignored;
+  return fs::exists(fs::symlink_status(path, ignored));
+}
+
 // A name for keeping a previous export that holds a user's files: <target>.previous(-N).
 fs::path PreviousName(const fs::path& target) {
   fs::path kept = target.string() + ".previous";
-  for (int n = 2; fs::exists(kept); ++n) kept = target.string() + ".previous-" + std::to_string(n);
+  for (int n = 2; Present(kept); ++n) kept = target.string() + ".previous-" + std::to_string(n);
   return kept;
 }
 
@@ -317,7 +323,7 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     }
     if (up == up.parent_path()) break;
   }
-  if (fs::exists(target) && !replace) {
+  if (Present(target) && !replace) {
     throw std::runtime_error(fmt::format(
         "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));
   }
@@ -338,20 +344,30 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
         if (fs::exists(from)) CopyFile(from, tmp / name);
       }
     }
-    if (fs::exists(target)) fs::rename(target, old);
+    if (Present(target)) fs::rename(target, old);
     fs::rename(tmp, target);
   } catch (...) {
     RemoveTree(tmp.string());
     // The previous export moved aside and the new one not in place: the previous one goes back.
     std::error_code ignored;
-    if (fs::exists(old, ignored) && !fs::exists(target, ignored)) fs::rename(old, target, ignored);
+    if (Present(old) && !Present(target)) fs::rename(old, target, ignored);
     throw;
   }
   // The new export is in place: what follows only tidies the previous one, and its failure is a
   // warning, not the export's.
   const std::string before = recovered.empty() ? "" : recovered + "\n";
   try {
-    if (!fs::exists(old)) return recovered;
+    if (!Present(old)) return recovered;
+    // What stood at the target was no directory (a user's file, or a link, even to a directory,
+    // whose target is not the export's to replace): kept beside it, as it was.
+    const fs::file_status was = fs::symlink_status(old);
+    if (!fs::is_directory(was)) {
+      const fs::path kept = PreviousName(target);
+      fs::rename(old, kept);
+      return before +
+             fmt::format("warning: {} was {}, not an export's directory: it was kept as {}",
+                         target.string(), fs::is_symlink(was) ? "a link" : "a file", kept.string());
+    }
     // The previous export holds files the export does not write: not deleted, kept beside it.
     const std::vector<std::string> foreign = ForeignEntries(old);
     if (foreign.empty()) {

@@ -85,7 +85,34 @@ void HandleBusError(int signal) {
   DieBySignal(signal);
 }
 
+// The temporaries RemoveOnSignalDeath tracks: a slot is free (0), being filled (1) or holds a
+// path (2); DieBySignal unlinks the paths (unlink is async-signal-safe).
+constexpr int kTemporarySlots = 8;
+constexpr size_t kTemporaryPathMax = 4096;
+struct TemporarySlot {
+  std::atomic<int> state{0};
+  char path[kTemporaryPathMax];
+};
+TemporarySlot g_temporaries[kTemporarySlots];
+
 }  // namespace
+
+RemoveOnSignalDeath::RemoveOnSignalDeath(const std::string& path) : slot_(-1) {
+  if (path.size() >= kTemporaryPathMax) return;
+  for (int i = 0; i < kTemporarySlots; ++i) {
+    int free = 0;
+    if (g_temporaries[i].state.compare_exchange_strong(free, 1)) {
+      std::memcpy(g_temporaries[i].path, path.c_str(), path.size() + 1);
+      g_temporaries[i].state.store(2);
+      slot_ = i;
+      return;
+    }
+  }
+}
+
+RemoveOnSignalDeath::~RemoveOnSignalDeath() {
+  if (slot_ >= 0) g_temporaries[slot_].state.store(0);
+}
 
 void ExplainBusErrors() {
   struct sigaction action {};
@@ -98,6 +125,9 @@ void ExplainBusErrors() {
 // script stops on a child's SIGINT; Python's returncode is -2), not exit status 130. Only
 // async-signal-safe calls: a handler uses it too.
 void DieBySignal(int signal) {
+  for (TemporarySlot& slot : g_temporaries) {
+    if (slot.state.load() == 2) ::unlink(slot.path);
+  }
   struct sigaction action {};
   action.sa_handler = SIG_DFL;
   sigemptyset(&action.sa_mask);

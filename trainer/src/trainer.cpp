@@ -887,6 +887,10 @@ void Trainer::TrainUntil(int64_t stop_step) {
     if (position_.step % t.log_interval == 0 || position_.step == stop_step) LogStep(result);
     if (t.eval_interval > 0 && position_.step % t.eval_interval == 0) LogEval(Evaluate());
     if (t.checkpoint_interval > 0 && position_.step % t.checkpoint_interval == 0) SaveCheckpoint();
+    // A signal that came during this step's evaluation or checkpoint stops here, not after
+    // another step (one process; on several, every rank learns of it in the next step's
+    // all-reduce, so that all stop at the same step).
+    if (stop_signal_ == 0 && !dist_->active()) stop_signal_ = StopSignals::Pending();
     if (stop_signal_ != 0) break;
   }
   if (profiler_) {

@@ -97,7 +97,8 @@ std::string CheckpointPath(const std::string& run_dir, int64_t step);
 // process's resume skipped as damaged or misnamed), are neither counted nor deleted: counting
 // them had the run delete the checkpoints it had just written, or its last good one (a copy of
 // step 5 named step 12 pushed out step 10). A later process, resuming from a checkpoint past
-// such a file, no longer knows it (the resume's warning said to move it away).
+// such a file, no longer knows it (the resume's warning said to move it away). Also deletes the
+// temporaries (step_NNNNNNN.pt.tmp) that killed writes left.
 void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
                       const std::set<std::string>& leave_alone = {});
 

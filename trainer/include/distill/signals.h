@@ -38,6 +38,21 @@ void ExplainBusErrors();
 // death by the signal, not an exit status. Async-signal-safe.
 [[noreturn]] void DieBySignal(int signal);
 
+// While alive, the file at `path` (a temporary being written) is deleted if the process dies by a
+// signal it handles (DieBySignal: a second SIGTERM / SIGINT, one outside a training step, a
+// SIGBUS), so that such a death leaves no half-written temporary behind. Up to 8 at once (one per
+// writing thread); past that, or for a path of 4096 bytes or more, nothing is tracked.
+class RemoveOnSignalDeath {
+ public:
+  explicit RemoveOnSignalDeath(const std::string& path);
+  ~RemoveOnSignalDeath();
+  RemoveOnSignalDeath(const RemoveOnSignalDeath&) = delete;
+  RemoveOnSignalDeath& operator=(const RemoveOnSignalDeath&) = delete;
+
+ private:
+  int slot_;
+};
+
 // "SIGTERM", "SIGINT", or "signal N".
 std::string SignalName(int signal);
 
