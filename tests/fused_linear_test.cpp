@@ -322,6 +322,34 @@ TEST(FusedLinearDistillLoss, ALabelOutsideTheVocabularyMakesTheCrossEntropyInfin
     }
 }
 
+// A row whose teacher logits are -inf everywhere has no divergence (NaN, as distill_loss gives),
+// but its cross-entropy is the student's own, at T = 1 too, where the cross-entropy takes its
+// normaliser from the divergence's statistics (which must stay the student's, not NaN).
+TEST(FusedLinearDistillLoss, ARowWhoseTeacherHasNoMassKeepsItsCrossEntropy) {
+  std::vector<at::Device> devs = {at::kCPU};
+  if (torch::cuda::is_available()) devs.emplace_back(at::kCUDA);
+  for (const auto& dev : devs)
+    for (Divergence div : kAll)
+      for (double temperature : {1.0, 0.5}) {
+        SCOPED_TRACE(dev.str() + " " + divergence_name(div) + " T " + std::to_string(temperature));
+        const auto opts = at::TensorOptions(dev).dtype(at::kFloat);
+        at::manual_seed(3);
+        const at::Tensor sh = at::randn({3, 4}, opts), sw = at::randn({10, 4}, opts);
+        at::Tensor th = at::randn({3, 4}, opts);
+        th[0].fill_(-kInf);  // times a positive lm_head: -inf in every column
+        const at::Tensor tw = at::randn({10, 4}, opts).abs() + 0.1;
+        const at::Tensor labels = at::tensor({int64_t{2}, int64_t{7}, int64_t{1}}).to(dev);
+        const Shape c{3, 4, 4, 10, 10, std::nullopt, "random", temperature};
+        const auto r = fused_linear_distill_loss(sh, sw, th, tw, labels,
+                                                 options_of(div, 0.5, c, "none", 0.0, 1.0, 2));
+        const at::Tensor expected =
+            -at::log_softmax(at::mm(sh, sw.t()), 1).gather(1, labels.unsqueeze(1)).squeeze(1);
+        EXPECT_TRUE(std::isnan(r.divergence[0].item<double>()));
+        EXPECT_TRUE(r.divergence.narrow(0, 1, 2).isfinite().all().item<bool>());
+        EXPECT_TRUE(all_close(r.ce, expected, 1e-5, 1e-6)) << r.ce << expected;
+      }
+}
+
 // A loss weight that is itself learned, differentiated twice (create_graph): the lm_head's
 // gradient is the saved one times the grad_output, differentiable in the grad_output.
 TEST(FusedLinearDistillLoss, CreateGraphThroughALearnedLossWeight) {

@@ -77,8 +77,11 @@ LOSSFNS_HOST_DEVICE Acc saved_row_constant(int64_t divergence, Acc loss, Acc c) 
 //       logits of +-300 that costs the KL gradients ~50x the composite's error)
 //   [2] max_j b_j, [3] log sum_j exp(b_j - max)
 //   (natural log on the CPU; on CUDA, of log2(e)-scaled logits, in log2)
-//   [4] the row constant sum_k p_k g_k (0 where not needed)
+//   [4] the row constant sum_k p_k g_k (0 where not needed; NaN where the loss is NaN, as in
+//       a row with mass on one side only: saved_row_constant)
 //   [5] the row's loss (0 for ignored rows)
+//   The normalisers [0..3] are the rows' own also where the loss is NaN (the fused cross-entropy
+//   takes [0..1] as the student's: fused_linear_driver.cpp).
 constexpr int64_t kStatsPerRow = 6;
 constexpr int64_t kStatLoss = 5;
 

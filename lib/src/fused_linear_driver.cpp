@@ -203,8 +203,9 @@ void accumulate_grad_lm_head(at::Tensor& acc, const at::Tensor& g, const at::Ten
 //
 // `distill_stats`: when defined, the distill forward's statistics of the same chunk at
 // temperature 1, whose student half is the cross-entropy's normaliser (the same columns [0, Vce),
-// in the units of the device's kernels: log2-scaled logits on CUDA, natural on the CPU); the
-// cross-entropy forward kernel, a second read of the logits, is then skipped.
+// in the units of the device's kernels: log2-scaled logits on CUDA, natural on the CPU; the
+// student's own also in a row whose divergence is NaN, such as one whose teacher is -inf
+// everywhere); the cross-entropy forward kernel, a second read of the logits, is then skipped.
 struct CeChunk {
   at::Tensor stats, scale;  // (n, kCeStatsPerRow) the student's max and log-sum; the scale (1,)
   at::Tensor y, inside;     // labels with the outside ones as ignored; (n,) bool
