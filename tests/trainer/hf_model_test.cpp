@@ -365,6 +365,23 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
   EXPECT_TRUE(std::filesystem::exists(live + "/config.json"));
   RemoveTree(live);
 
+  // What stood at the target and was moved aside, a user's file or a link (to nothing here), left
+  // by an export killed before its new copy was in place: kept as hf.previous-N, with a warning.
+  WriteBytes(out + ".old-2000000004", "user data");
+  std::filesystem::create_symlink(root + "/nothing", out + ".old-2000000005");
+  const std::string moved = ExportHf(*model, out, {}, /*replace=*/true);
+  EXPECT_THAT(moved, HasSubstr("warning: " + out +
+                               ".old-2000000004 (a file, left by an export that was stopped) was "
+                               "kept as " +
+                               out + ".previous-2\n"));
+  EXPECT_THAT(moved, HasSubstr("warning: " + out +
+                               ".old-2000000005 (a link, left by an export that was stopped) was "
+                               "kept as " +
+                               out + ".previous-3"));
+  EXPECT_EQ(ReadBytes(out + ".previous-2"), "user data");
+  EXPECT_TRUE(std::filesystem::is_symlink(out + ".previous-3"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(out + ".old-2000000005")));
+
   // Killed after the new export was in place: the old copy, only export files, is deleted.
   std::filesystem::create_directories(out + ".old-2000000003");
   WriteBytes(out + ".old-2000000003/config.json", "{}");

@@ -53,7 +53,6 @@ std::string DescribeWriteError(int error) {
 
 void WriteFileAtomically(const std::string& path, const char* data, size_t size) {
   const std::string tmp = path + ".tmp";
-  const RemoveOnSignalDeath remove_on_death(tmp);  // a second Ctrl-C while this writes
   auto fail = [&](int error, const char* what) {
     ::unlink(tmp.c_str());
     throw FileError(fmt::format("cannot write {}: {}{}; the previous file, if any, is unchanged",
@@ -65,6 +64,7 @@ void WriteFileAtomically(const std::string& path, const char* data, size_t size)
     throw FileError(
         fmt::format("cannot write {}: cannot create {}: {}", path, tmp, DescribeWriteError(error)));
   }
+  const RemoveOnSignalDeath remove_on_death(tmp);  // ours now: a second Ctrl-C while it is written
   int error = WriteAll(fd, data, size);
   if (error == 0 && ::fsync(fd) != 0) error = errno;
   if (::close(fd) != 0 && error == 0) error = errno;

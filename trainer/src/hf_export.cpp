@@ -263,9 +263,10 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
     std::vector<fs::path> temporaries, olds;
     for (const auto& entry : fs::directory_iterator(parent)) {
       const std::string n = entry.path().filename().string();
+      // An old one may be a file or a link: what stood at the target (kept, never deleted).
+      if (replace && IsExportSibling(n, name, ".old-")) olds.push_back(entry.path());
       if (!entry.is_directory() || entry.is_symlink()) continue;
       if (IsExportSibling(n, name, ".tmp-")) temporaries.push_back(entry.path());
-      if (replace && IsExportSibling(n, name, ".old-")) olds.push_back(entry.path());
     }
     for (const fs::path& tmp : temporaries) {
       const std::string pid = tmp.filename().string().substr(name.size() + 5);
@@ -279,11 +280,18 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
     std::sort(olds.begin(), olds.end());
     for (const fs::path& old : olds) {
       if (OtherProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
-      if (!fs::exists(target)) {
+      const fs::file_status was = fs::symlink_status(old);
+      if (!Present(target)) {
         fs::rename(old, target);
         warnings +=
             fmt::format("warning: {} was left by an export that was stopped; it is {} again\n",
                         old.string(), target.string());
+      } else if (!fs::is_directory(was)) {
+        const fs::path kept = PreviousName(target);
+        fs::rename(old, kept);
+        warnings +=
+            fmt::format("warning: {} ({}, left by an export that was stopped) was kept as {}\n",
+                        old.string(), fs::is_symlink(was) ? "a link" : "a file", kept.string());
       } else if (ForeignEntries(old).empty()) {
         RemoveTree(old.string());
       } else {

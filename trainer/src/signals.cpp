@@ -85,8 +85,9 @@ void HandleBusError(int signal) {
   DieBySignal(signal);
 }
 
-// The temporaries RemoveOnSignalDeath tracks: a slot is free (0), being filled (1) or holds a
-// path (2); DieBySignal unlinks the paths (unlink is async-signal-safe).
+// The temporaries RemoveOnSignalDeath tracks: a slot is free (0), being filled (1), holds a path
+// (2), or is being deleted by a dying handler (3); DieBySignal unlinks the paths (unlink is
+// async-signal-safe).
 constexpr int kTemporarySlots = 8;
 constexpr size_t kTemporaryPathMax = 4096;
 struct TemporarySlot {
@@ -111,7 +112,11 @@ RemoveOnSignalDeath::RemoveOnSignalDeath(const std::string& path) : slot_(-1) {
 }
 
 RemoveOnSignalDeath::~RemoveOnSignalDeath() {
-  if (slot_ >= 0) g_temporaries[slot_].state.store(0);
+  if (slot_ < 0) return;
+  // 3: a handler, on another thread, is deleting this path and the process dies: the slot must
+  // not be refilled under it meanwhile.
+  int expected = 2;
+  while (!g_temporaries[slot_].state.compare_exchange_weak(expected, 0)) expected = 2;
 }
 
 void ExplainBusErrors() {
@@ -126,7 +131,8 @@ void ExplainBusErrors() {
 // async-signal-safe calls: a handler uses it too.
 void DieBySignal(int signal) {
   for (TemporarySlot& slot : g_temporaries) {
-    if (slot.state.load() == 2) ::unlink(slot.path);
+    int ready = 2;  // claimed (3) first: the writer can no longer free and refill it
+    if (slot.state.compare_exchange_strong(ready, 3)) ::unlink(slot.path);
   }
   struct sigaction action {};
   action.sa_handler = SIG_DFL;
