@@ -13,7 +13,7 @@
 #include "config_schema.h"
 #include "distill/config.h"
 #include "distill/hf_config.h"
-#include "distill/hf_files.h"  // DanglingTokenizerFiles, HasTokenizer
+#include "distill/hf_files.h"  // DanglingExportTokenizerFiles
 #include "distill/run_dir.h"
 
 namespace distill {
@@ -493,28 +493,27 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       }
     }
     // The tokenizer files the end-of-run export copies, where the run exports (a llama student,
-    // or one from a Hugging Face model: trainer.cpp's condition) from the directories it takes
-    // them from (ExportSources: the first with a config.json and a tokenizer, and those before
-    // it): a link to nothing is refused now, not left out of the export after the training.
+    // or one from a Hugging Face model: trainer.cpp's condition): a link to nothing is refused
+    // now, not left out of the export after the training.
     const bool exports = c.student.family == ModelFamily::kLlama || !c.student.hf_dir.empty() ||
                          (distill && !c.teacher.hf_dir.empty()) || !c.train.export_from.empty();
-    for (const auto& [key, dir] :
-         {std::pair<std::string, const std::string*>{"student.hf_dir", &c.student.hf_dir},
-          {"teacher.hf_dir", &c.teacher.hf_dir},
-          {"train.export_from", &c.train.export_from}}) {
-      std::error_code ec;
-      if (!exports || dir->empty() || !fs::exists(fs::path(*dir) / "config.json", ec)) continue;
-      const std::vector<std::string> dangling = DanglingTokenizerFiles(*dir);
-      if (!dangling.empty()) {
-        fail(key, fmt::format("expected tokenizer files that the end-of-run export can copy "
-                              "(train.export_hf is on), got {}: {}; restore {} (e.g. download "
-                              "the model again) or set train.export_hf: false",
-                              fmt::join(dangling, ", "),
-                              dangling.size() == 1 ? "a link to a file that does not exist"
-                                                   : "links to files that do not exist",
-                              dangling.size() == 1 ? "it" : "them"));
+    const auto dangling = exports ? DanglingExportTokenizerFiles(
+                                        {c.student.hf_dir, c.teacher.hf_dir, c.train.export_from})
+                                  : std::vector<DanglingTokenizerFile>{};
+    if (!dangling.empty()) {
+      const size_t dir = dangling.front().dir;  // the first directory that has any, all of its
+      std::vector<std::string> files;
+      for (const auto& d : dangling) {
+        if (d.dir == dir) files.push_back(d.file);
       }
-      if (HasTokenizer(*dir)) break;
+      const char* keys[] = {"student.hf_dir", "teacher.hf_dir", "train.export_from"};
+      fail(keys[dir], fmt::format("expected tokenizer files that the end-of-run export can copy "
+                                  "(train.export_hf is on), got {}: {}; restore {} (e.g. "
+                                  "download the model again) or set train.export_hf: false",
+                                  fmt::join(files, ", "),
+                                  files.size() == 1 ? "a link to a file that does not exist"
+                                                    : "links to files that do not exist",
+                                  files.size() == 1 ? "it" : "them"));
     }
   }
   if (c.train.activation_checkpointing) {

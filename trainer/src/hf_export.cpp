@@ -83,6 +83,16 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
   return tensors;
 }
 
+// Whether `dir` holds a tokenizer an export copies: tokenizer.json, or a SentencePiece
+// tokenizer.model alone (older Llama and Mistral repositories), or GPT-2's vocab.json (with
+// merges.txt); not generation_config.json alone, which save_pretrained writes beside any model.
+bool HasTokenizer(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
+    if (fs::exists(fs::path(dir) / name)) return true;
+  }
+  return false;
+}
+
 // The first of `dirs` with a tokenizer (HasTokenizer), or "" if none.
 std::string TokenizerDir(const std::vector<std::string>& dirs) {
   for (const std::string& dir : dirs) {
@@ -129,12 +139,10 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   }
   if (!dirs.empty()) sources.config_template = (fs::path(dirs.front()) / "config.json").string();
   sources.tokenizer_dir = TokenizerDir(dirs);
-  // Tokenizer files that are links to nothing: in the directory whose files are copied, and in
-  // the ones before it (a dangling tokenizer.json passes its directory over).
   std::vector<std::string> dangling;
-  for (const std::string& dir : dirs) {
-    for (std::string& file : DanglingTokenizerFiles(dir)) dangling.push_back(std::move(file));
-    if (dir == sources.tokenizer_dir) break;
+  for (auto& d : DanglingExportTokenizerFiles(
+           {config.student.hf_dir, config.teacher.hf_dir, config.train.export_from})) {
+    dangling.push_back(std::move(d.file));
   }
   const std::string dangling_note =
       dangling.empty()
@@ -163,22 +171,20 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   return sources;
 }
 
-bool HasTokenizer(const std::string& dir) {
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
-    if (fs::exists(fs::path(dir) / name)) return true;
-  }
-  return false;
-}
-
-std::vector<std::string> DanglingTokenizerFiles(const std::string& dir) {
-  std::vector<std::string> dangling;
-  for (const char* name : kTokenizerFiles) {
-    const fs::path file = fs::path(dir) / name;
+std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
+    const std::vector<std::string>& dirs) {
+  std::vector<DanglingTokenizerFile> dangling;
+  for (size_t d = 0; d < dirs.size(); ++d) {
     std::error_code error;
-    if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
-    const fs::path target = fs::read_symlink(file, error);
-    dangling.push_back(fmt::format("\"{}\" (a link to \"{}\")", file.string(),
-                                   error ? std::string("?") : target.string()));
+    if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error)) continue;
+    for (const char* name : kTokenizerFiles) {
+      const fs::path file = fs::path(dirs[d]) / name;
+      if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
+      const fs::path target = fs::read_symlink(file, error);
+      dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
+                                         error ? std::string("?") : target.string())});
+    }
+    if (HasTokenizer(dirs[d])) break;
   }
   return dangling;
 }

@@ -15,15 +15,21 @@ bool IsExportFileName(const std::string& name);
 // (WriteFileAtomically's) or "<file>.tmp.<pid>" (WriteSafetensors').
 bool IsExportFileOrTemporary(const std::string& name);
 
-// Whether `dir` holds a tokenizer an export copies: tokenizer.json, or a SentencePiece
-// tokenizer.model alone (older Llama and Mistral repositories), or GPT-2's vocab.json (with
-// merges.txt); not generation_config.json alone, which save_pretrained writes beside any model.
-bool HasTokenizer(const std::string& dir);
+// A tokenizer file an export cannot copy: a link to nothing (a Hugging Face cache whose blobs
+// were deleted).
+struct DanglingTokenizerFile {
+  size_t dir;        // the index of its directory in the list given
+  std::string file;  // "\"<dir>/<name>\" (a link to \"<target>\")"
+};
 
-// The tokenizer files in `dir` that are links to nothing (a Hugging Face cache whose blobs were
-// deleted), each as "\"<dir>/<name>\" (a link to \"<target>\")": an export cannot copy them, so
-// the trainer refuses them at start-up where the run exports, and an export says it left them out.
-std::vector<std::string> DanglingTokenizerFiles(const std::string& dir);
+// Those in the directories an export takes tokenizer files from: `dirs` in the export's order
+// (the student's hf_dir, the teacher's, train.export_from; "" and directories without config.json
+// passed over, as the export passes them), up to the first with a tokenizer (tokenizer.json, a
+// SentencePiece tokenizer.model or GPT-2's vocab.json), whose files it copies; a dangling
+// tokenizer.json passes its directory over. The trainer refuses them at start-up where the run
+// exports; ExportSources' note names them.
+std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
+    const std::vector<std::string>& dirs);
 
 // Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
 // its previous copy moved aside, named after the exporting process's id.
