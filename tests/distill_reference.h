@@ -63,10 +63,16 @@ inline RefResult reference_distill(const at::Tensor& s_in, const at::Tensor& t_i
     }
   }
   if (!grad_a.defined()) grad_a = p * (g - (p * g).sum(1, true));
+  // A row -inf at every column on one side has no distribution there: its loss and gradient are
+  // NaN (for forward KL too, whose masked terms above would give 0); on both sides, 0.
+  const at::Tensor no_p = (a == ninf).all(1), no_q = (b == ninf).all(1);
+  const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), dbl);
+  const at::Tensor row_nan = no_p.logical_xor(no_q), row_zero = no_p.logical_and(no_q);
+  at::Tensor row_loss = at::where(row_nan, nan, at::where(row_zero, zero, term.sum(1)));
+  grad_a = at::where(row_nan.unsqueeze(1), nan, at::where(row_zero.unsqueeze(1), zero, grad_a));
   const at::Tensor keep = valid.to(at::kCPU, at::kBool);
   RefResult r;
-  r.row_loss =
-      at::where(keep, term.sum(1), zero);  // where, not a product: an ignored row may be inf
+  r.row_loss = at::where(keep, row_loss, zero);  // where, not a product: an ignored row may be inf
   r.grad = at::where(keep.unsqueeze(1),
                      grad_a / T * row_weight.to(at::kCPU, at::kDouble).unsqueeze(1), zero)
                .narrow(1, 0, ws)

@@ -316,6 +316,11 @@ TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
       }
       EXPECT_EQ(la[2].item<double>(), 0.0) << what;
       EXPECT_EQ(a.grad()[2].abs().max().item<double>(), 0.0) << what;
+      // The float64 reference says the same, row by row.
+      const RefResult ref = reference_distill(s1.cpu(), t1.cpu(), div, 0.5, 1.0, 33,
+                                              at::ones({4}, at::kBool), at::ones({4}, at::kDouble));
+      EXPECT_TRUE(all_close(la, ref.row_loss, 1e-5, 1e-6)) << what;
+      EXPECT_TRUE(all_close(a.grad(), ref.grad, 1e-5, 1e-6)) << what;
       // With grad_scale (on CUDA the forward writes the gradient): the same rows.
       at::Tensor d = leaf(s1);
       distill_loss(d, t1, DistillLossOptions().divergence(div).grad_scale(at::ones({1}, opts)))
