@@ -39,6 +39,13 @@ kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, dou
   return a;
 }
 
+// The kernels' grids and row offsets are 32-bit: every entry point checks, the backward ops too
+// (callable on their own, with statistics of any origin).
+void check_cuda_rows(const DistillInputs& in) {
+  TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX},
+              "lossfns.distill_loss: at most 2^27 rows on CUDA; got ", num(in.rows));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
     int64_t divergence, double beta, double temperature, int64_t ignore_index,
@@ -47,8 +54,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_cuda(
       reduction_from_code(reduction_code, "lossfns._distill_forward");
   const DistillInputs in =
       check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
-  TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX},
-              "lossfns.distill_loss: at most 2^27 rows on CUDA; got ", num(in.rows));
+  check_cuda_rows(in);
   const c10::cuda::CUDAGuard guard(s.device());
   const auto f32 = s.options().dtype(at::kFloat);
   const bool none = reduction == kernels::kNone;
@@ -93,6 +99,7 @@ at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   const DistillInputs in =
       check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
   check_distill_backward(in, stats, at::kFloat, grad_output, reduction);
+  check_cuda_rows(in);
   const c10::cuda::CUDAGuard guard(s.device());
   at::Tensor grad =
       at::empty({in.rows, in.ws}, s.options().memory_format(at::MemoryFormat::Contiguous));
@@ -124,6 +131,7 @@ void distill_ce_grad_cuda(at::Tensor& grad, const at::Tensor& s, const at::Tenso
   const DistillInputs in =
       check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
   check_distill_ce_grad(in, grad, stats, at::kFloat, kd_weight, ce_weight, ce_stats);
+  check_cuda_rows(in);
   if (in.rows == 0) return;
   const c10::cuda::CUDAGuard guard(s.device());
   const at::Tensor kw = kd_weight.reshape({-1}).to(at::kFloat).contiguous();

@@ -84,6 +84,8 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
               num(sign_row_pitch(V)), ") from _tvd_forward(save_signs=True); got ",
               signs.scalar_type(), " ", dims(signs.sizes()));
   check_backward_inputs(grad_output, scale, signs.size(0), V, reduction);
+  TORCH_CHECK(signs.size(0) <= int64_t{INT32_MAX},
+              "lossfns._tvd_backward: at most 2^31-1 rows on CUDA; got ", num(signs.size(0)));
   TORCH_CHECK(
       dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
       "lossfns._tvd_backward: on CUDA the gradient dtype must be Float, Half or BFloat16; got ",
