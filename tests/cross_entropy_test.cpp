@@ -235,9 +235,22 @@ TEST(CrossEntropyLoss, NegativeInfinityLogitsAreSafe) {
     }
 }
 
+// A float32 row of 2^20 columns on the CPU: the sum of exp runs in float over blocks that add up
+// in double (distill_cpu_kernel.h), within a float rounding or two of float64's cross-entropy.
+TEST(CrossEntropyLoss, LongFloat32RowsSumAccuratelyOnTheCpu) {
+  at::manual_seed(22);
+  const at::Tensor x = at::randn({2, int64_t{1} << 20}) * 2;
+  const at::Tensor labels = at::tensor(std::vector<int64_t>{3, 700000}, at::kLong);
+  const at::Tensor loss = lossfns::cross_entropy_loss(x, labels, options(torch::kNone));
+  const at::Tensor expected =
+      at::cross_entropy_loss(x.to(at::kDouble), labels, {}, at::Reduction::None);
+  EXPECT_TRUE(all_close(loss, expected, 1e-6, 0)) << loss << expected;
+}
+
 TEST(CrossEntropyLoss, NaNPropagatesToItsRowOnly) {
   // A NaN logit makes its row's loss and gradient NaN (as the reference's), not its neighbours';
-  // in an ignored row it changes nothing. A row without mass (all -inf) has a NaN loss.
+  // in an ignored row it changes nothing. A row without mass (all -inf) has a NaN loss and a NaN
+  // gradient at every column but the padding.
   for (const auto& dev : devices()) {
     at::Tensor x = at::randn({4, 50}, at::TensorOptions(dev));
     x[1][7] = std::nan("");
@@ -253,6 +266,17 @@ TEST(CrossEntropyLoss, NaNPropagatesToItsRowOnly) {
     EXPECT_EQ(loss[2].item<double>(), 0.0);
     EXPECT_TRUE(std::isnan(loss[3].item<double>()));
     EXPECT_TRUE(std::isnan(lossfns::cross_entropy_loss(x, labels).item<double>()));
+    for (int64_t vocab : {int64_t{50}, int64_t{40}}) {
+      const at::Tensor a = x.clone().set_requires_grad(true);
+      lossfns::cross_entropy_loss(a, labels, options(torch::kNone).vocab_size(vocab))
+          .narrow(0, 3, 1)
+          .sum()
+          .backward();
+      const at::Tensor g = a.grad().cpu();
+      EXPECT_TRUE(g[3].narrow(0, 0, vocab).isnan().all().item<bool>()) << dev << " " << vocab;
+      EXPECT_EQ(g[3].narrow(0, vocab, 50 - vocab).abs().sum().item<double>(), 0.0) << dev;
+      EXPECT_EQ(g[0].abs().max().item<double>(), 0.0) << dev;  // grad_output 0 (row 1: NaN)
+    }
   }
 }
 

@@ -357,6 +357,23 @@ TEST(DistillLoss, RowsWithoutMassStayInTheirRow) {
     }
 }
 
+// A float32 row of 2^20 columns on the CPU: the row sums run in float over blocks and add up in
+// double, so every ISA build (ctest runs this file under each) stays within a few float
+// roundings of the float64 reference. (One float sum per vector lane over the whole row erred by
+// ~1e-3 relative in the baseline build.)
+TEST(DistillLoss, LongFloat32RowsSumAccuratelyOnTheCpu) {
+  at::manual_seed(21);
+  const int64_t V = int64_t{1} << 20;
+  const at::Tensor s = at::randn({2, V}) * 2, t = at::randn({2, V}) * 2;
+  for (Divergence div : kAll) {
+    const at::Tensor loss =
+        distill_loss(s, t, DistillLossOptions().divergence(div).reduction(torch::kNone));
+    const RefResult ref = reference_distill(s, t, div, 0.5, 1.0, V, at::ones({2}, at::kBool),
+                                            at::ones({2}, at::kDouble));
+    EXPECT_TRUE(all_close(loss, ref.row_loss, 2e-6, 0)) << divergence_name(div);
+  }
+}
+
 TEST(DistillLoss, ReverseKlIsInfiniteWhereOnlyTheTeacherIsNegativeInfinity) {
   for (const auto& dev : devices()) {
     at::Tensor s = at::zeros({1, 4}, at::TensorOptions(dev));

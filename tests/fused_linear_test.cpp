@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
 
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -351,7 +352,9 @@ TEST(FusedLinearDistillLoss, ARowWhoseTeacherHasNoMassKeepsItsCrossEntropy) {
 }
 
 // A loss weight that is itself learned, differentiated twice (create_graph): the lm_head's
-// gradient is the saved one times the grad_output, differentiable in the grad_output.
+// gradient is the saved one times the grad_output, differentiable in the grad_output. Its
+// derivative in the lm_head or the hidden states (a gradient penalty) is not computed: asking for
+// it raises, naming the op, where it used to be dropped silently.
 TEST(FusedLinearDistillLoss, CreateGraphThroughALearnedLossWeight) {
   const Shape c{6, 8, 8, 30, 30, std::nullopt};
   const Inputs in64 = make_inputs(c);
@@ -368,8 +371,31 @@ TEST(FusedLinearDistillLoss, CreateGraphThroughALearnedLossWeight) {
   const at::Tensor gw =
       torch::autograd::grad({loss}, {w}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
   EXPECT_TRUE(all_close(gw, plain * 2.0, 1e-6, 1e-7));
-  gw.sum().backward();  // d(sum of lam * plain) / d lam
-  EXPECT_TRUE(all_close(lam.grad(), plain.sum(), 1e-5, 1e-6));
+  // d(sum of lam * plain) / d lam
+  EXPECT_TRUE(all_close(torch::autograd::grad({gw.sum()}, {lam}, {}, /*retain_graph=*/true)[0],
+                        plain.sum(), 1e-5, 1e-6));
+  auto raises = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {  // autograd's error node throws std::runtime_error
+      return std::string(e.what()).find(
+                 "lossfns.fused_linear_distill_loss: its gradient cannot "
+                 "be differentiated again") != std::string::npos;
+    }
+    return false;
+  };
+  // backward() wants d/dw of the gradient too (w is a leaf that requires grad).
+  EXPECT_TRUE(raises([&] { gw.sum().backward({}, /*retain_graph=*/true); }));
+  // A gradient penalty in the hidden states, for a reduced loss and for 'none'.
+  for (const std::string red : {"batchmean", "none"}) {
+    const auto on = options_of(Divergence::kTvd, 0.5, c, red, 1.0, 0.5, std::nullopt);
+    const at::Tensor h = leaf(f32(in64.sh));
+    const at::Tensor l =
+        fused_linear_distill_loss(h, f32(in64.sw), f32(in64.th), f32(in64.tw), in64.labels, on)
+            .loss.sum();
+    const at::Tensor gh = torch::autograd::grad({l}, {h}, {}, true, /*create_graph=*/true)[0];
+    EXPECT_TRUE(raises([&] { torch::autograd::grad({(gh * gh).sum()}, {h}); })) << red;
+  }
 }
 
 // The lower precisions against the composite a user would write in that dtype: logits by

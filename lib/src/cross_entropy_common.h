@@ -19,7 +19,7 @@ namespace lossfns::kernels {
 //       log p_j = (x_j - max) - log_sum is exact near the max whatever the logits' magnitude
 //       (distill_common.h says why). Natural log on the CPU; on CUDA, of log2(e)-scaled logits,
 //       in log2. A row without mass (every column -inf): max -inf (log_sum 0 on the CPU, -inf on
-//       CUDA); its loss is NaN (no distribution), its p all 0.
+//       CUDA); its loss and gradient are NaN (no distribution).
 // Ignored rows hold 0, 0.
 constexpr int64_t kCeStatsPerRow = 2;
 

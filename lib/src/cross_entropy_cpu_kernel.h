@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "cross_entropy_common.h"
 #include "distill_cpu_kernel.h"
@@ -29,11 +30,14 @@ Acc ce_row_forward_cpu(const T* x, int64_t V, int64_t y, Acc* stats) {
 
 // Backward of one row: grad[j] = scale * (softmax(x)_j - [j == y]) for j < V and 0 for the
 // padding columns V <= j < width, where scale = grad_output * the reduction's scale (the
-// caller's).
+// caller's). A row without mass (every column -inf: no softmax) gets NaN at every column < V, as
+// its loss and torch's softmax.
 template <typename T, typename Acc>
 void ce_row_backward_cpu(const T* x, int64_t V, int64_t width, int64_t y, const Acc* stats,
                          Acc scale, T* grad) {
   const cpu_detail::LogSumExp<Acc> lse{stats[0], stats[1]};
+  if (lse.max == -std::numeric_limits<Acc>::infinity())
+    scale = std::numeric_limits<Acc>::quiet_NaN();
 #pragma omp simd
   for (int64_t j = 0; j < V; ++j) {
     Acc lp, p;

@@ -137,8 +137,9 @@ __global__ void __launch_bounds__(256)
              vg = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
   const float* st = a.stats + row * kCeStatsPerRow;
   const ProbNorm norm = prob_norm(st[0], st[1]);
-  // A label out of range: the row's gradient is NaN (as its loss), no column is the target.
-  const float go = ce_label_in_range(y, a.V)
+  // A label out of range, or a row without mass (every column -inf, max -inf: no softmax): the
+  // row's gradient is NaN (as its loss), no column is the target.
+  const float go = ce_label_in_range(y, a.V) && st[0] != -INFINITY
                        ? (a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale)
                        : NAN;
   const int64_t step = int64_t(blockDim.x) * N;

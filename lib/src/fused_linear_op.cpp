@@ -152,15 +152,17 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
     auto [loss, div, ce, gh, gw] =
         fused_linear_forward_op(sh, sw, th, tw, labels, a, need_h && !none, need_w && !none);
     const at::Tensor undefined;
+    // The loss last: its node's edges lead first_order_only's error node to the inputs.
     if (none)
-      ctx->save_for_backward({sh, sw, th, tw, labels ? *labels : undefined});
+      ctx->save_for_backward({sh, sw, th, tw, labels ? *labels : undefined, loss});
     else
-      ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined});
+      ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined, loss});
     ctx->saved_data["need_h"] = need_h;
     ctx->saved_data["need_w"] = need_w;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(sw.scalar_type());
     save_args(ctx, a);
-    ctx->mark_non_differentiable({div, ce});
+    // div and ce are detached by the caller (fused_linear_autograd), not marked
+    // non-differentiable: compiled autograd refuses a node with non-differentiable outputs.
     return {loss, div, ce};
   }
 
@@ -170,17 +172,27 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
     const bool need_h = ctx->saved_data["need_h"].toBool(),
                need_w = ctx->saved_data["need_w"].toBool();
     const at::Tensor& go = grad_outputs[0];
+    const at::Tensor& loss = saved.back();
+    const bool create_graph = at::GradMode::is_enabled();
+    at::NoGradGuard no_grad;  // first-order only: see first_order_only
     at::Tensor gh, gw;
+    const at::Tensor undefined;
     if (go.defined() && a.reduction != kernels::kNone) {
-      if (need_h) gh = saved[0] * go;
-      if (need_w) {  // float32 for half inputs: scaled and rounded in one pass
-        const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-        if (at::GradMode::is_enabled() && go.requires_grad()) {  // create_graph: differentiable
-          gw = (saved[1] * go).to(dtype);
-        } else {
-          gw = scale_cast_op(saved[1], go, dtype);
-        }
+      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+      if (create_graph && go.requires_grad()) {
+        // Differentiable in grad_output (a learned loss weight): the saved gradients, attached
+        // to the error node (their own derivative in the hidden states and lm_head is not
+        // computed: differentiating through them raises), times grad_output.
+        const auto g = first_order_only(
+            kFusedOp, loss, true, {need_h ? saved[0] : undefined, need_w ? saved[1] : undefined});
+        at::AutoGradMode enable_grad(true);
+        if (need_h) gh = g[0] * go;
+        if (need_w) gw = (g[1] * go).to(dtype);
+        return {gh, gw, undefined, undefined, undefined, undefined};
       }
+      if (need_h) gh = saved[0] * go;
+      // float32 for half inputs: scaled and rounded in one pass
+      if (need_w) gw = scale_cast_op(saved[1], go, dtype);
     } else if (go.defined()) {
       auto opt = [](const at::Tensor& x) {
         return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
@@ -190,7 +202,8 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
       if (!need_h) gh = at::Tensor();
       if (!need_w) gw = at::Tensor();
     }
-    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return first_order_only(kFusedOp, loss, create_graph,
+                            {gh, gw, undefined, undefined, undefined, undefined});
   }
 };
 
@@ -225,8 +238,11 @@ Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const 
     return forward_only(sh, sw, th, tw, labels, a);
   }
   // The reshape to rows is a differentiable view: a (B, T, H) input gets its gradient through it.
-  return shaped(FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a),
-                sh, a.reduction);
+  variable_list out =
+      FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a);
+  out[1] = out[1].detach();  // the parts: values to log, not to differentiate
+  out[2] = out[2].detach();
+  return shaped(out, sh, a.reduction);
 }
 
 // Below autograd (inference mode, tensors without autograd): forward only.

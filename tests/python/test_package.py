@@ -489,9 +489,13 @@ def test_modules_and_the_op_agree_on_the_temperatures_at_float32s_limits():
 def second_order_cases():
     s0, t = torch.randn(4, 10, dtype=torch.float64), torch.randn(4, 10, dtype=torch.float64)
     labels = torch.randint(0, 10, (4,))
+    sw, th, tw = (torch.randn(12, 10, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64),
+                  torch.randn(12, 6, dtype=torch.float64))
     return [("lossfns.distill_loss", lambda s: lossfns.distill_loss(s, t, divergence="forward_kl")),
             ("lossfns.tvd_loss", lambda s: lossfns.tvd_loss(torch.softmax(s, -1), torch.softmax(t, -1))),
-            ("lossfns.cross_entropy_loss", lambda s: lossfns.cross_entropy_loss(s, labels))], s0
+            ("lossfns.cross_entropy_loss", lambda s: lossfns.cross_entropy_loss(s, labels)),
+            ("lossfns.fused_linear_distill_loss",
+             lambda s: lossfns.fused_linear_distill_loss(s, sw, th, tw, labels, ce_weight=0.5))], s0
 
 
 def test_second_order_gradients_raise_through_autograd_grad():
