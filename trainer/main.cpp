@@ -68,6 +68,28 @@ int main(int argc, char** argv) {
     // prints CLI11's message and exits 2, as a config error does (CLI11's own codes are 100+).
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // Command-line mistakes CLI11 accepts: exit 2 with one line, as its own errors.
+  if (*export_cmd) {
+    // The export reads the run's own config.yaml: anything given before "export" would be
+    // ignored silently.
+    std::vector<std::string> given;
+    for (const CLI::Option* option : app.get_options()) {
+      if (option->count() > 0) given.push_back(option->get_name());
+    }
+    if (!given.empty()) {
+      std::string names;
+      for (const std::string& name : given) names += (names.empty() ? "" : ", ") + name;
+      std::cerr << "distill_trainer: export takes the run directory and a new directory only; "
+                << names << " given before \"export\" would not apply to it (the run's own "
+                << "config.yaml decides what is exported): leave "
+                << (given.size() > 1 ? "them" : "it") << " out\n";
+      return 2;
+    }
+  } else if (app.count("--config") > 0 && config_path.empty()) {
+    std::cerr << "distill_trainer: --config: expected a YAML file, got an empty path (an unset "
+                 "shell variable?); leave --config out to run the embedded quickstart\n";
+    return 2;
+  }
   try {
     if (print_reference) {
       std::cout << distill::ConfigReference();

@@ -548,6 +548,28 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"data.seq_len=129"}),
             "override \"data.seq_len=129\": data.seq_len: expected at most "
             "student.context_length (128), got 129");
+  // A YAML comment in a value is refused: what follows it would be dropped silently (an out_dir
+  // "runs/x #2" trained in runs/x). Quoted, or without a space before it, the '#' is kept.
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=runs/x #2"}),
+            "override \"train.out_dir=runs/x #2\": train.out_dir: expected a string without NUL "
+            "characters, got a "
+            "YAML comment at \"#2\" (a '#' after a space starts one, and what follows it would be "
+            "dropped); quote the value to keep the '#' (e.g. train.out_dir='\"runs/x #2\"'), or "
+            "leave the comment out");
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.steps=#5"}).find("got a YAML comment at \"#5\""),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.out_dir=\"a\" # b"}).find("comment at \"# b\""),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kValidDistill, {"train.out_dir=it's #1"}).find("comment at \"#1\""),
+            std::string::npos);
+  for (const auto& [text, dir] : std::vector<std::pair<std::string, std::string>>{
+           {"train.out_dir=\"runs/x #2\"", "runs/x #2"},
+           {"train.out_dir='runs/x #2'", "runs/x #2"},
+           {"train.out_dir='it''s #2'", "it's #2"},
+           {"train.out_dir=\"a\\\" #b\"", "a\" #b"},
+           {"train.out_dir=runs/x#2", "runs/x#2"}}) {
+    EXPECT_EQ(ParseConfig(kValidDistill, "x", {text}).train.out_dir, dir) << text;
+  }
   // Later overrides win; an override beats the file.
   const Config c = ParseConfig(std::string(kValidDistill) + "distill:\n  temperature: 3\n", "x",
                                {"distill.temperature=4", "distill.temperature=5"});

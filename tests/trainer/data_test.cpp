@@ -111,6 +111,11 @@ TEST(DataTest, EntropyFloorMatchesSampledCrossEntropy) {
   double h = 0;
   for (double w : {60.0, 30.0, 20.0, 15.0, 12.0}) h -= w / 137 * std::log(w / 137);
   EXPECT_NEAR(language.ConditionalEntropy(), h, 1e-12);
+  // A zipf so large that the lower ranks' weights underflow to 0: the first successor alone, a
+  // floor of exactly 0 (0 * log 0 made it NaN, shown as "n/a").
+  DataConfig steep = SmallData();
+  steep.synthetic.zipf = 2000;
+  EXPECT_EQ(SyntheticLanguage(steep.synthetic, vocab, 1).ConditionalEntropy(), 0.0);
 }
 
 TEST(DataTest, TextSourceIsByteLevelWithSplit) {

@@ -144,6 +144,47 @@ TEST(HfModel, Gpt2FilesOfTheBareBaseModelLoad) {
                   HasSubstr("h.0.mlp.c_gate.weight"), HasSubstr("unexpected tensor"))));
 }
 
+// A tied model's file may keep the lm_head as a copy of the embedding (transformers then ties
+// them); a copy that differs is refused, naming the tensor and the fix: transformers would load
+// the two untied, and the trainer's tied module would be another model than the directory's.
+TEST(HfModel, ATiedLmHeadInTheFilesMustBeACopyOfTheEmbedding) {
+  for (const auto& [fixture, embedding] : std::vector<std::pair<std::string, std::string>>{
+           {"llama_gqa_rope3", "model.embed_tokens.weight"}, {"gpt2_tanh", "wte.weight"}}) {
+    SCOPED_TRACE(fixture);
+    SafetensorsFile file(Fixture(fixture) + "/model.safetensors");
+    ASSERT_TRUE(file.contains(embedding));
+    ASSERT_FALSE(file.contains("lm_head.weight"));
+    const at::Tensor ids = at::randint(0, 64, {1, 8}, at::kLong);
+    torch::NoGradGuard no_grad;
+    Model original = BuildModel(HfModelConfig(Fixture(fixture)), "", at::Device(at::kCPU));
+    original->eval();  // no dropout
+    const at::Tensor expected = original->forward(ids);
+    for (bool differ : {false, true}) {
+      const std::string dir = TempRunDir();
+      fs::create_directories(dir);
+      fs::copy_file(Fixture(fixture) + "/config.json", dir + "/config.json");
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      for (const std::string& name : file.names())
+        tensors.emplace_back(name, file.Tensor(name, at::kFloat));
+      at::Tensor head = file.Tensor(embedding, at::kFloat).clone();
+      if (differ) head[3][1] += 1.0;
+      tensors.emplace_back("lm_head.weight", head);
+      WriteSafetensors(dir + "/model.safetensors", tensors);
+      if (!differ) {
+        Model model = BuildModel(HfModelConfig(dir), "", at::Device(at::kCPU));
+        model->eval();
+        EXPECT_TRUE(at::equal(model->forward(ids), expected));
+        continue;
+      }
+      EXPECT_THAT([&] { BuildModel(HfModelConfig(dir), "", at::Device(at::kCPU)); },
+                  ::testing::ThrowsMessage<WeightsError>(::testing::AllOf(
+                      HasSubstr(dir + "/model.safetensors: tensor \"lm_head.weight\""),
+                      HasSubstr("expected a copy of \"" + embedding + "\", got 1 of"),
+                      HasSubstr("\"tie_word_embeddings\": false"))));
+    }
+  }
+}
+
 // The docs' generation command on an export without tokenizer files (a run that never exported,
 // a gpt-family export) says what to pass, in one line and exit status 2, not a traceback.
 TEST(HfModel, GeneratingWithoutTokenizerFilesSaysWhatToPass) {
@@ -241,6 +282,34 @@ TEST(HfModel, PaddedRandomLlamaExportsItsRealVocabulary) {
   const at::Tensor a = model->forward(ids).narrow(-1, 0, 50), b = reloaded->forward(ids);
   EXPECT_TRUE(at::allclose(a, b, 1e-6, 1e-6));
   EXPECT_TRUE(model->forward(ids).narrow(-1, 50, 14).isneginf().all().item<bool>());
+}
+
+// An export that fails leaves nothing behind, not even the missing directories above its target
+// that it would have created (here a student the template's model_type cannot hold: qk-norm in
+// a "llama" config.json).
+TEST(HfModel, AFailedExportLeavesNoDirectoriesBehind) {
+  ModelConfig c = TinyLlama(32);
+  c.qk_norm = true;
+  Model model = MakeModel(c);
+  const std::string root = TempRunDir();
+  std::filesystem::create_directories(root);
+  HfExportSources sources;
+  sources.config_template = Fixture("llama_gqa_rope3") + "/config.json";
+  EXPECT_THAT([&] { ExportHf(*model, root + "/new/a/b", sources, false); },
+              ::testing::ThrowsMessage<ConfigError>(HasSubstr("qk_norm")));
+  EXPECT_TRUE(std::filesystem::is_empty(root));
+  // A failure once the directories exist (a tokenizer "file" that is a directory): the same.
+  const std::string tokenizer = TempRunDir("_tokenizer");
+  std::filesystem::create_directories(tokenizer + "/tokenizer.json");
+  sources = {};
+  sources.tokenizer_dir = tokenizer;
+  EXPECT_THAT([&] { ExportHf(*MakeModel(TinyLlama(32)), root + "/new/a/b", sources, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("not a regular file")));
+  EXPECT_TRUE(std::filesystem::is_empty(root));
+  std::filesystem::create_directories(root + "/new");  // not ours: stays
+  EXPECT_ANY_THROW(ExportHf(*MakeModel(TinyLlama(32)), root + "/new/a/b", sources, false));
+  EXPECT_TRUE(std::filesystem::is_directory(root + "/new"));
+  EXPECT_TRUE(std::filesystem::is_empty(root + "/new"));
 }
 
 // "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to

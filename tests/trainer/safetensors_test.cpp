@@ -590,6 +590,38 @@ TEST(LoadModuleFromHf, CopiesConvertingDtypes) {
   EXPECT_TRUE(module->named_parameters()[kUp].requires_grad());
 }
 
+// A tied copy (the lm_head of tied embeddings) loads when it holds the same values, in any
+// weight dtype; one that differs, or has another shape, is an error before anything is copied.
+TEST(LoadModuleFromHf, ATiedCopyMustEqualItsTensor) {
+  const std::string dir = TempDir();
+  HfNaming naming;
+  naming.tied_copies = {{"lm_head.weight", kUp}};
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  auto weights = GoodWeights();
+  weights.emplace_back("lm_head.weight", at::arange(12, at::kFloat).reshape({4, 3}));  // F32
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+                 {"tensor \"lm_head.weight\"", "unexpected"});  // not a copy of anything
+  LoadModuleFromHf(dir, *module, {}, naming);
+  EXPECT_TRUE(SameBytes(Snapshot(*module).at(kUp), at::arange(12, at::kFloat).reshape({4, 3})));
+  module = MakeModule();
+  weights.back().second = at::arange(12, at::kFloat).reshape({4, 3});
+  weights.back().second[2][2] = -1.0;
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module, {}, naming); }),
+                 {dir + "/model.safetensors", "tensor \"lm_head.weight\"",
+                  std::string("expected a copy of \"") + kUp + "\"",
+                  "got 1 of 12 values different (the first at flat index 8: -1 against 8)",
+                  "\"tie_word_embeddings\": false"});
+  ExpectUntouched(*module, before);
+  weights.back().second = at::ones({3, 4});
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module, {}, naming); }),
+                 {"tensor \"lm_head.weight\"", "[4, 3]", "got [3, 4]"});
+  ExpectUntouched(*module, before);
+}
+
 TEST(LoadModuleFromHf, FromShards) {
   const std::string dir = TempDir();
   const auto w = GoodWeights();

@@ -2,6 +2,7 @@
 // constraints between keys. Every error names where (file:line or the override), the key path,
 // what was expected and what was found.
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -172,6 +173,35 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
   }
 }
 
+// Where a YAML comment starts in `value` (a '#' at its start or after a space or tab, outside
+// quotes), or npos. A quote opens a quoted scalar only at the start of one (the value's start, or
+// after a space, '[', '{' or ','): the apostrophe of "it's" is plain text.
+size_t CommentStart(const std::string& value) {
+  char quote = 0;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const char c = value[i];
+    const char before = i == 0 ? ' ' : value[i - 1];
+    if (quote == '"') {
+      if (c == '\\') {
+        ++i;  // an escape: the next character is its
+      } else if (c == '"') {
+        quote = 0;
+      }
+    } else if (quote == '\'') {
+      if (c == '\'' && i + 1 < value.size() && value[i + 1] == '\'') {
+        ++i;  // '' is a quote inside single quotes
+      } else if (c == '\'') {
+        quote = 0;
+      }
+    } else if ((c == '"' || c == '\'') && std::strchr(" \t[{,", before) != nullptr) {
+      quote = c;
+    } else if (c == '#' && (before == ' ' || before == '\t')) {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
 void ApplyOverride(const std::string& text, Config& config, Locations& locations) {
   const std::string where = fmt::format("override \"{}\"", text);
   const size_t eq = text.find('=');
@@ -183,6 +213,16 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
   if (key == nullptr) {
     if (IsSection(path)) Fail(where, path, "is a section; set one of its keys (see --help)");
     Fail(where, path, "unknown key" + Suggestion(path));
+  }
+  // A comment in a command-line value is a mistake, not a note: "out_dir=runs/x #2" would
+  // silently be runs/x, maybe another run, resumed.
+  const std::string raw = text.substr(eq + 1);
+  if (const size_t hash = CommentStart(raw); hash != std::string::npos) {
+    Fail(where, path,
+         fmt::format("expected {}, got a YAML comment at \"{}\" (a '#' after a space starts one, "
+                     "and what follows it would be dropped); quote the value to keep the '#' "
+                     "(e.g. {}='\"{}\"'), or leave the comment out",
+                     key->expected, raw.substr(hash), path, raw));
   }
   YAML::Node value;
   try {

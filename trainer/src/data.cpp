@@ -184,7 +184,9 @@ SyntheticLanguage::SyntheticLanguage(const SyntheticConfig& c, int64_t vocab_siz
 
 double SyntheticLanguage::ConditionalEntropy() const {
   double h = 0.0;
-  for (double w : weights_) h -= w * std::log(w);
+  // A successor whose weight underflowed to 0 (a large zipf) is never drawn: no entropy
+  // (0 * log 0 would make the floor NaN).
+  for (double w : weights_) h -= w > 0.0 ? w * std::log(w) : 0.0;
   return h;
 }
 

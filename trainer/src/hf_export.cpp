@@ -346,11 +346,19 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
   const std::string pid = std::to_string(::getpid());
   const fs::path tmp = target.string() + ".tmp-" + pid;
   const fs::path old = target.string() + ".old-" + pid;
+  // Before anything is created: a student that the format cannot hold leaves no trace.
+  const std::string config_json = HfConfigJson(model.config(), sources.config_template) + "\n";
+  // The missing directories above the target, deepest first: created for the export, and
+  // removed again (if still empty) when it fails.
+  std::vector<fs::path> created;
+  for (fs::path up = target.parent_path(); !up.empty() && !Present(up); up = up.parent_path()) {
+    created.push_back(up);
+    if (up == up.parent_path()) break;
+  }
   try {
     RemoveTree(tmp.string());  // ours: left by a killed export of this very process id
     fs::create_directories(tmp);
-    WriteFileAtomically((tmp / "config.json").string(),
-                        HfConfigJson(model.config(), sources.config_template) + "\n");
+    WriteFileAtomically((tmp / "config.json").string(), config_json);
     WriteSafetensors((tmp / "model.safetensors").string(), HfTensors(model), {{"format", "pt"}});
     if (!sources.tokenizer_dir.empty()) {
       for (const char* name : kTokenizerFiles) {
@@ -365,6 +373,7 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     // The previous export moved aside and the new one not in place: the previous one goes back.
     std::error_code ignored;
     if (Present(old) && !Present(target)) fs::rename(old, target, ignored);
+    for (const fs::path& dir : created) fs::remove(dir, ignored);  // only if empty
     throw;
   }
   // The new export is in place: what follows only tidies the previous one, and its failure is a
@@ -424,7 +433,13 @@ std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
   const std::string checkpoint = LoadWeights(run_dir, *model, at::Device(at::kCPU), "export");
   const HfExportSources sources = ExportSources(config, run_dir);
   if (!sources.note.empty()) std::cerr << sources.note << '\n';
-  const std::string warnings = ExportHf(*model, out_dir, sources, /*replace=*/false);
+  std::string warnings;
+  try {
+    warnings = ExportHf(*model, out_dir, sources, /*replace=*/false);
+  } catch (const ConfigError& e) {  // the student the run's config describes: say which run
+    throw ConfigError(
+        fmt::format("{}: its student cannot be exported: {}", config_file.string(), e.what()));
+  }
   if (!warnings.empty()) std::cerr << warnings << '\n';
   return checkpoint;
 }

@@ -320,6 +320,7 @@ Model BuildModel(const ModelConfig& config, const std::string& checkpoint, const
                 : std::nullopt;
     };
     naming.base_prefix = model->hf_base_prefix();
+    naming.tied_copies = model->hf_tied_copies();
     LoadModuleFromHf(config.hf_dir, *model,
                      std::set<std::string>(ignorable.begin(), ignorable.end()), naming);
   }

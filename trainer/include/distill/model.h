@@ -46,8 +46,11 @@ class CausalLM : public torch::nn::Module {
   virtual ParameterGroups parameter_groups();
   int64_t num_parameters() const;
   // Names of tensors that a Hugging Face file of this family may hold and this module does not
-  // (the tied lm_head, rotary caches); "*suffix" matches by suffix. Empty for non-HF families.
+  // (rotary caches, causal-mask buffers); "*suffix" matches by suffix. Empty for non-HF families.
   virtual std::vector<std::string> hf_ignorable_tensors() const { return {}; }
+  // Tensors a Hugging Face file may hold as copies of one this module ties (the lm_head of tied
+  // embeddings): (the copy's name in the files, the module's name of the tensor it must equal).
+  virtual std::vector<std::pair<std::string, std::string>> hf_tied_copies() const { return {}; }
   // A parameter's or buffer's name in the family's Hugging Face files, and whether they hold its
   // transpose (GPT-2's Conv1D weights); nullopt for a tensor that is not a weight of the format
   // (the gpt family's padded-column mask). By default the same name: the llama family names its

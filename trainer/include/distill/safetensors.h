@@ -98,14 +98,20 @@ void WriteSafetensors(const std::string& path,
 struct HfNaming {
   std::function<std::optional<std::pair<std::string, bool>>(const std::string&)> rename;
   std::string base_prefix;
+  // Tensors a file may hold as copies of a tensor the module ties to another (the tied lm_head):
+  // (the copy's name in the files, the module's name of the tensor it must equal). A copy that
+  // is there must hold exactly the same values: one that differs is an error (transformers would
+  // load the two untied, another model than the module's).
+  std::vector<std::pair<std::string, std::string>> tied_copies;
 };
 
 // Copies the weights of the HF directory `hf_dir` into `module`: every named parameter and
 // buffer (register only persistent buffers) must be there with exactly its shape (under
 // `naming`'s name, transposed where it says so); each is converted to the parameter's dtype and
 // copied onto its device. A tensor of the files the module lacks is an error unless `ignorable`
-// names it ("lm_head.weight"), or a suffix of it ("*rotary_emb.inv_freq"). All names, shapes and
-// dtypes are checked before the first copy, so a WeightsError leaves the module untouched.
+// names it, or a suffix of it ("*rotary_emb.inv_freq"), or it is one of `naming`'s tied copies
+// (equal to its tensor). All names, shapes, dtypes, values' finiteness and copies are checked
+// before the first copy, so a WeightsError leaves the module untouched.
 void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
                       const std::set<std::string>& ignorable = {}, const HfNaming& naming = {});
 

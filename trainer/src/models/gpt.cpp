@@ -150,11 +150,15 @@ class GptLM : public CausalLM {
   // The original GPT-2 repositories hold GPT2Model's tensors: "wte.weight", "h.0.attn.c_attn...".
   std::string hf_base_prefix() const override { return "transformer"; }
 
-  // The causal-mask buffers of older GPT-2 files, and the tied lm_head where a file keeps it.
+  // The causal-mask buffers of older GPT-2 files.
   std::vector<std::string> hf_ignorable_tensors() const override {
-    std::vector<std::string> names = {"*.attn.bias", "*.attn.masked_bias"};
-    if (config_.tie_embeddings) names.push_back("lm_head.weight");
-    return names;
+    return {"*.attn.bias", "*.attn.masked_bias"};
+  }
+
+  // The tied lm_head where a file keeps it.
+  std::vector<std::pair<std::string, std::string>> hf_tied_copies() const override {
+    if (!config_.tie_embeddings) return {};
+    return {{"lm_head.weight", "token_embedding.weight"}};
   }
 
   at::Tensor forward_hidden(const at::Tensor& tokens) override {

@@ -203,9 +203,12 @@ class LlamaLM : public CausalLM {
   }
 
   std::vector<std::string> hf_ignorable_tensors() const override {
-    std::vector<std::string> names = {"*rotary_emb.inv_freq"};
-    if (config_.tie_embeddings) names.push_back("lm_head.weight");
-    return names;
+    return {"*rotary_emb.inv_freq"};
+  }
+
+  std::vector<std::pair<std::string, std::string>> hf_tied_copies() const override {
+    if (!config_.tie_embeddings) return {};
+    return {{"lm_head.weight", "model.embed_tokens.weight"}};
   }
 
   at::Tensor forward_hidden(const at::Tensor& tokens) override {

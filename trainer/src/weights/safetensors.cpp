@@ -697,6 +697,7 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
     std::string file_name;
     bool transpose;
     at::Tensor tensor;
+    std::string module_name;
   };
   std::vector<Target> targets;
   for (auto& [name, tensor] : NamedTensors(module)) {
@@ -711,7 +712,7 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
         weights.contains(hf.first.substr(prefix.size()))) {
       hf.first = hf.first.substr(prefix.size());
     }
-    targets.push_back({hf.first, hf.second, tensor});
+    targets.push_back({hf.first, hf.second, tensor, name});
   }
 
   std::set<std::string> wanted;
@@ -730,8 +731,22 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
         missing.size() > shown.size() ? fmt::format(" and {} more", missing.size() - shown.size())
                                       : ""));
   }
+  // The tied copies the files hold, each with the file name of the tensor it must equal.
+  std::vector<std::pair<std::string, std::string>> copies;
+  for (const auto& [copy, source] : naming.tied_copies) {
+    if (wanted.count(copy) != 0 || !weights.contains(copy)) continue;
+    for (const Target& t : targets) {
+      if (t.module_name == source) copies.push_back({copy, t.file_name});
+    }
+  }
+  auto is_copy = [&copies](const std::string& name) {
+    for (const auto& c : copies) {
+      if (c.first == name) return true;
+    }
+    return false;
+  };
   for (const std::string& name : weights.names()) {
-    if (wanted.count(name) == 0 && !IsIgnorable(name, ignorable)) {
+    if (wanted.count(name) == 0 && !IsIgnorable(name, ignorable) && !is_copy(name)) {
       TensorError(weights.file_of(name), name,
                   "unexpected tensor: the module has no parameter or buffer of that name (the "
                   "architecture in config.json does not match the weights?)");
@@ -756,6 +771,36 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
   }
   // One converted CPU temporary at a time (a second copy of a whole large model would not fit).
   at::NoGradGuard no_grad;
+  for (const auto& [copy, source] : copies) {
+    const std::string tied = fmt::format(
+        "the module ties it to {} (config.json: \"tie_word_embeddings\": true), and transformers "
+        "would load the two untied, another model: set \"tie_word_embeddings\": false in "
+        "config.json to train with both, or delete {} from the file if the tie is what was meant",
+        Quoted(source), Quoted(copy));
+    if (weights.shape(copy) != weights.shape(source)) {
+      TensorError(
+          weights.file_of(copy), copy,
+          fmt::format("expected the shape of {}, {}, got {}; {}", Quoted(source),
+                      ShapeString(weights.shape(source)), ShapeString(weights.shape(copy)), tied));
+    }
+    if (!IsWeightDtype(weights.dtype(copy))) {
+      TensorError(
+          weights.file_of(copy), copy,
+          fmt::format("expected dtype F32, F16 or BF16 (weights), got {}", weights.dtype(copy)));
+    }
+    const at::Tensor a = weights.Tensor(copy, at::kFloat).reshape({-1});
+    const at::Tensor b = weights.Tensor(source, at::kFloat).reshape({-1});
+    const at::Tensor differ = a.ne(b).logical_and(a.isnan().logical_and(b.isnan()).logical_not());
+    const int64_t count = differ.sum().item<int64_t>();
+    if (count > 0) {
+      const int64_t first = differ.to(at::kByte).argmax().item<int64_t>();
+      TensorError(weights.file_of(copy), copy,
+                  fmt::format("expected a copy of {}, got {} of {} values different (the first at "
+                              "flat index {}: {} against {}); {}",
+                              Quoted(source), count, a.numel(), first, a[first].item<double>(),
+                              b[first].item<double>(), tied));
+    }
+  }
   // Finite values only (a NaN row of an embedding is used by no training batch that lacks its
   // token, and would surface as a NaN evaluation or a NaN step much later): a read of its own
   // before the first copy, so that a throw still leaves the module untouched.
