@@ -351,6 +351,40 @@ TEST(FusedLinearDistillLoss, ARowWhoseTeacherHasNoMassKeepsItsCrossEntropy) {
       }
 }
 
+// A student row without mass (its hidden state -inf against a positive lm_head: every logit -inf)
+// has no softmax: with the cross-entropy term its gradient is NaN, whichever kernel computes it
+// (the fused divergence + cross-entropy pass, or the cross-entropy's own with kd_weight 0), as
+// cross_entropy_loss's; the other rows are untouched.
+TEST(FusedLinearDistillLoss, AStudentRowWithoutMassHasANaNGradient) {
+  std::vector<at::Device> devs = {at::kCPU};
+  if (torch::cuda::is_available()) devs.emplace_back(at::kCUDA);
+  for (const auto& dev : devs)
+    for (Divergence div : kAll)
+      for (double kd_weight : {1.0, 0.0})
+        for (double temperature : {1.0, 0.5}) {
+          SCOPED_TRACE(dev.str() + " " + divergence_name(div) + " kd " + std::to_string(kd_weight) +
+                       " T " + std::to_string(temperature));
+          const auto opts = at::TensorOptions(dev).dtype(at::kFloat);
+          at::manual_seed(4);
+          at::Tensor sh = at::randn({3, 4}, opts), th = at::randn({3, 4}, opts);
+          sh[0].fill_(-kInf);
+          th[0].fill_(-kInf);  // neither side has mass: the divergence alone would give 0
+          const at::Tensor sw = at::randn({10, 4}, opts).abs() + 0.1,
+                           tw = at::randn({10, 4}, opts).abs() + 0.1;
+          const at::Tensor labels = at::tensor({int64_t{2}, int64_t{7}, int64_t{1}}).to(dev);
+          const Shape c{3, 4, 4, 10, 10, std::nullopt, "random", temperature};
+          const at::Tensor h = leaf(sh);
+          const at::Tensor loss =
+              fused_linear_distill_loss(h, sw, th, tw, labels,
+                                        options_of(div, 0.5, c, "sum", kd_weight, 1.0, 2))
+                  .loss;
+          loss.backward();
+          EXPECT_TRUE(std::isnan(loss.item<double>()));
+          EXPECT_TRUE(h.grad()[0].isnan().all().item<bool>()) << h.grad();
+          EXPECT_TRUE(h.grad().narrow(0, 1, 2).isfinite().all().item<bool>()) << h.grad();
+        }
+}
+
 // A loss weight that is itself learned, differentiated twice (create_graph): the lm_head's
 // gradient is the saved one times the grad_output, differentiable in the grad_output. Its
 // derivative in the lm_head or the hidden states (a gradient penalty) is not computed: asking for
@@ -395,6 +429,34 @@ TEST(FusedLinearDistillLoss, CreateGraphThroughALearnedLossWeight) {
             .loss.sum();
     const at::Tensor gh = torch::autograd::grad({l}, {h}, {}, true, /*create_graph=*/true)[0];
     EXPECT_TRUE(raises([&] { torch::autograd::grad({(gh * gh).sum()}, {h}); })) << red;
+  }
+  // 'none' recomputes the gradient in backward, not differentiably in its grad_output: a learned
+  // per-token weight raises too, naming the op (not "not used in the graph", nor None).
+  const auto on = options_of(Divergence::kTvd, 0.5, c, "none", 1.0, 0.5, std::nullopt);
+  const at::Tensor lam6 = at::full({6}, 2.0).set_requires_grad(true);
+  const at::Tensor wn = leaf(f32(in64.sw));
+  const at::Tensor gwn =
+      torch::autograd::grad({(lam6 * fused_linear_distill_loss(f32(in64.sh), wn, f32(in64.th),
+                                                               f32(in64.tw), in64.labels, on)
+                                         .loss)
+                                 .sum()},
+                            {wn}, {}, true, /*create_graph=*/true)[0];
+  EXPECT_TRUE(raises([&] { torch::autograd::grad({gwn.sum()}, {lam6}); }));
+}
+
+// The loss may be changed in place before backward (loss /= accumulation steps): the op keeps
+// its inputs, not its output, for backward.
+TEST(FusedLinearDistillLoss, TheLossMayBeScaledInPlaceBeforeBackward) {
+  const Shape c{6, 8, 8, 30, 30, std::nullopt};
+  const Inputs in64 = make_inputs(c);
+  for (const std::string red : {"batchmean", "sum"}) {
+    const auto o = options_of(Divergence::kTvd, 0.5, c, red, 1.0, 0.5, std::nullopt);
+    const at::Tensor a = leaf(in64.sh), b = leaf(in64.sh), w = leaf(in64.sw);
+    fused_linear_distill_loss(a, in64.sw, in64.th, in64.tw, in64.labels, o).loss.backward();
+    at::Tensor loss = fused_linear_distill_loss(b, w, in64.th, in64.tw, in64.labels, o).loss;
+    loss.div_(4);
+    loss.backward();
+    EXPECT_TRUE(all_close(b.grad(), a.grad() / 4, 1e-12, 0)) << red;
   }
 }
 

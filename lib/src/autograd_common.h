@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -16,21 +17,14 @@ namespace lossfns::detail {
 
 // The ops' backward is first-order only: a fused kernel without a derivative of its own. Under
 // create_graph the gradients it returns come back attached to an error node whose edges lead to
-// the op's differentiable inputs (the edges of `output`'s node: the op's output, saved for
-// backward and unpacked there with this node as its grad_fn), so that differentiating them
-// again raises, naming the op, instead of silently dropping the second-order term -- with
-// backward() and with autograd.grad(..., inputs) alike (Python's @once_differentiable links its
-// error node to detached copies, which autograd.grad with respect to the inputs never reaches).
-// Call it on backward's results, computed under at::NoGradGuard; `create_graph`: whether grad
-// mode was on when backward was called.
-inline torch::autograd::variable_list first_order_only(const char* op, const at::Tensor& output,
-                                                       bool create_graph,
-                                                       torch::autograd::variable_list grads) {
-  if (!create_graph || !output.defined() || output.grad_fn() == nullptr) return grads;
-  torch::autograd::edge_list edges;
-  for (const auto& edge : output.grad_fn()->next_edges()) {
-    if (edge.is_valid()) edges.push_back(edge);
-  }
+// the op's differentiable inputs, so that differentiating them again raises, naming the op,
+// instead of silently dropping the second-order term -- with backward() and with
+// autograd.grad(..., inputs) alike (Python's @once_differentiable links its error node to
+// detached copies, which autograd.grad with respect to the inputs never reaches). Call one of
+// the two below on backward's results, computed under at::NoGradGuard; `create_graph`: whether
+// grad mode was on when backward was called.
+inline torch::autograd::variable_list first_order_only_with_edges(
+    const char* op, torch::autograd::edge_list edges, torch::autograd::variable_list grads) {
   if (edges.empty()) return grads;
   auto error = std::make_shared<torch::autograd::Error>(
       std::string(op) +
@@ -44,6 +38,35 @@ inline torch::autograd::variable_list first_order_only(const char* op, const at:
     torch::autograd::create_gradient_edge(g, error);
   }
   return grads;
+}
+
+// The edges of `output`'s node: the op's output, saved for backward and unpacked there with this
+// node as its grad_fn (an op whose inputs are too large to keep: an in-place change of the output
+// before backward is then an error, as for torch's ops that save their outputs).
+inline torch::autograd::variable_list first_order_only(const char* op, const at::Tensor& output,
+                                                       bool create_graph,
+                                                       torch::autograd::variable_list grads) {
+  if (!create_graph || !output.defined() || output.grad_fn() == nullptr) return grads;
+  torch::autograd::edge_list edges;
+  for (const auto& edge : output.grad_fn()->next_edges()) {
+    if (edge.is_valid()) edges.push_back(edge);
+  }
+  return first_order_only_with_edges(op, std::move(edges), std::move(grads));
+}
+
+// As first_order_only, with the error node's edges leading to `tensors` (those that require
+// grad): the op's differentiable inputs, saved for backward, and any tensor of backward's own
+// (its grad_output) that the gradients would depend on.
+inline torch::autograd::variable_list first_order_only_to(const char* op,
+                                                          const std::vector<at::Tensor>& tensors,
+                                                          bool create_graph,
+                                                          torch::autograd::variable_list grads) {
+  if (!create_graph) return grads;
+  torch::autograd::edge_list edges;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.requires_grad()) edges.push_back(torch::autograd::impl::gradient_edge(t));
+  }
+  return first_order_only_with_edges(op, std::move(edges), std::move(grads));
 }
 
 // Forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: an input that

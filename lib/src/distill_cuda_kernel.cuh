@@ -557,6 +557,8 @@ __global__ void __launch_bounds__(256)
   int64_t y = -1;
   if constexpr (kCe) {
     cw = a.ce_weight[row];
+    // A row without mass (max -inf): no softmax, a NaN gradient, as cross_entropy's own backward.
+    if (cw != 0.f && a.ce_stats[row * a.ce_stats_stride] == -INFINITY) cw = NAN;
     ce = prob_norm(a.ce_stats[row * a.ce_stats_stride], a.ce_stats[row * a.ce_stats_stride + 1]);
     y = a.labels != nullptr ? a.labels[row] : -1;
   }

@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 #include "autograd_common.h"
 #include "distill_common.h"
@@ -152,11 +153,14 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
     auto [loss, div, ce, gh, gw] =
         fused_linear_forward_op(sh, sw, th, tw, labels, a, need_h && !none, need_w && !none);
     const at::Tensor undefined;
-    // The loss last: its node's edges lead first_order_only's error node to the inputs.
+    // A reduced loss keeps the inputs that require grad too (references: the lm_head is a
+    // parameter, the hidden states an activation), for the edges of first_order_only_to's error
+    // node; not the loss, which the caller may change in place before backward (loss /= k).
     if (none)
-      ctx->save_for_backward({sh, sw, th, tw, labels ? *labels : undefined, loss});
+      ctx->save_for_backward({sh, sw, th, tw, labels ? *labels : undefined});
     else
-      ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined, loss});
+      ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined,
+                              need_h ? sh : undefined, need_w ? sw : undefined});
     ctx->saved_data["need_h"] = need_h;
     ctx->saved_data["need_w"] = need_w;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(sw.scalar_type());
@@ -172,19 +176,23 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
     const bool need_h = ctx->saved_data["need_h"].toBool(),
                need_w = ctx->saved_data["need_w"].toBool();
     const at::Tensor& go = grad_outputs[0];
-    const at::Tensor& loss = saved.back();
+    const bool none = a.reduction == kernels::kNone;
+    // The op's differentiable inputs; for 'none' grad_output too, whose gradient is recomputed
+    // by kernels that are not differentiable in it either.
+    const std::vector<at::Tensor> inputs = none ? std::vector<at::Tensor>{saved[0], saved[1], go}
+                                                : std::vector<at::Tensor>{saved[2], saved[3]};
     const bool create_graph = at::GradMode::is_enabled();
     at::NoGradGuard no_grad;  // first-order only: see first_order_only
     at::Tensor gh, gw;
     const at::Tensor undefined;
-    if (go.defined() && a.reduction != kernels::kNone) {
+    if (go.defined() && !none) {
       const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
       if (create_graph && go.requires_grad()) {
         // Differentiable in grad_output (a learned loss weight): the saved gradients, attached
         // to the error node (their own derivative in the hidden states and lm_head is not
         // computed: differentiating through them raises), times grad_output.
-        const auto g = first_order_only(
-            kFusedOp, loss, true, {need_h ? saved[0] : undefined, need_w ? saved[1] : undefined});
+        const auto g = first_order_only_to(
+            kFusedOp, inputs, true, {need_h ? saved[0] : undefined, need_w ? saved[1] : undefined});
         at::AutoGradMode enable_grad(true);
         if (need_h) gh = g[0] * go;
         if (need_w) gw = (g[1] * go).to(dtype);
@@ -202,8 +210,8 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
       if (!need_h) gh = at::Tensor();
       if (!need_w) gw = at::Tensor();
     }
-    return first_order_only(kFusedOp, loss, create_graph,
-                            {gh, gw, undefined, undefined, undefined, undefined});
+    return first_order_only_to(kFusedOp, inputs, create_graph,
+                               {gh, gw, undefined, undefined, undefined, undefined});
   }
 };
 

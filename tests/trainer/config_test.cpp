@@ -554,22 +554,27 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
             "override \"train.out_dir=runs/x #2\": train.out_dir: expected a string without NUL "
             "characters, got a "
             "YAML comment at \"#2\" (a '#' after a space starts one, and what follows it would be "
-            "dropped); quote the value to keep the '#' (e.g. train.out_dir='\"runs/x #2\"'), or "
-            "leave the comment out");
+            "dropped); quote the whole value in YAML to keep the '#' (in a shell: "
+            "train.out_dir='\"...\"'), or leave the comment out");
   EXPECT_NE(ErrorOf(kValidDistill, {"train.steps=#5"}).find("got a YAML comment at \"#5\""),
             std::string::npos);
   EXPECT_NE(ErrorOf(kValidDistill, {"train.out_dir=\"a\" # b"}).find("comment at \"# b\""),
             std::string::npos);
-  EXPECT_NE(ErrorOf(kValidDistill, {"train.out_dir=it's #1"}).find("comment at \"#1\""),
-            std::string::npos);
+  for (const std::string& text :
+       {"train.out_dir=it's #1", "train.out_dir=x 'y #1", "train.out_dir=a,'b #1",
+        "train.out_dir='a'#1", "train.out_dir=\"a\"#1", "optim.betas=[0.9, 0.95] #1"}) {
+    EXPECT_NE(ErrorOf(kValidDistill, {text}).find("comment at \"#1\""), std::string::npos) << text;
+  }
   for (const auto& [text, dir] : std::vector<std::pair<std::string, std::string>>{
            {"train.out_dir=\"runs/x #2\"", "runs/x #2"},
            {"train.out_dir='runs/x #2'", "runs/x #2"},
            {"train.out_dir='it''s #2'", "it's #2"},
            {"train.out_dir=\"a\\\" #b\"", "a\" #b"},
-           {"train.out_dir=runs/x#2", "runs/x#2"}}) {
+           {"train.out_dir=runs/x#2", "runs/x#2"},
+           {"train.out_dir=https://example.com/a#b", "https://example.com/a#b"}}) {
     EXPECT_EQ(ParseConfig(kValidDistill, "x", {text}).train.out_dir, dir) << text;
   }
+  EXPECT_EQ(ParseConfig(kValidDistill, "x", {"optim.betas=[0.9, 0.99]"}).optim.betas[1], 0.99);
   // Later overrides win; an override beats the file.
   const Config c = ParseConfig(std::string(kValidDistill) + "distill:\n  temperature: 3\n", "x",
                                {"distill.temperature=4", "distill.temperature=5"});

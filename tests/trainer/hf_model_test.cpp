@@ -310,6 +310,11 @@ TEST(HfModel, AFailedExportLeavesNoDirectoriesBehind) {
   EXPECT_ANY_THROW(ExportHf(*MakeModel(TinyLlama(32)), root + "/new/a/b", sources, false));
   EXPECT_TRUE(std::filesystem::is_directory(root + "/new"));
   EXPECT_TRUE(std::filesystem::is_empty(root + "/new"));
+  // Through "..": "other/.." did not exist as a path before "other" was made, but what it names
+  // did, and stays ("new", empty and not the export's).
+  EXPECT_ANY_THROW(ExportHf(*MakeModel(TinyLlama(32)), root + "/other/../new/out", sources, false));
+  EXPECT_TRUE(std::filesystem::is_directory(root + "/new"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/other"));
 }
 
 // "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to

@@ -173,31 +173,46 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
   }
 }
 
-// Where a YAML comment starts in `value` (a '#' at its start or after a space or tab, outside
-// quotes), or npos. A quote opens a quoted scalar only at the start of one (the value's start, or
-// after a space, '[', '{' or ','): the apostrophe of "it's" is plain text.
+// Where a YAML comment starts in `value` (a '#' at its start, after a space or tab, or right
+// after a closing quote, outside quotes), or npos. A quote opens a quoted scalar only where one
+// starts: at the value's first character, or in a flow collection ("[...]", "{...}") after '[',
+// '{', ',' or ':' and spaces; elsewhere it is plain text (the apostrophe of "it's").
 size_t CommentStart(const std::string& value) {
-  char quote = 0;
-  for (size_t i = 0; i < value.size(); ++i) {
+  const size_t first = value.find_first_not_of(" \t");
+  if (first == std::string::npos) return std::string::npos;
+  const bool flow = value[first] == '[' || value[first] == '{';
+  char quote = 0, last = 0;  // last: the previous character that is not a space or tab
+  bool closed = false;       // the previous character closed a quoted scalar
+  for (size_t i = first; i < value.size(); ++i) {
     const char c = value[i];
-    const char before = i == 0 ? ' ' : value[i - 1];
+    const bool after_space = i > first && (value[i - 1] == ' ' || value[i - 1] == '\t');
     if (quote == '"') {
       if (c == '\\') {
         ++i;  // an escape: the next character is its
       } else if (c == '"') {
         quote = 0;
+        closed = true;
+        last = c;
       }
-    } else if (quote == '\'') {
+      continue;
+    }
+    if (quote == '\'') {
       if (c == '\'' && i + 1 < value.size() && value[i + 1] == '\'') {
         ++i;  // '' is a quote inside single quotes
       } else if (c == '\'') {
         quote = 0;
+        closed = true;
+        last = c;
       }
-    } else if ((c == '"' || c == '\'') && std::strchr(" \t[{,", before) != nullptr) {
-      quote = c;
-    } else if (c == '#' && (before == ' ' || before == '\t')) {
-      return i;
+      continue;
     }
+    if (c == '#' && (i == first || after_space || closed)) return i;
+    closed = false;
+    if ((c == '"' || c == '\'') &&
+        (i == first || (flow && last != 0 && std::strchr("[{,:", last) != nullptr))) {
+      quote = c;
+    }
+    if (c != ' ' && c != '\t') last = c;
   }
   return std::string::npos;
 }
@@ -220,9 +235,9 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
   if (const size_t hash = CommentStart(raw); hash != std::string::npos) {
     Fail(where, path,
          fmt::format("expected {}, got a YAML comment at \"{}\" (a '#' after a space starts one, "
-                     "and what follows it would be dropped); quote the value to keep the '#' "
-                     "(e.g. {}='\"{}\"'), or leave the comment out",
-                     key->expected, raw.substr(hash), path, raw));
+                     "and what follows it would be dropped); quote the whole value in YAML to "
+                     "keep the '#' (in a shell: {}='\"...\"'), or leave the comment out",
+                     key->expected, raw.substr(hash), path));
   }
   YAML::Node value;
   try {
