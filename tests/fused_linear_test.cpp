@@ -444,8 +444,9 @@ TEST(FusedLinearDistillLoss, CreateGraphThroughALearnedLossWeight) {
   EXPECT_TRUE(raises([&] { torch::autograd::grad({gwn.sum()}, {lam6}); }));
 }
 
-// The loss may be changed in place before backward (loss /= accumulation steps): the op keeps
-// its inputs, not its output, for backward.
+// A reduced loss keeps what backward needs (the two gradients), not its output nor its inputs:
+// the loss may be changed in place before backward (loss /= accumulation steps), so may the
+// inputs (an lm_head rescaled under no_grad), and hidden states nobody else holds are freed.
 TEST(FusedLinearDistillLoss, TheLossMayBeScaledInPlaceBeforeBackward) {
   const Shape c{6, 8, 8, 30, 30, std::nullopt};
   const Inputs in64 = make_inputs(c);
@@ -453,8 +454,15 @@ TEST(FusedLinearDistillLoss, TheLossMayBeScaledInPlaceBeforeBackward) {
     const auto o = options_of(Divergence::kTvd, 0.5, c, red, 1.0, 0.5, std::nullopt);
     const at::Tensor a = leaf(in64.sh), b = leaf(in64.sh), w = leaf(in64.sw);
     fused_linear_distill_loss(a, in64.sw, in64.th, in64.tw, in64.labels, o).loss.backward();
-    at::Tensor loss = fused_linear_distill_loss(b, w, in64.th, in64.tw, in64.labels, o).loss;
+    const at::Tensor hidden = b * 1.0;  // an activation: this handle is its only owner
+    at::Tensor loss = fused_linear_distill_loss(hidden, w, in64.th, in64.tw, in64.labels, o).loss;
+    EXPECT_EQ(hidden.use_count(), 1) << red;
     loss.div_(4);
+    {
+      at::NoGradGuard no_grad;
+      w.mul_(2.0);
+      hidden.mul_(3.0);
+    }
     loss.backward();
     EXPECT_TRUE(all_close(b.grad(), a.grad() / 4, 1e-12, 0)) << red;
   }

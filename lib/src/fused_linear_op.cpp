@@ -142,25 +142,34 @@ FusedArgs saved_args(AutogradContext* ctx) {
 
 // On (BT, H) hidden states. A reduced loss keeps the gradients forward computed; 'none' keeps the
 // inputs (references) and recomputes in backward with the per-token grad_output.
+// Empty tensors made from the hidden states and the lm_head by differentiable ops (a narrow to 0
+// rows, cloned): their gradient edges lead to the inputs' own, and they hold no data. A reduced
+// loss saves them, not the inputs, for first_order_only_to's error node: the hidden states (a
+// reshaped copy of a (B, T, H) slice, perhaps) are not kept alive for it, and the inputs may be
+// changed in place before backward.
+struct Anchors {
+  at::Tensor h, w;
+};
+
 class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& sh, const at::Tensor& sw,
                                const at::Tensor& th, const at::Tensor& tw, Opt labels,
-                               const FusedArgs& a) {
+                               const FusedArgs& a, const Anchors& anchors) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const bool need_h = sh.requires_grad(), need_w = sw.requires_grad();
     const bool none = a.reduction == kernels::kNone;
     auto [loss, div, ce, gh, gw] =
         fused_linear_forward_op(sh, sw, th, tw, labels, a, need_h && !none, need_w && !none);
     const at::Tensor undefined;
-    // A reduced loss keeps the inputs that require grad too (references: the lm_head is a
-    // parameter, the hidden states an activation), for the edges of first_order_only_to's error
-    // node; not the loss, which the caller may change in place before backward (loss /= k).
+    // A reduced loss keeps the anchors of the inputs that require grad, for the edges of
+    // first_order_only_to's error node; not the loss, which the caller may change in place
+    // before backward (loss /= k).
     if (none)
       ctx->save_for_backward({sh, sw, th, tw, labels ? *labels : undefined});
     else
       ctx->save_for_backward({need_h ? gh : undefined, need_w ? gw : undefined,
-                              need_h ? sh : undefined, need_w ? sw : undefined});
+                              need_h ? anchors.h : undefined, need_w ? anchors.w : undefined});
     ctx->saved_data["need_h"] = need_h;
     ctx->saved_data["need_w"] = need_w;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(sw.scalar_type());
@@ -177,8 +186,8 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
                need_w = ctx->saved_data["need_w"].toBool();
     const at::Tensor& go = grad_outputs[0];
     const bool none = a.reduction == kernels::kNone;
-    // The op's differentiable inputs; for 'none' grad_output too, whose gradient is recomputed
-    // by kernels that are not differentiable in it either.
+    // The op's differentiable inputs (a reduced loss: their anchors); for 'none' grad_output too,
+    // whose gradient is recomputed by kernels that are not differentiable in it either.
     const std::vector<at::Tensor> inputs = none ? std::vector<at::Tensor>{saved[0], saved[1], go}
                                                 : std::vector<at::Tensor>{saved[2], saved[3]};
     const bool create_graph = at::GradMode::is_enabled();
@@ -196,7 +205,7 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
         at::AutoGradMode enable_grad(true);
         if (need_h) gh = g[0] * go;
         if (need_w) gw = (g[1] * go).to(dtype);
-        return {gh, gw, undefined, undefined, undefined, undefined};
+        return {gh, gw, undefined, undefined, undefined, undefined, undefined};
       }
       if (need_h) gh = saved[0] * go;
       // float32 for half inputs: scaled and rounded in one pass
@@ -211,7 +220,7 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
       if (!need_w) gw = at::Tensor();
     }
     return first_order_only_to(kFusedOp, inputs, create_graph,
-                               {gh, gw, undefined, undefined, undefined, undefined});
+                               {gh, gw, undefined, undefined, undefined, undefined, undefined});
   }
 };
 
@@ -246,8 +255,16 @@ Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const 
     return forward_only(sh, sw, th, tw, labels, a);
   }
   // The reshape to rows is a differentiable view: a (B, T, H) input gets its gradient through it.
+  const at::Tensor h = rows(sh);
+  Anchors anchors;
+  if (a.reduction != kernels::kNone) {
+    auto anchor = [](const at::Tensor& x) {
+      return x.requires_grad() ? x.narrow(0, 0, 0).clone() : at::Tensor();
+    };
+    anchors = {anchor(h), anchor(sw)};
+  }
   variable_list out =
-      FusedLinearFunction::apply(rows(sh), sw, rows(th), tw, row_labels(labels, sh), a);
+      FusedLinearFunction::apply(h, sw, rows(th), tw, row_labels(labels, sh), a, anchors);
   out[1] = out[1].detach();  // the parts: values to log, not to differentiate
   out[2] = out[2].detach();
   return shaped(out, sh, a.reduction);

@@ -562,7 +562,8 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
             std::string::npos);
   for (const std::string& text :
        {"train.out_dir=it's #1", "train.out_dir=x 'y #1", "train.out_dir=a,'b #1",
-        "train.out_dir='a'#1", "train.out_dir=\"a\"#1", "optim.betas=[0.9, 0.95] #1"}) {
+        "train.out_dir='a'#1", "train.out_dir=\"a\"#1", "optim.betas=[0.9, 0.95] #1",
+        "optim.betas=[0.9,0.95]#1", "train.out_dir=!!str x #1"}) {
     EXPECT_NE(ErrorOf(kValidDistill, {text}).find("comment at \"#1\""), std::string::npos) << text;
   }
   for (const auto& [text, dir] : std::vector<std::pair<std::string, std::string>>{
@@ -571,10 +572,18 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
            {"train.out_dir='it''s #2'", "it's #2"},
            {"train.out_dir=\"a\\\" #b\"", "a\" #b"},
            {"train.out_dir=runs/x#2", "runs/x#2"},
-           {"train.out_dir=https://example.com/a#b", "https://example.com/a#b"}}) {
+           {"train.out_dir=https://example.com/a#b", "https://example.com/a#b"},
+           {"train.out_dir=!!str 'a #b'", "a #b"},
+           {"train.out_dir=&x \"a #b\"", "a #b"}}) {
     EXPECT_EQ(ParseConfig(kValidDistill, "x", {text}).train.out_dir, dir) << text;
   }
   EXPECT_EQ(ParseConfig(kValidDistill, "x", {"optim.betas=[0.9, 0.99]"}).optim.betas[1], 0.99);
+  // A value that starts with ',' is refused before yaml-cpp parses it (0.7 allocated without end).
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=,a"}),
+            "override \"train.out_dir=,a\": train.out_dir: expected a string without NUL "
+            "characters, got invalid YAML (a value cannot start with ',', a flow indicator; quote "
+            "the value to keep it)");
+  EXPECT_EQ(ParseConfig(kValidDistill, "x", {"train.out_dir=',a'"}).train.out_dir, ",a");
   // Later overrides win; an override beats the file.
   const Config c = ParseConfig(std::string(kValidDistill) + "distill:\n  temperature: 3\n", "x",
                                {"distill.temperature=4", "distill.temperature=5"});

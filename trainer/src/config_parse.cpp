@@ -174,18 +174,19 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
 }
 
 // Where a YAML comment starts in `value` (a '#' at its start, after a space or tab, or right
-// after a closing quote, outside quotes), or npos. A quote opens a quoted scalar only where one
-// starts: at the value's first character, or in a flow collection ("[...]", "{...}") after '[',
-// '{', ',' or ':' and spaces; elsewhere it is plain text (the apostrophe of "it's").
+// after a closing quote or a flow collection's closing bracket, outside quotes), or npos. A quote
+// opens a quoted scalar only where one starts: at the value's first character or after its tags
+// and anchors ("!!str 'a #b'"), or in a flow collection ("[...]", "{...}") after '[', '{', ','
+// or ':' and spaces; elsewhere it is plain text (the apostrophe of "it's").
 size_t CommentStart(const std::string& value) {
   const size_t first = value.find_first_not_of(" \t");
   if (first == std::string::npos) return std::string::npos;
   const bool flow = value[first] == '[' || value[first] == '{';
   char quote = 0, last = 0;  // last: the previous character that is not a space or tab
-  bool closed = false;       // the previous character closed a quoted scalar
+  bool closed = false;       // the previous character closed a quoted scalar or a collection
+  bool properties = true;    // the words before this one are all tags or anchors ("!!str", "&a")
   for (size_t i = first; i < value.size(); ++i) {
     const char c = value[i];
-    const bool after_space = i > first && (value[i - 1] == ' ' || value[i - 1] == '\t');
     if (quote == '"') {
       if (c == '\\') {
         ++i;  // an escape: the next character is its
@@ -206,13 +207,17 @@ size_t CommentStart(const std::string& value) {
       }
       continue;
     }
-    if (c == '#' && (i == first || after_space || closed)) return i;
+    const bool word_start = i == first || value[i - 1] == ' ' || value[i - 1] == '\t';
+    if (c == '#' && (word_start || closed)) return i;
     closed = false;
-    if ((c == '"' || c == '\'') &&
-        (i == first || (flow && last != 0 && std::strchr("[{,:", last) != nullptr))) {
+    if (c == ' ' || c == '\t') continue;
+    if ((c == '"' || c == '\'') && ((word_start && properties) ||
+                                    (flow && last != 0 && std::strchr("[{,:", last) != nullptr))) {
       quote = c;
     }
-    if (c != ' ' && c != '\t') last = c;
+    if (word_start) properties = properties && (c == '!' || c == '&');
+    if (flow && (c == ']' || c == '}')) closed = true;
+    last = c;
   }
   return std::string::npos;
 }
@@ -238,6 +243,15 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
                      "and what follows it would be dropped); quote the whole value in YAML to "
                      "keep the '#' (in a shell: {}='\"...\"'), or leave the comment out",
                      key->expected, raw.substr(hash), path));
+  }
+  // A document that starts with ',' (a flow indicator, invalid there) sends yaml-cpp 0.7 into an
+  // endless allocation (std::bad_alloc after all the memory): refused before it parses.
+  if (const size_t start = raw.find_first_not_of(" \t");
+      start != std::string::npos && raw[start] == ',') {
+    Fail(where, path,
+         fmt::format("expected {}, got invalid YAML (a value cannot start with ',', a flow "
+                     "indicator; quote the value to keep it)",
+                     key->expected));
   }
   YAML::Node value;
   try {
