@@ -506,6 +506,28 @@ TEST(DistillLoss, IdenticalRowsGiveExactlyZeroForEveryDivergenceDtypeAndTemperat
         }
 }
 
+// Logits 1e-4 apart: the KLs' float32 row sums rounded to about -1e-6 and JSD's at beta near 1 to
+// about -1e-8 before the rows were clamped at 0 (stored_row_loss). The gradient is still the
+// unclamped one: the same as the reference's within the sweep's tolerance.
+TEST(DistillLoss, NearTiesNeverGiveANegativeLoss) {
+  at::manual_seed(14);
+  for (const auto& dev : devices())
+    for (Divergence div : kAll)
+      for (double beta : {0.5, 1.0 - 1e-8}) {
+        if (div != Divergence::kJsd && beta != 0.5) continue;
+        for (int64_t V : {7, 255, 32000}) {
+          at::Tensor s = at::randn({64, V});
+          at::Tensor t = s + 1e-4 * at::randn({64, V});
+          const auto opts = DistillLossOptions().divergence(div).beta(beta);
+          at::Tensor rows =
+              distill_loss(s.to(dev), t.to(dev), DistillLossOptions(opts).reduction(torch::kNone));
+          EXPECT_GE(rows.min().item<double>(), 0.0)
+              << divergence_name(div) << " beta=" << beta << " V=" << V << " on " << dev;
+          EXPECT_TRUE(rows.isfinite().all().item<bool>());
+        }
+      }
+}
+
 TEST(DistillLoss, JsdAtBetaZeroAndOneIsForwardAndReverseKl) {
   at::manual_seed(5);
   at::Tensor s = at::randn({4, 50}), t = at::randn({4, 50});

@@ -70,6 +70,16 @@ LOSSFNS_HOST_DEVICE Acc saved_row_constant(int64_t divergence, Acc loss, Acc c) 
   return needs_row_constant(divergence) ? c : Acc(0);
 }
 
+// The row's loss as the forward stores it: a divergence is never negative, but its float sum can
+// round below 0 near a tie (the KLs by ~1e-6 at logits 1e-4 apart, JSD by ~1e-8 at beta within
+// 1e-8 of 1), and a training log should not show a negative divergence. Such a row gets 0, which
+// is nearer the exact value than the rounded sum; NaN and +inf stay. The row constant and the
+// gradient keep the unclamped sums (reverse KL's row constant is its loss).
+template <typename Acc>
+LOSSFNS_HOST_DEVICE Acc stored_row_loss(Acc loss) {
+  return loss < Acc(0) ? Acc(0) : loss;
+}
+
 // Per-row state between forward and backward: kStatsPerRow floats per row.
 //   [0] max_j a_j, [1] log sum_j exp(a_j - max): logsumexp(a) kept in two parts, so that
 //       lp = (a - max) - log_sum is exact near the max whatever the logits' magnitude (one
@@ -79,7 +89,7 @@ LOSSFNS_HOST_DEVICE Acc saved_row_constant(int64_t divergence, Acc loss, Acc c) 
 //   (natural log on the CPU; on CUDA, of log2(e)-scaled logits, in log2)
 //   [4] the row constant sum_k p_k g_k (0 where not needed; NaN where the loss is NaN, as in
 //       a row with mass on one side only: saved_row_constant)
-//   [5] the row's loss (0 for ignored rows)
+//   [5] the row's loss, stored_row_loss (0 for ignored rows)
 //   The normalisers [0..3] are the rows' own also where the loss is NaN (the fused cross-entropy
 //   takes [0..1] as the student's: fused_linear_driver.cpp).
 constexpr int64_t kStatsPerRow = 6;

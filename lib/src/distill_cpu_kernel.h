@@ -208,7 +208,7 @@ void distill_row_forward_cpu(const CpuRow<T>& row, Acc inv_t, const JsdConstants
       (lse_t.max == -std::numeric_limits<Acc>::infinity()))
     loss = std::numeric_limits<Acc>::quiet_NaN();
   stats[4] = saved_row_constant(kDiv, loss, c);
-  stats[kStatLoss] = loss;
+  stats[kStatLoss] = stored_row_loss(loss);
 }
 
 // Backward of one row: grad[j] = scale * d loss_row / d s_j for the student's ws columns, where

@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     st[2] = mx_t;
     st[3] = ls_t;
     st[4] = c;
-    st[kStatLoss] = lc.x;
+    st[kStatLoss] = stored_row_loss(lc.x);
   }
 
   // Pass 3 (a forward that computes the gradient): grad = grad_scale * scale / T * dL/da.
