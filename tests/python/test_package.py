@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 import torch
@@ -521,6 +522,56 @@ def test_compiled_autograd_runs_the_backward():
         with torch._dynamo.compiled_autograd._enable(torch.compile(backend="eager")):
             op(s).backward()
         torch.testing.assert_close(s.grad, expected, rtol=0, atol=0, msg=name)
+
+
+def test_torch_export_traces_every_op():
+    """torch.export takes each module wrapper (and the fused op inside a user's module) to the
+    registered op, and the exported program gives eager's loss and gradients bit for bit."""
+    p, q, lab = inputs((7, 300), torch.float32, "cpu")
+    g = torch.Generator().manual_seed(3)
+    s, t = torch.randn(7, 300, generator=g), torch.randn(7, 280, generator=g)
+    sh, sw, th, tw, hlab = hidden_states((2, 3), torch.float32, "cpu")
+
+    class Fused(torch.nn.Module):
+        def forward(self, sh, sw, th, tw, lab):
+            return lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, "jsd", ce_weight=0.5)
+
+    # (module, inputs, the indices of those that get a gradient, the op)
+    cases = [(lossfns.TVDLoss(reduction="sum"), (p, q, lab), (0, 1), torch.ops.lossfns.tvd_loss.default),
+             (lossfns.DistillLoss(divergence="jsd", beta=0.3, temperature=2.0), (s, t, lab), (0,),
+              torch.ops.lossfns.distill_loss.default),
+             (lossfns.CrossEntropyLoss(vocab_size=290), (s, lab), (0,), torch.ops.lossfns.cross_entropy_loss.default),
+             (Fused(), (sh, sw, th, tw, hlab), (0, 1), torch.ops.lossfns.fused_linear_distill_loss.default)]
+    for module, args, learned, op in cases:
+        program = torch.export.export(module, args)
+        assert [n.target for n in program.graph.nodes if isinstance(n.target, torch._ops.OpOverload)] == [op]
+        x = [a.clone().requires_grad_() if i in learned else a for i, a in enumerate(args)]
+        y = [a.clone().requires_grad_() if i in learned else a for i, a in enumerate(args)]
+        expected, got = module(*x), program.module()(*y)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=type(module).__name__)
+        got.backward()
+        expected.backward()
+        for a, b in zip(x, y):
+            if a.requires_grad:
+                torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=type(module).__name__)
+
+
+def test_scripted_code_calls_the_registered_ops():
+    """TorchScript cannot compile the typed Python wrappers (their Literal names); scripted code
+    calls torch.ops.lossfns.* with the schema's arguments instead (docs/api.md). torch 2.11
+    deprecates torch.jit.script (a DeprecationWarning), but it still runs."""
+    def jsd(s: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.ops.lossfns.distill_loss(s, t, labels, "jsd", 0.3, 2.0, -100, "batchmean", None, None)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        jsd = torch.jit.script(jsd)
+
+    g = torch.Generator().manual_seed(4)
+    s, t = torch.randn(6, 50, generator=g), torch.randn(6, 50, generator=g)
+    labels = torch.tensor([1, -100, 3, 4, -100, 5])
+    torch.testing.assert_close(jsd(s, t, labels), lossfns.distill_loss(s, t, labels, "jsd", 0.3, 2.0),
+                               rtol=0, atol=0)
 
 
 def test_forward_mode_ad_is_refused():
