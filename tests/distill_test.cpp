@@ -507,8 +507,8 @@ TEST(DistillLoss, IdenticalRowsGiveExactlyZeroForEveryDivergenceDtypeAndTemperat
 }
 
 // Logits 1e-4 apart: the KLs' float32 row sums rounded to about -1e-6 and JSD's at beta near 1 to
-// about -1e-8 before the rows were clamped at 0 (stored_row_loss). The gradient is still the
-// unclamped one: the same as the reference's within the sweep's tolerance.
+// about -1e-8 before the rows were clamped at 0 (stored_row_loss). The gradient is unchanged: no
+// backward reads the stored loss (the sweep compares it with the reference's).
 TEST(DistillLoss, NearTiesNeverGiveANegativeLoss) {
   at::manual_seed(14);
   for (const auto& dev : devices())

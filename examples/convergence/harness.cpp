@@ -248,7 +248,7 @@ ValMetrics Loop::Validate(int64_t batches) {
   double ce = 0, tvd = 0;
   int64_t tokens = 0;
   for (int64_t j = 0; j < batches; ++j) {
-    const distill::Batch batch = data_->ValBatch(j);
+    const distill::Batch batch = data_->ValBatch(j, batches);
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor y = batch.targets.to(device_).reshape({-1});
     const int64_t V = student_->config().padded_vocab_size();

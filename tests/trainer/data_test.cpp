@@ -30,7 +30,7 @@ TEST(DataTest, BatchesAreDeterministicAndDistinct) {
   EXPECT_TRUE(at::equal(a->TrainBatch(7).inputs, b->TrainBatch(7).inputs));
   EXPECT_TRUE(at::equal(a->TrainBatch(7).targets, b->TrainBatch(7).targets));
   EXPECT_FALSE(at::equal(a->TrainBatch(7).inputs, a->TrainBatch(8).inputs));
-  EXPECT_FALSE(at::equal(a->TrainBatch(0).inputs, a->ValBatch(0).inputs));
+  EXPECT_FALSE(at::equal(a->TrainBatch(0).inputs, a->ValBatch(0, 1).inputs));
   DataConfig other = SmallData();
   other.seed += 1;
   EXPECT_FALSE(
@@ -137,7 +137,7 @@ TEST(DataTest, TextSourceIsByteLevelWithSplit) {
   EXPECT_GE(train.inputs.max().item<int64_t>(), 128);  // UTF-8 bytes of é/ö do occur
   EXPECT_FALSE(data->EntropyFloor().has_value());
   EXPECT_TRUE(
-      at::equal(data->ValBatch(1).inputs, MakeDataSource(c, 256, -100)->ValBatch(1).inputs));
+      at::equal(data->ValBatch(1, 2).inputs, MakeDataSource(c, 256, -100)->ValBatch(1, 2).inputs));
 
   std::ofstream(path, std::ios::binary) << "too short";
   try {

@@ -998,7 +998,7 @@ TEST(SmolLM2, LogitsMatchTransformersOnRealText) {
   data_config.data.batch_size = 1;
   data_config.data.seq_len = 48;
   const at::Tensor ids =
-      MakeDataSource(data_config.data, config.vocab_size, -100)->ValBatch(3).inputs;
+      MakeDataSource(data_config.data, config.vocab_size, -100)->ValBatch(3, 4).inputs;
   torch::NoGradGuard no_grad;
   const std::string check = TempRunDir() + "-check.safetensors";
   WriteSafetensors(check, {{"input_ids", ids}, {"logits", model->forward(ids)}});

@@ -163,19 +163,34 @@ void CheckWindows(const Layout& l) {
   EXPECT_EQ(shards_seen.size(), l.sizes.size());  // 250 draws reach every shard
 
   // Validation: the held-out tail is the end of the last shard here; window w starts at w * T.
+  // An evaluation of `count` batches spreads its n = count * B sequences over the W windows
+  // (sequence i reads window i * W / n) when n <= W, else takes them in order and repeats them.
   const size_t last = l.sizes.size() - 1;
   ASSERT_LT(train_end[last], l.sizes[last]);
   const int64_t held = l.sizes[last] - train_end[last], windows = (held - 1) / T;
-  for (int64_t index = 0; index < 3; ++index) {
-    const Batch batch = source->ValBatch(index);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t start = train_end[last] + (index * B + b) % windows * T;
-      for (int64_t t = 0; t < T; ++t) {
-        ASSERT_EQ(batch.inputs[b][t].item<int64_t>(), l.base + last * l.stride + start + t);
-        ASSERT_EQ(batch.targets[b][t].item<int64_t>(), l.base + last * l.stride + start + t + 1);
+  ASSERT_EQ(windows, 19);  // 20% of 1578 tokens: 316 held out
+  ASSERT_EQ(source->ValidationSequences(), windows);
+  for (int64_t count : {1, 3, 4}) {  // n = 5, 15 (spread) and 20 (one window read twice)
+    const int64_t n = count * B;
+    for (int64_t index = 0; index < count; ++index) {
+      const Batch batch = source->ValBatch(index, count);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t i = index * B + b, w = n <= windows ? i * windows / n : i % windows;
+        const int64_t start = train_end[last] + w * T;
+        for (int64_t t = 0; t < T; ++t) {
+          ASSERT_EQ(batch.inputs[b][t].item<int64_t>(), l.base + last * l.stride + start + t)
+              << "count " << count << " index " << index << " b " << b;
+          ASSERT_EQ(batch.targets[b][t].item<int64_t>(), l.base + last * l.stride + start + t + 1);
+        }
       }
     }
   }
+  // The last sequence of a spread evaluation lies in the last fifth of the set, not after the
+  // first n windows.
+  EXPECT_EQ(source->ValBatch(2, 3).inputs[B - 1][0].item<int64_t>(),
+            l.base + last * l.stride + train_end[last] + 17 * T);
+  EXPECT_THAT(ErrorOf([&] { source->ValBatch(3, 3); }),
+              HasSubstr("index 3 is not in [0, count = 3)"));
   EXPECT_EQ(source->Describe(),
             std::string("llm.c token shards: 3 train files (1.3k tokens), validation the last 20% "
                         "of them (316 tokens), ") +
@@ -219,7 +234,7 @@ TEST(TokenDataTest, HeldOutTailMaySpanShards) {
   // Shard 2 (20 tokens) holds one validation window; shard 1's tail (100 tokens) six.
   std::set<int64_t> val_starts;
   for (int64_t index = 0; index < 7; ++index) {
-    const Batch batch = source->ValBatch(index);
+    const Batch batch = source->ValBatch(index, 7);
     for (int64_t b = 0; b < c.batch_size; ++b) {
       val_starts.insert(batch.inputs[b][0].item<int64_t>());
     }
@@ -238,14 +253,14 @@ TEST(TokenDataTest, BatchesAreDeterministicAndDistinct) {
   EXPECT_TRUE(at::equal(a->TrainBatch(3).inputs, b->TrainBatch(3).inputs));
   EXPECT_TRUE(at::equal(a->TrainBatch(3).targets, b->TrainBatch(3).targets));
   EXPECT_FALSE(at::equal(a->TrainBatch(3).inputs, a->TrainBatch(4).inputs));
-  EXPECT_TRUE(at::equal(a->ValBatch(2).inputs, b->ValBatch(2).inputs));
+  EXPECT_TRUE(at::equal(a->ValBatch(2, 3).inputs, b->ValBatch(2, 3).inputs));
   DataConfig other = c;
   other.seed += 1;
   EXPECT_FALSE(
       at::equal(a->TrainBatch(3).inputs, MakeTokenShardSource(other, 1000)->TrainBatch(3).inputs));
   // The validation set does not depend on the seed.
-  EXPECT_TRUE(
-      at::equal(a->ValBatch(1).inputs, MakeTokenShardSource(other, 1000)->ValBatch(1).inputs));
+  EXPECT_TRUE(at::equal(a->ValBatch(1, 3).inputs,
+                        MakeTokenShardSource(other, 1000)->ValBatch(1, 3).inputs));
   // MakeDataSource routes data.source "tokens" here.
   EXPECT_TRUE(
       at::equal(MakeDataSource(c, 1000, -100)->TrainBatch(3).inputs, a->TrainBatch(3).inputs));
@@ -259,8 +274,8 @@ TEST(TokenDataTest, ValidationFromValPath) {
   const auto source = MakeTokenShardSource(c, 200000);
   // Validation windows: shard 0 has (70 - 1) / 16 = 4, shard 1 (40 - 1) / 16 = 2; 6 in all.
   const std::vector<int64_t> starts = {50000, 50016, 50032, 50048, 150000, 150016};
-  for (int64_t index = 0; index < 4; ++index) {
-    const Batch batch = source->ValBatch(index);
+  for (int64_t index = 0; index < 4; ++index) {  // 20 sequences of 6 windows: in order, repeated
+    const Batch batch = source->ValBatch(index, 4);
     for (int64_t b = 0; b < c.batch_size; ++b) {
       const int64_t start = starts[(index * c.batch_size + b) % starts.size()];
       for (int64_t t = 0; t < c.seq_len; ++t) {
@@ -413,7 +428,7 @@ TEST_F(TokenDataErrorTest, TokenOutsideTheVocabulary) {
   // The vocabulary bound is exclusive: the token equal to the vocabulary size is refused.
   EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(c, 999); }),
               HasSubstr("the token at position 37 is 999, not below the vocabulary size 999"));
-  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(c, 1000)->ValBatch(2); }), "(no error)");
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(c, 1000)->ValBatch(2, 3); }), "(no error)");
   // A training shard (uint32) longer than one scanning chunk (2^22 tokens), its bad tokens in
   // the second: the first of them is named.
   const int64_t chunk = int64_t{1} << 22;

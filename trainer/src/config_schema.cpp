@@ -428,11 +428,11 @@ std::vector<KeyDecl> Declare() {
   Add(
       k, "train.eval_batches", [](auto& c) -> auto& { return c.train.eval_batches; },
       IntIn(1, int64_t{1} << 20),
-      "Validation micro-batches per evaluation, the same ones every time: tokens, the validation "
-      "data's first eval_batches x batch_size windows in order (a prefix of a larger set, not a "
-      "sample of it; past its count of windows they repeat, with a warning at the start); text, "
-      "the same seeded random windows of the validation split; synthetic, the same generated "
-      "sequences.");
+      "Validation micro-batches per evaluation, the same ones every time: tokens, "
+      "eval_batches x batch_size windows spread evenly over the validation data (all of them, in "
+      "order, when it holds no more; past its count of windows they repeat, with a warning at the "
+      "start); text, the same seeded random windows of the validation split; synthetic, the same "
+      "generated sequences.");
   Add(
       k, "train.checkpoint_interval", [](auto& c) -> auto& { return c.train.checkpoint_interval; },
       IntAtLeast(0), "Checkpoint every this many steps (0: only at the end).");

@@ -39,7 +39,7 @@ class SyntheticSource : public DataSource {
         ignore_index_(ignore_index) {}
 
   Batch TrainBatch(int64_t index) const override { return Make(0, index); }
-  Batch ValBatch(int64_t index) const override { return Make(1, index); }
+  Batch ValBatch(int64_t index, int64_t) const override { return Make(1, index); }
 
   // Target j (1-based) is uniform (log V) while j < order, else H(w). With the length L uniform
   // in [min_seq_len, seq_len], the token-weighted mean is E[sum of entropies] / E[L].
@@ -121,7 +121,7 @@ class TextSource : public DataSource {
   }
 
   Batch TrainBatch(int64_t index) const override { return Make(0, index, 0, split_); }
-  Batch ValBatch(int64_t index) const override {
+  Batch ValBatch(int64_t index, int64_t) const override {
     return Make(1, index, split_, static_cast<int64_t>(bytes_.size()));
   }
   std::optional<double> EntropyFloor() const override { return std::nullopt; }

@@ -194,12 +194,25 @@ class TokenShardSource : public DataSource {
     return Make(windows);
   }
 
-  Batch ValBatch(int64_t index) const override {
+  // The evaluation's n = count * B sequences, i = index * B + b: spread evenly over the W windows
+  // when they fit (sequence i reads window floor(i * W / n): a set in document order is measured
+  // across its whole length, not by its first n windows), else each window in order and then
+  // again (i mod W: the repeat warned about at the start).
+  Batch ValBatch(int64_t index, int64_t count) const override {
     const int64_t W = val_.windows(), B = config_.batch_size;
+    if (count < 1 || count > (int64_t{1} << 32) || index < 0 || index >= count)
+      throw std::runtime_error(
+          fmt::format("ValBatch: index {} is not in [0, count = {}), or count is not in [1, 2^32]",
+                      index, count));
+    // 128-bit products: i < n <= 2^32 * B (B <= 2^20, the schema's bound) and W < 2^63.
+    const unsigned __int128 n = static_cast<unsigned __int128>(count) * B;
     std::vector<std::pair<const Segment*, int64_t>> windows;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t w = ((index % W) * (B % W) + b) % W;  // (index * B + b) mod W, no overflow
-      auto [segment, rank] = val_.Find(w < 0 ? w + W : w);
+      const unsigned __int128 i = static_cast<unsigned __int128>(index) * B + b;
+      const int64_t w = n <= static_cast<unsigned __int128>(W)
+                            ? static_cast<int64_t>(i * W / n)
+                            : static_cast<int64_t>(i % static_cast<unsigned __int128>(W));
+      auto [segment, rank] = val_.Find(w);
       windows.push_back({segment, segment->begin + rank * config_.seq_len});
     }
     return Make(windows);

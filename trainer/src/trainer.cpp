@@ -740,7 +740,7 @@ EvalResult Trainer::Evaluate() {
   // Data-parallel: each rank evaluates a share of the validation batches; the sums are reduced.
   for (int64_t j :
        RankEvalBatches(config_.train.eval_batches, dist_->rank(), dist_->world_size())) {
-    const Batch batch = data_->ValBatch(j);
+    const Batch batch = data_->ValBatch(j, config_.train.eval_batches);
     const at::Tensor inputs = batch.inputs.to(device_);
     const at::Tensor targets = batch.targets.to(device_);
     tokens += batch.num_targets;

@@ -24,13 +24,16 @@ struct Batch {
 class DataSource {
  public:
   virtual ~DataSource() = default;
-  // Micro-batch `index` of the endless training stream / of the fixed validation set (CPU).
+  // Micro-batch `index` of the endless training stream (CPU).
   virtual Batch TrainBatch(int64_t index) const = 0;
-  virtual Batch ValBatch(int64_t index) const = 0;
+  // Micro-batch `index`, in [0, count), of an evaluation that reads `count` micro-batches of the
+  // fixed validation set: the same every time (CPU). Token shards spread the evaluation's
+  // sequences evenly over their windows; generated and text data draw them by index.
+  virtual Batch ValBatch(int64_t index, int64_t count) const = 0;
   // The lowest achievable mean cross-entropy per target token (nats), when known.
   virtual std::optional<double> EntropyFloor() const = 0;
-  // How many distinct sequences ValBatch reads before it repeats them, when it does (token
-  // shards' fixed windows, taken in order); nullopt where validation draws them at random.
+  // How many distinct sequences ValBatch can read before it repeats them, when it does (token
+  // shards' fixed windows); nullopt where validation draws them at random.
   virtual std::optional<int64_t> ValidationSequences() const { return std::nullopt; }
   virtual std::string Describe() const = 0;
   // The files the data is read from and their sizes, one "<role> <path> <size>" line each (role
