@@ -544,11 +544,17 @@ TEST(TrainingTest, ARunThatEndsInItsWarmupWarns) {
               ::testing::ElementsAre(
                   "warning: schedule.warmup_steps 5 leaves the schedule unfinished in train.steps "
                   "3: the last step's learning rate is 0.0012 (optim.lr 0.002), and the decay "
-                  "never reaches lr * schedule.min_lr_ratio; a warmup of at most 1 steps "
+                  "never reaches lr * schedule.min_lr_ratio; a warmup of at most 1 step "
                   "finishes it"));
   c.schedule.warmup_steps = 2;  // the last step at the peak: no decay
   c.train.out_dir = TempRunDir("-peak");
   EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::SizeIs(1));
+  c.train.steps = 2;  // no warmup leaves room for the decay: the only fix is none
+  c.train.out_dir = TempRunDir("-two");
+  EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(),
+              ::testing::ElementsAre(
+                  ::testing::EndsWith("; schedule.warmup_steps 0 (no warmup) avoids it")));
+  c.train.steps = 3;
   c.schedule.warmup_steps = 1;
   c.train.out_dir = TempRunDir("-short");
   EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::IsEmpty());

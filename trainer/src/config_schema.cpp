@@ -398,7 +398,10 @@ std::vector<KeyDecl> Declare() {
 
   Add(
       k, "train.mode", [](auto& c) -> auto& { return c.train.mode; }, OneOfEnum<Mode>(),
-      "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill.");
+      "pretrain: cross-entropy only, trains the `student` model (how a teacher is made); distill: "
+      "trains the student against the frozen teacher with distill.kd_weight x divergence + "
+      "distill.ce_weight x cross-entropy (needs a teacher: teacher.hf_dir, teacher.checkpoint or "
+      "teacher.pretrain_steps > 0).");
   Add(
       k, "train.steps", [](auto& c) -> auto& { return c.train.steps; },
       IntIn(1, int64_t{1} << 40) /* x grad_accum (<= 2^20): micro-batch counts stay < 2^60 */,

@@ -254,13 +254,14 @@ std::optional<std::string> UnfinishedScheduleWarning(const Config& config) {
   const bool decays = s.kind != ScheduleKind::kConstant && s.min_lr_ratio < 1.0;
   const int64_t longest = decays ? steps - 2 : steps;
   if (s.warmup_steps == 0 || s.warmup_steps <= longest) return std::nullopt;
+  const std::string fix = longest <= 0 ? "schedule.warmup_steps 0 (no warmup) avoids it"
+                                       : fmt::format("a warmup of at most {} step{} finishes it",
+                                                     longest, longest == 1 ? "" : "s");
   return fmt::format(
       "warning: schedule.warmup_steps {} leaves the schedule unfinished in train.steps {}: the "
-      "last step's learning rate is {:.4g} (optim.lr {:.4g}){}; a warmup of at most {} steps "
-      "finishes it",
+      "last step's learning rate is {:.4g} (optim.lr {:.4g}){}; {}",
       s.warmup_steps, steps, LearningRate(config, steps - 1), config.optim.lr,
-      decays ? ", and the decay never reaches lr * schedule.min_lr_ratio" : "",
-      std::max<int64_t>(longest, 0));
+      decays ? ", and the decay never reaches lr * schedule.min_lr_ratio" : "", fix);
 }
 
 // A teacher named in pretrain mode is not loaded: said once at the start, with the mode that
