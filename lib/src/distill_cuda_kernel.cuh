@@ -5,7 +5,8 @@
 // Data movement (the op is memory-bound at real vocabularies):
 //  - forward: one block per row; the passes a row needs (the maxima and the sums of exp together,
 //    online, with the KLs' loss; TVD's and JSD's divergence and row constant, which need the
-//    normalised p and q; the gradient when it is computed in forward)
+//    normalised p and q; the KLs' gradient when it is computed in forward: TVD and JSD run the
+//    backward's kernel after the forward instead, forward_kernel_writes_grad)
 //    each read the row from global memory, the L2 cache serving part of the re-reads (TVD's and
 //    JSD's second pass runs backwards, from the columns read last: for_each_vec). (Cluster
 //    variants measured on the H200 and not kept: rows staged in the shared memory of a
