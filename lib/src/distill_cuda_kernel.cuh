@@ -52,13 +52,14 @@ struct DistillArgs {
   Reduction reduction;
   float* stats;  // (rows, kStatsPerRow), distill_common.h's layout (log2 units)
   float* scale;  // 1 value: the reduction's scale (written by the finalize, or by the
-                 // count before a forward that computes the gradient)
+                 // count before a KL's forward kernel that computes the gradient)
   float* loss;   // 1 value (reduced) or (rows,) ('none'): written by the finalize
   // The gradient (rows, ws) contiguous, written by a forward that computes it (else nullptr), for
-  // a grad_output of *grad_scale.
+  // a grad_output of *grad_scale; only for a reduced loss ('none' is refused).
   T* grad;
   const float* grad_scale;
-  // Backward only: grad_output, 1 value (reduced) or (rows,) ('none').
+  // The backward's grad_output, 1 value (reduced) or (rows,) ('none'); distill_forward sets it to
+  // grad_scale for the backward's kernel it runs (TVD, JSD).
   const float* grad_output;
   // Backward only, optional: a hard-label cross-entropy's gradient added in the same pass,
   // ce_weight[r] * (softmax(s)_j - [j == labels[r]]) over the student's columns [0, min(ws, V)),
@@ -623,7 +624,7 @@ __global__ void distill_rescale_kernel(T* grad, int64_t n, const float* grad_out
 // loads: measured on an H200 (bf16, session 14, `bench/distill_ab.py`), 128 threads against up to
 // 1024 made the forward 12-39% faster (tvd 8192 x 151936 4.39 -> 3.94 ms, forward_kl 2.75 ->
 // 2.36; 8192 x 49152 1.61 -> 1.38 and 1.16 -> 0.80; 4096 x 32000 0.63 -> 0.51 and 0.48 -> 0.31).
-// The forward that also writes the gradient (grad_scale) runs the same blocks although it was
+// A KL's forward that also writes the gradient (grad_scale) runs the same blocks although it was
 // ~5% faster at 512 threads: the block size sets the order of the row sums, and the loss and
 // gradient must not change in the last bit with the hint
 // (DistillLoss.GradScaleHintGivesTheSameGradientForAnyGradOutput).
@@ -657,7 +658,7 @@ cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream);
 // Whether a forward that computes the gradient (grad_scale) writes it from the forward kernel.
 // The KLs do (their first pass has the loss; a second pass writes the gradient). TVD and JSD
 // would read the row three times in that kernel (normalisers; loss and row constant; gradient),
-// which was 5-7% slower than the forward without the gradient followed by the backward's kernel
+// which was 4-7% slower than the forward without the gradient followed by the backward's kernel
 // (H200, bf16, session 31: 8192 x 151936 tvd 4.66 against 4.43 ms, jsd 6.27 against 5.87;
 // 8192 x 128256 3.96 against 3.81, 5.33 against 5.00): for them the forward runs those two
 // kernels, the backward's with grad_scale as its grad_output. That is the gradient of the
@@ -673,6 +674,7 @@ cudaError_t distill_forward(const DistillArgs<T>& a, cudaStream_t stream) {
   using namespace distill_detail;
   cudaError_t err = cudaSuccess;
   const bool grad = a.grad != nullptr, in_kernel = grad && forward_kernel_writes_grad(a.divergence);
+  if (grad && a.reduction == kNone) return cudaErrorInvalidValue;  // one grad_scale, not per row
   if (in_kernel) {  // the scale, before the finalize computes it
     distill_count_kernel<<<1, 1024, 0, stream>>>(as_float_args(a));
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
@@ -709,8 +711,8 @@ cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream) {
   int64_t chunk = 256 * N * 8;
   while (chunk > 256 * N && a.rows * ((a.ws + chunk - 1) / chunk) < int64_t(a.num_sms) * 8)
     chunk /= 2;
+  while ((a.ws + chunk - 1) / chunk > 65535) chunk *= 2;  // gridDim.y's limit: wider blocks
   const int64_t chunks = (a.ws + chunk - 1) / chunk;
-  if (chunks > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(unsigned(a.rows), unsigned(chunks));
   return with_divergence(a.divergence, [&](auto div) {
     constexpr int64_t kDiv = decltype(div)::value;

@@ -549,11 +549,15 @@ TEST(TrainingTest, ARunThatEndsInItsWarmupWarns) {
   c.schedule.warmup_steps = 2;  // the last step at the peak: no decay
   c.train.out_dir = TempRunDir("-peak");
   EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::SizeIs(1));
-  c.train.steps = 2;  // no warmup leaves room for the decay: the only fix is none
+  c.train.steps = 2;  // only no warmup leaves room for the decay
   c.train.out_dir = TempRunDir("-two");
   EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(),
               ::testing::ElementsAre(
-                  ::testing::EndsWith("; schedule.warmup_steps 0 (no warmup) avoids it")));
+                  ::testing::EndsWith("; schedule.warmup_steps 0 (no warmup) finishes it")));
+  c.train.steps = 1;  // one step has no decay: the peak is enough, and warmup 1 reaches it
+  c.schedule.warmup_steps = 1;
+  c.train.out_dir = TempRunDir("-one");
+  EXPECT_THAT(Trainer(c, RunOptions::Quiet()).warnings(), ::testing::IsEmpty());
   c.train.steps = 3;
   c.schedule.warmup_steps = 1;
   c.train.out_dir = TempRunDir("-short");

@@ -251,10 +251,11 @@ std::optional<std::string> RepeatedValidationWarning(const Config& config, const
 std::optional<std::string> UnfinishedScheduleWarning(const Config& config) {
   const ScheduleConfig& s = config.schedule;
   const int64_t steps = config.train.steps;
-  const bool decays = s.kind != ScheduleKind::kConstant && s.min_lr_ratio < 1.0;
+  // A one-step run has no decay to finish: like a constant schedule, its peak is enough.
+  const bool decays = s.kind != ScheduleKind::kConstant && s.min_lr_ratio < 1.0 && steps >= 2;
   const int64_t longest = decays ? steps - 2 : steps;
   if (s.warmup_steps == 0 || s.warmup_steps <= longest) return std::nullopt;
-  const std::string fix = longest <= 0 ? "schedule.warmup_steps 0 (no warmup) avoids it"
+  const std::string fix = longest <= 0 ? "schedule.warmup_steps 0 (no warmup) finishes it"
                                        : fmt::format("a warmup of at most {} step{} finishes it",
                                                      longest, longest == 1 ? "" : "s");
   return fmt::format(
