@@ -318,6 +318,19 @@ __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns,
   }
 }
 
+// Whether a forward that computes the gradient (grad_scale) writes it from the forward kernel.
+// The KLs do (their first pass has the loss; a second pass writes the gradient). TVD and JSD
+// would read the row three times in that kernel (normalisers; loss and row constant; gradient),
+// which was 4-7% slower than the forward without the gradient followed by the backward's kernel
+// (H200, bf16, session 31: 8192 x 151936 tvd 4.66 against 4.43 ms, jsd 6.27 against 5.87;
+// 8192 x 128256 3.96 against 3.81, 5.33 against 5.00): for them the forward runs those two
+// kernels, the backward's with grad_scale as its grad_output. That is the gradient of the
+// kernel it replaces bit for bit (both scale a row by (grad_scale * scale) / T), and the one a
+// backward without the hint computes.
+constexpr bool forward_kernel_writes_grad(int64_t divergence) {
+  return divergence == kForwardKl || divergence == kReverseKl;
+}
+
 // Forward of one row per block, over its columns [0, max(ns, nt)); with kGrad, the gradient too.
 // kDiv: the divergence (a.divergence, dispatched by the launcher). (Launched with up to 128
 // threads, distill_forward_threads; the bound of 1024 keeps it within 64 registers, so that 8
@@ -346,6 +359,8 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   // max pass and a sum pass took two; docs/benchmarks.md); for the KLs also their loss, online.
   constexpr int64_t div = kDiv;
   constexpr bool rev = div == kReverseKl, kl = rev || div == kForwardKl;
+  static_assert(!kGrad || forward_kernel_writes_grad(kDiv),
+                "TVD and JSD write the gradient with the backward's kernel (distill_forward)");
   MaxSum2 ms{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}};
   // The weighting side (the teacher for forward KL and for TVD and JSD, the student for reverse
   // KL) with its dot for the KLs; TVD and JSD have no dot (computing it cost TVD ~12% of its
@@ -416,10 +431,10 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
         lc.y += p * g;
       }
     };
-    // Backwards: the row's end, read last by pass 1, is still in the L2. (With and without the
-    // gradient alike: the order of the row sums must not depend on grad_scale.) Without the
-    // gradient this is the forward's last read of the row.
-    for_each_vec<true, !kGrad>(s, t, ns, nt, vs, vt, n_any, pass2);
+    // Backwards: the row's end, read last by pass 1, is still in the L2. The kernel's last read
+    // of the row (TVD and JSD never write the gradient here: a forward that computes it runs the
+    // backward's kernel next, forward_kernel_writes_grad).
+    for_each_vec<true, true>(s, t, ns, nt, vs, vt, n_any, pass2);
     lc = block_sum2(lc, red);
   }
   // Mass on one side only (the other -inf everywhere: no distribution): a NaN loss, and a NaN row
@@ -654,19 +669,6 @@ DistillArgs<float> as_float_args(const DistillArgs<T>& a) {  // for the dtype-fr
 
 template <typename T>
 cudaError_t distill_backward(const DistillArgs<T>& a, cudaStream_t stream);
-
-// Whether a forward that computes the gradient (grad_scale) writes it from the forward kernel.
-// The KLs do (their first pass has the loss; a second pass writes the gradient). TVD and JSD
-// would read the row three times in that kernel (normalisers; loss and row constant; gradient),
-// which was 4-7% slower than the forward without the gradient followed by the backward's kernel
-// (H200, bf16, session 31: 8192 x 151936 tvd 4.66 against 4.43 ms, jsd 6.27 against 5.87;
-// 8192 x 128256 3.96 against 3.81, 5.33 against 5.00): for them the forward runs those two
-// kernels, the backward's with grad_scale as its grad_output. That is the gradient of the
-// kernel it replaces bit for bit (both scale a row by (grad_scale * scale) / T), and the one a
-// backward without the hint computes.
-constexpr bool forward_kernel_writes_grad(int64_t divergence) {
-  return divergence == kForwardKl || divergence == kReverseKl;
-}
 
 // Forward: stats, loss and scale; the gradient too when a.grad is set (then a.grad_scale too).
 template <typename T>
