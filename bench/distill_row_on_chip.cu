@@ -244,13 +244,10 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
     for (int u = 0; u < kU; ++u) acc[u] = identity2();
     for_each_vec([&](int u, int64_t, const Vec<bf16>& x, const Vec<bf16>& y) {
       float xf[N], yf[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        xf[k] = scaled(to_float(x.v[k]), k2);
-        yf[k] = scaled(to_float(y.v[k]), k2);
-      }
-      acc[u].w = add_scaled_dot<N>(acc[u].w, yf, xf);
-      acc[u].o = add_scaled<N>(acc[u].o, xf);
+      unpack(x, xf);
+      unpack(y, yf);
+      acc[u].w = add_scaled_dot<N>(acc[u].w, yf, xf, k2);
+      acc[u].o = add_scaled<N>(acc[u].o, xf, k2);
     });
     MaxSum2 ms = acc[0];
 #pragma unroll
@@ -297,11 +294,11 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
     // difference, and exact ties give 0 either way.
     if (rank == 0 && tid == 0) {
       const bool nan = isnan(w.sum) || isnan(o.sum) || isnan(w.dot);
-      const bool inf = w.imax != -INFINITY && exp2_ftz((w.imax - mx_t) - ls_t) > 0.f;
+      const bool inf = w.imax != -INFINITY && exp2_ftz(exponent(w.imax, k2, mx_t) - ls_t) > 0.f;
       const float loss = nan                 ? NAN
                          : mx_t == -INFINITY ? 0.f
                          : inf               ? INFINITY
-                               : kLn2 * (w.dot / w.sum + ((mx_s - mx_t) + (ls_s - ls_t)));
+                               : kLn2 * (k2 * w.dot / w.sum + ((mx_s - mx_t) + (ls_s - ls_t)));
       float* stt = a.stats + row * kStatsPerRow;
       stt[0] = mx_s;
       stt[1] = ls_s;
@@ -314,11 +311,14 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
     bf16* g = a.grad + row * a.V + c0;
     for_each_vec([&](int, int64_t j, const Vec<bf16>& x, const Vec<bf16>& y) {
       Vec<bf16> out;
+      float xf[N], yf[N];
+      unpack(x, xf);
+      unpack(y, yf);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq;
-        prob(scaled(to_float(x.v[k]), k2), ns_s, p, lp);
-        prob(scaled(to_float(y.v[k]), k2), ns_t, q, lq);
+        prob(xf[k], k2, ns_s, p, lp);
+        prob(yf[k], k2, ns_t, q, lq);
         out.v[k] = from_float<bf16>(row_scale * (p - q));
       }
       __stcs(reinterpret_cast<uint4*>(g + j), out.raw);

@@ -43,18 +43,17 @@ struct CrossEntropyArgs {
 
 namespace ce_detail {
 
-// Vec, load_vec, load_vecs, scaled, prob, prob_norm, kLog2e, kLn2, MaxSum: distill's, shared
-// (to_float, from_float: cuda_common.cuh).
+// Vec, unpack, load_vec, load_vecs, scaled, prob, prob_norm, kLog2e, kLn2, MaxSum: distill's,
+// shared (to_float, from_float: cuda_common.cuh).
 using namespace distill_detail;
 
 // One vector of a row added to a normaliser (MaxSum, combine, add_scaled: distill's).
 template <typename T>
 __device__ __forceinline__ MaxSum add_vec(MaxSum ms, const Vec<T>& v) {
   constexpr int N = Vec<T>::N;
-  float x2[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) x2[k] = scaled(to_float(v.v[k]), kLog2e);
-  return add_scaled<N>(ms, x2);
+  float x[N];
+  unpack(v, x);
+  return add_scaled<N>(ms, x, kLog2e);
 }
 
 // Forward: one block per row; kU vectors per thread in flight.
@@ -151,10 +150,12 @@ __global__ void __launch_bounds__(256)
       const int64_t j = j0 + u * step;
       if (j >= end) break;
       Vec<T> out;
+      float x[N];
+      unpack(v[u], x);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp;
-        prob(scaled(to_float(v[u].v[k]), kLog2e), norm, p, lp);
+        prob(x[k], kLog2e, norm, p, lp);
         const float g = go * (p - (j + k == y ? 1.f : 0.f));
         out.v[k] = from_float<T>(j + k < a.V ? g : 0.f);  // padding: 0 whatever grad_output is
       }

@@ -112,9 +112,10 @@ struct JsdConstants {
 };
 
 // One element's contribution to the row loss (term) and g (d loss_row / d p_j, up to a row
-// constant). Math supplies log_ratio(x, log_x, m, bound, log_bound) = log(x / m) for x > 0,
-// m >= 0 (log_x: log x, which it may use), at most log_bound, and exactly 0 when x == m;
-// p, q >= 0; lp, lq may be -inf where p, q are 0.
+// constant). Math supplies log_m(m), what its log_ratio takes of m (log m on CUDA, computed once
+// for both of JSD's ratios; unused on the CPU), and log_ratio(x, log_x, m, log_m, bound,
+// log_bound) = log(x / m) for x > 0, m >= 0 (log_x: log x, and log_m, which it may use), at most
+// log_bound, and exactly 0 when x == m; p, q >= 0; lp, lq may be -inf where p, q are 0.
 //   tvd:        term = 0.5 |p - q|,            g = 0.5 sign(p - q), sign(0) = 0
 //   forward_kl: term = q (lq - lp)  (0 if q = 0; NaN if q is NaN), g unused
 //   reverse_kl: term = p (lp - lq)  (0 if p = 0), g = lp - lq (0 if p = 0)
@@ -139,10 +140,11 @@ LOSSFNS_HOST_DEVICE void divergence_element(int64_t divergence, const JsdConstan
     g = r;
   } else {
     const Acc m = p + jsd.beta * (q - p);
+    const Acc lm = Math::log_m(m);
     const Acc lpm =
-        p > Acc(0) ? Math::log_ratio(p, lp, m, jsd.max_p_over_m, jsd.log_max_p_over_m) : Acc(0);
+        p > Acc(0) ? Math::log_ratio(p, lp, m, lm, jsd.max_p_over_m, jsd.log_max_p_over_m) : Acc(0);
     const Acc lqm =
-        q > Acc(0) ? Math::log_ratio(q, lq, m, jsd.max_q_over_m, jsd.log_max_q_over_m) : Acc(0);
+        q > Acc(0) ? Math::log_ratio(q, lq, m, lm, jsd.max_q_over_m, jsd.log_max_q_over_m) : Acc(0);
     term = jsd.beta * q * lqm + jsd.one_minus_beta * p * lpm;
     g = jsd.one_minus_beta * lpm;
   }

@@ -77,8 +77,10 @@ struct CpuMathF {
     const float out = (f + y) + e * 0.693359375f;
     return x < std::numeric_limits<float>::infinity() ? out : x;
   }
+  static inline float log_m(float /*m*/) { return 0.0f; }  // log_ratio divides instead
   static inline __attribute__((always_inline)) float log_ratio(float x, float /*log_x*/, float m,
-                                                               float bound, float /*log_bound*/) {
+                                                               float /*log_m*/, float bound,
+                                                               float /*log_bound*/) {
     const float r = m > 0.0f ? x / m : bound;
     return log(r < bound ? r : bound);
   }
@@ -86,8 +88,9 @@ struct CpuMathF {
 struct CpuMathD {
   static inline double exp(double x) { return std::exp(x); }
   static inline double log(double x) { return std::log(x); }
-  static inline double log_ratio(double x, double /*log_x*/, double m, double bound,
-                                 double /*log_bound*/) {
+  static inline double log_m(double /*m*/) { return 0.0; }
+  static inline double log_ratio(double x, double /*log_x*/, double m, double /*log_m*/,
+                                 double bound, double /*log_bound*/) {
     const double r = m > 0.0 ? x / m : bound;
     return std::log(r < bound ? r : bound);
   }

@@ -18,11 +18,17 @@
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.
 //
-// Instruction issue, not memory, bounds these kernels on the H200 (Nsight Compute, session 15:
+// Instruction issue, not memory, bounded these kernels on the H200 (Nsight Compute, session 15:
 // 85-91% of the issue slots busy, DRAM at 35-56% of its peak), so the per-element code is kept
 // short: the divergence is a template parameter (one kernel per divergence; a runtime switch
 // cost ~15 instructions per element), the per-element exponentials are one SFU instruction
-// (exp2_ftz), and -inf logits need no per-element test (prob_norm).
+// (exp2_ftz), -inf logits need no per-element test (prob_norm), the exponent is one FMA of the
+// unscaled logit (exponent()), bfloat16 is unpacked from 32-bit words (unpack), and JSD takes one
+// log of m per element without a branch (lg2_ftz, CudaMath::log_m). Session 40 (SASS counted
+// with cuobjdump, per element pair, bf16): TVD's forward 16.8 + 21 -> 12.3 + 17.5 instructions
+// in its two passes, its backward 20 -> 17, JSD's backward 24.6 with no branch left; on an H100
+// JSD's forward + backward 10% faster, TVD and the KLs within 1% (their passes were already at
+// the bytes they move: the forward's 2 or 4 streams, the backward's 3; docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>
@@ -77,22 +83,42 @@ namespace distill_detail {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// log2 x in one SFU instruction (lg2.approx.ftz): __log2f's value for normal x, -inf for 0 and
+// for subnormal x (flushed), where __log2f scales a subnormal first (four instructions more per
+// call). JSD's log of m: an m below 2^-126 belongs to probabilities that weigh nothing, and its
+// log ratio is clamped to its bound (CudaMath).
+__device__ __forceinline__ float lg2_ftz(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // log(x / m) = log x - log m from the log of x the caller has (prob()'s lp: exact where
 // log2(x) of the probability would be the SFU's approximation of its own exp2) and one hardware
-// log2 of m; exactly 0 where m is x bit for bit (a tie: q == p makes m == p == q), clamped to
-// its bound. One SFU instruction where log2(x) - log2(m) took two: JSD's per-element logs were
-// a third of the SFU work of its forward and backward (session 16).
+// log2 of m (log_m, once per element for both of JSD's ratios); exactly 0 where m is x bit for
+// bit (a tie: q == p makes m == p == q), clamped to its bound (also where m flushed to 0 made
+// log m -inf). One SFU instruction where log2(x) - log2(m) took two: JSD's per-element logs
+// were a third of the SFU work of its forward and backward (session 16).
 struct CudaMath {
-  static __device__ __forceinline__ float log_ratio(float x, float log_x, float m, float /*bound*/,
-                                                    float log_bound) {
-    return x == m ? 0.f : fminf(log_x - __fmul_rn(__log2f(m), kLn2), log_bound);
+  static __device__ __forceinline__ float log_m(float m) { return __fmul_rn(lg2_ftz(m), kLn2); }
+  static __device__ __forceinline__ float log_ratio(float x, float log_x, float m, float log_m,
+                                                    float /*bound*/, float log_bound) {
+    return x == m ? 0.f : fminf(log_x - log_m, log_bound);
   }
 };
 
-// A logit scaled to log2 units, rounded once and never fused into a later subtraction: every
-// pass must see the same x2 as the max was taken over (an FMA of x * k2 - max keeps the
-// product's rounding error, |x2| * 2^-24, and at |x2| ~ 1e4 that error shifts p by 5e-4).
+// A logit scaled to log2 units, rounded once: a row's max (the max of the raw logits, scaled:
+// rounding is monotonic and k2 > 0, so it is the max of the scaled ones) and the cross-entropy's
+// label term. Every other use takes the exponent as one FMA, x * k2 - max (exponent()), in every
+// pass alike: the sums of pass 1 and the probabilities of the later passes see the same values,
+// so the normalisation holds to rounding (mixing a rounded product in one pass with the FMA in
+// another would shift p by |x2| * 2^-24, 5e-4 at |x2| ~ 1e4).
 __device__ __forceinline__ float scaled(float x, float k2) { return __fmul_rn(x, k2); }
+
+// x * k2 - m in log2 units with one rounding (FFMA): exact products, one instruction where the
+// rounded product and a subtraction took two. -inf for x = -inf (m finite), NaN for NaN and for
+// x = m = +inf.
+__device__ __forceinline__ float exponent(float x, float k2, float m) { return fmaf(x, k2, -m); }
 
 // 2^x in one SFU instruction (ex2.approx.ftz): the value exp2f gives wherever the result is at
 // least 2^-126 (exp2f runs the same instruction there), 0 below it where exp2f returns a
@@ -119,6 +145,24 @@ struct Vec {
     T v[N];
   };
 };
+
+// A vector's N elements as floats. bfloat16 from the 32-bit words, a shift or a mask per element
+// (exact, as __bfloat162float): element by element the compiler took two shifts for every other
+// one.
+template <typename T>
+__device__ __forceinline__ void unpack(const Vec<T>& v, float (&out)[Vec<T>::N]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t w[4] = {v.raw.x, v.raw.y, v.raw.z, v.raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < Vec<T>::N; ++k) out[k] = to_float(v.v[k]);
+  }
+}
 
 // Loads elements [j, j + N) of a row of width w (-inf past it, and past V): one 16-byte load when
 // `vec` (the row is 16-byte aligned) and the vector lies inside, element by element otherwise.
@@ -177,30 +221,33 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
                  (b.max == m ? b.sum : __fmul_rn(b.sum, exp2f(b.max - m)))};
 }
 
-// N log2-scaled logits added to a normaliser: one rescale per vector, one exp2 per element
-// (exp2_ftz: the sum includes the max's 1, so the flush leaves it the same bits).
-// -inf elements add exactly 0 (also while the max is -inf); a NaN element makes the sum NaN
-// (fmaxf drops NaN from the max, exp2f(NaN) keeps it in the sum); +inf makes it NaN too.
+// N logits x (before the scaling) added to a normaliser of log2-scaled logits (k2: log2(e) / T):
+// one rescale per vector, one FMA and one exp2 per element (exp2_ftz: the sum includes the max's
+// 1, so the flush leaves it the same bits; the rescale by a factor below 2^-126 leaves a sum
+// that weighs nothing beside the new max's 1). -inf elements add exactly 0 (also while the max
+// is -inf); a NaN element makes the sum NaN (fmaxf drops NaN from the max, exp2 of NaN keeps it
+// in the sum); +inf makes it NaN too.
 template <int N>
-__device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x2)[N]) {
+__device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x)[N], float k2) {
   float vmax = -INFINITY;
 #pragma unroll
-  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
-  const float m = fmaxf(ms.max, vmax);
-  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, exp2f(ms.max - m));
+  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x[k]);
+  const float m = fmaxf(ms.max, scaled(vmax, k2));
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, exp2_ftz(ms.max - m));
   // While the max is -inf every element is -inf or NaN: subtracting 0 keeps -inf at -inf (adds
   // 0) where -inf - -inf would be NaN.
   const float mm = m == -INFINITY ? 0.f : m;
 #pragma unroll
-  for (int k = 0; k < N; ++k) s += exp2_ftz(x2[k] - mm);
+  for (int k = 0; k < N; ++k) s += exp2_ftz(exponent(x[k], k2, mm));
   return {m, s};
 }
 
-// A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x2_j - o2_j), o2 the
-// other distribution's log2-scaled logits, rescaled with the sum (a KL's loss in the same online
-// pass: sum_j q_j (t2_j - s2_j) = dot / sum). Columns where either side is -inf stay out of the
-// dot (their term is 0 or +inf, never a finite part of the sum); `imax` is the largest x2_j
-// where o2_j is -inf, from which the caller decides +inf exactly as the two-pass definition does
+// A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x_j - o_j), o the
+// other distribution's logits (before the scaling: the caller multiplies the reduced dot by k2
+// once), rescaled with the sum (a KL's loss in the same online pass: sum_j q_j (t2_j - s2_j) =
+// k2 dot / sum). Columns where either side is -inf stay out of the dot (their term is 0 or +inf,
+// never a finite part of the sum); `imax` is the largest x_j (unscaled)
+// where o_j is -inf, from which the caller decides +inf exactly as the two-pass definition does
 // (q_j > 0 where p_j = 0: the largest such weight after normalisation, not underflowed). Its sum
 // is computed as MaxSum's, bit for bit (the rescale's product rounded on its own in both, never
 // fused into the add after it), so that identical rows still give identical normalisers (ties:
@@ -221,22 +268,22 @@ __device__ __forceinline__ MaxSumDot combine(MaxSumDot a, MaxSumDot b) {
 }
 
 template <int N>
-__device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&x2)[N],
-                                                    const float (&o2)[N]) {
+__device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&x)[N],
+                                                    const float (&o)[N], float k2) {
   float vmax = -INFINITY;
 #pragma unroll
-  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x2[k]);
-  const float m = fmaxf(ms.max, vmax);
-  const float r = ms.max == m ? 1.f : exp2f(ms.max - m);
+  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x[k]);
+  const float m = fmaxf(ms.max, scaled(vmax, k2));
+  const float r = ms.max == m ? 1.f : exp2_ftz(ms.max - m);  // as add_scaled's
   float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * r, im = ms.imax;
   const float mm = m == -INFINITY ? 0.f : m;  // as add_scaled's
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    const bool none = x2[k] == -INFINITY, other_none = o2[k] == -INFINITY;
-    const float w = exp2_ftz(x2[k] - mm);  // 0 where none
+    const bool none = x[k] == -INFINITY, other_none = o[k] == -INFINITY;
+    const float w = exp2_ftz(exponent(x[k], k2, mm));  // 0 where none
     s += w;
-    d += none || other_none ? 0.f : w * (x2[k] - o2[k]);
-    im = fmaxf(im, other_none ? x2[k] : -INFINITY);
+    d += none || other_none ? 0.f : w * (x[k] - o[k]);
+    im = fmaxf(im, other_none ? x[k] : -INFINITY);
   }
   return {m, s, d, im};
 }
@@ -258,13 +305,14 @@ __device__ __forceinline__ ProbNorm prob_norm(float mx, float ls) {
   return mx == -INFINITY ? ProbNorm{0.f, 0.f} : ProbNorm{mx, ls};
 }
 
-// p and its natural log from a log2-scaled logit x2 and its row's normaliser: 0 and -inf for
-// x2 = -inf; p 0 (lp finite) where it is below 2^-126 (exp2_ftz); NaN for NaN. lp is rounded on
+// p and its natural log from a logit x (before the scaling by k2) and its row's normaliser: 0 and
+// -inf for x = -inf; p 0 (lp finite) where it is below 2^-126 (exp2_ftz); NaN for NaN. The
+// exponent as pass 1's sums took it (exponent()). lp is rounded on
 // its own (__fmul_rn): a product fused into a later lp - lq would leave bit-identical logits a
 // nonzero difference (reverse KL's gradient at a tie, caught by distill_test once the divergence
 // became a template parameter and the compiler could see through the call).
-__device__ __forceinline__ void prob(float x2, ProbNorm n, float& p, float& lp) {
-  const float l2 = (x2 - n.mx) - n.ls;
+__device__ __forceinline__ void prob(float x, float k2, ProbNorm n, float& p, float& lp) {
+  const float l2 = exponent(x, k2, n.mx) - n.ls;
   p = exp2_ftz(l2);
   lp = __fmul_rn(l2, kLn2);
 }
@@ -367,21 +415,18 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   // forward).
   const auto pass1 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
     float xs[N], ys[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      xs[k] = scaled(to_float(x.v[k]), k2);
-      ys[k] = scaled(to_float(y.v[k]), k2);
-    }
+    unpack(x, xs);
+    unpack(y, ys);
     if constexpr (rev) {
-      ms.w = add_scaled_dot<N>(ms.w, xs, ys);
-      ms.o = add_scaled<N>(ms.o, ys);
+      ms.w = add_scaled_dot<N>(ms.w, xs, ys, k2);
+      ms.o = add_scaled<N>(ms.o, ys, k2);
     } else if constexpr (kl) {
-      ms.w = add_scaled_dot<N>(ms.w, ys, xs);
-      ms.o = add_scaled<N>(ms.o, xs);
+      ms.w = add_scaled_dot<N>(ms.w, ys, xs, k2);
+      ms.o = add_scaled<N>(ms.o, xs, k2);
     } else {
-      const MaxSum wt = add_scaled<N>(MaxSum{ms.w.max, ms.w.sum}, ys);
+      const MaxSum wt = add_scaled<N>(MaxSum{ms.w.max, ms.w.sum}, ys, k2);
       ms.w = MaxSumDot{wt.max, wt.sum, 0.f, -INFINITY};
-      ms.o = add_scaled<N>(ms.o, xs);
+      ms.o = add_scaled<N>(ms.o, xs, k2);
     }
   };
   for_each_vec<false, false>(s, t, ns, nt, vs, vt, n_any, pass1);
@@ -413,19 +458,22 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     // -inf): NaN, as the two-pass definition gives. Else: no mass on w: 0; mass on w where o has
     // none (prob()'s w_j > 0 for the largest such column): +inf; else the formula.
     const bool nan = isnan(w.sum) || isnan(ms.o.sum) || isnan(ms.w.dot);
-    const bool inf = ms.w.imax != -INFINITY && exp2_ftz((ms.w.imax - mx_w) - ls_w) > 0.f;
+    const bool inf = ms.w.imax != -INFINITY && exp2_ftz(exponent(ms.w.imax, k2, mx_w) - ls_w) > 0.f;
     const float loss = nan                 ? NAN
                        : mx_w == -INFINITY ? 0.f
                        : inf               ? INFINITY
-                             : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
+                             : kLn2 * (k2 * ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
     lc = make_float2(loss, loss);
   } else {
     const auto pass2 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
+      float xs[N], ys[N];
+      unpack(x, xs);
+      unpack(y, ys);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(scaled(to_float(x.v[k]), k2), ns_s, p, lp);
-        prob(scaled(to_float(y.v[k]), k2), ns_t, q, lq);
+        prob(xs[k], k2, ns_s, p, lp);
+        prob(ys[k], k2, ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         lc.x += term;
         lc.y += p * g;
@@ -460,11 +508,14 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     const int64_t gend = a.ws;
     const auto pass3 = [&](int64_t j, const Vec<T>& x, const Vec<T>& y) {
       Vec<T> out;
+      float xs[N], ys[N];
+      unpack(x, xs);
+      unpack(y, ys);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(scaled(to_float(x.v[k]), k2), ns_s, p, lp);
-        prob(scaled(to_float(y.v[k]), k2), ns_t, q, lq);
+        prob(xs[k], k2, ns_s, p, lp);
+        prob(ys[k], k2, ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         out.v[k] = from_float<T>(row_scale * divergence_grad(div, p, q, g, c));
       }
@@ -590,17 +641,20 @@ __global__ void __launch_bounds__(256)
       const int64_t j = j0 + u * step;
       if (j >= end) break;
       Vec<T> out;
+      float xf[N], yf[N];
+      unpack(xs[u], xf);
+      unpack(ys[u], yf);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
-        prob(scaled(to_float(xs[u].v[k]), k2), ns_s, p, lp);
-        prob(scaled(to_float(ys[u].v[k]), k2), ns_t, q, lq);
+        prob(xf[k], k2, ns_s, p, lp);
+        prob(yf[k], k2, ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
         float d = row_scale * divergence_grad(div, p, q, g, c);
         if constexpr (kCe) {
           if (cw != 0.f && j + k < ns) {  // past ns: no column of the cross-entropy
             float p1, lp1;
-            prob(scaled(to_float(xs[u].v[k]), kLog2e), ce, p1, lp1);
+            prob(xf[k], kLog2e, ce, p1, lp1);
             d += cw * (j + k == y ? p1 - 1.f : p1);
           }
         }
