@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
       const float loss = nan                 ? NAN
                          : mx_t == -INFINITY ? 0.f
                          : inf               ? INFINITY
-                               : kLn2 * (k2 * w.dot / w.sum + ((mx_s - mx_t) + (ls_s - ls_t)));
+                               : kLn2 * (w.dot / w.sum + ((mx_s - mx_t) + (ls_s - ls_t)));
       float* stt = a.stats + row * kStatsPerRow;
       stt[0] = mx_s;
       stt[1] = ls_s;

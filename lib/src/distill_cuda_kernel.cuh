@@ -22,13 +22,13 @@
 // 85-91% of the issue slots busy, DRAM at 35-56% of its peak), so the per-element code is kept
 // short: the divergence is a template parameter (one kernel per divergence; a runtime switch
 // cost ~15 instructions per element), the per-element exponentials are one SFU instruction
-// (exp2_ftz), -inf logits need no per-element test (prob_norm), the exponent is one FMA of the
-// unscaled logit (exponent()), bfloat16 is unpacked from 32-bit words (unpack), and JSD takes one
-// log of m per element without a branch (lg2_ftz, CudaMath::log_m). Session 40 (SASS counted
-// with cuobjdump, per element pair, bf16): TVD's forward 16.8 + 21 -> 12.3 + 17.5 instructions
-// in its two passes, its backward 20 -> 17, JSD's backward 24.6 with no branch left; on an H100
-// JSD's forward + backward 10% faster, TVD and the KLs within 1% (their passes were already at
-// the bytes they move: the forward's 2 or 4 streams, the backward's 3; docs/benchmarks.md).
+// (exp2_ftz, also for the online sums' rescale), -inf logits need no per-element test
+// (prob_norm), bfloat16 is unpacked from 32-bit words (unpack), and JSD takes one log of m per
+// element without a branch (lg2_ftz, CudaMath::log_m). Session 40 counted the SASS
+// (cuobjdump, per element pair, bf16) and timed a variant with an FMA exponent besides (withdrawn:
+// exponent()) on an H100: JSD's forward + backward 10% faster, TVD and the KLs within 1% (their
+// passes already move bytes at the copy bandwidth: the forward's 2 or 4 streams, the backward's
+// 3); this code was not timed; docs/benchmarks.md.
 #pragma once
 
 #include <cstdint>
@@ -107,18 +107,18 @@ struct CudaMath {
   }
 };
 
-// A logit scaled to log2 units, rounded once: a row's max (the max of the raw logits, scaled:
-// rounding is monotonic and k2 > 0, so it is the max of the scaled ones) and the cross-entropy's
-// label term. Every other use takes the exponent as one FMA, x * k2 - max (exponent()), in every
-// pass alike: the sums of pass 1 and the probabilities of the later passes see the same values,
-// so the normalisation holds to rounding (mixing a rounded product in one pass with the FMA in
-// another would shift p by |x2| * 2^-24, 5e-4 at |x2| ~ 1e4).
+// A logit scaled to log2 units, rounded once and never fused into a later subtraction: every
+// pass must see the same x2 as the max was taken over (an FMA of x * k2 - max keeps the
+// product's rounding error, |x2| * 2^-24, and at |x2| ~ 1e4 that error shifts p by 5e-4).
 __device__ __forceinline__ float scaled(float x, float k2) { return __fmul_rn(x, k2); }
 
-// x * k2 - m in log2 units with one rounding (FFMA): exact products, one instruction where the
-// rounded product and a subtraction took two. -inf for x = -inf (m finite), NaN for NaN and for
-// x = m = +inf.
-__device__ __forceinline__ float exponent(float x, float k2, float m) { return fmaf(x, k2, -m); }
+// The exponent of a logit x (unscaled) against a max m of scaled logits: scaled(x) - m, so that
+// the max's own exponent is exactly 0 and its weight exactly 1 whatever its magnitude. (One FMA,
+// x * k2 - m, saves an instruction per element but leaves the max the product's rounding error
+// as its exponent, up to half an ulp of m: at |m| ~ 1e38, a bfloat16 or float32 mask value such
+// as finfo.min at T = 2, that is ~1e30, whose exp2 is +inf or 0, and the row's loss NaN. Tried in
+// session 40 and withdrawn, docs/benchmarks.md.)
+__device__ __forceinline__ float exponent(float x, float k2, float m) { return scaled(x, k2) - m; }
 
 // 2^x in one SFU instruction (ex2.approx.ftz): the value exp2f gives wherever the result is at
 // least 2^-126 (exp2f runs the same instruction there), 0 below it where exp2f returns a
@@ -222,9 +222,9 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
 }
 
 // N logits x (before the scaling) added to a normaliser of log2-scaled logits (k2: log2(e) / T):
-// one rescale per vector, one FMA and one exp2 per element (exp2_ftz: the sum includes the max's
-// 1, so the flush leaves it the same bits; the rescale by a factor below 2^-126 leaves a sum
-// that weighs nothing beside the new max's 1). -inf elements add exactly 0 (also while the max
+// one rescale per vector, one exp2 per element of its exponent() (exp2_ftz: the sum includes the
+// max's 1, so the flush leaves it the same bits; a rescale by a factor below 2^-126 leaves a
+// sum that weighs nothing beside the new max's 1). -inf elements add exactly 0 (also while the max
 // is -inf); a NaN element makes the sum NaN (fmaxf drops NaN from the max, exp2 of NaN keeps it
 // in the sum); +inf makes it NaN too.
 template <int N>
@@ -242,11 +242,11 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x)[N], flo
   return {m, s};
 }
 
-// A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x_j - o_j), o the
-// other distribution's logits (before the scaling: the caller multiplies the reduced dot by k2
-// once), rescaled with the sum (a KL's loss in the same online pass: sum_j q_j (t2_j - s2_j) =
-// k2 dot / sum). Columns where either side is -inf stay out of the dot (their term is 0 or +inf,
-// never a finite part of the sum); `imax` is the largest x_j (unscaled)
+// A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x2_j - o2_j), o2 the
+// other distribution's log2-scaled logits (x and o come unscaled: x2 = scaled(x, k2)), rescaled
+// with the sum (a KL's loss in the same online pass: sum_j q_j (t2_j - s2_j) = dot / sum).
+// Columns where either side is -inf stay out of the dot (their term is 0 or +inf, never a finite
+// part of the sum); `imax` is the largest x_j (unscaled)
 // where o_j is -inf, from which the caller decides +inf exactly as the two-pass definition does
 // (q_j > 0 where p_j = 0: the largest such weight after normalisation, not underflowed). Its sum
 // is computed as MaxSum's, bit for bit (the rescale's product rounded on its own in both, never
@@ -282,7 +282,7 @@ __device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&
     const bool none = x[k] == -INFINITY, other_none = o[k] == -INFINITY;
     const float w = exp2_ftz(exponent(x[k], k2, mm));  // 0 where none
     s += w;
-    d += none || other_none ? 0.f : w * (x[k] - o[k]);
+    d += none || other_none ? 0.f : w * (scaled(x[k], k2) - scaled(o[k], k2));
     im = fmaxf(im, other_none ? x[k] : -INFINITY);
   }
   return {m, s, d, im};
@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     const float loss = nan                 ? NAN
                        : mx_w == -INFINITY ? 0.f
                        : inf               ? INFINITY
-                             : kLn2 * (k2 * ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
+                             : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
     lc = make_float2(loss, loss);
   } else {
     const auto pass2 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
