@@ -529,49 +529,51 @@ TEST(DistillLoss, NearTiesNeverGiveANegativeLoss) {
 }
 
 // Columns masked with the dtype's lowest finite value (a common mask: padded vocabulary slots,
-// banned tokens) weigh 0 wherever the scaled logit stays finite (T = 2 here: -1.7e38 / T in
-// natural units). While a CUDA thread has read only masked columns its running max is the mask,
-// and the mask's own exponent must be exactly 0: an FMA of the raw logit, tried in session 40,
-// left it the product's rounding error (~1e30 at this magnitude, whose exp2 is +inf) and the row
-// NaN. A row of masks alone is uniform, as the float64 reference says.
+// banned tokens) weigh 0. At T = 2 the CUDA kernels' log2-scaled mask (-2.4e38) stays finite:
+// while a thread has read only masked columns its running max is the mask, and the mask's own
+// exponent must be exactly 0 (an FMA of the raw logit, tried in session 40, left it the
+// product's rounding error, ~1e30, whose exp2 is +inf or 0, and the row NaN). At T = 1 and 0.5
+// it overflows to -inf there and must count as a column without mass (the KLs' dot once took it
+// as finite and gave NaN). A row of masks alone is uniform, as the float64 reference says.
 TEST(DistillLoss, LowestFiniteMaskValuesWeighZeroAndNeverGiveNaN) {
   at::manual_seed(16);
   const int64_t rows = 4, V = 1000;
   for (const auto& dev : devices())
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
-      for (Divergence div : kAll) {
-        SCOPED_TRACE(std::string(divergence_name(div)) + " " + c10::toString(dtype) + " " +
-                     dev.str());
-        const double lowest = dtype == at::kFloat
-                                  ? double(std::numeric_limits<float>::lowest())
-                                  : double(std::numeric_limits<c10::BFloat16>::lowest());
-        at::Tensor s64 = at::randn({rows, V}, at::kDouble) * 2;
-        at::Tensor t64 = at::randn({rows, V}, at::kDouble) * 2;
-        for (at::Tensor x : {s64, t64}) {     // handles: the fills reach s64 and t64
-          x.narrow(1, 0, 512).fill_(lowest);  // every CUDA thread's first vector, and more
-          x[rows - 1].fill_(lowest);          // a row of masks alone
+      for (Divergence div : kAll)
+        for (double T : {2.0, 1.0, 0.5}) {
+          SCOPED_TRACE(std::string(divergence_name(div)) + " " + c10::toString(dtype) + " " +
+                       dev.str() + " T=" + std::to_string(T));
+          const double lowest = dtype == at::kFloat
+                                    ? double(std::numeric_limits<float>::lowest())
+                                    : double(std::numeric_limits<c10::BFloat16>::lowest());
+          at::Tensor s64 = at::randn({rows, V}, at::kDouble) * 2;
+          at::Tensor t64 = at::randn({rows, V}, at::kDouble) * 2;
+          for (at::Tensor x : {s64, t64}) {     // handles: the fills reach s64 and t64
+            x.narrow(1, 0, 512).fill_(lowest);  // every CUDA thread's first vector, and more
+            x[rows - 1].fill_(lowest);          // a row of masks alone
+          }
+          const at::Tensor s = s64.to(dev, dtype), t = t64.to(dev, dtype);
+          const auto opts = DistillLossOptions().divergence(div).temperature(T);
+          const RefResult ref =
+              reference_distill(s.cpu(), t.cpu(), div, 0.5, T, V, at::ones({rows}, at::kBool),
+                                at::ones({rows}, at::kDouble));
+          at::Tensor sl = leaf(s);
+          at::Tensor loss = distill_loss(sl, t, DistillLossOptions(opts).reduction(torch::kNone));
+          loss.sum().backward();
+          const Tol tol = tolerance(dtype);
+          EXPECT_TRUE(loss.isfinite().all().item<bool>()) << loss;
+          EXPECT_TRUE(sl.grad().isfinite().all().item<bool>());
+          EXPECT_TRUE(all_close(loss, ref.row_loss, tol.loss_rtol, tol.loss_atol));
+          EXPECT_TRUE(all_close(sl.grad(), ref.grad, tol.grad_rtol, tol.grad_atol_rel / T));
+          EXPECT_EQ(loss[rows - 1].item<double>(), 0.0);  // uniform against uniform
+          // Identical masked rows: exactly 0, loss and gradient.
+          at::Tensor same = leaf(s);
+          at::Tensor zero = distill_loss(same, s, opts);
+          zero.backward();
+          EXPECT_EQ(zero.item<double>(), 0.0);
+          EXPECT_EQ(same.grad().abs().max().item<double>(), 0.0);
         }
-        const at::Tensor s = s64.to(dev, dtype), t = t64.to(dev, dtype);
-        const auto opts = DistillLossOptions().divergence(div).temperature(2.0);
-        const RefResult ref =
-            reference_distill(s.cpu(), t.cpu(), div, 0.5, 2.0, V, at::ones({rows}, at::kBool),
-                              at::ones({rows}, at::kDouble));
-        at::Tensor sl = leaf(s);
-        at::Tensor loss = distill_loss(sl, t, DistillLossOptions(opts).reduction(torch::kNone));
-        loss.sum().backward();
-        const Tol tol = tolerance(dtype);
-        EXPECT_TRUE(loss.isfinite().all().item<bool>()) << loss;
-        EXPECT_TRUE(sl.grad().isfinite().all().item<bool>());
-        EXPECT_TRUE(all_close(loss, ref.row_loss, tol.loss_rtol, tol.loss_atol));
-        EXPECT_TRUE(all_close(sl.grad(), ref.grad, tol.grad_rtol, tol.grad_atol_rel));
-        EXPECT_EQ(loss[rows - 1].item<double>(), 0.0);  // uniform against uniform
-        // Identical masked rows: exactly 0, loss and gradient.
-        at::Tensor same = leaf(s);
-        at::Tensor zero = distill_loss(same, s, opts);
-        zero.backward();
-        EXPECT_EQ(zero.item<double>(), 0.0);
-        EXPECT_EQ(same.grad().abs().max().item<double>(), 0.0);
-      }
 }
 
 TEST(DistillLoss, JsdAtBetaZeroAndOneIsForwardAndReverseKl) {

@@ -245,9 +245,9 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x)[N], flo
 // A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x2_j - o2_j), o2 the
 // other distribution's log2-scaled logits (x and o come unscaled: x2 = scaled(x, k2)), rescaled
 // with the sum (a KL's loss in the same online pass: sum_j q_j (t2_j - s2_j) = dot / sum).
-// Columns where either side is -inf stay out of the dot (their term is 0 or +inf, never a finite
-// part of the sum); `imax` is the largest x_j (unscaled)
-// where o_j is -inf, from which the caller decides +inf exactly as the two-pass definition does
+// Columns where either side is -inf once scaled stay out of the dot (their term is 0 or +inf,
+// never a finite part of the sum); `imax` is the largest x_j (unscaled) where o2_j is -inf, from
+// which the caller decides +inf exactly as the two-pass definition does
 // (q_j > 0 where p_j = 0: the largest such weight after normalisation, not underflowed). Its sum
 // is computed as MaxSum's, bit for bit (the rescale's product rounded on its own in both, never
 // fused into the add after it), so that identical rows still give identical normalisers (ties:
@@ -274,15 +274,22 @@ __device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&
 #pragma unroll
   for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x[k]);
   const float m = fmaxf(ms.max, scaled(vmax, k2));
-  const float r = ms.max == m ? 1.f : exp2_ftz(ms.max - m);  // as add_scaled's
-  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * r, im = ms.imax;
+  // The sum's rescale as add_scaled's (exp2_ftz), the dot's exp2f: a factor below 2^-126 leaves
+  // the sum's old terms weightless beside the new max's 1, but not the dot's, whose terms carry
+  // x2 - o2.
+  const float r = ms.max == m ? 1.f : exp2_ftz(ms.max - m);
+  const float rd = ms.max == m ? 1.f : exp2f(ms.max - m);
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * rd, im = ms.imax;
   const float mm = m == -INFINITY ? 0.f : m;  // as add_scaled's
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    const bool none = x[k] == -INFINITY, other_none = o[k] == -INFINITY;
-    const float w = exp2_ftz(exponent(x[k], k2, mm));  // 0 where none
+    // -inf after the scaling: a finite logit below -FLT_MAX / k2 (T < log2(e)) overflows to it
+    // and is a column without mass, as a -inf logit.
+    const float x2 = scaled(x[k], k2), o2 = scaled(o[k], k2);
+    const bool none = x2 == -INFINITY, other_none = o2 == -INFINITY;
+    const float w = exp2_ftz(x2 - mm);  // 0 where none; exponent()'s value
     s += w;
-    d += none || other_none ? 0.f : w * (scaled(x[k], k2) - scaled(o[k], k2));
+    d += none || other_none ? 0.f : w * (x2 - o2);
     im = fmaxf(im, other_none ? x[k] : -INFINITY);
   }
   return {m, s, d, im};
