@@ -22,7 +22,7 @@
 // 85-91% of the issue slots busy, DRAM at 35-56% of its peak), so the per-element code is kept
 // short: the divergence is a template parameter (one kernel per divergence; a runtime switch
 // cost ~15 instructions per element), the per-element exponentials are one SFU instruction
-// (exp2_ftz, also for the online sums' rescale), -inf logits need no per-element test
+// (exp2_ftz), -inf logits need no per-element test
 // (prob_norm), bfloat16 is unpacked from 32-bit words (unpack), and JSD takes one log of m per
 // element without a branch (lg2_ftz, CudaMath::log_m). Session 40 counted the SASS
 // (cuobjdump, per element pair, bf16) and timed a variant with an FMA exponent besides (withdrawn:
@@ -223,8 +223,7 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
 
 // N logits x (before the scaling) added to a normaliser of log2-scaled logits (k2: log2(e) / T):
 // one rescale per vector, one exp2 per element of its exponent() (exp2_ftz: the sum includes the
-// max's 1, so the flush leaves it the same bits; a rescale by a factor below 2^-126 leaves a
-// sum that weighs nothing beside the new max's 1). -inf elements add exactly 0 (also while the max
+// max's 1, so the flush leaves it the same bits). -inf elements add exactly 0 (also while the max
 // is -inf); a NaN element makes the sum NaN (fmaxf drops NaN from the max, exp2 of NaN keeps it
 // in the sum); +inf makes it NaN too.
 template <int N>
@@ -233,7 +232,7 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x)[N], flo
 #pragma unroll
   for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x[k]);
   const float m = fmaxf(ms.max, scaled(vmax, k2));
-  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, exp2_ftz(ms.max - m));
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, exp2f(ms.max - m));
   // While the max is -inf every element is -inf or NaN: subtracting 0 keeps -inf at -inf (adds
   // 0) where -inf - -inf would be NaN.
   const float mm = m == -INFINITY ? 0.f : m;
@@ -274,12 +273,8 @@ __device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&
 #pragma unroll
   for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x[k]);
   const float m = fmaxf(ms.max, scaled(vmax, k2));
-  // The sum's rescale as add_scaled's (exp2_ftz), the dot's exp2f: a factor below 2^-126 leaves
-  // the sum's old terms weightless beside the new max's 1, but not the dot's, whose terms carry
-  // x2 - o2.
-  const float r = ms.max == m ? 1.f : exp2_ftz(ms.max - m);
-  const float rd = ms.max == m ? 1.f : exp2f(ms.max - m);
-  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * rd, im = ms.imax;
+  const float r = ms.max == m ? 1.f : exp2f(ms.max - m);
+  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * r, im = ms.imax;
   const float mm = m == -INFINITY ? 0.f : m;  // as add_scaled's
 #pragma unroll
   for (int k = 0; k < N; ++k) {
