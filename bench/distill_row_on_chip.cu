@@ -128,9 +128,7 @@ __device__ __forceinline__ void send16(const float* local, const uint64_t* local
       : "memory");
 }
 
-__device__ __forceinline__ MaxSum2 combine2(MaxSum2 u, MaxSum2 v) {
-  return MaxSum2{combine(u.w, v.w), combine(u.o, v.o)};
-}
+__device__ __forceinline__ MaxSum2 combine2(MaxSum2 u, MaxSum2 v) { return combine_kl(u, v); }
 __device__ __forceinline__ MaxSum2 identity2() {
   return MaxSum2{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}};
 }
@@ -246,8 +244,7 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
       float xf[N], yf[N];
       unpack(x, xf);
       unpack(y, yf);
-      acc[u].w = add_scaled_dot<N>(acc[u].w, yf, xf, k2);
-      acc[u].o = add_scaled<N>(acc[u].o, xf, k2);
+      acc[u] = add_scaled_kl<N>(acc[u], yf, xf, k2);
     });
     MaxSum2 ms = acc[0];
 #pragma unroll
@@ -298,7 +295,7 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
       const float loss = nan                 ? NAN
                          : mx_t == -INFINITY ? 0.f
                          : inf               ? INFINITY
-                               : kLn2 * (w.dot / w.sum + ((mx_s - mx_t) + (ls_s - ls_t)));
+                                             : kLn2 * (w.dot / w.sum + (ls_s - ls_t));
       float* stt = a.stats + row * kStatsPerRow;
       stt[0] = mx_s;
       stt[1] = ls_s;

@@ -576,6 +576,69 @@ TEST(DistillLoss, LowestFiniteMaskValuesWeighZeroAndNeverGiveNaN) {
         }
 }
 
+// Masks on one side only (banned tokens, padded columns of one model's vocabulary), at the
+// dtype's lowest value: the masked side's columns weigh 0 as with -inf, so only the divergences
+// whose masked side weighs the sum are finite there: TVD and JSD with either side masked, forward
+// KL with the teacher masked, reverse KL with the student. The CUDA KLs' online dot once summed
+// the masked columns' scaled values (-2.4e38 each at T = 2, where they stay finite) while they
+// led a thread's maximum: -inf, then NaN (-inf * 0) once a real column rescaled it. A row masked
+// whole on one side: uniform there where the scaled mask stays finite, a side without mass (a
+// NaN loss, as for -inf) where it overflows, which depends on the device (docs/distill.md).
+TEST(DistillLoss, OneSidedLowestMasksWeighZeroOnTheMaskedSide) {
+  at::manual_seed(17);
+  const int64_t rows = 4, V = 1000;
+  struct Case {
+    Divergence div;
+    bool mask_student;
+  };
+  const Case cases[] = {{Divergence::kTvd, true},        {Divergence::kTvd, false},
+                        {Divergence::kJsd, true},        {Divergence::kJsd, false},
+                        {Divergence::kForwardKl, false}, {Divergence::kReverseKl, true}};
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+      for (const Case& c : cases)
+        for (double T : {2.0, 1.0, 0.5}) {
+          SCOPED_TRACE(std::string(divergence_name(c.div)) + (c.mask_student ? " s" : " t") +
+                       " masked " + c10::toString(dtype) + " " + dev.str() +
+                       " T=" + std::to_string(T));
+          const double lowest = dtype == at::kFloat
+                                    ? double(std::numeric_limits<float>::lowest())
+                                    : double(std::numeric_limits<c10::BFloat16>::lowest());
+          at::Tensor s64 = at::randn({rows, V}, at::kDouble) * 2;
+          at::Tensor t64 = at::randn({rows, V}, at::kDouble) * 2;
+          at::Tensor masked = c.mask_student ? s64 : t64;  // a handle: fills reach s64 or t64
+          masked.narrow(1, 0, 512).fill_(lowest);   // every CUDA thread's first vector, and more
+          masked.narrow(1, 700, 37).fill_(lowest);  // a run that starts and ends inside vectors
+          masked[rows - 1].fill_(lowest);           // a row masked whole on one side
+          const at::Tensor s = s64.to(dev, dtype), t = t64.to(dev, dtype);
+          const auto opts =
+              DistillLossOptions().divergence(c.div).temperature(T).reduction(torch::kNone);
+          const RefResult ref =
+              reference_distill(s.cpu(), t.cpu(), c.div, 0.5, T, V, at::ones({rows}, at::kBool),
+                                at::ones({rows}, at::kDouble));
+          at::Tensor sl = leaf(s);
+          at::Tensor loss = distill_loss(sl, t, opts);
+          loss.sum().backward();
+          const Tol tol = tolerance(dtype);
+          // Whether the mask stays finite once scaled: the CPU kernels scale by 1 / T, the CUDA
+          // kernels by log2(e) / T (finite at T = 2 on both, at T = 1 on the CPU only).
+          const double k = (dev.is_cuda() ? 1.4426950408889634 : 1.0) / T;
+          const bool whole_finite = std::abs(lowest * k) <= std::numeric_limits<float>::max();
+          const int64_t n = whole_finite ? rows : rows - 1;
+          EXPECT_TRUE(loss.narrow(0, 0, n).isfinite().all().item<bool>()) << loss;
+          EXPECT_TRUE(sl.grad().narrow(0, 0, n).isfinite().all().item<bool>());
+          EXPECT_TRUE(all_close(loss.narrow(0, 0, n), ref.row_loss.narrow(0, 0, n), tol.loss_rtol,
+                                tol.loss_atol))
+              << loss << ref.row_loss;
+          EXPECT_TRUE(all_close(sl.grad().narrow(0, 0, n), ref.grad.narrow(0, 0, n), tol.grad_rtol,
+                                tol.grad_atol_rel / T));
+          if (!whole_finite) {  // the masked side has no mass left: NaN, as for -inf
+            EXPECT_TRUE(std::isnan(loss[rows - 1].item<double>())) << loss;
+            EXPECT_TRUE(sl.grad()[rows - 1].isnan().all().item<bool>());
+          }
+        }
+}
+
 TEST(DistillLoss, JsdAtBetaZeroAndOneIsForwardAndReverseKl) {
   at::manual_seed(5);
   at::Tensor s = at::randn({4, 50}), t = at::randn({4, 50});

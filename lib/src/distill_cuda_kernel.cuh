@@ -241,61 +241,103 @@ __device__ __forceinline__ MaxSum add_scaled(MaxSum ms, const float (&x)[N], flo
   return {m, s};
 }
 
-// A normaliser with a weighted sum beside it: dot = sum_j exp2(x2_j - max) (x2_j - o2_j), o2 the
-// other distribution's log2-scaled logits (x and o come unscaled: x2 = scaled(x, k2)), rescaled
-// with the sum (a KL's loss in the same online pass: sum_j q_j (t2_j - s2_j) = dot / sum).
-// Columns where either side is -inf once scaled stay out of the dot (their term is 0 or +inf,
-// never a finite part of the sum); `imax` is the largest x_j (unscaled) where o2_j is -inf, from
-// which the caller decides +inf exactly as the two-pass definition does
-// (q_j > 0 where p_j = 0: the largest such weight after normalisation, not underflowed). Its sum
-// is computed as MaxSum's, bit for bit (the rescale's product rounded on its own in both, never
-// fused into the add after it), so that identical rows still give identical normalisers (ties:
-// exactly 0).
+// The forward's first pass: the weighting side's normaliser (the teacher for forward KL and for
+// TVD and JSD, the student for reverse KL) and the other side's; for the KLs also their loss,
+// online (add_scaled_kl). TVD and JSD leave dot 0 and imax -inf (computing the dot cost TVD
+// ~12% of its forward).
 struct MaxSumDot {
   float max, sum, dot, imax;
 };
+struct MaxSum2 {
+  MaxSumDot w;
+  MaxSum o;
+};
 
-// Commutative bit for bit as MaxSum's (each product rounded on its own: a product fused into the
-// add would round differently on the lanes of a butterfly that see a and b swapped, and the
-// threads of a block would disagree in the last bits of the loss and row constant).
-__device__ __forceinline__ MaxSumDot combine(MaxSumDot a, MaxSumDot b) {
-  const float m = fmaxf(a.max, b.max);
-  const float ra = a.max == m ? 1.f : exp2f(a.max - m), rb = b.max == m ? 1.f : exp2f(b.max - m);
-  return {m,
-          (a.max == m ? a.sum : __fmul_rn(a.sum, ra)) + (b.max == m ? b.sum : __fmul_rn(b.sum, rb)),
-          __fmul_rn(a.dot, ra) + __fmul_rn(b.dot, rb), fmaxf(a.imax, b.imax)};
+// The KLs' loss in the first pass. With x the weighting side's logits and o the other's (both
+// unscaled; x2 = scaled(x, k2)), e_j = x2_j - max_w and f_j = o2_j - max_o their exponents
+// against the two running maxima and w_j = exp2(e_j), dot = sum_j w_j (e_j - f_j), so that
+// KL(w || o) = sum_j (w_j / sum_w) (lw_j - lo_j) = ln 2 (dot / sum_w + ls_o - ls_w). Each term
+// is relative to its own side's maximum: e_j >= -126 wherever w_j > 0, so a weighted term is as
+// large as the other side's spread, never the size of a mask value on the weighting side. (Up to
+// session 40 the dot summed w_j (x2_j - o2_j) on the absolute scaled logits: a mask at the
+// dtype's lowest value on the weighting side alone, -2.4e38 once scaled at T = 2, added -2.4e38
+// per column while it led a thread's maximum, -inf after two, then NaN (-inf * 0) when a real
+// column rescaled it; a row masked whole gave -inf. Found by review in session 41.)
+// When the maxima move, the dot moves with them (rescaled_dot):
+//   dot' = r (dot + ((max_w - max_w') + (max_o' - max_o)) sum_w),  r = exp2(max_w - max_w').
+// Identical rows have identical maxima at every step, so the two differences cancel exactly and
+// the dot stays exactly 0 (ties: loss exactly 0). Columns where either side is -inf once scaled
+// stay out of the dot (their term is 0 or +inf, never a finite part of the sum); `imax` is the
+// largest x_j (unscaled) where o2_j is -inf, from which the caller decides +inf exactly as the
+// two-pass definition does (w_j > 0 where o_j = 0: the largest such weight after normalisation,
+// not underflowed). Those columns' weights are in sum_w but not in the dot, so a shift moves the
+// dot by their weight times the shift too; the loss is finite only where each such weight
+// normalises below 2^-126, so that error is below 2^-126 times the shifts (at most ~150 before r
+// flushes to 0) per column. The sums are add_scaled's, bit for bit (each rescale's product
+// rounded on its own, never fused into the add after it), so that identical rows still give
+// identical normalisers, and the saved statistics are the other divergences' too.
+// r: exp2(w.max - mw), the sums' rescale factor.
+__device__ __forceinline__ float rescaled_dot(const MaxSumDot& w, float o_max, float mw, float mo,
+                                              float r) {
+  // Each product and sum rounded on its own: combine_kl adds two of these, and a product fused
+  // into that add would round differently on the lanes of a butterfly that see a and b swapped.
+  const float shift = __fadd_rn(w.max == mw ? 0.f : w.max - mw, o_max == mo ? 0.f : mo - o_max);
+  // r 0: the old terms weigh nothing against the new maximum (also where w had no mass yet);
+  // o_max -inf: o had no mass yet, every column so far is out of the dot (and mo - o_max inf).
+  return r == 0.f || o_max == -INFINITY ? 0.f
+                                        : __fmul_rn(r, __fadd_rn(w.dot, __fmul_rn(shift, w.sum)));
 }
 
+// Commutative bit for bit as MaxSum's combine (every lane of a butterfly gets the same result).
+__device__ __forceinline__ MaxSum2 combine_kl(const MaxSum2& a, const MaxSum2& b) {
+  const float mw = fmaxf(a.w.max, b.w.max);
+  const float ra = a.w.max == mw ? 1.f : exp2f(a.w.max - mw),
+              rb = b.w.max == mw ? 1.f : exp2f(b.w.max - mw);
+  const MaxSum o = combine(a.o, b.o);
+  return {{mw,
+           (a.w.max == mw ? a.w.sum : __fmul_rn(a.w.sum, ra)) +
+               (b.w.max == mw ? b.w.sum : __fmul_rn(b.w.sum, rb)),
+           rescaled_dot(a.w, a.o.max, mw, o.max, ra) + rescaled_dot(b.w, b.o.max, mw, o.max, rb),
+           fmaxf(a.w.imax, b.w.imax)},
+          o};
+}
+
+// N columns of the weighting side x and of the other side o added to both normalisers and the
+// dot.
 template <int N>
-__device__ __forceinline__ MaxSumDot add_scaled_dot(MaxSumDot ms, const float (&x)[N],
-                                                    const float (&o)[N], float k2) {
-  float vmax = -INFINITY;
+__device__ __forceinline__ MaxSum2 add_scaled_kl(const MaxSum2& ms, const float (&x)[N],
+                                                 const float (&o)[N], float k2) {
+  float xmax = -INFINITY, omax = -INFINITY;
 #pragma unroll
-  for (int k = 0; k < N; ++k) vmax = fmaxf(vmax, x[k]);
-  const float m = fmaxf(ms.max, scaled(vmax, k2));
-  const float r = ms.max == m ? 1.f : exp2f(ms.max - m);
-  float s = ms.max == m ? ms.sum : __fmul_rn(ms.sum, r), d = ms.dot * r, im = ms.imax;
-  const float mm = m == -INFINITY ? 0.f : m;  // as add_scaled's
+  for (int k = 0; k < N; ++k) {
+    xmax = fmaxf(xmax, x[k]);
+    omax = fmaxf(omax, o[k]);
+  }
+  const float mw = fmaxf(ms.w.max, scaled(xmax, k2)), mo = fmaxf(ms.o.max, scaled(omax, k2));
+  const float r = ms.w.max == mw ? 1.f : exp2f(ms.w.max - mw);
+  float sw = ms.w.max == mw ? ms.w.sum : __fmul_rn(ms.w.sum, r);
+  float so = ms.o.max == mo ? ms.o.sum : __fmul_rn(ms.o.sum, exp2f(ms.o.max - mo));
+  // The maxima move rarely after a row's first vectors: the dot's rescale only where one did
+  // (with both unmoved it would give the dot as it is, bar a sum already NaN or inf).
+  float d = ms.w.max == mw && ms.o.max == mo ? ms.w.dot : rescaled_dot(ms.w, ms.o.max, mw, mo, r);
+  float im = ms.w.imax;
+  // As add_scaled's: while a side's max is -inf, its elements are -inf or NaN.
+  const float mmw = mw == -INFINITY ? 0.f : mw, mmo = mo == -INFINITY ? 0.f : mo;
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     // -inf after the scaling: a finite logit below -FLT_MAX / k2 (T < log2(e)) overflows to it
     // and is a column without mass, as a -inf logit.
     const float x2 = scaled(x[k], k2), o2 = scaled(o[k], k2);
     const bool none = x2 == -INFINITY, other_none = o2 == -INFINITY;
-    const float w = exp2_ftz(x2 - mm);  // 0 where none; exponent()'s value
-    s += w;
-    d += none || other_none ? 0.f : w * (x2 - o2);
+    const float e = x2 - mmw, f = o2 - mmo;  // exponent()'s values
+    const float w = exp2_ftz(e);             // 0 where none
+    sw += w;
+    so += exp2_ftz(f);
+    d += none || other_none ? 0.f : w * (e - f);
     im = fmaxf(im, other_none ? x[k] : -INFINITY);
   }
-  return {m, s, d, im};
+  return {{mw, sw, d, im}, {mo, so}};
 }
-
-// The forward's first pass: the weighting side's normaliser and dot (the teacher for forward KL
-// and for TVD and JSD, whose dot goes unused; the student for reverse KL) and the other side's.
-struct MaxSum2 {
-  MaxSumDot w;
-  MaxSum o;
-};
 
 // A row's normaliser as prob() takes it: its max and log2 of the sum of exp2(x2 - max), except
 // for a row without mass (max -inf: every logit -inf, or NaN), which becomes {0, 0} so that its
@@ -413,18 +455,15 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
                 "TVD and JSD write the gradient with the backward's kernel (distill_forward)");
   MaxSum2 ms{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}};
   // The weighting side (the teacher for forward KL and for TVD and JSD, the student for reverse
-  // KL) with its dot for the KLs; TVD and JSD have no dot (computing it cost TVD ~12% of its
-  // forward).
+  // KL) with its dot for the KLs (MaxSum2).
   const auto pass1 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
     float xs[N], ys[N];
     unpack(x, xs);
     unpack(y, ys);
     if constexpr (rev) {
-      ms.w = add_scaled_dot<N>(ms.w, xs, ys, k2);
-      ms.o = add_scaled<N>(ms.o, ys, k2);
+      ms = add_scaled_kl<N>(ms, xs, ys, k2);
     } else if constexpr (kl) {
-      ms.w = add_scaled_dot<N>(ms.w, ys, xs, k2);
-      ms.o = add_scaled<N>(ms.o, xs, k2);
+      ms = add_scaled_kl<N>(ms, ys, xs, k2);
     } else {
       const MaxSum wt = add_scaled<N>(MaxSum{ms.w.max, ms.w.sum}, ys, k2);
       ms.w = MaxSumDot{wt.max, wt.sum, 0.f, -INFINITY};
@@ -435,7 +474,9 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
   ms = block_allreduce(
       ms,
       [](MaxSum2 u, MaxSum2 v) {
-        return MaxSum2{combine(u.w, v.w), combine(u.o, v.o)};
+        if constexpr (kl) return combine_kl(u, v);
+        const MaxSum w = combine(MaxSum{u.w.max, u.w.sum}, MaxSum{v.w.max, v.w.sum});
+        return MaxSum2{{w.max, w.sum, 0.f, -INFINITY}, combine(u.o, v.o)};
       },
       MaxSum2{{-INFINITY, 0.f, 0.f, -INFINITY}, {-INFINITY, 0.f}}, red);
   const MaxSum w{ms.w.max, ms.w.sum};
@@ -448,13 +489,13 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
 
   // Pass 2: the row's loss and its row constant sum_j p_j g_j. The KLs have both from pass 1:
   // with w the weighting distribution (q for forward KL, p for reverse) and o the other,
-  // KL(w || o) = sum_j w_j (lw_j - lo_j) = ln 2 (dot / sum_w + (max_o - max_w) + (ls_o - ls_w)):
-  // exactly 0 for identical rows (dot 0, equal maxima and sums), 0 when w has no mass, +inf when
-  // w has mass where o has none; reverse KL's row constant is its loss.
+  // KL(w || o) = sum_j w_j (lw_j - lo_j) = ln 2 (dot / sum_w + (ls_o - ls_w)) (add_scaled_kl):
+  // exactly 0 for identical rows (dot 0, equal sums), 0 when w has no mass, +inf when w has mass
+  // where o has none; reverse KL's row constant is its loss.
   const JsdConstants<float> jsd(div == kJsd ? a.beta : 0.5f);
   float2 lc{0.f, 0.f};
   if constexpr (kl) {
-    const float mx_w = rev ? mx_s : mx_t, mx_o = rev ? mx_t : mx_s;
+    const float mx_w = rev ? mx_s : mx_t;
     const float ls_w = rev ? ls_s : ls_t, ls_o = rev ? ls_t : ls_s;
     // NaN in either row (a NaN logit makes its sum NaN, also in a row of NaN alone, whose max is
     // -inf): NaN, as the two-pass definition gives. Else: no mass on w: 0; mass on w where o has
@@ -464,7 +505,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
     const float loss = nan                 ? NAN
                        : mx_w == -INFINITY ? 0.f
                        : inf               ? INFINITY
-                             : kLn2 * (ms.w.dot / w.sum + ((mx_o - mx_w) + (ls_o - ls_w)));
+                                           : kLn2 * (ms.w.dot / w.sum + (ls_o - ls_w));
     lc = make_float2(loss, loss);
   } else {
     const auto pass2 = [&](int64_t, const Vec<T>& x, const Vec<T>& y) {
