@@ -639,6 +639,36 @@ TEST(DistillLoss, OneSidedLowestMasksWeighZeroOnTheMaskedSide) {
         }
 }
 
+// Identical rows whose finite logits span nearly the whole range (the dtype's largest value next
+// to its lowest, a mask): exactly 0, loss and gradient. The lowest column's exponent against the
+// largest overflows to -inf though both logits are finite once scaled; the CUDA KLs' dot once
+// took that column's term as 0 * (-inf - -inf) = NaN (review, session 41).
+TEST(DistillLoss, IdenticalRowsSpanningTheWholeRangeGiveExactlyZero) {
+  at::manual_seed(18);
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+      for (Divergence div : kAll)
+        for (double T : {2.0, 1.5}) {
+          SCOPED_TRACE(std::string(divergence_name(div)) + " " + c10::toString(dtype) + " " +
+                       dev.str() + " T=" + std::to_string(T));
+          const bool f32 = dtype == at::kFloat;
+          const double lowest = f32 ? double(std::numeric_limits<float>::lowest())
+                                    : double(std::numeric_limits<c10::BFloat16>::lowest());
+          at::Tensor x64 = at::randn({3, 300}, at::kDouble) * 4;
+          x64.select(1, 0).fill_(-lowest);     // the largest finite value: the row's max
+          x64.narrow(1, 1, 20).fill_(lowest);  // masks in the max's vector and the next ones
+          x64.narrow(1, 150, 9).fill_(lowest);
+          const at::Tensor x = x64.to(dev, dtype);
+          at::Tensor sl = leaf(x);
+          at::Tensor loss = distill_loss(
+              sl, x.clone(),
+              DistillLossOptions().divergence(div).temperature(T).reduction(torch::kNone));
+          loss.sum().backward();
+          EXPECT_EQ(loss.abs().max().item<double>(), 0.0) << loss;
+          EXPECT_EQ(sl.grad().abs().max().item<double>(), 0.0);
+        }
+}
+
 TEST(DistillLoss, JsdAtBetaZeroAndOneIsForwardAndReverseKl) {
   at::manual_seed(5);
   at::Tensor s = at::randn({4, 50}), t = at::randn({4, 50});

@@ -271,9 +271,12 @@ struct MaxSum2 {
 // largest x_j (unscaled) where o2_j is -inf, from which the caller decides +inf exactly as the
 // two-pass definition does (w_j > 0 where o_j = 0: the largest such weight after normalisation,
 // not underflowed). Those columns' weights are in sum_w but not in the dot, so a shift moves the
-// dot by their weight times the shift too; the loss is finite only where each such weight
-// normalises below 2^-126, so that error is below 2^-126 times the shifts (at most ~150 before r
-// flushes to 0) per column. The sums are add_scaled's, bit for bit (each rescale's product
+// dot by their weight times the shift too. The loss is finite only where each such weight
+// normalises below 2^-126, and the shifts of max_w are at most ~150 before r flushes to 0, so
+// that error is negligible, except after a shift of max_o that is itself huge: a lowest-value
+// mask that led the other side's running maximum, on a row that also has a -inf column under
+// the weighting side's underflowing mass (there the float64 reference is +inf; review, session
+// 41). The sums are add_scaled's, bit for bit (each rescale's product
 // rounded on its own, never fused into the add after it), so that identical rows still give
 // identical normalisers, and the saved statistics are the other divergences' too.
 // r: exp2(w.max - mw), the sums' rescale factor.
@@ -328,12 +331,14 @@ __device__ __forceinline__ MaxSum2 add_scaled_kl(const MaxSum2& ms, const float 
     // -inf after the scaling: a finite logit below -FLT_MAX / k2 (T < log2(e)) overflows to it
     // and is a column without mass, as a -inf logit.
     const float x2 = scaled(x[k], k2), o2 = scaled(o[k], k2);
-    const bool none = x2 == -INFINITY, other_none = o2 == -INFINITY;
+    const bool other_none = o2 == -INFINITY;
     const float e = x2 - mmw, f = o2 - mmo;  // exponent()'s values
-    const float w = exp2_ftz(e);             // 0 where none
+    const float w = exp2_ftz(e);
     sw += w;
     so += exp2_ftz(f);
-    d += none || other_none ? 0.f : w * (e - f);
+    // w 0 (x2 -inf, or e below -126, or e -inf: a finite x2 far below a maximum near +FLT_MAX):
+    // no term, where 0 * (e - f) could be NaN.
+    d += w == 0.f || other_none ? 0.f : w * (e - f);
     im = fmaxf(im, other_none ? x[k] : -INFINITY);
   }
   return {{mw, sw, d, im}, {mo, so}};
