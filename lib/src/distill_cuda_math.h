@@ -15,8 +15,9 @@
 #include "distill_common.h"
 #include "kernels_common.h"
 
-// nvcc unrolls the per-vector loops; a host compiler ignores the hint.
-#if defined(__CUDACC__)
+// The device pass unrolls the per-vector loops; the host passes (nvcc's and a plain compiler's)
+// get no pragma they would warn about.
+#if defined(__CUDA_ARCH__)
 #define LOSSFNS_UNROLL _Pragma("unroll")
 #else
 #define LOSSFNS_UNROLL
