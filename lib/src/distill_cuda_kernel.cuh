@@ -22,13 +22,14 @@
 // 85-91% of the issue slots busy, DRAM at 35-56% of its peak), so the per-element code is kept
 // short: the divergence is a template parameter (one kernel per divergence; a runtime switch
 // cost ~15 instructions per element), the per-element exponentials are one SFU instruction
-// (exp2_ftz), -inf logits need no per-element test
-// (prob_norm), bfloat16 is unpacked from 32-bit words (unpack), and JSD takes one log of m per
-// element without a branch (lg2_ftz, CudaMath::log_m). Session 40 counted the SASS
-// (cuobjdump, per element pair, bf16) and timed a variant with an FMA exponent besides (withdrawn:
-// exponent()) on an H100: JSD's forward + backward 10% faster, TVD and the KLs within 1% (their
-// passes already move bytes at the copy bandwidth: the forward's 2 or 4 streams, the backward's
-// 3); this code was not timed; docs/benchmarks.md.
+// (exp2_ftz), -inf logits need no per-element test (prob_norm), bfloat16 is unpacked from
+// 32-bit words (unpack), and JSD takes one log of m per element without a branch (lg2_ftz,
+// CudaMath::log_m). The row math (normalisers, the KLs' one-pass loss, prob, the SFU
+// instructions) is in distill_cuda_math.h, which the host tests run too. Session 40 counted the
+// SASS (cuobjdump, per element pair, bf16) and timed a variant with an FMA exponent besides
+// (withdrawn: exponent()) on an H100: JSD's forward + backward 10% faster, TVD and the KLs within
+// 1% (their passes already move bytes at the copy bandwidth: the forward's 2 or 4 streams, the
+// backward's 3); this code was not timed; docs/benchmarks.md.
 #pragma once
 
 #include <cstdint>
