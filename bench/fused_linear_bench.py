@@ -107,6 +107,8 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--chunk", type=int, default=None, help="fused chunk_size (default: automatic)")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--impls", default="", help="rows to run, e.g. unfused,fused (default: every one; the "
+                    "first one run is the reference of the 'vs comp' and difference columns)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--short", action="store_true", help=f"tiny shapes ({SHORT_SHAPES}), 2 iterations")
     ap.add_argument("--json", default="")
@@ -139,6 +141,8 @@ def main():
             for ce in map(float, args.ce_weights.split(",")):
                 steps, params = {}, {}
                 for name, fn in impls(lossfns, liger, div, args.beta, args.temperature, ce, args.chunk).items():
+                    if args.impls and name not in args.impls.split(","):
+                        continue
                     h, w = sh.clone().requires_grad_(), sw.clone().requires_grad_()
 
                     def step(fn=fn, h=h, w=w):
