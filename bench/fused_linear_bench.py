@@ -82,17 +82,38 @@ def impls(lossfns, liger, divergence, beta, T, ce_weight, chunk):
     return out
 
 
-def interleaved(steps, device, iters, rounds=4):
+def time_back_to_back(fn, device, iters, warmup=1):
+    """Mean ms of `iters` runs queued one after the other, timed as a whole: the host runs ahead of
+    the device, as in a training loop, so the launches before a step's first kernel (the checks and
+    small ops of an op's host code) overlap the previous step's kernels instead of leaving the device
+    idle, as they do in time_fn, which waits for each run."""
+    if device != "cuda":
+        return time_fn(fn, device, iters, warmup)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def interleaved(steps, device, iters, rounds=4, back_to_back=False):
     """Median ms of each step function over `rounds` interleaved rounds (the order alternating), each
-    the median of iters / rounds runs after one warm-up: the GPU's clocks drift by several percent
-    between runs a minute apart (power and heat; 5-8% measured on the H200 in session 16), which
-    timing one implementation after the other would attribute to the implementations."""
+    the median of iters / rounds runs after one warm-up (back_to_back: their mean, queued together):
+    the GPU's clocks drift by several percent between runs a minute apart (power and heat; 5-8%
+    measured on the H200 in session 16), which timing one implementation after the other would
+    attribute to the implementations."""
     per = max(1, -(-iters // rounds))  # at least iters runs in all
+    timer = time_back_to_back if back_to_back else time_fn
     names = list(steps)
     medians = {name: [] for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            medians[name].append(time_fn(steps[name], device, per, warmup=1))
+            medians[name].append(timer(steps[name], device, per, warmup=1))
     return {name: statistics.median(m) for name, m in medians.items()}
 
 
@@ -107,6 +128,9 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--chunk", type=int, default=None, help="fused chunk_size (default: automatic)")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="time each round's runs queued together (the host ahead, as in training) "
+                    "instead of waiting for each run")
     ap.add_argument("--impls", default="", help="rows to run, e.g. unfused,fused (default: every one; the "
                     "first one run is the reference of the 'vs comp' and difference columns)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
@@ -123,7 +147,7 @@ def main():
     liger = liger_fused() if cuda else None
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'} ({torch.get_num_threads()} threads), "
           f"dtype {args.dtype}, T {args.temperature}, beta {args.beta}, chunk {args.chunk or 'auto'}, "
-          f"liger {'yes' if liger else 'no'}")
+          f"liger {'yes' if liger else 'no'}, timing {'back to back' if args.back_to_back else 'each run waited for'}")
     print(f"{'shape':>24} {'divergence':>10} {'ce':>4} {'impl':>9} {'ms':>9} {'peak MiB':>9} {'vs comp':>8} "
           f"{'d loss':>8} {'d dW':>8}")
     results = []
@@ -157,7 +181,7 @@ def main():
                         continue
                     steps[name], params[name] = step, (h, w)
                 try:
-                    times = interleaved(steps, dev, iters)
+                    times = interleaved(steps, dev, iters, back_to_back=args.back_to_back)
                 except Exception as e:  # noqa: BLE001 (e.g. out of memory in a later round)
                     print(f"{shape:>24} {div:>10} {ce:>4} timing failed: {str(e).splitlines()[0][:80]}")
                     continue
