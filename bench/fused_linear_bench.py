@@ -137,6 +137,11 @@ def main():
     ap.add_argument("--short", action="store_true", help=f"tiny shapes ({SHORT_SHAPES}), 2 iterations")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    chosen = set(args.impls.split(",")) if args.impls else None
+    known = {"composite", "unfused", "fused", "liger"}
+    if chosen is not None and not chosen <= known:
+        ap.error(f"--impls: unknown row(s) {', '.join(sorted(chosen - known))}; "
+                 f"choose from {', '.join(sorted(known))}")
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = args.shapes or (SHORT_SHAPES if args.short else SHAPES)
@@ -165,7 +170,7 @@ def main():
             for ce in map(float, args.ce_weights.split(",")):
                 steps, params = {}, {}
                 for name, fn in impls(lossfns, liger, div, args.beta, args.temperature, ce, args.chunk).items():
-                    if args.impls and name not in args.impls.split(","):
+                    if chosen is not None and name not in chosen:
                         continue
                     h, w = sh.clone().requires_grad_(), sw.clone().requires_grad_()
 
