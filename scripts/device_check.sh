@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a CUDA machine whose python3 has torch 2.11 (e.g. the H200 device machine): configure for
+# On a CUDA machine with torch 2.11 (e.g. the H200 device machine's python3): configure for
 # sm_90, build everything, run every test through ctest, the TVD benchmark, and (when present) the
 # convergence and multi-GPU scripts. Everything lands in ${OUT:-out}/results.tgz; the ctest log and
 # the benchmark's table and JSON are also copied to ${OUT}/. Usage: bash scripts/device_check.sh
@@ -12,7 +12,12 @@ stage() { echo "== $1 at +$(( $(date +%s) - START )) s"; }
 OUT="${OUT:-out}"; mkdir -p "$OUT"
 W="$OUT/work"; mkdir -p "$W"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY="$(command -v python3)"
+# LibTorch: the torch of LOSSFNS_PYTHON, else the set-up's python (build/setup.env, after `make`),
+# else python3 (the GPU machine's system torch).
+PY="${LOSSFNS_PYTHON:-}"
+[ -n "$PY" ] || [ ! -f build/setup.env ] || PY="$(sed -n 's/^LOSSFNS_PYTHON=//p' build/setup.env)"
+PY="${PY:-$(command -v python3)}"
+export PATH="$(dirname "$PY"):$PATH"  # its torchrun and python3 for the scripts called below
 PREFIX="$("$PY" -W ignore -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$W/gpu.txt"
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" \
