@@ -206,7 +206,8 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "distill:\n  temperature: -1\n",
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got \"-1\""},
       {head + "distill:\n  temperature: [1, 2]\n",
-       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got a list"},
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got a list of 2: [1, "
+       "2]"},
       {head + "distill:\n  temperature:\n",
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got nothing"},
       {head + "distill:\n  temperature: .inf\n",
@@ -228,9 +229,20 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "student:\n  tie_embeddings: maybe\n",
        "x.yaml:6: student.tie_embeddings: expected true or false, got \"maybe\""},
       {head + "optim:\n  betas: [0.9]\n",
-       "x.yaml:6: optim.betas: expected a list of two numbers in [0, 1), got a list"},
+       "x.yaml:6: optim.betas: expected a list of two numbers in [0, 1), got a list of 1: [0.9]"},
       {head + "optim:\n  betas: [0.9, 1.0]\n",
+       "x.yaml:6: optim.betas: expected a list of two numbers in [0, 1), got a list of 2: [0.9, "
+       "1.0]"},
+      {head + "optim:\n  betas: [[0.9], 0.95]\n",
        "x.yaml:6: optim.betas: expected a list of two numbers in [0, 1), got a list"},
+      // yaml-cpp reads an integer with a leading zero as octal (0100 = 64), YAML 1.2 as decimal:
+      // refused, saying so, rather than read either way in silence.
+      {head + "student:\n  n_layer: 010\n",
+       "x.yaml:6: student.n_layer: expected an integer in [1, 4096], got \"010\" (a leading zero: "
+       "YAML 1.1 reads it as octal, YAML 1.2 as decimal; write the number without it)"},
+      {head + "student:\n  n_layer: -01\n",
+       "x.yaml:6: student.n_layer: expected an integer in [1, 4096], got \"-01\" (a leading zero: "
+       "YAML 1.1 reads it as octal, YAML 1.2 as decimal; write the number without it)"},
       {head + "data:\n  val_fraction: 1\n",
        "x.yaml:6: data.val_fraction: expected a number in (0, 1), got \"1\""},
       {head + "data:\n  synthetic:\n    branching: 65\n",
@@ -249,7 +261,7 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "x.yaml:6: schedule.min_lr_ratio: expected a number in [0, 1], got \"1.5\""},
       {"- 1\n- 2\n",
        "x.yaml:1: expected a mapping of sections (student, teacher, data, distill, optim, "
-       "schedule, train), got a list"},
+       "schedule, train), got a list of 2: [1, 2]"},
       // Cross-key constraints, reported at the key to change.
       {head + "student:\n  d_model: 66\n",
        "x.yaml:6: student.d_model: expected a multiple of student.n_head (4), got 66"},
@@ -308,8 +320,19 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
   EXPECT_THAT(
       ErrorOf("train:\n  mode: distill\n  out_dir: \"run\\0x\"\nteacher:\n"
               "  checkpoint: t.pt\n"),
-      ::testing::StrEq("x.yaml:3: train.out_dir: expected a string without NUL characters, got "
-                       "\"run\\x00x\""));
+      ::testing::StrEq("x.yaml:3: train.out_dir: expected a path without NUL characters, not "
+                       "starting with ~, got \"run\\x00x\""));
+  // Nothing expands '~' in a YAML value (or a quoted override): out_dir "~/runs/x" created a
+  // directory named '~' in the working directory.
+  EXPECT_THAT(
+      ErrorOf("train:\n  mode: distill\n  out_dir: ~/runs/x\nteacher:\n  checkpoint: t.pt\n"),
+      ::testing::StrEq("x.yaml:3: train.out_dir: expected a path without NUL characters, not "
+                       "starting with ~, got \"~/runs/x\" (nothing expands '~' here; write the "
+                       "home directory out, e.g. with $HOME unquoted in a shell override)"));
+  EXPECT_NE(
+      ErrorOf(kValidDistill, {"teacher.hf_dir=~alice/m"}).find("teacher.hf_dir: expected a path"),
+      std::string::npos);
+  EXPECT_EQ(ParseConfig(kValidDistill, "x", {"train.out_dir=runs/~x"}).train.out_dir, "runs/~x");
 }
 
 // A llama-family key on a gpt model (the default family) would be ignored: refused, naming the
@@ -464,6 +487,21 @@ TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model, "train.export_hf=false"}), "");
   std::filesystem::remove(model + "/tokenizer_config.json");
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
+  // A JSON tokenizer file cut short would be copied as it is and the export would not load.
+  testing::WriteBytes(model + "/generation_config.json", R"({"bos_token_id": 1, "eos_to)");
+  EXPECT_THAT(
+      ErrorOf(kValidDistill, {"train.export_from=" + model}),
+      ::testing::AllOf(
+          ::testing::HasSubstr(": train.export_from: expected tokenizer files that the end-of-run "
+                               "export can copy (train.export_hf is on), got \"" +
+                               model + "/generation_config.json\" ("),
+          ::testing::HasSubstr("parse error"),
+          ::testing::EndsWith("): not valid JSON; restore it (e.g. download the model again) or "
+                              "set train.export_hf: false")));
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model, "train.export_hf=false"}), "");
+  testing::WriteBytes(model + "/generation_config.json", R"({"bos_token_id": 1})");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
+  std::filesystem::remove(model + "/generation_config.json");
   tokenizer(64);
   EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
               ::testing::EndsWith(": train.export_from: expected the directory of a model whose "
@@ -551,8 +589,8 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   // A YAML comment in a value is refused: what follows it would be dropped silently (an out_dir
   // "runs/x #2" trained in runs/x). Quoted, or without a space before it, the '#' is kept.
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=runs/x #2"}),
-            "override \"train.out_dir=runs/x #2\": train.out_dir: expected a string without NUL "
-            "characters, got a "
+            "override \"train.out_dir=runs/x #2\": train.out_dir: expected a path without NUL "
+            "characters, not starting with ~, got a "
             "YAML comment at \"#2\" (a '#' after a space starts one, and what follows it would be "
             "dropped); quote the whole value in YAML to keep the '#' (in a shell: "
             "train.out_dir='\"...\"'), or leave the comment out");
@@ -580,8 +618,9 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ParseConfig(kValidDistill, "x", {"optim.betas=[0.9, 0.99]"}).optim.betas[1], 0.99);
   // A value that starts with ',' is refused before yaml-cpp parses it (0.7 allocated without end).
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=,a"}),
-            "override \"train.out_dir=,a\": train.out_dir: expected a string without NUL "
-            "characters, got invalid YAML (a value cannot start with ',', a flow indicator; quote "
+            "override \"train.out_dir=,a\": train.out_dir: expected a path without NUL "
+            "characters, not starting with ~, got invalid YAML (a value cannot start with ',', a "
+            "flow indicator; quote "
             "the value to keep it)");
   EXPECT_EQ(ParseConfig(kValidDistill, "x", {"train.out_dir=',a'"}).train.out_dir, ",a");
   // Later overrides win; an override beats the file.
@@ -692,6 +731,29 @@ TEST(ConfigTest, EndlessConfigStreamIsAConfigError) {
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "/dev/zero: more than 16 MiB; expected a YAML config file (a few KiB)");
   }
+}
+
+// A config file without a key (empty, or comments only) is refused: it would be every key's
+// default, which is not the embedded quickstart. "{}" asks for the defaults.
+TEST(ConfigTest, AConfigFileWithoutKeysIsAnError) {
+  const std::string path = testing::FreshTestDir("distill_config_") + "/x.yaml";
+  for (const std::string text : {"", "\n\n", "# a comment only\n", "---\n"}) {
+    testing::WriteBytes(path, text);
+    try {
+      LoadConfigFile(path);
+      FAIL() << "accepted \"" << text << "\"";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                path +
+                    ": the file holds no keys (it is empty, or comments only); write the keys "
+                    "to set in it ({} for every key's default), or leave --config out to run "
+                    "the embedded quickstart")
+          << text;
+    }
+  }
+  testing::WriteBytes(path, "{}\n");
+  EXPECT_NO_THROW(LoadConfigFile(path, {"train.mode=pretrain"}));
+  RemoveTree(std::filesystem::path(path).parent_path().string());
 }
 
 TEST(ConfigTest, MissingFileIsAConfigError) {

@@ -1,13 +1,16 @@
 // Data: batches are pure functions of (seed, split, index); the synthetic language's entropy
 // floor is what its samples actually have; padding is marked with ignore_index.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "distill/data.h"
+#include "distill/token_shards.h"
 #include "test_util.h"
 
 namespace distill {
@@ -149,6 +152,46 @@ TEST(DataTest, TextSourceIsByteLevelWithSplit) {
         << e.what();
   }
   std::filesystem::remove(path);
+}
+
+// data.source text on what is not text: an llm.c token shard (data.source tokens forgotten) or
+// any file with a NUL byte is refused, naming the file and what to set; a path that cannot be
+// read says why, and a glob that only the tokens source expands says so.
+TEST(DataTest, TextSourceRefusesBinaryFilesAndExplainsUnreadablePaths) {
+  const std::string path = testing::TempRunDir(".bin");
+  DataConfig c;
+  c.source = "text";
+  c.path = path;
+  c.batch_size = 2;
+  c.seq_len = 8;
+  auto error = [&] {
+    try {
+      MakeDataSource(c, 256, -100);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string shard(1024 + 400, 'a');  // a header of 256 int32 and 200 uint16 tokens
+  const int32_t magic = kShardMagicU16;
+  std::memcpy(shard.data(), &magic, 4);
+  shard[8] = '\0';
+  std::ofstream(path, std::ios::binary) << shard;
+  EXPECT_THAT(error(),
+              ::testing::AllOf(::testing::HasSubstr("data.path: \"" + path + "\" is not text"),
+                               ::testing::HasSubstr("llm.c token shard's magic number (20240520)"),
+                               ::testing::HasSubstr("set data.source: tokens")));
+  std::string binary(500, 'x');
+  binary[321] = '\0';
+  std::ofstream(path, std::ios::binary) << binary;
+  EXPECT_THAT(error(), ::testing::HasSubstr("is not text: it holds a NUL byte at offset 321"));
+  std::filesystem::remove(path);
+
+  c.path = path + "-missing";
+  EXPECT_THAT(error(), ::testing::HasSubstr("cannot read \"" + c.path + "\": No such file"));
+  c.path = path + "-shards/train_*.bin";
+  EXPECT_THAT(error(), ::testing::HasSubstr("a glob of token shards is read with data.source: "
+                                            "tokens"));
 }
 
 }  // namespace

@@ -315,6 +315,18 @@ TEST(HfModel, AFailedExportLeavesNoDirectoriesBehind) {
   EXPECT_ANY_THROW(ExportHf(*MakeModel(TinyLlama(32)), root + "/other/../new/out", sources, false));
   EXPECT_TRUE(std::filesystem::is_directory(root + "/new"));
   EXPECT_FALSE(std::filesystem::exists(root + "/other"));
+  // A JSON tokenizer file that does not parse (cut short) is not copied into an export that
+  // would not load: the export fails, naming it, and leaves nothing.
+  const std::string cut = TempRunDir("_cut");
+  std::filesystem::create_directories(cut);
+  WriteBytes(cut + "/tokenizer.json", R"({"model": {"type": "BPE", "vocab": {}}})");
+  WriteBytes(cut + "/tokenizer_config.json", R"({"model_max_length": 20)");
+  sources.tokenizer_dir = cut;
+  EXPECT_THAT([&] { ExportHf(*MakeModel(TinyLlama(32)), root + "/cut/out", sources, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(::testing::AllOf(
+                  HasSubstr("export: " + cut + "/tokenizer_config.json is not valid JSON ("),
+                  HasSubstr("export again with `distill_trainer export`"))));
+  EXPECT_FALSE(std::filesystem::exists(root + "/cut"));
 }
 
 // "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to

@@ -315,6 +315,47 @@ TEST(ResumeTest, FreshDeletesOnlyMarkedRunDirectories) {
   EXPECT_TRUE(fs::exists(c.train.out_dir + "/checkpoints"));
 }
 
+// A folder that holds a config.yaml but no marker, checkpoints or metrics is not a run: often the
+// folder of the --config file itself, or another tool's. It is refused, naming it, and its
+// config.yaml is left as it was (the trainer would overwrite it with the resolved config); the
+// message never suggests deleting it.
+TEST(ResumeTest, AFolderHoldingOnlyAConfigIsNotTakenOver) {
+  Config c = TinyConfig(TempRunDir("-mine"));
+  c.train.steps = 2;
+  fs::create_directories(c.train.out_dir);
+  const std::string mine = "# my notes: the lr sweep\n" + ConfigToYaml(c);
+  WriteBytes(c.train.out_dir + "/config.yaml", mine);  // the same run's settings, and comments
+  try {
+    Trainer t(c, RunOptions::Quiet());
+    FAIL() << "took over a folder holding the user's config.yaml";
+  } catch (const RunDirError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(c.train.out_dir), std::string::npos) << message;
+    EXPECT_NE(message.find("is not a distill_trainer run"), std::string::npos) << message;
+    EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
+  }
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml"), mine);
+  EXPECT_FALSE(fs::exists(c.train.out_dir + "/checkpoints"));
+
+  // Another tool's folder with its own config.yaml and data, which happens to hold checkpoints/
+  // too: its config does not parse, and the message names it without suggesting rm.
+  Config other = TinyConfig(TempRunDir("-other"));
+  fs::create_directories(other.train.out_dir + "/checkpoints");
+  WriteBytes(other.train.out_dir + "/config.yaml", "model: resnet50\n");
+  WriteBytes(other.train.out_dir + "/checkpoints/epoch=3.ckpt", "weights");
+  try {
+    Trainer t(other, RunOptions::Quiet());
+    FAIL() << "took over another tool's folder";
+  } catch (const RunDirError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(other.train.out_dir), std::string::npos) << message;
+    EXPECT_NE(message.find("is not a distill_trainer config"), std::string::npos) << message;
+    EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
+  }
+  EXPECT_EQ(ReadBytes(other.train.out_dir + "/config.yaml"), "model: resnet50\n");
+  EXPECT_EQ(ReadBytes(other.train.out_dir + "/checkpoints/epoch=3.ckpt"), "weights");
+}
+
 // --fresh deletes a run whole or not at all: a run directory that holds what distill_trainer did
 // not write (notes, an evaluation's output, another run put inside it, a model card in the
 // export) is refused, naming them, and nothing in it is deleted. Once they are moved out it is
@@ -1190,6 +1231,48 @@ TEST(ResumeTest, PruningDeletesTheTemporariesOfKilledCheckpointWrites) {
   for (const char* kept : {"notes.tmp", "step_0000004.pt", "step_0000003.pt.tmp"}) {
     EXPECT_TRUE(fs::exists(fs::symlink_status(dir + "/checkpoints/" + kept))) << kept;
   }
+}
+
+// train.keep_checkpoints deletes only this run's checkpoints: one copied in from another run (or
+// a damaged one) is neither counted nor deleted, and the run says so once. The run's own older
+// checkpoints, from before this process, are pruned as before.
+TEST(ResumeTest, PruningLeavesAnotherRunsCheckpointsAlone) {
+  Config a = TinyConfig(TempRunDir("-a"));
+  a.train.steps = 1;
+  a.train.checkpoint_interval = 1;
+  Config b = TinyConfig(TempRunDir("-b"));
+  b.optim.lr = a.optim.lr * 2;  // another run
+  b.train.steps = 2;
+  b.train.checkpoint_interval = 1;
+  b.train.keep_checkpoints = 1;
+  ASSERT_NE(RunIdentityHash(a), RunIdentityHash(b));
+  Trainer(a, RunOptions::Quiet()).Train();
+  Trainer(b, RunOptions::Quiet()).Train();
+  ASSERT_FALSE(fs::exists(CheckpointPath(b.train.out_dir, 1)));  // pruned: b's own
+  fs::copy_file(CheckpointPath(a.train.out_dir, 1), CheckpointPath(b.train.out_dir, 1));
+  const std::string damaged = b.train.out_dir + "/checkpoints/step_0000000.pt";
+  WriteBytes(damaged, "not a checkpoint");
+  b.train.steps = 4;
+  Trainer resumed(b, RunOptions::Quiet());
+  EXPECT_EQ(resumed.step(), 2);
+  resumed.Train();
+  EXPECT_TRUE(fs::exists(CheckpointPath(b.train.out_dir, 1)));  // a's: kept
+  EXPECT_EQ(ReadBytes(damaged), "not a checkpoint");
+  EXPECT_FALSE(fs::exists(CheckpointPath(b.train.out_dir, 2)));  // b's own, older: pruned
+  EXPECT_FALSE(fs::exists(CheckpointPath(b.train.out_dir, 3)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(b.train.out_dir, 4)));
+  std::vector<std::string> about;
+  for (const std::string& w : resumed.warnings()) {
+    if (w.find("train.keep_checkpoints neither counts nor deletes it") != std::string::npos) {
+      about.push_back(w);
+    }
+  }
+  ASSERT_EQ(about.size(), 2u) << ::testing::PrintToString(resumed.warnings());
+  EXPECT_THAT(about, ::testing::Contains(
+                         ::testing::AllOf(::testing::HasSubstr(CheckpointPath(b.train.out_dir, 1)),
+                                          ::testing::HasSubstr("a checkpoint of another run"))));
+  EXPECT_THAT(about, ::testing::Contains(::testing::AllOf(::testing::HasSubstr(damaged),
+                                                          ::testing::HasSubstr("not an intact"))));
 }
 
 // A single distillation with train.baseline trains the baseline into <out_dir>-baseline after

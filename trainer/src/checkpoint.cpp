@@ -247,10 +247,12 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir) {
 }
 
 void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
-                      const std::set<std::string>& leave_alone) {
+                      const std::set<std::string>& leave_alone,
+                      const std::function<bool(const std::string& path)>& is_ours) {
   std::vector<fs::path> files;  // the checkpoints up to `step`, oldest first
   for (auto& [s, path] : CheckpointEntries(run_dir)) {
-    if (s <= step && leave_alone.count(path.filename().string()) == 0) {
+    if (s <= step && leave_alone.count(path.filename().string()) == 0 &&
+        (!is_ours || is_ours(path.string()))) {
       files.push_back(std::move(path));
     }
   }
@@ -344,6 +346,13 @@ void CheckStepMatchesName(torch::serialize::InputArchive& archive, const std::st
 }
 
 }  // namespace
+
+std::string CheckpointRunIdentity(const std::string& path) {
+  torch::serialize::InputArchive archive;
+  OpenArchive(path, at::kCPU, archive);
+  const auto saved = TryField(archive, path, "run_identity");
+  return saved ? StringField(*saved, path, "run_identity") : std::string();
+}
 
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device,

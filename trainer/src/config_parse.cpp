@@ -21,6 +21,7 @@ namespace distill {
 namespace {
 
 namespace fs = std::filesystem;
+using internal::HasLeadingZero;
 using internal::KeyDecl;
 using internal::Keys;
 
@@ -53,10 +54,24 @@ std::string Describe(const YAML::Node& node) {
         const auto byte = static_cast<unsigned char>(ch);
         shown += byte < 0x20 || byte == 0x7f ? fmt::format("\\x{:02x}", byte) : std::string(1, ch);
       }
-      return fmt::format("\"{}\"", shown);
+      const std::string& v = node.Scalar();
+      return fmt::format("\"{}\"{}", shown,
+                         HasLeadingZero(v) ? " (a leading zero: YAML 1.1 reads it as octal, YAML "
+                                             "1.2 as decimal; write the number without it)"
+                         : !v.empty() && v[0] == '~'
+                             ? " (nothing expands '~' here; write the home directory out, e.g. "
+                               "with $HOME unquoted in a shell override)"
+                             : "");
     }
-    case YAML::NodeType::Sequence:
-      return "a list";
+    case YAML::NodeType::Sequence: {
+      // A short list of scalars shown whole (which item is wrong, or how many there are).
+      bool scalars = node.size() <= 8;
+      for (size_t i = 0; scalars && i < node.size(); ++i) scalars = node[i].IsScalar();
+      if (!scalars || node.size() == 0) return "a list";
+      std::vector<std::string> items;
+      for (size_t i = 0; i < node.size(); ++i) items.push_back(node[i].Scalar());
+      return fmt::format("a list of {}: [{}]", node.size(), fmt::join(items, ", "));
+    }
     case YAML::NodeType::Map:
       return "a mapping";
     default:
@@ -584,6 +599,19 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                                     : "links to files that do not exist",
                                   files.size() == 1 ? "it" : "them"));
     }
+    // A JSON file there that does not parse (a cut-short download, an edit gone wrong) would be
+    // copied as it is, and the exported model would not load.
+    const auto invalid = exports ? InvalidJsonExportTokenizerFiles(
+                                       {c.student.hf_dir, c.teacher.hf_dir, c.train.export_from})
+                                 : std::vector<DanglingTokenizerFile>{};
+    if (!invalid.empty()) {
+      const char* keys[] = {"student.hf_dir", "teacher.hf_dir", "train.export_from"};
+      fail(keys[invalid.front().dir],
+           fmt::format("expected tokenizer files that the end-of-run export can copy "
+                       "(train.export_hf is on), got {}: not valid JSON; restore it (e.g. "
+                       "download the model again) or set train.export_hf: false",
+                       invalid.front().file));
+    }
   }
   if (c.train.activation_checkpointing) {
     // The trained models: the student, and a teacher that the pipeline pretrains first.
@@ -809,6 +837,24 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
     }
   }
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
+  // A file without a key (empty, or comments only: cut short, or the wrong file) would be every
+  // key's default, not the embedded quickstart; a stored one is refused by ParseConfig itself.
+  if (origin == ConfigOrigin::kRequested) {
+    const bool no_keys = [&] {
+      try {
+        return YAML::Load(text).IsNull();
+      } catch (const YAML::Exception&) {  // ParseConfig reports it, with the line
+        return false;
+      }
+    }();
+    if (no_keys) {
+      throw ConfigError(fmt::format(
+          "{}: the file holds no keys (it is empty, or comments only); write the keys to set in "
+          "it ({{}} for every key's default), or leave --config out to run the embedded "
+          "quickstart",
+          path));
+    }
+  }
   return ParseConfig(text, path, overrides, origin);
 }
 

@@ -57,9 +57,13 @@ Rule<std::string> OneOf(std::vector<std::string> names) {
           }};
 }
 // Paths and globs: a NUL would cut the name the system sees short of the one the config shows.
-Rule<std::string> AnyString() {
-  return {"a string without NUL characters",
-          [](const std::string& v) { return v.find('\0') == std::string::npos; }};
+// Every string key but the enums is a path. A leading '~' is refused: neither YAML nor the
+// trainer expands it (a shell does, unquoted, at the start of a word only), and out_dir "~/x"
+// would create a directory named '~' in the working directory.
+Rule<std::string> Path() {
+  return {"a path without NUL characters, not starting with ~", [](const std::string& v) {
+            return v.find('\0') == std::string::npos && (v.empty() || v[0] != '~');
+          }};
 }
 Rule<bool> Bool() {
   return {"true or false", [](const bool&) { return true; }};
@@ -73,6 +77,9 @@ Rule<std::array<double, 2>> Betas() {
 // YAML node -> value; nullopt when the node is not a scalar of that type.
 template <typename T>
 std::optional<T> Convert(const YAML::Node& node) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (node.IsScalar() && HasLeadingZero(node.Scalar())) return std::nullopt;
+  }
   if constexpr (std::is_same_v<T, std::string>) {
     if (node.IsNull()) return std::string();  // `key:` or `key=`: the empty string
   }
@@ -170,7 +177,7 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
       "gpt: GPT-2-style (the quickstart's model); llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 "
       "decoders.");
   Add(
-      keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
+      keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, Path(),
       "A Hugging Face model directory (config.json + safetensors): architecture and weights "
       "come from it (model_type gpt2: family gpt; llama, mistral, qwen2, qwen3: family llama); "
       "keys set here must agree with its config.json.");
@@ -277,7 +284,7 @@ std::vector<KeyDecl> Declare() {
   AddModelKeys(
       k, "teacher", [](auto& c) -> auto& { return c.teacher; });
   Add(
-      k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, AnyString(),
+      k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, Path(),
       "Teacher weights: a checkpoint file, or a run directory (its latest intact checkpoint).");
   Add(
       k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
@@ -290,11 +297,11 @@ std::vector<KeyDecl> Declare() {
       "synthetic: seeded Markov language with a known entropy floor; text: bytes of data.path; "
       "tokens: llm.c token shards.");
   Add(
-      k, "data.path", [](auto& c) -> auto& { return c.data.path; }, AnyString(),
+      k, "data.path", [](auto& c) -> auto& { return c.data.path; }, Path(),
       "text: the UTF-8 file to train on (byte-level tokens, vocab_size 256); tokens: a glob of "
       "llm.c .bin shards (training).");
   Add(
-      k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, AnyString(),
+      k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, Path(),
       "tokens: a glob of validation shards; empty: the last val_fraction of data.path's tokens.");
   Add(
       k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
@@ -450,7 +457,7 @@ std::vector<KeyDecl> Declare() {
       "distill mode: also train the student on hard labels only, into <out_dir>-baseline (the "
       "pipeline: <out_dir>/baseline).");
   Add(
-      k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
+      k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, Path(),
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(
       k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
@@ -458,7 +465,7 @@ std::vector<KeyDecl> Declare() {
       "and gpt-family runs with a student or teacher hf_dir (GPT2LMHeadModel; other gpt runs: "
       "distill_trainer export RUN_DIR OUT_DIR).");
   Add(
-      k, "train.export_from", [](auto& c) -> auto& { return c.train.export_from; }, AnyString(),
+      k, "train.export_from", [](auto& c) -> auto& { return c.train.export_from; }, Path(),
       "A Hugging Face model directory whose config.json keys (token ids) and tokenizer files the "
       "export takes where the student's and teacher's hf_dir give none (\"\": none; a gpt-family "
       "run with it exports too). The hard-label baseline of a distillation from a Hugging Face "
@@ -494,6 +501,13 @@ std::vector<KeyDecl> Declare() {
 }
 
 }  // namespace
+
+bool HasLeadingZero(const std::string& scalar) {
+  const size_t start = !scalar.empty() && (scalar[0] == '-' || scalar[0] == '+') ? 1 : 0;
+  if (scalar.size() < start + 2 || scalar[start] != '0') return false;
+  return std::all_of(scalar.begin() + static_cast<std::ptrdiff_t>(start), scalar.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
 
 const std::vector<KeyDecl>& Keys() {
   static const std::vector<KeyDecl> keys = Declare();

@@ -25,4 +25,8 @@ struct KeyDecl {
 // All keys, in declaration (and --print-config) order. Built once.
 const std::vector<KeyDecl>& Keys();
 
+// An integer written with a leading zero ("0100", "-007"): YAML 1.1 (and yaml-cpp) reads it as
+// octal, YAML 1.2 as decimal, so no integer key accepts it.
+bool HasLeadingZero(const std::string& scalar);
+
 }  // namespace distill::internal

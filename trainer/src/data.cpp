@@ -1,7 +1,9 @@
 #include "distill/data.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -103,12 +105,30 @@ class TextSource : public DataSource {
     }
     std::ifstream in(c.path, std::ios::binary);
     if (!in) {
-      throw std::runtime_error(
-          fmt::format("data.path: cannot read \"{}\"{}", c.path, RelativeTo(c.path)));
+      const int error = errno;
+      throw std::runtime_error(fmt::format(
+          "data.path: cannot read \"{}\"{}: {}{}", c.path, RelativeTo(c.path), std::strerror(error),
+          c.path.find_first_of("*?[") != std::string::npos
+              ? " (a glob of token shards is read with data.source: tokens; text reads one file)"
+              : ""));
     }
     std::stringstream text;
     text << in.rdbuf();
     bytes_ = text.str();
+    // Text has no NUL bytes; an llm.c token shard (data.source tokens forgotten) or any binary
+    // file has them, and would train on its bytes without a word.
+    if (const size_t nul = bytes_.find('\0'); nul != std::string::npos) {
+      int32_t magic = 0;
+      if (bytes_.size() >= 4) std::memcpy(&magic, bytes_.data(), 4);
+      const bool shard = magic == kShardMagicU16 || magic == kShardMagicU32;
+      throw std::runtime_error(fmt::format(
+          "data.path: \"{}\"{} is not text: {}; data.source text trains on a UTF-8 text "
+          "file's bytes{}",
+          c.path, RelativeTo(c.path),
+          shard ? fmt::format("it starts with an llm.c token shard's magic number ({})", magic)
+                : fmt::format("it holds a NUL byte at offset {}", nul),
+          shard ? "; set data.source: tokens to train on token shards" : ""));
+    }
     const int64_t n = static_cast<int64_t>(bytes_.size());
     split_ = static_cast<int64_t>(std::llround(n * (1.0 - c.val_fraction)));
     const int64_t window = c.seq_len + 1;

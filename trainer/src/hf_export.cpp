@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "distill/checkpoint.h"
 #include "distill/hf_config.h"
@@ -41,7 +43,19 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
                                            "chat_template.jinja",
                                            "generation_config.json"};
 
-// Byte copy with plain streams (see RemoveTree in run_dir.h for why not std::filesystem).
+// For a file named *.json: the parser's message where `bytes` is not JSON, else "".
+std::string JsonError(const fs::path& name, const std::string& bytes) {
+  if (name.extension() != ".json") return "";
+  try {
+    (void)nlohmann::json::parse(bytes);
+  } catch (const nlohmann::json::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Byte copy with plain streams (see RemoveTree in run_dir.h for why not std::filesystem); a
+// JSON file is parsed first and refused where it does not parse.
 void CopyFile(const fs::path& from, const fs::path& to) {
   std::error_code error;  // a FIFO would block the copy, /dev/zero fill the disk
   if (!fs::is_regular_file(from, error)) {
@@ -52,8 +66,16 @@ void CopyFile(const fs::path& from, const fs::path& to) {
   }
   std::ifstream in(from, std::ios::binary);
   if (!in) throw std::runtime_error(fmt::format("export: cannot read {}", from.string()));
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  if (const std::string error = JsonError(from, bytes.str()); !error.empty()) {
+    throw std::runtime_error(fmt::format(
+        "export: {} is not valid JSON ({}); a model exported with it would not load; restore "
+        "it (e.g. download the model again) and export again with `distill_trainer export`",
+        from.string(), error));
+  }
   std::ofstream out(to, std::ios::binary | std::ios::trunc);
-  out << in.rdbuf();
+  out << bytes.rdbuf();
   out.flush();
   if (!out) throw std::runtime_error(fmt::format("export: cannot write {}", to.string()));
 }
@@ -171,22 +193,48 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   return sources;
 }
 
-std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
-    const std::vector<std::string>& dirs) {
-  std::vector<DanglingTokenizerFile> dangling;
+namespace {
+// Calls visit(index, path) for every tokenizer file name in the directories an export takes
+// tokenizer files from (DanglingExportTokenizerFiles' order and stop), present or not.
+template <typename Visit>
+void VisitExportTokenizerFiles(const std::vector<std::string>& dirs, Visit visit) {
   for (size_t d = 0; d < dirs.size(); ++d) {
     std::error_code error;
     if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error)) continue;
-    for (const char* name : kTokenizerFiles) {
-      const fs::path file = fs::path(dirs[d]) / name;
-      if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
-      const fs::path target = fs::read_symlink(file, error);
-      dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
-                                         error ? std::string("?") : target.string())});
-    }
+    for (const char* name : kTokenizerFiles) visit(d, fs::path(dirs[d]) / name);
     if (HasTokenizer(dirs[d])) break;
   }
+}
+}  // namespace
+
+std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
+    const std::vector<std::string>& dirs) {
+  std::vector<DanglingTokenizerFile> dangling;
+  VisitExportTokenizerFiles(dirs, [&](size_t d, const fs::path& file) {
+    std::error_code error;
+    if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) return;
+    const fs::path target = fs::read_symlink(file, error);
+    dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
+                                       error ? std::string("?") : target.string())});
+  });
   return dangling;
+}
+
+std::vector<DanglingTokenizerFile> InvalidJsonExportTokenizerFiles(
+    const std::vector<std::string>& dirs) {
+  std::vector<DanglingTokenizerFile> invalid;
+  VisitExportTokenizerFiles(dirs, [&](size_t d, const fs::path& file) {
+    std::error_code error;
+    if (file.extension() != ".json" || !fs::is_regular_file(file, error)) return;
+    std::ifstream in(file, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    const std::string message = in ? JsonError(file, bytes.str()) : std::string("cannot read it");
+    if (!message.empty()) {
+      invalid.push_back({d, fmt::format("\"{}\" ({})", file.string(), message)});
+    }
+  });
+  return invalid;
 }
 
 bool IsExportFileName(const std::string& name) {

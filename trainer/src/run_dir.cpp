@@ -462,11 +462,21 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         "by hand (rm -r {}) if it is yours to discard, or choose another train.out_dir",
         dir.string(), kRunMarker, dir.string()));
   }
+  // Without the marker a directory is a run only as one from before markers was: with its
+  // checkpoints or metrics. A folder that merely holds a config.yaml (often the one --config
+  // names) is the user's: its config.yaml must not be overwritten by the resolved one.
+  const bool own = IsOwnRunDir(dir.string());
+  if (!own && !fs::is_directory(dir / "checkpoints") && !fs::exists(dir / "metrics.jsonl")) {
+    throw RunDirError(fmt::format(
+        "train.out_dir \"{}\" holds a config.yaml but is not a distill_trainer run (no {} "
+        "marker, no checkpoints/, no metrics.jsonl), and the trainer writes its own config.yaml "
+        "there; choose another train.out_dir (e.g. {})",
+        dir.string(), kRunMarker, (dir / "run").string()));
+  }
   // What deletes it: --fresh for a directory of ours; by hand for one without the marker (--fresh
   // would refuse it).
   const std::string discard =
-      IsOwnRunDir(dir.string())
-          ? "pass --fresh (deletes it)"
+      own ? "pass --fresh (deletes it)"
           : fmt::format("delete it by hand (rm -r {}; it has no {} marker, so --fresh will not)",
                         dir.string(), kRunMarker);
   std::string stored_identity, stored_out_dir;
@@ -475,6 +485,12 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
     stored_identity = RunIdentity(stored);
     stored_out_dir = stored.train.out_dir;
   } catch (const ConfigError& e) {
+    if (!own) {  // not known to be a run: nothing suggests deleting what may be someone's data
+      throw RunDirError(fmt::format(
+          "train.out_dir \"{}\" has no {} marker and its config.yaml is not a distill_trainer "
+          "config ({}): not a run this trainer can continue; choose another train.out_dir",
+          dir.string(), kRunMarker, e.what()));
+    }
     throw RunDirError(fmt::format(
         "{} holds a run whose config no longer parses ({}); to start over {}, or choose another "
         "train.out_dir",

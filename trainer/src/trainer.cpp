@@ -399,6 +399,10 @@ Trainer::Trainer(Config config, RunOptions options)
       position_ = *position;
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
+      // Its run identity was checked as it loaded (and its name matches its step).
+      checkpoint_is_ours_
+          [fs::path(CheckpointPath(config_.train.out_dir, position_.step)).filename().string()] =
+              true;
       if (position_.step > config_.train.steps) {
         // A run is not shortened after the fact: it stays at its step, and its config.yaml,
         // progress and summary say so (not the smaller train.steps asked for).
@@ -799,10 +803,41 @@ void Trainer::SaveCheckpoint() {
     distill::SaveCheckpoint(path, *student_, *optimizer_, position_, device_,
                             RunIdentityHash(config_));
     skipped_checkpoints_.erase(fs::path(path).filename().string());  // this run's own now
+    checkpoint_is_ours_[fs::path(path).filename().string()] = true;
     PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step,
-                     skipped_checkpoints_);
+                     skipped_checkpoints_,
+                     [this](const std::string& file) { return CheckpointOwned(file); });
   }
   checkpointed_step_ = position_.step;  // only once written: a failed write is retried
+}
+
+bool Trainer::CheckpointOwned(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  if (const auto known = checkpoint_is_ours_.find(name); known != checkpoint_is_ours_.end()) {
+    return known->second;
+  }
+  // A file from before this process: read once (a checkpoint written before checkpoints
+  // carried the run identity counts as this run's, as its resume does).
+  const std::string identity = RunIdentityHash(config_);
+  std::string why;
+  try {
+    const std::string saved = CheckpointRunIdentity(path);
+    if (!saved.empty() && saved != identity) {
+      why = fmt::format("a checkpoint of another run (run identity {}; this run's is {})", saved,
+                        identity);
+    }
+  } catch (const std::exception& e) {
+    why = fmt::format("not an intact checkpoint ({})", e.what());
+  }
+  checkpoint_is_ours_[name] = why.empty();
+  if (!why.empty()) {
+    const std::string warning = fmt::format(
+        "warning: {} is {}: train.keep_checkpoints neither counts nor deletes it; move it away",
+        path, why);
+    progress_->Log(warning);
+    warnings_.push_back(warning);
+  }
+  return why.empty();
 }
 
 void Trainer::LogStep(const StepResult& r) {

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -98,8 +99,16 @@ std::string CheckpointPath(const std::string& run_dir, int64_t step);
 // them had the run delete the checkpoints it had just written, or its last good one (a copy of
 // step 5 named step 12 pushed out step 10). A later process, resuming from a checkpoint past
 // such a file, no longer knows it (the resume's warning said to move it away). Also deletes the
-// temporaries (step_NNNNNNN.pt.tmp) that killed writes left.
+// temporaries (step_NNNNNNN.pt.tmp) that killed writes left. `is_ours` (when given) is asked
+// about every other file up to `step`: one it says is not this run's (a checkpoint copied in from
+// another run) is neither counted nor deleted either.
 void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
-                      const std::set<std::string>& leave_alone = {});
+                      const std::set<std::string>& leave_alone = {},
+                      const std::function<bool(const std::string& path)>& is_ours = {});
+
+// The run identity (RunIdentityHash) a checkpoint was written for; "" for one written before
+// checkpoints carried it. Throws CorruptCheckpointError for a file that is not an intact
+// checkpoint.
+std::string CheckpointRunIdentity(const std::string& path);
 
 }  // namespace distill

@@ -31,6 +31,14 @@ struct DanglingTokenizerFile {
 std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
     const std::vector<std::string>& dirs);
 
+// The JSON tokenizer files (tokenizer_config.json, generation_config.json, ...) in the same
+// directories, in the same order, that do not parse: copied as they are, they would make the
+// export unloadable (transformers' from_pretrained fails on them). `file` is "\"<path>\" (<the
+// parser's message>)". The trainer refuses them at start-up where the run exports, and the
+// export refuses to copy one.
+std::vector<DanglingTokenizerFile> InvalidJsonExportTokenizerFiles(
+    const std::vector<std::string>& dirs);
+
 // Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
 // its previous copy moved aside, named after the exporting process's id.
 bool IsExportSibling(const std::string& name, const std::string& target, const std::string& kind);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -120,6 +121,9 @@ class Trainer {
                                  int64_t normalizer_tokens = 0);
   EvalResult Evaluate();
   void SaveCheckpoint();
+  // Whether the checkpoint file at `path` is this run's (PruneCheckpoints' is_ours): a file
+  // another run wrote, or one that cannot be read, is left where it is, with a warning once.
+  bool CheckpointOwned(const std::string& path);
 
   int64_t step() const { return position_.step; }
   int64_t skipped_steps() const { return position_.skipped_steps; }  // over the run
@@ -182,6 +186,9 @@ class Trainer {
   // The checkpoint files the resume skipped as damaged or misnamed (their names in checkpoints/):
   // never pruned nor counted as one of the newest, unless this process writes that file itself.
   std::set<std::string> skipped_checkpoints_;
+  // Whether each checkpoint file (its name in checkpoints/) is this run's: those this process
+  // wrote or resumed from, and those the pruning read the run identity of (CheckpointOwned).
+  std::map<std::string, bool> checkpoint_is_ours_;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
   std::shared_ptr<RunLock> run_lock_;    // rank 0 only: train.out_dir is this process's
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
