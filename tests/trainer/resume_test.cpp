@@ -349,7 +349,8 @@ TEST(ResumeTest, AFolderHoldingOnlyAConfigIsNotTakenOver) {
   } catch (const RunDirError& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find(other.train.out_dir), std::string::npos) << message;
-    EXPECT_NE(message.find("is not a distill_trainer config"), std::string::npos) << message;
+    EXPECT_NE(message.find("does not parse as this distill_trainer's config"), std::string::npos)
+        << message;
     EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
   }
   EXPECT_EQ(ReadBytes(other.train.out_dir + "/config.yaml"), "model: resnet50\n");
@@ -1261,6 +1262,9 @@ TEST(ResumeTest, PruningLeavesAnotherRunsCheckpointsAlone) {
   EXPECT_FALSE(fs::exists(CheckpointPath(b.train.out_dir, 2)));  // b's own, older: pruned
   EXPECT_FALSE(fs::exists(CheckpointPath(b.train.out_dir, 3)));
   EXPECT_TRUE(fs::exists(CheckpointPath(b.train.out_dir, 4)));
+  EXPECT_EQ(CheckpointRunIdentity(CheckpointPath(b.train.out_dir, 4)), RunIdentityHash(b));
+  EXPECT_EQ(CheckpointRunIdentity(CheckpointPath(b.train.out_dir, 1)), RunIdentityHash(a));
+  EXPECT_THROW(CheckpointRunIdentity(damaged), CorruptCheckpointError);
   std::vector<std::string> about;
   for (const std::string& w : resumed.warnings()) {
     if (w.find("train.keep_checkpoints neither counts nor deletes it") != std::string::npos) {

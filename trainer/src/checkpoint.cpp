@@ -1,7 +1,12 @@
 #include "distill/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +21,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/serialize/input-archive.h>
@@ -347,7 +354,81 @@ void CheckStepMatchesName(torch::serialize::InputArchive& archive, const std::st
 
 }  // namespace
 
+namespace {
+
+// The zip archive inside a checkpoint file, from `offset` on, for PyTorchStreamReader: read in
+// place (pread), so that one record is read without the rest of a file of gigabytes.
+class FileTailAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  FileTailAdapter(const std::string& path, uint64_t offset) : offset_(offset) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd_ < 0 || ::fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < offset) {
+      if (fd_ >= 0) ::close(fd_);
+      throw std::runtime_error(fmt::format("{}: cannot be read", path));
+    }
+    size_ = static_cast<uint64_t>(st.st_size) - offset;
+  }
+  ~FileTailAdapter() override { ::close(fd_); }
+  FileTailAdapter(const FileTailAdapter&) = delete;
+  FileTailAdapter& operator=(const FileTailAdapter&) = delete;
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, static_cast<char*>(buf) + done, n - done,
+                                  static_cast<off_t>(offset_ + pos + done));
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+
+ private:
+  int fd_ = -1;
+  uint64_t offset_ = 0;
+  uint64_t size_ = 0;
+};
+
+// The run identity read from the archive's pickled attributes alone ("data.pkl": the key
+// "run_identity" followed by its value, a BINUNICODE string of 16 hex digits); "" where the
+// key is absent; nullopt where the record does not read as expected.
+std::optional<std::string> RunIdentityFromPickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[kMagicSize] = {};
+  in.read(head, kMagicSize);
+  const uint64_t offset = in.gcount() == static_cast<std::streamsize>(kMagicSize) &&
+                                  std::string(head, kMagicSize) == kMagic
+                              ? kHeaderSize
+                              : 0;  // written before checksums: the zip from the start
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<FileTailAdapter>(path, offset));
+  if (!reader.hasRecord("data.pkl")) return std::nullopt;
+  auto [data, size] = reader.getRecord("data.pkl");
+  const std::string pickle(static_cast<const char*>(data.get()), size);
+  const std::string key = "run_identity";
+  const size_t at = pickle.find(key);
+  if (at == std::string::npos) return std::string();
+  // After the key: at most a memo opcode (BINPUT 'q' + 1 byte, LONG_BINPUT 'r' + 4), then
+  // BINUNICODE 'X' with a 4-byte little-endian length of 16.
+  const std::string value_op("X\x10\x00\x00\x00", 5);
+  const size_t op = pickle.find(value_op, at + key.size());
+  if (op == std::string::npos || op > at + key.size() + 5 || op + 5 + 16 > pickle.size()) {
+    return std::nullopt;
+  }
+  std::string value = pickle.substr(op + 5, 16);
+  for (const char c : value) {
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  return value;
+}
+
+}  // namespace
+
 std::string CheckpointRunIdentity(const std::string& path) {
+  try {
+    if (const auto identity = RunIdentityFromPickle(path)) return *identity;
+  } catch (const std::exception&) {  // c10::Error from a damaged zip: the full read says why
+  }
   torch::serialize::InputArchive archive;
   OpenArchive(path, at::kCPU, archive);
   const auto saved = TryField(archive, path, "run_identity");

@@ -45,31 +45,28 @@ bool IsSection(const std::string& path) {
   return false;
 }
 
+// A scalar as an error message shows it: quoted, control characters as escapes (a NUL or a
+// newline would cut the message short).
+std::string Shown(const std::string& scalar) {
+  std::string shown;
+  for (const char ch : scalar) {
+    const auto byte = static_cast<unsigned char>(ch);
+    shown += byte < 0x20 || byte == 0x7f ? fmt::format("\\x{:02x}", byte) : std::string(1, ch);
+  }
+  return fmt::format("\"{}\"", shown);
+}
+
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar: {
-      // Control characters shown as escapes: a NUL or a newline would cut the message short.
-      std::string shown;
-      for (const char ch : node.Scalar()) {
-        const auto byte = static_cast<unsigned char>(ch);
-        shown += byte < 0x20 || byte == 0x7f ? fmt::format("\\x{:02x}", byte) : std::string(1, ch);
-      }
-      const std::string& v = node.Scalar();
-      return fmt::format("\"{}\"{}", shown,
-                         HasLeadingZero(v) ? " (a leading zero: YAML 1.1 reads it as octal, YAML "
-                                             "1.2 as decimal; write the number without it)"
-                         : !v.empty() && v[0] == '~'
-                             ? " (nothing expands '~' here; write the home directory out, e.g. "
-                               "with $HOME unquoted in a shell override)"
-                             : "");
-    }
+    case YAML::NodeType::Scalar:
+      return Shown(node.Scalar());
     case YAML::NodeType::Sequence: {
       // A short list of scalars shown whole (which item is wrong, or how many there are).
       bool scalars = node.size() <= 8;
       for (size_t i = 0; scalars && i < node.size(); ++i) scalars = node[i].IsScalar();
       if (!scalars || node.size() == 0) return "a list";
       std::vector<std::string> items;
-      for (size_t i = 0; i < node.size(); ++i) items.push_back(node[i].Scalar());
+      for (size_t i = 0; i < node.size(); ++i) items.push_back(Shown(node[i].Scalar()));
       return fmt::format("a list of {}: [{}]", node.size(), fmt::join(items, ", "));
     }
     case YAML::NodeType::Map:
@@ -150,7 +147,13 @@ std::string Suggestion(const std::string& path) {
 void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& where, Config& config,
             Locations& locations) {
   if (!key.set(value, config)) {
-    Fail(where, key.path, fmt::format("expected {}, got {}", key.expected, Describe(value)));
+    const bool octal = key.expected.rfind("an integer", 0) == 0 && value.IsScalar() &&
+                       HasLeadingZero(value.Scalar());
+    Fail(where, key.path,
+         fmt::format("expected {}, got {}{}", key.expected, Describe(value),
+                     octal ? " (a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as "
+                             "decimal; write the number without it)"
+                           : ""));
   }
   locations[key.path] = where;
 }
@@ -488,6 +491,26 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
   if (c.data.source == "synthetic" && c.data.min_seq_len > c.data.seq_len) {  // synthetic only
     fail("data.min_seq_len", fmt::format("expected at most data.seq_len ({}), got {}",
                                          c.data.seq_len, c.data.min_seq_len));
+  }
+  // Nothing expands a leading '~' (YAML does not; a shell does only unquoted, at a word's
+  // start): out_dir "~/runs/x" made a directory named '~' here. A stored config (a run made so)
+  // still loads.
+  if (requested) {
+    for (const auto& [key, value] : std::vector<std::pair<std::string, const std::string*>>{
+             {"student.hf_dir", &c.student.hf_dir},
+             {"teacher.hf_dir", &c.teacher.hf_dir},
+             {"teacher.checkpoint", &c.teacher.checkpoint},
+             {"data.path", &c.data.path},
+             {"data.val_path", &c.data.val_path},
+             {"train.out_dir", &c.train.out_dir},
+             {"train.export_from", &c.train.export_from}}) {
+      if (!value->empty() && (*value)[0] == '~') {
+        fail(key, fmt::format("expected a path that does not start with ~ (nothing expands it "
+                              "here; write the home directory out, e.g. with $HOME unquoted in a "
+                              "shell override), got \"{}\"",
+                              *value));
+      }
+    }
   }
   // A path the run would not read is a mistake (data.source left at its default), not a choice.
   if (requested && c.data.source == "synthetic" && !c.data.path.empty()) {
@@ -839,10 +862,12 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   // A file without a key (empty, or comments only: cut short, or the wrong file) would be every
   // key's default, not the embedded quickstart; a stored one is refused by ParseConfig itself.
-  if (origin == ConfigOrigin::kRequested) {
+  if (origin == ConfigOrigin::kRequested && std::filesystem::is_regular_file(path, error)) {
+    // (Not /dev/null: `--config /dev/null key=value ...` asks for the defaults on purpose.)
     const bool no_keys = [&] {
       try {
-        return YAML::Load(text).IsNull();
+        const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+        return documents.empty() || (documents.size() == 1 && documents[0].IsNull());
       } catch (const YAML::Exception&) {  // ParseConfig reports it, with the line
         return false;
       }

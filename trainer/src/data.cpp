@@ -115,18 +115,21 @@ class TextSource : public DataSource {
     std::stringstream text;
     text << in.rdbuf();
     bytes_ = text.str();
-    // Text has no NUL bytes; an llm.c token shard (data.source tokens forgotten) or any binary
-    // file has them, and would train on its bytes without a word.
-    if (const size_t nul = bytes_.find('\0'); nul != std::string::npos) {
-      int32_t magic = 0;
-      if (bytes_.size() >= 4) std::memcpy(&magic, bytes_.data(), 4);
-      const bool shard = magic == kShardMagicU16 || magic == kShardMagicU32;
+    // An llm.c token shard (data.source tokens forgotten) or another binary file would train
+    // on its bytes without a word: refused where it starts with a shard's magic number or where
+    // more than 1% of its first MiB are NUL bytes (a stray NUL in a text is U+0000, kept).
+    int32_t magic = 0;
+    if (bytes_.size() >= 4) std::memcpy(&magic, bytes_.data(), 4);
+    const bool shard = magic == kShardMagicU16 || magic == kShardMagicU32;
+    const size_t head = std::min<size_t>(bytes_.size(), size_t{1} << 20);
+    const auto nuls = static_cast<size_t>(std::count(bytes_.begin(), bytes_.begin() + head, '\0'));
+    if (shard || nuls * 100 > head) {
       throw std::runtime_error(fmt::format(
           "data.path: \"{}\"{} is not text: {}; data.source text trains on a UTF-8 text "
           "file's bytes{}",
           c.path, RelativeTo(c.path),
           shard ? fmt::format("it starts with an llm.c token shard's magic number ({})", magic)
-                : fmt::format("it holds a NUL byte at offset {}", nul),
+                : fmt::format("{} of its first {} bytes are NUL", nuls, head),
           shard ? "; set data.source: tokens to train on token shards" : ""));
     }
     const int64_t n = static_cast<int64_t>(bytes_.size());

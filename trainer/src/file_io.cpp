@@ -118,6 +118,10 @@ void LineAppender::Append(const std::string& line) {
 
 std::string RelativeTo(const std::string& path) {
   if (path.empty() || path[0] == '/') return "";
+  if (path[0] == '~') {  // a shell expands it only unquoted, at a word's start; YAML never
+    return " (nothing expands a leading '~' here: write the home directory out, e.g. with $HOME "
+           "unquoted in a shell override)";
+  }
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
   return fmt::format(" (relative paths are resolved against the working directory, {})",

@@ -193,47 +193,48 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   return sources;
 }
 
-namespace {
-// Calls visit(index, path) for every tokenizer file name in the directories an export takes
-// tokenizer files from (DanglingExportTokenizerFiles' order and stop), present or not.
-template <typename Visit>
-void VisitExportTokenizerFiles(const std::vector<std::string>& dirs, Visit visit) {
-  for (size_t d = 0; d < dirs.size(); ++d) {
-    std::error_code error;
-    if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error)) continue;
-    for (const char* name : kTokenizerFiles) visit(d, fs::path(dirs[d]) / name);
-    if (HasTokenizer(dirs[d])) break;
-  }
-}
-}  // namespace
-
 std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
     const std::vector<std::string>& dirs) {
   std::vector<DanglingTokenizerFile> dangling;
-  VisitExportTokenizerFiles(dirs, [&](size_t d, const fs::path& file) {
+  for (size_t d = 0; d < dirs.size(); ++d) {
     std::error_code error;
-    if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) return;
-    const fs::path target = fs::read_symlink(file, error);
-    dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
-                                       error ? std::string("?") : target.string())});
-  });
+    if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error)) continue;
+    for (const char* name : kTokenizerFiles) {
+      const fs::path file = fs::path(dirs[d]) / name;
+      if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
+      const fs::path target = fs::read_symlink(file, error);
+      dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
+                                         error ? std::string("?") : target.string())});
+    }
+    if (HasTokenizer(dirs[d])) break;
+  }
   return dangling;
 }
 
 std::vector<DanglingTokenizerFile> InvalidJsonExportTokenizerFiles(
     const std::vector<std::string>& dirs) {
   std::vector<DanglingTokenizerFile> invalid;
-  VisitExportTokenizerFiles(dirs, [&](size_t d, const fs::path& file) {
+  // Only the directory the export copies from (TokenizerDir's): the first with a tokenizer.
+  for (size_t d = 0; d < dirs.size(); ++d) {
     std::error_code error;
-    if (file.extension() != ".json" || !fs::is_regular_file(file, error)) return;
-    std::ifstream in(file, std::ios::binary);
-    std::stringstream bytes;
-    bytes << in.rdbuf();
-    const std::string message = in ? JsonError(file, bytes.str()) : std::string("cannot read it");
-    if (!message.empty()) {
-      invalid.push_back({d, fmt::format("\"{}\" ({})", file.string(), message)});
+    if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error) ||
+        !HasTokenizer(dirs[d])) {
+      continue;
     }
-  });
+    for (const char* name : kTokenizerFiles) {
+      const fs::path file = fs::path(dirs[d]) / name;
+      if (file.extension() != ".json" || !fs::is_regular_file(file, error)) continue;
+      std::ifstream in(file, std::ios::binary);
+      std::stringstream bytes;
+      bytes << in.rdbuf();
+      const std::string message = in ? JsonError(file, bytes.str())
+                                     : std::string("it cannot be read, so it cannot be copied");
+      if (!message.empty()) {
+        invalid.push_back({d, fmt::format("\"{}\" ({})", file.string(), message)});
+      }
+    }
+    break;
+  }
   return invalid;
 }
 

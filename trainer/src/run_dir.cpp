@@ -462,15 +462,25 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         "by hand (rm -r {}) if it is yours to discard, or choose another train.out_dir",
         dir.string(), kRunMarker, dir.string()));
   }
-  // Without the marker a directory is a run only as one from before markers was: with its
-  // checkpoints or metrics. A folder that merely holds a config.yaml (often the one --config
-  // names) is the user's: its config.yaml must not be overwritten by the resolved one.
+  // Without the marker a directory is a run only as one from before markers was: with what a
+  // run writes (its checkpoints, metrics, summary; a pipeline's stage runs). A folder that
+  // merely holds a config.yaml (often the one --config names) is the user's: its config.yaml
+  // must not be overwritten by the resolved one.
   const bool own = IsOwnRunDir(dir.string());
-  if (!own && !fs::is_directory(dir / "checkpoints") && !fs::exists(dir / "metrics.jsonl")) {
+  const auto older_run = [&] {
+    std::error_code ignored;
+    if (fs::is_directory(dir / "checkpoints", ignored)) return true;
+    for (const char* name : {"metrics.jsonl", "summary.json", "results.txt", "teacher/config.yaml",
+                             "student/config.yaml", "baseline/config.yaml"}) {
+      if (fs::exists(dir / name, ignored)) return true;
+    }
+    return false;
+  };
+  if (!own && !older_run()) {
     throw RunDirError(fmt::format(
         "train.out_dir \"{}\" holds a config.yaml but is not a distill_trainer run (no {} "
-        "marker, no checkpoints/, no metrics.jsonl), and the trainer writes its own config.yaml "
-        "there; choose another train.out_dir (e.g. {})",
+        "marker, and nothing a run writes: checkpoints/, metrics.jsonl, summary.json), and the "
+        "trainer writes its own config.yaml there; choose another train.out_dir (e.g. {})",
         dir.string(), kRunMarker, (dir / "run").string()));
   }
   // What deletes it: --fresh for a directory of ours; by hand for one without the marker (--fresh
@@ -487,8 +497,9 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   } catch (const ConfigError& e) {
     if (!own) {  // not known to be a run: nothing suggests deleting what may be someone's data
       throw RunDirError(fmt::format(
-          "train.out_dir \"{}\" has no {} marker and its config.yaml is not a distill_trainer "
-          "config ({}): not a run this trainer can continue; choose another train.out_dir",
+          "train.out_dir \"{}\" has no {} marker and its config.yaml does not parse as this "
+          "distill_trainer's config ({}): not a run it can continue; choose another "
+          "train.out_dir",
           dir.string(), kRunMarker, e.what()));
     }
     throw RunDirError(fmt::format(

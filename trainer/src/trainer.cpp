@@ -826,8 +826,14 @@ bool Trainer::CheckpointOwned(const std::string& path) {
       why = fmt::format("a checkpoint of another run (run identity {}; this run's is {})", saved,
                         identity);
     }
-  } catch (const std::exception& e) {
+  } catch (const CorruptCheckpointError& e) {
     why = fmt::format("not an intact checkpoint ({})", e.what());
+  } catch (const std::exception& e) {
+    // Not known either way (memory, I/O): not deleted now, and asked again at the next pruning.
+    progress_->Log(
+        fmt::format("warning: {}: cannot read whose checkpoint it is ({}); not pruned this time",
+                    path, e.what()));
+    return false;
   }
   checkpoint_is_ours_[name] = why.empty();
   if (!why.empty()) {

@@ -35,7 +35,8 @@ class LineAppender {
   int fd_ = -1;
 };
 
-// For messages about a path a user gave: "" when `path` is absolute, else
+// For messages about a path a user gave: "" when `path` is absolute, a note that nothing
+// expands it when it starts with '~', else
 // " (relative paths are resolved against the working directory, <cwd>)". Paths in configs
 // (train.out_dir, teacher.checkpoint, *.hf_dir, data.path) are relative to the working
 // directory, not to the config file: a config run from elsewhere says so where it fails.
