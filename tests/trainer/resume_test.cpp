@@ -325,15 +325,10 @@ TEST(ResumeTest, AFolderHoldingOnlyAConfigIsNotTakenOver) {
   fs::create_directories(c.train.out_dir);
   const std::string mine = "# my notes: the lr sweep\n" + ConfigToYaml(c);
   WriteBytes(c.train.out_dir + "/config.yaml", mine);  // the same run's settings, and comments
-  try {
-    Trainer t(c, RunOptions::Quiet());
-    FAIL() << "took over a folder holding the user's config.yaml";
-  } catch (const RunDirError& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find(c.train.out_dir), std::string::npos) << message;
-    EXPECT_NE(message.find("is not a distill_trainer run"), std::string::npos) << message;
-    EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
-  }
+  std::string message = testing::ErrorOf<RunDirError>([&] { Trainer t(c, RunOptions::Quiet()); });
+  EXPECT_NE(message.find(c.train.out_dir), std::string::npos) << message;
+  EXPECT_NE(message.find("is not a distill_trainer run"), std::string::npos) << message;
+  EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
   EXPECT_EQ(ReadBytes(c.train.out_dir + "/config.yaml"), mine);
   EXPECT_FALSE(fs::exists(c.train.out_dir + "/checkpoints"));
 
@@ -343,16 +338,11 @@ TEST(ResumeTest, AFolderHoldingOnlyAConfigIsNotTakenOver) {
   fs::create_directories(other.train.out_dir + "/checkpoints");
   WriteBytes(other.train.out_dir + "/config.yaml", "model: resnet50\n");
   WriteBytes(other.train.out_dir + "/checkpoints/epoch=3.ckpt", "weights");
-  try {
-    Trainer t(other, RunOptions::Quiet());
-    FAIL() << "took over another tool's folder";
-  } catch (const RunDirError& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find(other.train.out_dir), std::string::npos) << message;
-    EXPECT_NE(message.find("does not parse as this distill_trainer's config"), std::string::npos)
-        << message;
-    EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
-  }
+  message = testing::ErrorOf<RunDirError>([&] { Trainer t(other, RunOptions::Quiet()); });
+  EXPECT_NE(message.find(other.train.out_dir), std::string::npos) << message;
+  EXPECT_NE(message.find("does not parse as this distill_trainer's config"), std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("rm -r"), std::string::npos) << message;
   EXPECT_EQ(ReadBytes(other.train.out_dir + "/config.yaml"), "model: resnet50\n");
   EXPECT_EQ(ReadBytes(other.train.out_dir + "/checkpoints/epoch=3.ckpt"), "weights");
 }

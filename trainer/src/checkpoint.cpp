@@ -254,12 +254,10 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir) {
 }
 
 void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
-                      const std::set<std::string>& leave_alone,
                       const std::function<bool(const std::string& path)>& is_ours) {
   std::vector<fs::path> files;  // the checkpoints up to `step`, oldest first
   for (auto& [s, path] : CheckpointEntries(run_dir)) {
-    if (s <= step && leave_alone.count(path.filename().string()) == 0 &&
-        (!is_ours || is_ours(path.string()))) {
+    if (s <= step && (!is_ours || is_ours(path.string()))) {
       files.push_back(std::move(path));
     }
   }

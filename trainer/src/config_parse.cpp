@@ -604,16 +604,16 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     // now, not left out of the export after the training.
     const bool exports = c.student.family == ModelFamily::kLlama || !c.student.hf_dir.empty() ||
                          (distill && !c.teacher.hf_dir.empty()) || !c.train.export_from.empty();
-    const auto dangling = exports ? DanglingExportTokenizerFiles(
-                                        {c.student.hf_dir, c.teacher.hf_dir, c.train.export_from})
-                                  : std::vector<DanglingTokenizerFile>{};
+    const std::vector<std::string> dirs = {c.student.hf_dir, c.teacher.hf_dir, c.train.export_from};
+    const char* keys[] = {"student.hf_dir", "teacher.hf_dir", "train.export_from"};  // of dirs
+    const auto dangling =
+        exports ? DanglingExportTokenizerFiles(dirs) : std::vector<DanglingTokenizerFile>{};
     if (!dangling.empty()) {
       const size_t dir = dangling.front().dir;  // the first directory that has any, all of its
       std::vector<std::string> files;
       for (const auto& d : dangling) {
         if (d.dir == dir) files.push_back(d.file);
       }
-      const char* keys[] = {"student.hf_dir", "teacher.hf_dir", "train.export_from"};
       fail(keys[dir], fmt::format("expected tokenizer files that the end-of-run export can copy "
                                   "(train.export_hf is on), got {}: {}; restore {} (e.g. "
                                   "download the model again) or set train.export_hf: false",
@@ -624,11 +624,9 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     }
     // A JSON file there that does not parse (a cut-short download, an edit gone wrong) would be
     // copied as it is, and the exported model would not load.
-    const auto invalid = exports ? InvalidJsonExportTokenizerFiles(
-                                       {c.student.hf_dir, c.teacher.hf_dir, c.train.export_from})
-                                 : std::vector<DanglingTokenizerFile>{};
+    const auto invalid =
+        exports ? InvalidJsonExportTokenizerFiles(dirs) : std::vector<DanglingTokenizerFile>{};
     if (!invalid.empty()) {
-      const char* keys[] = {"student.hf_dir", "teacher.hf_dir", "train.export_from"};
       fail(keys[invalid.front().dir],
            fmt::format("expected tokenizer files that the end-of-run export can copy "
                        "(train.export_hf is on), got {}: not valid JSON; restore it (e.g. "

@@ -393,9 +393,11 @@ Trainer::Trainer(Config config, RunOptions options)
   // The run's checkpoint (read only) before the directory is written: a resume whose every
   // checkpoint is corrupt fails with the directory as it was.
   if (same_run) {
-    if (auto position =
-            LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_, device_,
-                                     RunIdentityHash(config_), &warnings, &skipped_checkpoints_)) {
+    std::set<std::string> skipped;  // damaged or misnamed: never pruned by this process
+    auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_, device_,
+                                             RunIdentityHash(config_), &warnings, &skipped);
+    for (const std::string& name : skipped) checkpoint_is_ours_[name] = false;
+    if (position) {
       position_ = *position;
       elapsed_ = position_.elapsed_s;
       checkpointed_step_ = position_.step;
@@ -802,10 +804,8 @@ void Trainer::SaveCheckpoint() {
     const std::string path = CheckpointPath(config_.train.out_dir, position_.step);
     distill::SaveCheckpoint(path, *student_, *optimizer_, position_, device_,
                             RunIdentityHash(config_));
-    skipped_checkpoints_.erase(fs::path(path).filename().string());  // this run's own now
-    checkpoint_is_ours_[fs::path(path).filename().string()] = true;
+    checkpoint_is_ours_[fs::path(path).filename().string()] = true;  // this run's own now
     PruneCheckpoints(config_.train.out_dir, config_.train.keep_checkpoints, position_.step,
-                     skipped_checkpoints_,
                      [this](const std::string& file) { return CheckpointOwned(file); });
   }
   checkpointed_step_ = position_.step;  // only once written: a failed write is retried

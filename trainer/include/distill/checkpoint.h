@@ -94,16 +94,12 @@ std::optional<std::string> LatestCheckpoint(const std::string& run_dir);
 // <run_dir>/checkpoints/step_NNNNNNN.pt
 std::string CheckpointPath(const std::string& run_dir, int64_t step);
 // Deletes all but the newest `keep` checkpoints of `run_dir` up to `step` (the one just written).
-// Later ones, and the files named in `leave_alone` (file names in checkpoints/: those this
-// process's resume skipped as damaged or misnamed), are neither counted nor deleted: counting
-// them had the run delete the checkpoints it had just written, or its last good one (a copy of
-// step 5 named step 12 pushed out step 10). A later process, resuming from a checkpoint past
-// such a file, no longer knows it (the resume's warning said to move it away). Also deletes the
-// temporaries (step_NNNNNNN.pt.tmp) that killed writes left. `is_ours` (when given) is asked
-// about every other file up to `step`: one it says is not this run's (a checkpoint copied in from
-// another run) is neither counted nor deleted either.
+// Later ones, and those `is_ours` (when given, asked about each file up to `step`) says are not
+// this run's -- a file this process's resume skipped as damaged or misnamed, a checkpoint copied
+// in from another run -- are neither counted nor deleted: counting them had the run delete the
+// checkpoints it had just written, or its last good one (a copy of step 5 named step 12 pushed
+// out step 10). Also deletes the temporaries (step_NNNNNNN.pt.tmp) that killed writes left.
 void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
-                      const std::set<std::string>& leave_alone = {},
                       const std::function<bool(const std::string& path)>& is_ours = {});
 
 // The run identity (RunIdentityHash) a checkpoint was written for; "" for one written before

@@ -183,11 +183,10 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   TrainingPosition position_;
   int64_t checkpointed_step_ = -1;
-  // The checkpoint files the resume skipped as damaged or misnamed (their names in checkpoints/):
-  // never pruned nor counted as one of the newest, unless this process writes that file itself.
-  std::set<std::string> skipped_checkpoints_;
-  // Whether each checkpoint file (its name in checkpoints/) is this run's: those this process
-  // wrote or resumed from, and those the pruning read the run identity of (CheckpointOwned).
+  // Whether each checkpoint file (its name in checkpoints/) is this run's, for the pruning: true
+  // for those this process wrote or resumed from; false for those the resume skipped as damaged
+  // or misnamed (never pruned nor counted, unless this process writes that file itself); either,
+  // once read, for the others (CheckpointOwned).
   std::map<std::string, bool> checkpoint_is_ours_;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
   std::shared_ptr<RunLock> run_lock_;    // rank 0 only: train.out_dir is this process's
