@@ -142,22 +142,29 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
                             Opt labels, int64_t divergence, double beta, double temperature,
                             int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, stats, scale, grad] = distill_forward_op(
-        s, t, labels, divergence, beta, temperature, ignore_index, reduction, V, grad_scale,
-        /*save=*/true);
-    const at::Tensor none;
-    // Whether the forward computed the gradient: the CUDA forward does when given grad_scale for
+    // Whether the forward computes the gradient: the CUDA forward does when given grad_scale for
     // a reduced loss (distill_cuda.cu); decided from the arguments, not from sizes, which are
     // symbolic under torch.compile.
     const bool saved_grad = s.is_cuda() && grad_scale.has_value() && grad_scale->defined() &&
                             reduction != kernels::kNone;
-    // The scale the saved gradient is for: a copy (backward updates it; never the caller's),
-    // made by one copying op (a float32 grad_scale's to(kFloat) would return the input itself,
-    // which an op below autograd must not: opcheck's test_schema).
-    const at::Tensor gs =
-        saved_grad ? grad_scale->detach().reshape({1}).to(at::kFloat, /*non_blocking=*/false,
-                                                          /*copy=*/true)
-                   : none;
+    // The scale the forward computes the gradient for, kept for backward (which updates it): the
+    // promised grad_output, except that a promise of 0 gets a gradient for 1, which backward
+    // scales by the grad_output it brings (0 if the promise holds). A gradient computed for 0 is
+    // all zeros, and no other grad_output could be made from it (it gave NaN, go / 0, up to
+    // session 44). A new tensor, never the caller's (an op below autograd must not return its
+    // input: opcheck's test_schema); checked first, so that a wrong grad_scale gets the op's
+    // error, not reshape's.
+    const at::Tensor none;
+    at::Tensor gs;
+    if (saved_grad) {
+      check_grad_scale(s, grad_scale);
+      const at::Tensor g = grad_scale->detach().reshape({1}).to(at::kFloat);
+      gs = at::where(g == 0, 1.0, g);
+    }
+    auto [loss, stats, scale, grad] =
+        distill_forward_op(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V,
+                           saved_grad ? std::optional<at::Tensor>(gs) : grad_scale,
+                           /*save=*/true);
     const at::Tensor out = view_loss(loss, s, reduction);
     // The output too: its node's edges lead first_order_only's error node to the input.
     ctx->save_for_backward({saved_grad ? none : s, saved_grad ? none : t, labels ? *labels : none,
