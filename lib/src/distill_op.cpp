@@ -151,15 +151,15 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     // promised grad_output, except that a promise of 0 gets a gradient for 1, which backward
     // scales by the grad_output it brings (0 if the promise holds). A gradient computed for 0 is
     // all zeros, and no other grad_output could be made from it (it gave NaN, go / 0, up to
-    // session 44). A new tensor, never the caller's (an op below autograd must not return its
-    // input: opcheck's test_schema); checked first, so that a wrong grad_scale gets the op's
-    // error, not reshape's.
+    // session 44). A new tensor, never the caller's; checked first, so that a wrong grad_scale
+    // gets the op's error, not reshape's.
     const at::Tensor none;
     at::Tensor gs;
     if (saved_grad) {
       check_grad_scale(s, grad_scale);
-      const at::Tensor g = grad_scale->detach().reshape({1}).to(at::kFloat);
-      gs = at::where(g == 0, 1.0, g);
+      // A copy even where it is float32 already (to(kFloat) would return its input itself).
+      gs = grad_scale->detach().reshape({1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      gs.masked_fill_(gs == 0, 1.0);
     }
     auto [loss, stats, scale, grad] =
         distill_forward_op(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V,
