@@ -600,7 +600,7 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
             std::string::npos);
   EXPECT_NE(ErrorOf(kValidDistill, {"train.out_dir=\"a\" # b"}).find("comment at \"# b\""),
             std::string::npos);
-  for (const std::string& text :
+  for (const std::string text :
        {"train.out_dir=it's #1", "train.out_dir=x 'y #1", "train.out_dir=a,'b #1",
         "train.out_dir='a'#1", "train.out_dir=\"a\"#1", "optim.betas=[0.9, 0.95] #1",
         "optim.betas=[0.9,0.95]#1", "train.out_dir=!!str x #1"}) {

@@ -243,8 +243,11 @@ TEST(GradReducerTest, HooksAreRemovedWithTheReducerAndNeverDoubled) {
     // The failed second reducer left the first one's hooks in place.
     EXPECT_NE(torch::autograd::impl::post_acc_grad_hooks(net.params[2]), nullptr);
   }
-  for (size_t i = 0; i < net.params.size(); ++i)
-    if (i != 1) EXPECT_EQ(torch::autograd::impl::post_acc_grad_hooks(net.params[i]), nullptr);
+  for (size_t i = 0; i < net.params.size(); ++i) {
+    if (i != 1) {
+      EXPECT_EQ(torch::autograd::impl::post_acc_grad_hooks(net.params[i]), nullptr);
+    }
+  }
   net.Loss(Inputs()[0][0]).backward();  // no hook into a destroyed reducer
   EXPECT_TRUE(comm.sizes.empty());
   EXPECT_THROW(GradReducer(net.params, 0, comm), std::invalid_argument);

@@ -387,7 +387,7 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
   const std::string other = root + "/elsewhere";
   EXPECT_EQ(ExportHf(*model, other, {}, /*replace=*/false), "");
   int n = 3;
-  for (const std::string& what :
+  for (const std::string what :
        {"a file", "a link to a file", "a link to a directory", "a link to nothing"}) {
     SCOPED_TRACE(what);
     RemoveTree(out);
@@ -405,8 +405,11 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
                   ", not an export's directory: it was kept as " + kept);
     EXPECT_TRUE(std::filesystem::is_directory(std::filesystem::symlink_status(out)));
     EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
-    if (what == "a file") EXPECT_EQ(ReadBytes(kept), "user data");
-    if (what != "a file") EXPECT_TRUE(std::filesystem::is_symlink(kept));
+    if (what == "a file") {
+      EXPECT_EQ(ReadBytes(kept), "user data");
+    } else {
+      EXPECT_TRUE(std::filesystem::is_symlink(kept));
+    }
   }
   EXPECT_EQ(HfModelConfig(other).vocab_size, 32);  // a link's target untouched
 }

@@ -47,7 +47,7 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
 std::string JsonError(const fs::path& name, const std::string& bytes) {
   if (name.extension() != ".json") return "";
   try {
-    (void)nlohmann::json::parse(bytes);
+    [[maybe_unused]] const nlohmann::json parsed = nlohmann::json::parse(bytes);
   } catch (const nlohmann::json::exception& e) {
     return e.what();
   }

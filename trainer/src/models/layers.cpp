@@ -224,8 +224,10 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 }
 
 // The fused kernel's output dtype when it applies, else nullopt (use the composite).
-std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tensor& y,
-                                            const at::Tensor& weight, const at::Tensor& bias) {
+std::optional<at::ScalarType> FusedOutDtype([[maybe_unused]] const at::Tensor& x,
+                                            [[maybe_unused]] const at::Tensor& y,
+                                            [[maybe_unused]] const at::Tensor& weight,
+                                            [[maybe_unused]] const at::Tensor& bias) {
 #if DISTILL_WITH_CUDA
   if (x.is_cuda() && x.scalar_type() == at::kFloat && x.sizes() == y.sizes() &&
       y.device() == x.device() && KernelDtype(y.scalar_type()) &&
@@ -239,8 +241,10 @@ std::optional<at::ScalarType> FusedOutDtype(const at::Tensor& x, const at::Tenso
   return std::nullopt;
 }
 
-AddNormResult Fused(const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
-                    const at::Tensor& bias, double eps, bool rms, at::ScalarType out_dtype) {
+AddNormResult Fused([[maybe_unused]] const at::Tensor& x, [[maybe_unused]] const at::Tensor& y,
+                    [[maybe_unused]] const at::Tensor& weight,
+                    [[maybe_unused]] const at::Tensor& bias, [[maybe_unused]] double eps,
+                    [[maybe_unused]] bool rms, [[maybe_unused]] at::ScalarType out_dtype) {
 #if DISTILL_WITH_CUDA
   const variable_list r =
       AddNormFunction::apply(x, y, weight, bias.defined() ? bias : weight, bias.defined(), eps, rms,
