@@ -720,9 +720,8 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
             const auto o = DistillLossOptions().divergence(div);
             const at::Tensor la = distill_loss(a, t, o);
             la.backward(at::full({}, go, at::TensorOptions(dev)));
-            const at::Tensor lb = distill_loss(
-                b, t,
-                DistillLossOptions(o).grad_scale(at::full({1}, hint, at::TensorOptions(dev))));
+            const at::Tensor h = at::full({1}, hint, at::TensorOptions(dev));
+            const at::Tensor lb = distill_loss(b, t, DistillLossOptions(o).grad_scale(h));
             lb.backward(at::full({}, go, at::TensorOptions(dev)));
             std::ostringstream what;
             what << divergence_name(div) << " " << dev << " V " << V << " grad_scale " << hint
@@ -733,6 +732,7 @@ TEST(DistillLoss, GradScaleHintGivesTheSameGradientForAnyGradOutput) {
             const double tol = go == hint || go == 0.0 ? 0.0 : 1.6e-2;
             EXPECT_TRUE(all_close(b.grad(), a.grad(), tol, 0.0)) << what.str();
             EXPECT_FALSE(b.grad().isnan().any().item<bool>()) << what.str();
+            EXPECT_EQ(h.item<double>(), hint) << what.str();  // the caller's tensor untouched
           }
 }
 

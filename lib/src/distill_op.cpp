@@ -148,11 +148,12 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     const bool saved_grad = s.is_cuda() && grad_scale.has_value() && grad_scale->defined() &&
                             reduction != kernels::kNone;
     // The scale the forward computes the gradient for, kept for backward (which updates it): the
-    // promised grad_output, except that a promise of 0 gets a gradient for 1, which backward
-    // scales by the grad_output it brings (0 if the promise holds). A gradient computed for 0 is
-    // all zeros, and no other grad_output could be made from it (it gave NaN, go / 0, up to
-    // session 44). A new tensor, never the caller's; checked first, so that a wrong grad_scale
-    // gets the op's error, not reshape's.
+    // promised grad_output, except that a promise of 0 gets a gradient for 1, which the first
+    // backward scales by the grad_output it brings (0 if the promise holds). A gradient computed
+    // for 0 is all zeros, and no other grad_output could be made from it (it gave NaN, go / 0, up
+    // to session 44); the same holds after a first backward with grad_output 0 (a later one
+    // through a retained graph gives NaN: docs/distill.md). A new tensor, never the caller's;
+    // checked first, so that a wrong grad_scale gets the op's error, not reshape's.
     const at::Tensor none;
     at::Tensor gs;
     if (saved_grad) {
