@@ -632,9 +632,24 @@ TEST(FusedLinearDistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
                   "grad_scale does not apply"));
   EXPECT_TRUE(
       has(err(in.sh, in.sw, in.th, in.tw, at::zeros({3}, at::kLong)), "labels must have shape"));
+  // Only the teacher input that requires grad is named (a head tied between the two models is
+  // one tensor, and teacher_hidden needs no detach then).
   EXPECT_TRUE(has(err(in.sh, in.sw, in.th, leaf(in.tw)),
+                  "teacher_lm_head must not require grad (the teacher is a constant and gets no "
+                  "gradient); pass teacher_lm_head.detach()"));
+  EXPECT_FALSE(has(err(in.sh, in.sw, in.th, leaf(in.tw)), "teacher_hidden"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, leaf(in.th), in.tw),
+                  "teacher_hidden must not require grad (the teacher is a constant and gets no "
+                  "gradient); pass teacher_hidden.detach()"));
+  EXPECT_TRUE(has(err(in.sh, in.sw, leaf(in.th), leaf(in.tw)),
                   "teacher_hidden and teacher_lm_head must not require grad"));
-  EXPECT_TRUE(has(err(in.sh, in.sw, leaf(in.th), in.tw), "pass teacher_hidden.detach()"));
+  // An input on another device is named before the call is dispatched (on "meta" the whole call
+  // went to the fake kernels); a sparse one too.
+  EXPECT_TRUE(has(err(in.sh, in.sw, in.th, at::empty(in.tw.sizes(), at::Device(at::kMeta))),
+                  "teacher_lm_head must be on student_hidden's device cpu; got meta"));
+  EXPECT_TRUE(has(err(in.sh.to_sparse(), in.sw, in.th, in.tw),
+                  "the hidden states and lm_heads must be dense (strided) tensors; got a Sparse "
+                  "tensor"));
   EXPECT_EQ(err(in.sh, in.sw, in.th, in.tw, in.labels, O().ce_weight(1.0)),
             "");  // and a good call is none
 }

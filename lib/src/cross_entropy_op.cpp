@@ -163,7 +163,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
 at::Tensor cross_entropy_loss_autograd(const at::Tensor& logits, const at::Tensor& labels,
                                        int64_t ignore_index, c10::string_view reduction,
                                        std::optional<int64_t> vocab_size) {
-  check_defined(kOp, "logits and labels", {logits, labels});
+  check_inputs(kOp, "logits and labels", {logits, labels});
   check_no_forward_ad(kOp, {logits});
   const auto [red, V] = resolve(logits, reduction, vocab_size);
   if (!(at::GradMode::is_enabled() && logits.requires_grad())) {
@@ -178,6 +178,7 @@ at::Tensor cross_entropy_loss_autograd(const at::Tensor& logits, const at::Tenso
 at::Tensor cross_entropy_loss_no_grad(const at::Tensor& logits, const at::Tensor& labels,
                                       int64_t ignore_index, c10::string_view reduction,
                                       std::optional<int64_t> vocab_size) {
+  check_inputs(kOp, "logits and labels", {logits, labels});
   const auto [red, V] = resolve(logits, reduction, vocab_size);
   return view_loss(std::get<0>(cross_entropy_forward_op(logits, labels, ignore_index, red, V)),
                    logits, red);

@@ -232,7 +232,7 @@ at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt l
                                  c10::string_view divergence, double beta, double temperature,
                                  int64_t ignore_index, c10::string_view reduction,
                                  std::optional<int64_t> vocab_size, Opt grad_scale) {
-  check_defined(kOp, "student_logits and teacher_logits", {s, t});
+  check_inputs(kOp, "student_logits and teacher_logits", {s, t});
   check_teacher_constant(t);
   check_no_forward_ad(kOp, {s, t});
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
@@ -252,6 +252,7 @@ at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt la
                                 c10::string_view divergence, double beta, double temperature,
                                 int64_t ignore_index, c10::string_view reduction,
                                 std::optional<int64_t> vocab_size, Opt grad_scale) {
+  check_inputs(kOp, "student_logits and teacher_logits", {s, t});
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
   auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index,
                                 r.reduction, r.V, grad_scale, false);  // checked, not used

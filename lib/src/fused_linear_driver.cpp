@@ -18,6 +18,20 @@
 #include "fused_linear_internal.h"
 
 namespace lossfns::detail {
+
+void check_same_dtype_and_device(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                                 const at::Tensor& tw) {
+  using Named = std::pair<const at::Tensor*, const char*>;
+  for (const auto& [x, name] : {Named{&sw, "student_lm_head"}, Named{&th, "teacher_hidden"},
+                                Named{&tw, "teacher_lm_head"}}) {
+    TORCH_CHECK(x->device() == sh.device(), kFusedOp, ": ", name,
+                " must be on student_hidden's device ", sh.device(), "; got ", x->device());
+    TORCH_CHECK(x->scalar_type() == sh.scalar_type(), kFusedOp, ": ", name,
+                " must have student_hidden's dtype ", sh.scalar_type(), "; got ", x->scalar_type(),
+                " (convert with .to(dtype): one dtype for the four inputs)");
+  }
+}
+
 namespace {
 
 // The inputs as the driver reads them: (rows, H) hidden states, (V, H) lm_heads, labels (rows,)
@@ -47,16 +61,8 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
   TORCH_CHECK(tw.dim() == 2 && tw.size(1) == th.size(1), op,
               ": teacher_lm_head must be (V_t, H_t) with H_t = ", num(th.size(1)),
               " (teacher_hidden's last dimension); got ", dims(tw.sizes()));
+  check_same_dtype_and_device(sh, sw, th, tw);
   const auto dtype = sh.scalar_type();
-  using Named = std::pair<const at::Tensor*, const char*>;
-  for (const auto& [x, name] : {Named{&sw, "student_lm_head"}, Named{&th, "teacher_hidden"},
-                                Named{&tw, "teacher_lm_head"}}) {
-    TORCH_CHECK(x->scalar_type() == dtype, op, ": ", name, " must have student_hidden's dtype ",
-                dtype, "; got ", x->scalar_type(),
-                " (convert with .to(dtype): one dtype for the four inputs)");
-    TORCH_CHECK(x->device() == sh.device(), op, ": ", name, " must be on student_hidden's device ",
-                sh.device(), "; got ", x->device());
-  }
   const bool cpu = sh.device().is_cpu();
   const auto supported = cpu ? kCpuDtypes : kCudaDtypes;
   TORCH_CHECK(std::find(supported.begin(), supported.end(), dtype) != supported.end(), op, ": on ",

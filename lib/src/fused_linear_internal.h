@@ -22,6 +22,15 @@ struct FusedArgs {
   int64_t chunk_size = 0;
 };
 
+// The four inputs on one device, in one dtype (student_hidden's), else an error naming the one
+// that is not. Checked by the public op before it dispatches (an input on another device, e.g.
+// a teacher lm_head left on "meta", would pick another device's kernel for the whole call) and
+// by the internal ops, which are callable on their own.
+void check_same_dtype_and_device(const at::Tensor& student_hidden,
+                                 const at::Tensor& student_lm_head,
+                                 const at::Tensor& teacher_hidden,
+                                 const at::Tensor& teacher_lm_head);
+
 // lossfns::_fused_linear_distill_forward: the hidden states as (BT, H) matrices. Returns the loss,
 // the divergence and the cross-entropy (0-dim, or (BT,) for kNone), then the gradients of the
 // loss w.r.t. student_hidden (BT, H_s, the inputs' dtype) and student_lm_head (V_s, H_s, in the

@@ -79,7 +79,8 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
                   double temperature, int64_t ignore_index, c10::string_view reduction,
                   std::optional<int64_t> vocab_size, double kd_weight, double ce_weight,
                   std::optional<int64_t> chunk_size) {
-  check_defined(kFusedOp, "the hidden states and lm_heads", {sh, sw, th, tw});
+  check_inputs(kFusedOp, "the hidden states and lm_heads", {sh, sw, th, tw});
+  check_same_dtype_and_device(sh, sw, th, tw);
   TORCH_CHECK(sh.dim() == 2 || sh.dim() == 3, kFusedOp,
               ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sizes()));
   const auto lead = sh.sizes().slice(0, sh.dim() - 1);
@@ -114,11 +115,20 @@ std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
   return l.defined() ? std::optional<at::Tensor>(l) : std::nullopt;
 }
 
+// Names the teacher input(s) that require grad (a head tied between student and teacher is one
+// tensor: only teacher_lm_head's argument needs the detach).
 void check_teacher_constant(const at::Tensor& th, const at::Tensor& tw) {
-  TORCH_CHECK(!(at::GradMode::is_enabled() && (th.requires_grad() || tw.requires_grad())), kFusedOp,
-              ": teacher_hidden and teacher_lm_head must not require grad (the teacher is a "
-              "constant and gets no "
-              "gradient); pass teacher_hidden.detach() and teacher_lm_head.detach()");
+  if (!at::GradMode::is_enabled() || !(th.requires_grad() || tw.requires_grad())) return;
+  const bool both = th.requires_grad() && tw.requires_grad();
+  const char* name = both                 ? "teacher_hidden and teacher_lm_head"
+                     : th.requires_grad() ? "teacher_hidden"
+                                          : "teacher_lm_head";
+  const char* fix = both                 ? "teacher_hidden.detach() and teacher_lm_head.detach()"
+                    : th.requires_grad() ? "teacher_hidden.detach()"
+                                         : "teacher_lm_head.detach()";
+  TORCH_CHECK(false, kFusedOp, ": ", name,
+              " must not require grad (the teacher is a constant and gets no gradient); pass ",
+              fix);
 }
 
 void save_args(AutogradContext* ctx, const FusedArgs& a) {

@@ -97,7 +97,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
 at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
                              const std::optional<at::Tensor>& labels, int64_t ignore_index,
                              c10::string_view reduction) {
-  check_defined("lossfns.tvd_loss", "p and q", {p, q});
+  check_inputs("lossfns.tvd_loss", "p and q", {p, q});
   check_no_forward_ad("lossfns.tvd_loss", {p, q});
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
   return TVDFunction::apply(p, q, labels, ignore_index,
@@ -108,6 +108,7 @@ at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
 at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q,
                             const std::optional<at::Tensor>& labels, int64_t ignore_index,
                             c10::string_view reduction) {
+  check_inputs("lossfns.tvd_loss", "p and q", {p, q});
   const int64_t r = parse_reduction(reduction, "lossfns.tvd_loss");
   at::Tensor loss =
       std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));

@@ -28,8 +28,14 @@ def check_name(op: str, what: str, value: str, names: tuple) -> None:
 
 def _check_scalars(op: str, ints: dict, floats: dict) -> None:
     """What the op's schema cannot say well: a Python int past int64 (torch's message is "Expected a
-    value of type 'int' ... found type 'int'"), and a number given as a tensor that requires grad
-    (converted to a float, it would get no gradient, silently). RuntimeError, as the op's errors."""
+    value of type 'int' ... found type 'int'"), a bool where a number is meant (the schema takes
+    True as 1: vocab_size=True made every loss 0), and a number given as a tensor that requires
+    grad (converted to a float, it would get no gradient, silently). RuntimeError, as the op's
+    errors."""
+    for name, v in list(ints.items()) + list(floats.items()):
+        if isinstance(v, bool):
+            kind = "an int" if name in ints else "a number"
+            raise RuntimeError(f"{op}: {name} must be {kind}, not a bool; got {v}")
     for name, v in ints.items():
         if isinstance(v, int) and not -2**63 <= v < 2**63:
             raise RuntimeError(f"{op}: {name} must fit in a 64-bit integer; got {v}")

@@ -426,14 +426,16 @@ def test_modules_check_their_numbers_when_built():
 
 
 def test_what_the_schema_cannot_say_is_said_by_the_functions():
-    """Labels on another device than the logits (meta: the dispatcher then picks the fake kernels,
-    whose empty outputs were taken for the loss), an input that is None, an int past int64 and a
-    number given as a tensor that requires grad (it would get no gradient) are errors naming them."""
+    """Labels or an input on another device than the logits (meta: the dispatcher then picks the
+    fake kernels, whose empty outputs were taken for the loss), an input that is None, sparse or
+    nested, an int past int64, a bool for a number and a number given as a tensor that requires
+    grad (it would get no gradient) are errors naming them."""
     s, t = torch.randn(4, 10, requires_grad=True), torch.randn(4, 10)
     meta = torch.tensor([1, 2, -100, 3], device="meta")
     p, q = t.softmax(-1), t.softmax(-1)
     sh, sw, th, tw, _ = hidden_states((4,), torch.float32, "cpu")
     on_meta = r"labels must be on the device of {}, cpu; got meta"
+    jagged = torch.nested.nested_tensor([torch.randn(2, 10), torch.randn(3, 10)], layout=torch.jagged)
     cases = [
         (lambda: lossfns.distill_loss(s, t, meta), on_meta.format("student_logits")),
         (lambda: lossfns.distill_loss(s.detach(), t, meta), on_meta.format("student_logits")),
@@ -452,6 +454,28 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
          r"temperature is a tensor that requires grad, but the op takes a number and gives it no gradient"),
         (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, kd_weight=torch.ones((), requires_grad=True)),
          r"kd_weight is a tensor that requires grad"),
+        # An input left on meta (weights never loaded) picked the fakes for the whole call, whose
+        # empty outputs were taken for the loss and the gradients.
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, torch.empty(tw.shape, device="meta")),
+         r"teacher_lm_head must be on student_hidden's device cpu; got meta"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw.to("meta"), th, tw),
+         r"student_lm_head must be on student_hidden's device cpu; got meta"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th.double(), tw),
+         r"teacher_hidden must have student_hidden's dtype Float; got Double"),
+        # True is an int to the schema: vocab_size=True made every loss 0.
+        (lambda: lossfns.distill_loss(s, t, vocab_size=True), r"vocab_size must be an int, not a bool"),
+        (lambda: lossfns.distill_loss(s, t, divergence="jsd", beta=True), r"beta must be a number, not a bool"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, chunk_size=True),
+         r"chunk_size must be an int, not a bool"),
+        # Sparse and nested inputs: the op's words, not the dispatcher's about an internal op.
+        (lambda: lossfns.distill_loss(s.detach().to_sparse(), t),
+         r"student_logits and teacher_logits must be dense \(strided\) tensors; got a Sparse tensor"),
+        (lambda: lossfns.tvd_loss(p, q.to_sparse()), r"p and q must be dense \(strided\) tensors"),
+        (lambda: lossfns.cross_entropy_loss(s.detach().to_sparse(), torch.zeros(4, dtype=torch.long)),
+         r"logits and labels must be dense \(strided\) tensors"),
+        (lambda: lossfns.fused_linear_distill_loss(sh.to_sparse(), sw, th, tw),
+         r"the hidden states and lm_heads must be dense \(strided\) tensors"),
+        (lambda: lossfns.distill_loss(jagged, jagged), r"must be dense \(strided\) tensors; got a nested tensor"),
     ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
@@ -676,8 +700,10 @@ def test_fused_linear_aot_matches_eager(reduction, dynamic):
 
 def test_fused_linear_errors_and_teacher_constant():
     sh, sw, th, tw, lab = hidden_states((7,), torch.float32, "cpu")
-    with pytest.raises(RuntimeError, match="teacher_hidden and teacher_lm_head must not require grad"):
+    with pytest.raises(RuntimeError, match=r"teacher_lm_head must not require grad .*pass teacher_lm_head.detach\(\)$"):
         lossfns.fused_linear_distill_loss(sh.requires_grad_(), sw, th, tw.clone().requires_grad_(), lab)
+    with pytest.raises(RuntimeError, match="teacher_hidden and teacher_lm_head must not require grad"):
+        lossfns.fused_linear_distill_loss(sh, sw, th.clone().requires_grad_(), tw.clone().requires_grad_(), lab)
     with pytest.raises(RuntimeError, match="ce_weight 0.5 needs labels"):
         lossfns.fused_linear_distill_loss(sh, sw, th, tw, None, ce_weight=0.5)
     with pytest.raises(RuntimeError, match=r"student_lm_head must be \(V_s, H_s\) with H_s = 12"):
