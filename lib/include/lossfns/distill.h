@@ -41,8 +41,10 @@ struct DistillLossOptions {
   // where it is not used): the grad_output the caller's backward
   // will bring to this loss (e.g. kd_weight / tokens). Given, the CUDA forward computes the
   // gradient while it has the logits in hand (it reads them once, instead of again in backward);
-  // backward then only checks on the device that grad_output equals it (and rescales if not).
-  // A hint: the result is the same with or without it; the CPU checks it, then ignores it.
+  // backward then only checks on the device that grad_output equals it (and rescales if not;
+  // a hint of 0 gets a gradient for 1, scaled in backward). A hint: the result is the same with
+  // or without it; the CPU checks it, then ignores it. Its value is not checked (on CUDA that
+  // would need a host synchronisation): NaN or inf gives a NaN gradient there.
   TORCH_ARG(std::optional<at::Tensor>, grad_scale) = std::nullopt;
 };
 
