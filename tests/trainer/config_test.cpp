@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "config_schema.h"
 #include "distill/config.h"
 #include "distill/run_dir.h"
 #include "test_files.h"
@@ -335,6 +336,25 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
   EXPECT_THAT(ErrorOf(kValidDistill, {"teacher.hf_dir=~alice/m"}),
               ::testing::HasSubstr("nothing expands a leading '~' here"));
   EXPECT_EQ(ParseConfig(kValidDistill, "x", {"train.out_dir=runs/~x"}).train.out_dir, "runs/~x");
+}
+
+// Every key that holds a path or a glob (the schema's PathOrGlob rule) refuses a leading '~' in a
+// requested config: the check walks the schema, so a path key added later gets it too.
+TEST(ConfigTest, EveryPathKeyRefusesALeadingTilde) {
+  std::vector<std::string> paths;
+  for (const auto& k : internal::Keys()) {
+    if (k.path_value) paths.push_back(k.path);
+  }
+  EXPECT_THAT(paths, ::testing::ElementsAre("student.hf_dir", "teacher.hf_dir",
+                                            "teacher.checkpoint", "data.path", "data.val_path",
+                                            "train.out_dir", "train.export_from"));
+  for (const std::string& key : paths) {
+    const std::string error = ErrorOf(kValidDistill, {key + "=~/x"});
+    EXPECT_THAT(error, ::testing::HasSubstr(key)) << key;
+    EXPECT_THAT(error, ::testing::AnyOf(::testing::HasSubstr("does not start with ~"),
+                                        ::testing::HasSubstr("nothing expands a leading '~'")))
+        << key << ": " << error;
+  }
 }
 
 // A llama-family key on a gpt model (the default family) would be ignored: refused, naming the

@@ -496,19 +496,14 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
   // start): out_dir "~/runs/x" made a directory named '~' here. A stored config (a run made so)
   // still loads.
   if (requested) {
-    for (const auto& [key, value] : std::vector<std::pair<std::string, const std::string*>>{
-             {"student.hf_dir", &c.student.hf_dir},
-             {"teacher.hf_dir", &c.teacher.hf_dir},
-             {"teacher.checkpoint", &c.teacher.checkpoint},
-             {"data.path", &c.data.path},
-             {"data.val_path", &c.data.val_path},
-             {"train.out_dir", &c.train.out_dir},
-             {"train.export_from", &c.train.export_from}}) {
-      if (!value->empty() && (*value)[0] == '~') {
-        fail(key, fmt::format("expected a path that does not start with ~ (nothing expands it "
-                              "here; write the home directory out, e.g. with $HOME unquoted in a "
-                              "shell override), got \"{}\"",
-                              *value));
+    for (const auto& k : Keys()) {
+      if (!k.path_value) continue;
+      const std::string& value = k.path_value(c);
+      if (!value.empty() && value[0] == '~') {
+        fail(k.path, fmt::format("expected a path that does not start with ~ (nothing expands "
+                                 "it here; write the home directory out, e.g. with $HOME "
+                                 "unquoted in a shell override), got \"{}\"",
+                                 value));
       }
     }
   }

@@ -20,6 +20,7 @@ template <typename T>
 struct Rule {
   std::string expected;
   std::function<bool(const T&)> ok;
+  bool path = false;  // a path or a glob (KeyDecl::path_value)
 };
 
 Rule<int64_t> IntAtLeast(int64_t lo) {
@@ -57,10 +58,12 @@ Rule<std::string> OneOf(std::vector<std::string> names) {
           }};
 }
 // Paths and globs: a NUL would cut the name the system sees short of the one the config shows
-// (a leading '~' is refused for a requested config only: CheckCrossKey).
-Rule<std::string> AnyString() {
+// (a leading '~' is refused for a requested config only: CheckCrossKey, over every key with
+// this rule).
+Rule<std::string> PathOrGlob() {
   return {"a string without NUL characters",
-          [](const std::string& v) { return v.find('\0') == std::string::npos; }};
+          [](const std::string& v) { return v.find('\0') == std::string::npos; },
+          /*path=*/true};
 }
 Rule<bool> Bool() {
   return {"true or false", [](const bool&) { return true; }};
@@ -161,6 +164,13 @@ void Add(std::vector<KeyDecl>& keys, std::string path, Access access, Rule<T> ru
     return true;
   };
   decl.get = [access](const Config& config) { return ToYaml(access(config)); };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (rule.path) {
+      decl.path_value = [access](const Config& config) -> const std::string& {
+        return access(config);
+      };
+    }
+  }
   keys.push_back(std::move(decl));
 }
 
@@ -174,7 +184,7 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
       "gpt: GPT-2-style (the quickstart's model); llama: Llama/Qwen2/Qwen3/Mistral/SmolLM2 "
       "decoders.");
   Add(
-      keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, AnyString(),
+      keys, key("hf_dir"), [=](auto& c) -> auto& { return model(c).hf_dir; }, PathOrGlob(),
       "A Hugging Face model directory (config.json + safetensors): architecture and weights "
       "come from it (model_type gpt2: family gpt; llama, mistral, qwen2, qwen3: family llama); "
       "keys set here must agree with its config.json.");
@@ -281,7 +291,7 @@ std::vector<KeyDecl> Declare() {
   AddModelKeys(
       k, "teacher", [](auto& c) -> auto& { return c.teacher; });
   Add(
-      k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, AnyString(),
+      k, "teacher.checkpoint", [](auto& c) -> auto& { return c.teacher.checkpoint; }, PathOrGlob(),
       "Teacher weights: a checkpoint file, or a run directory (its latest intact checkpoint).");
   Add(
       k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
@@ -294,11 +304,11 @@ std::vector<KeyDecl> Declare() {
       "synthetic: seeded Markov language with a known entropy floor; text: bytes of data.path; "
       "tokens: llm.c token shards.");
   Add(
-      k, "data.path", [](auto& c) -> auto& { return c.data.path; }, AnyString(),
+      k, "data.path", [](auto& c) -> auto& { return c.data.path; }, PathOrGlob(),
       "text: the UTF-8 file to train on (byte-level tokens, vocab_size 256); tokens: a glob of "
       "llm.c .bin shards (training).");
   Add(
-      k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, AnyString(),
+      k, "data.val_path", [](auto& c) -> auto& { return c.data.val_path; }, PathOrGlob(),
       "tokens: a glob of validation shards; empty: the last val_fraction of data.path's tokens.");
   Add(
       k, "data.val_fraction", [](auto& c) -> auto& { return c.data.val_fraction; },
@@ -454,7 +464,7 @@ std::vector<KeyDecl> Declare() {
       "distill mode: also train the student on hard labels only, into <out_dir>-baseline (the "
       "pipeline: <out_dir>/baseline).");
   Add(
-      k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, AnyString(),
+      k, "train.out_dir", [](auto& c) -> auto& { return c.train.out_dir; }, PathOrGlob(),
       "Run directory: config, metrics.jsonl, checkpoints/, summary.json.");
   Add(
       k, "train.export_hf", [](auto& c) -> auto& { return c.train.export_hf; }, Bool(),
@@ -462,7 +472,7 @@ std::vector<KeyDecl> Declare() {
       "and gpt-family runs with a student or teacher hf_dir (GPT2LMHeadModel; other gpt runs: "
       "distill_trainer export RUN_DIR OUT_DIR).");
   Add(
-      k, "train.export_from", [](auto& c) -> auto& { return c.train.export_from; }, AnyString(),
+      k, "train.export_from", [](auto& c) -> auto& { return c.train.export_from; }, PathOrGlob(),
       "A Hugging Face model directory whose config.json keys (token ids) and tokenizer files the "
       "export takes where the student's and teacher's hf_dir give none (\"\": none; a gpt-family "
       "run with it exports too). The hard-label baseline of a distillation from a Hugging Face "

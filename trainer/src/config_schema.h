@@ -20,6 +20,9 @@ struct KeyDecl {
   std::function<bool(const YAML::Node& node, Config& config)> set;
   // The value as YAML flow text ("0.9", "[0.9, 0.95]", "synthetic").
   std::function<std::string(const Config& config)> get;
+  // Set for a key that holds a path or a glob (the rule PathOrGlob): its value, for the checks
+  // every path gets (a leading '~' in a requested config: CheckCrossKey).
+  std::function<const std::string&(const Config& config)> path_value;
 };
 
 // All keys, in declaration (and --print-config) order. Built once.
