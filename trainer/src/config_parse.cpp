@@ -602,7 +602,7 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     const std::vector<std::string> dirs = {c.student.hf_dir, c.teacher.hf_dir, c.train.export_from};
     const char* keys[] = {"student.hf_dir", "teacher.hf_dir", "train.export_from"};  // of dirs
     const auto dangling =
-        exports ? DanglingExportTokenizerFiles(dirs) : std::vector<DanglingTokenizerFile>{};
+        exports ? DanglingExportTokenizerFiles(dirs) : std::vector<UncopyableTokenizerFile>{};
     if (!dangling.empty()) {
       const size_t dir = dangling.front().dir;  // the first directory that has any, all of its
       std::vector<std::string> files;
@@ -620,7 +620,7 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     // A JSON file there that does not parse (a cut-short download, an edit gone wrong) would be
     // copied as it is, and the exported model would not load.
     const auto invalid =
-        exports ? InvalidJsonExportTokenizerFiles(dirs) : std::vector<DanglingTokenizerFile>{};
+        exports ? InvalidJsonExportTokenizerFiles(dirs) : std::vector<UncopyableTokenizerFile>{};
     if (!invalid.empty()) {
       fail(keys[invalid.front().dir],
            fmt::format("expected tokenizer files that the end-of-run export can copy "

@@ -193,9 +193,9 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   return sources;
 }
 
-std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
+std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
     const std::vector<std::string>& dirs) {
-  std::vector<DanglingTokenizerFile> dangling;
+  std::vector<UncopyableTokenizerFile> dangling;
   for (size_t d = 0; d < dirs.size(); ++d) {
     std::error_code error;
     if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error)) continue;
@@ -211,9 +211,9 @@ std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
   return dangling;
 }
 
-std::vector<DanglingTokenizerFile> InvalidJsonExportTokenizerFiles(
+std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
     const std::vector<std::string>& dirs) {
-  std::vector<DanglingTokenizerFile> invalid;
+  std::vector<UncopyableTokenizerFile> invalid;
   // Only the directory the export copies from (TokenizerDir's): the first with a tokenizer.
   for (size_t d = 0; d < dirs.size(); ++d) {
     std::error_code error;

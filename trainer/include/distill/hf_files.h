@@ -16,10 +16,10 @@ bool IsExportFileName(const std::string& name);
 bool IsExportFileOrTemporary(const std::string& name);
 
 // A tokenizer file an export cannot copy: a link to nothing (a Hugging Face cache whose blobs
-// were deleted).
-struct DanglingTokenizerFile {
+// were deleted), or a JSON file that does not parse.
+struct UncopyableTokenizerFile {
   size_t dir;        // the index of its directory in the list given
-  std::string file;  // "\"<dir>/<name>\" (a link to \"<target>\")"
+  std::string file;  // its path, quoted, and why: "\"<dir>/<name>\" (a link to \"<target>\")"
 };
 
 // Those in the directories an export takes tokenizer files from: `dirs` in the export's order
@@ -28,7 +28,7 @@ struct DanglingTokenizerFile {
 // SentencePiece tokenizer.model or GPT-2's vocab.json), whose files it copies; a dangling
 // tokenizer.json passes its directory over. The trainer refuses them at start-up where the run
 // exports; ExportSources' note names them.
-std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
+std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
     const std::vector<std::string>& dirs);
 
 // The JSON tokenizer files (tokenizer_config.json, generation_config.json, ...) in the same
@@ -36,7 +36,7 @@ std::vector<DanglingTokenizerFile> DanglingExportTokenizerFiles(
 // export unloadable (transformers' from_pretrained fails on them). `file` is "\"<path>\" (<the
 // parser's message>)". The trainer refuses them at start-up where the run exports, and the
 // export refuses to copy one.
-std::vector<DanglingTokenizerFile> InvalidJsonExportTokenizerFiles(
+std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
     const std::vector<std::string>& dirs);
 
 // Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
