@@ -75,16 +75,25 @@ inline torch::autograd::variable_list first_order_only_to(const char* op,
 // VariableInfo of an undefined input fails with "tensor does not have a device" (the kernels'
 // own checks say the same words); and dense: a sparse or nested tensor would reach an internal
 // op that has no kernel for it, and the dispatcher's message names that op, not the argument.
+inline void check_dense(const char* op, const char* names, const at::Tensor& x,
+                        const char* must = " must be dense (strided) tensors") {
+  TORCH_CHECK(x.layout() == at::kStrided && !x.is_nested(), op, ": ", names, must, "; got a ",
+              x.is_nested() ? std::string("nested") : c10::str(x.layout()),
+              " tensor (convert it: .to_dense() for a sparse one, .to_padded_tensor() for a "
+              "nested one)");
+}
+
 inline void check_inputs(const char* op, const char* names,
                          std::initializer_list<at::Tensor> inputs) {
   for (const at::Tensor& x : inputs) {
     TORCH_CHECK(x.defined(), op, ": ", names, " must be defined tensors");
-    TORCH_CHECK(x.layout() == at::kStrided && !x.is_nested(), op, ": ", names,
-                " must be dense (strided) tensors; got a ",
-                x.is_nested() ? std::string("nested") : c10::str(x.layout()),
-                " tensor (convert it: .to_dense() for a sparse one, .to_padded_tensor() for a "
-                "nested one)");
+    check_dense(op, names, x);
   }
+}
+
+// An optional input (labels, grad_scale): dense where given.
+inline void check_inputs(const char* op, const char* name, const std::optional<at::Tensor>& x) {
+  if (x.has_value() && x->defined()) check_dense(op, name, *x, " must be a dense (strided) tensor");
 }
 
 inline void check_no_forward_ad(const char* op, std::initializer_list<at::Tensor> inputs) {

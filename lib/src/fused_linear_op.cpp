@@ -258,6 +258,7 @@ Outputs fused_linear_autograd(const at::Tensor& sh, const at::Tensor& sw, const 
                               std::optional<int64_t> chunk_size) {
   check_teacher_constant(th, tw);
   check_no_forward_ad(kFusedOp, {sh, sw, th, tw});
+  check_inputs(kFusedOp, "labels", labels);
   const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index,
                               reduction, vocab_size, kd_weight, ce_weight, chunk_size);
   if (!(at::GradMode::is_enabled() && (sh.requires_grad() || sw.requires_grad()))) {
@@ -287,6 +288,7 @@ Outputs fused_linear_no_grad(const at::Tensor& sh, const at::Tensor& sw, const a
                              c10::string_view reduction, std::optional<int64_t> vocab_size,
                              double kd_weight, double ce_weight,
                              std::optional<int64_t> chunk_size) {
+  check_inputs(kFusedOp, "labels", labels);
   const FusedArgs a = resolve(sh, sw, th, tw, divergence, beta, temperature, ignore_index,
                               reduction, vocab_size, kd_weight, ce_weight, chunk_size);
   return forward_only(sh, sw, th, tw, labels, a);

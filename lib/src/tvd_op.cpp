@@ -98,6 +98,7 @@ at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
                              const std::optional<at::Tensor>& labels, int64_t ignore_index,
                              c10::string_view reduction) {
   check_inputs("lossfns.tvd_loss", "p and q", {p, q});
+  check_inputs("lossfns.tvd_loss", "labels", labels);
   check_no_forward_ad("lossfns.tvd_loss", {p, q});
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
   return TVDFunction::apply(p, q, labels, ignore_index,
@@ -109,6 +110,7 @@ at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q,
                             const std::optional<at::Tensor>& labels, int64_t ignore_index,
                             c10::string_view reduction) {
   check_inputs("lossfns.tvd_loss", "p and q", {p, q});
+  check_inputs("lossfns.tvd_loss", "labels", labels);
   const int64_t r = parse_reduction(reduction, "lossfns.tvd_loss");
   at::Tensor loss =
       std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));

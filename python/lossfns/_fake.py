@@ -118,10 +118,20 @@ def _check_logits(s: torch.Tensor, t: torch.Tensor, labels: Optional[torch.Tenso
     _check_labels(op, labels, s, "student_logits")
 
 
+def _check_grad_scale(s, grad_scale) -> None:
+    if grad_scale is not None:  # as check_grad_scale (lib/src/distill_checks.cpp), on every device
+        torch._check(
+            grad_scale.numel() == 1 and grad_scale.device == s.device and grad_scale.dtype.is_floating_point,
+            lambda: "lossfns.distill_loss: grad_scale must be a 1-element floating-point tensor on the logits' "
+            f"device {s.device}; got {grad_scale.dtype} {list(grad_scale.shape)} on {grad_scale.device}")
+
+
 @torch.library.register_fake("lossfns::distill_loss")
 def _distill_loss_fake(s, t, labels=None, divergence="tvd", beta=0.5, temperature=1.0,
                        ignore_index=DEFAULT_IGNORE_INDEX, reduction="batchmean", vocab_size=None, grad_scale=None):
+    # Reached directly under inference mode (no autograd kernel first): the checks the op makes.
     _check_logits(s, t, labels)
+    _check_grad_scale(s, grad_scale)
     return s.new_empty(s.shape[:-1] if reduction == "none" else (), dtype=_acc_dtype(s))
 
 
@@ -130,11 +140,7 @@ def _distill_forward_fake(s, t, labels, divergence, beta, temperature, ignore_in
     # loss (rows,) or (); stats (rows, 6); scale (1,); the gradient computed in forward: (rows, ws)
     # on CUDA with a grad_scale for a reduced loss when saving, else (0, ws).
     _check_logits(s, t, labels)
-    if grad_scale is not None:  # as check_grad_scale (lib/src/distill_checks.cpp), on every device
-        torch._check(
-            grad_scale.numel() == 1 and grad_scale.device == s.device and grad_scale.dtype.is_floating_point,
-            lambda: "lossfns.distill_loss: grad_scale must be a 1-element floating-point tensor on the logits' "
-            f"device {s.device}; got {grad_scale.dtype} {list(grad_scale.shape)} on {grad_scale.device}")
+    _check_grad_scale(s, grad_scale)
     rows, acc = _rows(s), _acc_dtype(s)
     loss = s.new_empty((rows,) if reduction == _NONE else (), dtype=acc)
     stats = s.new_empty((rows, _STATS_PER_ROW), dtype=acc)
@@ -174,8 +180,13 @@ def _check_hidden(sh, sw, th, tw, labels=None) -> None:
                  lambda: f"{op}: student_lm_head must be (V_s, H_s) with H_s = {sh.shape[-1]}; got {tuple(sw.shape)}")
     torch._check(tw.dim() == 2 and tw.shape[1] == th.shape[-1],
                  lambda: f"{op}: teacher_lm_head must be (V_t, H_t) with H_t = {th.shape[-1]}; got {tuple(tw.shape)}")
-    for x in (sw, th, tw):
-        torch._check(x.dtype == sh.dtype, lambda: f"{op}: the four inputs must have student_hidden's dtype {sh.dtype}")
+    # As check_same_dtype_and_device (lib/src/fused_linear_driver.cpp): an input on another device
+    # (meta: weights never loaded) would otherwise get the empty outputs taken for a loss.
+    for x, name in ((sw, "student_lm_head"), (th, "teacher_hidden"), (tw, "teacher_lm_head")):
+        torch._check(x.device == sh.device,
+                     lambda: f"{op}: {name} must be on student_hidden's device {sh.device}; got {x.device}")
+        torch._check(x.dtype == sh.dtype, lambda: f"{op}: {name} must have student_hidden's dtype {sh.dtype}; "
+                                                  f"got {x.dtype} (convert with .to(dtype): one dtype for the four inputs)")
     _check_labels(op, labels, sh, "student_hidden")
 
 

@@ -476,10 +476,34 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
         (lambda: lossfns.fused_linear_distill_loss(sh.to_sparse(), sw, th, tw),
          r"the hidden states and lm_heads must be dense \(strided\) tensors"),
         (lambda: lossfns.distill_loss(jagged, jagged), r"must be dense \(strided\) tensors; got a nested tensor"),
+        (lambda: lossfns.distill_loss(s, t, torch.zeros(4, dtype=torch.long).to_sparse()),
+         r"labels must be a dense \(strided\) tensor; got a Sparse tensor"),
+        (lambda: lossfns.tvd_loss(p, q, torch.zeros(4, dtype=torch.long).to_sparse()),
+         r"labels must be a dense \(strided\) tensor"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, torch.zeros(4, dtype=torch.long).to_sparse()),
+         r"labels must be a dense \(strided\) tensor"),
+        (lambda: lossfns.distill_loss(s, t, grad_scale=torch.ones(1).to_sparse()),
+         r"grad_scale must be a dense \(strided\) tensor"),
     ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
+    # Under inference mode the public ops go to their fakes for a meta input directly (no autograd
+    # kernel first): the fakes make the same checks.
+    with torch.inference_mode():
+        for call, message in [
+                (lambda: lossfns.fused_linear_distill_loss(sh, sw.to("meta"), th, tw),
+                 r"student_lm_head must be on student_hidden's device cpu; got meta"),
+                (lambda: lossfns.fused_linear_distill_loss(sh, sw, th.to("meta"), tw),
+                 r"teacher_hidden must be on student_hidden's device cpu; got meta"),
+                (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw.to("meta")),
+                 r"teacher_lm_head must be on student_hidden's device cpu; got meta"),
+                (lambda: lossfns.distill_loss(s.detach(), t, grad_scale=torch.ones(1, device="meta")),
+                 r"grad_scale must be a 1-element floating-point tensor on the logits' device cpu"),
+                (lambda: lossfns.distill_loss(s.detach(), t.to("meta")),
+                 r"teacher_logits must be on the student's device cpu; got meta")]:
+            with pytest.raises(RuntimeError, match=message):
+                call()
     with torch.no_grad():  # no gradient to lose: the number is taken
         lossfns.distill_loss(s, t, temperature=torch.nn.Parameter(torch.tensor(2.0)))
     # Under torch.compile too (the fakes check the labels as the kernels do).
