@@ -228,13 +228,18 @@ void check_teacher_constant(const at::Tensor& t) {
       "pass teacher_logits.detach()");
 }
 
+// The public op's tensors, on either path (autograd, or below it): defined and dense.
+void check_tensors(const at::Tensor& s, const at::Tensor& t, Opt labels, Opt grad_scale) {
+  check_inputs(kOp, "student_logits and teacher_logits", {s, t});
+  check_inputs(kOp, "labels", labels);
+  check_inputs(kOp, "grad_scale", grad_scale);
+}
+
 at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt labels,
                                  c10::string_view divergence, double beta, double temperature,
                                  int64_t ignore_index, c10::string_view reduction,
                                  std::optional<int64_t> vocab_size, Opt grad_scale) {
-  check_inputs(kOp, "student_logits and teacher_logits", {s, t});
-  check_inputs(kOp, "labels", labels);
-  check_inputs(kOp, "grad_scale", grad_scale);
+  check_tensors(s, t, labels, grad_scale);
   check_teacher_constant(t);
   check_no_forward_ad(kOp, {s, t});
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
@@ -254,9 +259,7 @@ at::Tensor distill_loss_no_grad(const at::Tensor& s, const at::Tensor& t, Opt la
                                 c10::string_view divergence, double beta, double temperature,
                                 int64_t ignore_index, c10::string_view reduction,
                                 std::optional<int64_t> vocab_size, Opt grad_scale) {
-  check_inputs(kOp, "student_logits and teacher_logits", {s, t});
-  check_inputs(kOp, "labels", labels);
-  check_inputs(kOp, "grad_scale", grad_scale);
+  check_tensors(s, t, labels, grad_scale);
   const Resolved r = resolve(s, t, divergence, beta, reduction, vocab_size);
   auto out = distill_forward_op(s, t, labels, r.divergence, beta, temperature, ignore_index,
                                 r.reduction, r.V, grad_scale, false);  // checked, not used
