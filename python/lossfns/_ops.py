@@ -26,6 +26,12 @@ def check_name(op: str, what: str, value: str, names: tuple) -> None:
         raise ValueError(f"{op}: {what} must be one of {', '.join(repr(n) for n in names)}; got {value!r}")
 
 
+def _is_bool(v) -> bool:
+    """Python's bool, or NumPy's (numpy.bool_, which the schema also takes as 0 or 1), without
+    importing NumPy."""
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
+
+
 def _check_scalars(op: str, ints: dict, floats: dict) -> None:
     """What the op's schema cannot say well: a Python int past int64 (torch's message is "Expected a
     value of type 'int' ... found type 'int'"), a bool where a number is meant (the schema takes
@@ -33,7 +39,7 @@ def _check_scalars(op: str, ints: dict, floats: dict) -> None:
     grad (converted to a float, it would get no gradient, silently). RuntimeError, as the op's
     errors."""
     for name, v in list(ints.items()) + list(floats.items()):
-        if isinstance(v, bool):
+        if _is_bool(v):
             kind = "an int" if name in ints else "a number"
             raise RuntimeError(f"{op}: {name} must be {kind}, not a bool; got {v}")
     for name, v in ints.items():

@@ -485,6 +485,15 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
         (lambda: lossfns.distill_loss(s, t, grad_scale=torch.ones(1).to_sparse()),
          r"grad_scale must be a dense \(strided\) tensor"),
     ]
+    try:
+        import numpy as np
+    except ImportError:  # NumPy is optional for torch
+        np = None
+    if np is not None:  # NumPy's bool too: the schema took numpy.True_ as 1 as well (every loss 0)
+        cases += [
+            (lambda: lossfns.distill_loss(s, t, vocab_size=np.True_), r"vocab_size must be an int, not a bool"),
+            (lambda: lossfns.distill_loss(s, t, temperature=np.False_), r"temperature must be a number, not a bool"),
+        ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
