@@ -63,12 +63,14 @@ struct DistillArgs {
                  // count before a KL's forward kernel that computes the gradient)
   float* loss;   // 1 value (reduced) or (rows,) ('none'): written by the finalize
   // The gradient (rows, ws) contiguous, written by a forward that computes it (else nullptr), for
-  // a grad_output of *grad_scale; only for a reduced loss ('none' is refused).
+  // a grad_output of *grad_scale, or of 1 where *grad_scale is 0 (hinted_scale); only for a
+  // reduced loss ('none' is refused).
   T* grad;
   const float* grad_scale;
   // The backward's grad_output, 1 value (reduced) or (rows,) ('none'); distill_forward sets it to
-  // grad_scale for the backward's kernel it runs (TVD, JSD).
+  // grad_scale for the backward's kernel it runs (TVD, JSD), with from_grad_scale set.
   const float* grad_output;
+  bool from_grad_scale;  // grad_output is a forward's grad_scale: 0 is read as 1 (hinted_scale)
   // Backward only, optional: a hard-label cross-entropy's gradient added in the same pass,
   // ce_weight[r] * (softmax(s)_j - [j == labels[r]]) over the student's columns [0, min(ws, V)),
   // from the statistics of s at temperature 1 (max and log2 of the sum, log2 units) at
@@ -205,6 +207,15 @@ __device__ __forceinline__ void for_each_vec(const T* s, const T* t, int64_t ns,
   }
 }
 
+// The scale a forward computes the gradient for from its grad_scale: the promised grad_output,
+// or 1 for a promise of 0. A gradient computed for 0 would be all zeros, from which no other
+// grad_output could be made; the autograd layer keeps the scale the gradient is for and makes it
+// right for the grad_output backward brings (distill_op.cpp). Read on the device, so that no
+// host-side op runs between the caller and the forward's kernel.
+__device__ __forceinline__ float hinted_scale(float grad_scale) {
+  return grad_scale == 0.f ? 1.f : grad_scale;
+}
+
 // Whether a forward that computes the gradient (grad_scale) writes it from the forward kernel.
 // The KLs do (their first pass has the loss; a second pass writes the gradient). TVD and JSD
 // would read the row three times in that kernel (normalisers; loss and row constant; gradient),
@@ -333,7 +344,7 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
 
   // Pass 3 (a forward that computes the gradient): grad = grad_scale * scale / T * dL/da.
   if constexpr (kGrad) {
-    const float row_scale = *a.grad_scale * *a.scale * a.inv_t;
+    const float row_scale = hinted_scale(*a.grad_scale) * *a.scale * a.inv_t;
     const bool vg = reinterpret_cast<uintptr_t>(grad) % 16 == 0;
     const int64_t gend = a.ws;
     const auto pass3 = [&](int64_t j, const Vec<T>& x, const Vec<T>& y) {
@@ -445,7 +456,9 @@ __global__ void __launch_bounds__(256)
   const float* st = a.stats + row * kStatsPerRow;
   const ProbNorm ns_s = prob_norm(st[0], st[1]), ns_t = prob_norm(st[2], st[3]);
   const float c = st[4];
-  const float go = a.reduction == kNone ? a.grad_output[row] : a.grad_output[0] * *a.scale;
+  const float go = a.reduction == kNone ? a.grad_output[row]
+                   : a.from_grad_scale  ? hinted_scale(a.grad_output[0]) * *a.scale
+                                        : a.grad_output[0] * *a.scale;
   const float row_scale = go * a.inv_t, k2 = a.inv_t * kLog2e;
   constexpr int64_t div = kDiv;
   const JsdConstants<float> jsd(div == kJsd ? a.beta : 0.5f);
@@ -583,6 +596,7 @@ cudaError_t distill_forward(const DistillArgs<T>& a, cudaStream_t stream) {
   if ((err = cudaGetLastError()) != cudaSuccess || !grad || in_kernel) return err;
   DistillArgs<T> b = a;  // TVD, JSD: the backward's kernel, after the finalize's scale
   b.grad_output = a.grad_scale;
+  b.from_grad_scale = true;
   b.ce_weight = nullptr;
   return distill_backward(b, stream);
 }
