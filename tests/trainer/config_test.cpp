@@ -359,6 +359,75 @@ TEST(ConfigTest, EveryPathKeyRefusesALeadingTilde) {
   }
 }
 
+// A requested path with a control character (a YAML block scalar ends with a newline) or with
+// leading or trailing spaces is refused; a run's stored config keeps any name
+// (StringsRoundTripThroughTheDumpExactly).
+TEST(ConfigTest, PathsWithControlCharactersOrOuterSpacesAreRefused) {
+  const std::string tokens = std::string(kValidDistill) + "data:\n  source: tokens\n";
+  EXPECT_EQ(ErrorOf(tokens + "  path: >\n    shards/a.bin\n"),
+            "x.yaml:7: data.path: expected a path without control characters (a newline or a "
+            "tab: a YAML block scalar, '>' or '|', ends with a newline), got "
+            "\"shards/a.bin\\x0a\"");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.out_dir=\"runs/a\tb\""}),
+              ::testing::HasSubstr("train.out_dir: expected a path without control characters"));
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=\"runs/x \""}),
+            "override \"train.out_dir=\"runs/x \"\": train.out_dir: expected a path without "
+            "leading or trailing spaces (quotes keep them), got \"runs/x \"");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"teacher.checkpoint=' t.pt'"}),
+              ::testing::HasSubstr("teacher.checkpoint: expected a path without leading or "
+                                   "trailing spaces"));
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=runs/with inner space"}), "");
+}
+
+// What a run reads must not lie inside the directory it writes: --fresh deletes that directory
+// and the run's export overwrites it (a teacher exported into <out_dir>/hf and distilled again
+// with the same out_dir was deleted by --fresh before it was read).
+TEST(ConfigTest, InputsInsideTheRunDirectoryAreRefused) {
+  const std::string out = "train.out_dir=runs/it";
+  EXPECT_EQ(ErrorOf(kValidDistill, {out, "teacher.checkpoint=runs/it/checkpoints/step_8.pt"}),
+            "override \"teacher.checkpoint=runs/it/checkpoints/step_8.pt\": teacher.checkpoint: "
+            "expected a path outside train.out_dir \"runs/it\" (set at override "
+            "\"train.out_dir=runs/it\"): --fresh deletes that directory and the run writes its "
+            "checkpoints and export there; copy or export it elsewhere, or choose another "
+            "train.out_dir), got \"runs/it/checkpoints/step_8.pt\"");
+  const std::string tokens = std::string(kValidDistill) + "data:\n  source: tokens\n";
+  for (const std::vector<std::string>& overrides : std::vector<std::vector<std::string>>{
+           {out, "teacher.checkpoint=runs/it"},
+           {out, "teacher.checkpoint=./runs/x/../it/"},
+           {out, "data.path=runs/it/shards/*.bin"},
+           {out, "data.val_path=runs/it/v_[0-9].bin"},
+           {out, "train.export_from=runs/it/hf"},
+           {"train.out_dir=runs/it/", "data.path=runs/it/a.bin"}}) {
+    EXPECT_THAT(ErrorOf(tokens, overrides),
+                ::testing::HasSubstr("expected a path outside train.out_dir"))
+        << overrides[1];
+  }
+  // Beside it, or a glob that may match names beside it: fine.
+  for (const char* path : {"runs/it2/a.bin", "runs/it-baseline/a.bin", "runs/it*.bin",
+                           "runs/i?/a.bin", "runs/a.bin"}) {
+    EXPECT_EQ(ErrorOf(tokens, {out, std::string("data.path=") + path}), "") << path;
+  }
+}
+
+// YAML syntax at a value's start: a tag ('!') or an anchor ('&') with nothing after it, an alias
+// ('*'): named, with how to quote the value.
+TEST(ConfigTest, YamlSyntaxAtAValuesStartIsNamed) {
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data:\n  path: !mydir\n"),
+            "x.yaml:6: data.path: expected a string without NUL characters, got the YAML tag "
+            "\"!mydir\" (a value that starts with '!' is a tag, not text); quote the value");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.out_dir=&x"}),
+              ::testing::HasSubstr("got an empty value: YAML reads a leading '&' as an anchor; "
+                                   "to keep the value as text, quote it"));
+  EXPECT_THAT(ErrorOf(kValidDistill, {"data.path=*.bin"}),
+              ::testing::HasSubstr("got invalid YAML (the referenced anchor is not defined); to "
+                                   "keep the value as text, quote it"));
+  EXPECT_THAT(ErrorOf(std::string(kValidDistill) + "data:\n  path: *.bin\n"),
+              ::testing::HasSubstr("a value that starts with '*' is a YAML alias: quote it"));
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data:\n  source: tokens\n  path: \"*.bin\"\n"),
+            "");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=!!str runs/x"}), "");  // a standard tag
+}
+
 // A llama-family key on a gpt model (the default family) would be ignored: refused, naming the
 // family. At its default (a --print-config dump of a gpt config holds every key) it is fine.
 TEST(ConfigTest, LlamaKeysOnAGptModelAreRefused) {
@@ -603,7 +672,8 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   // One YAML document, as in the file (YAML::Load kept the first of "2\n---\n3").
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.steps=2\n---\n3"}),
             "override \"train.steps=2\n---\n3\": train.steps: expected an integer in [1, "
-            "1099511627776], got more than one YAML document (a \"---\" line)");
+            "1099511627776], got more than one YAML document (a \"---\" line, or text after a "
+            "closing ']' or '}')");
   // Cross-key errors point at the override that set the key.
   EXPECT_EQ(ErrorOf(kValidDistill, {"student.n_head=3"}),
             "(default): student.d_model: expected a multiple of student.n_head (3), got 64");
@@ -702,7 +772,7 @@ TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
         std::string("- [x]"), std::string("\\n is not a newline\n\n"), std::string("cr\r\nlf"),
         std::string("del\x7f"), std::string("caf\xc3\xa9 \xe2\x82\xac")}) {
     c.data.path = path;
-    const Config again = ParseConfig(ConfigToYaml(c), "dump.yaml");
+    const Config again = ParseConfig(ConfigToYaml(c), "dump.yaml", {}, ConfigOrigin::kStored);
     EXPECT_EQ(again.data.path, path) << ConfigToYaml(c);
   }
 }

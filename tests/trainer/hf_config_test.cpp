@@ -492,6 +492,37 @@ TEST(HfTokenizerSize, CountsEveryIdAsLargeAsItIs) {
   ExpectContains(ErrorOf([&] { HfTokenizerSize(dir); }), {dir + "/tokenizer.json", "cannot read"});
 }
 
+// Two tokenizers compared id by id (the model's vocabulary, BPE or Unigram, and the added
+// tokens): the lowest id whose tokens differ, and how many do; ids one side lacks do not count.
+TEST(HfTokenizerDifference, NamesTheLowestIdWhoseTokensDiffer) {
+  const std::string dir = TempDir(), a = dir + "/a", b = dir + "/b";
+  std::filesystem::create_directories(a);
+  std::filesystem::create_directories(b);
+  WriteText(
+      a + "/tokenizer.json",
+      R"({"model": {"vocab": {"x": 0, "y": 1, "z": 2}}, "added_tokens": [{"id": 3, "content": "<s>"}]})");
+  EXPECT_EQ(HfTokenizerDifference(a, b), std::nullopt);  // b has no tokenizer.json
+  EXPECT_EQ(HfTokenizerDifference(a, a), std::nullopt);
+  // The same ids in another order, and more of them: no difference.
+  WriteText(
+      b + "/tokenizer.json",
+      R"({"model": {"vocab": {"z": 2, "x": 0, "y": 1, "w": 5}}, "added_tokens": [{"id": 3, "content": "<s>"}]})");
+  EXPECT_EQ(HfTokenizerDifference(a, b), std::nullopt);
+  // Unigram: [piece, score] by id; an added token's id taken by another token.
+  WriteText(
+      b + "/tokenizer.json",
+      R"({"model": {"vocab": [["x", 0.0], ["q", -1.5], ["z", -2.0], ["<unk>", 0.0]]}, "added_tokens": []})");
+  const auto d = HfTokenizerDifference(a, b);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, 1);
+  EXPECT_EQ(d->a, "y");
+  EXPECT_EQ(d->b, "q");
+  EXPECT_EQ(d->count, 2);  // ids 1 and 3
+  WriteText(b + "/tokenizer.json", "[1]");
+  ExpectContains(ErrorOf([&] { HfTokenizerDifference(a, b); }),
+                 {b + "/tokenizer.json", "JSON object"});
+}
+
 TEST(HfConfigJson, RoundTripsEachFamily) {
   for (const Json& source : {Llama32(), Qwen25(), Qwen3(), Mistral()}) {
     SCOPED_TRACE(source["model_type"].get<std::string>());

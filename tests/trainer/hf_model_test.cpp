@@ -995,6 +995,53 @@ TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
   RemoveTree(models);
 }
 
+// A student whose tokenizer gives an id another token than the teacher's is refused at start-up
+// (the logits are compared id by id, and the export would copy the student's tokenizer); the
+// same tokens, a student tokenizer with more ids, or none at all pass.
+TEST(HfModel, AStudentWithAnotherTokenizerIsRefused) {
+  const std::string models = TempRunDir() + "-models";
+  for (const char* name : {"qwen2_teacher", "qwen2_student"}) {
+    fs::create_directories(models + "/" + name);
+    for (const char* file : {"config.json", "model.safetensors"}) {
+      fs::copy_file(Fixture(name) + "/" + file, models + "/" + name + "/" + file);
+    }
+  }
+  const std::string teacher = models + "/qwen2_teacher", student = models + "/qwen2_student";
+  WriteBytes(teacher + "/tokenizer.json",
+             R"({"model": {"vocab": {"a": 0, "b": 1, "c": 2}},
+                 "added_tokens": [{"id": 3, "content": "<s>"}]})");
+  const std::string yaml = "train:\n  mode: distill\n  out_dir: " + models +
+                           "/run\nteacher:\n  hf_dir: " + teacher +
+                           "\nstudent:\n  hf_dir: " + student + "\ndistill:\n  vocab_size: 130\n";
+  const auto error = [&] {
+    try {
+      ParseConfig(yaml, "x.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error(), "");  // no tokenizer.json in the student's directory
+  WriteBytes(student + "/tokenizer.json",
+             R"({"model": {"vocab": {"b": 1, "a": 0, "c": 2}},
+                 "added_tokens": [{"id": 3, "content": "<s>"}, {"id": 4, "content": "<pad>"}]})");
+  EXPECT_EQ(error(), "");
+  WriteBytes(student + "/tokenizer.json",
+             R"({"model": {"vocab": {"a": 0, "x": 1, "y": 2}},
+                 "added_tokens": [{"id": 3, "content": "<s>"}]})");
+  EXPECT_EQ(error(),
+            "x.yaml:7: student.hf_dir: expected a model with the teacher's tokenizer "
+            "(distillation compares the two models' logits id by id, and the data's ids "
+            "are the teacher's), got \"" +
+                student +
+                "\", whose tokenizer.json gives id 1 the token \"x\" where "
+                "the teacher's (teacher.hf_dir \"" +
+                teacher +
+                "\") has \"b\", and 2 ids differ in all; take a student "
+                "that uses the teacher's tokenizer");
+  RemoveTree(models);
+}
+
 // --- SmolLM2-135M, prepared by the set-up (scripts/prepare_smollm2.py); skipped without it. ---
 
 std::string SmolDir() { return LOSSFNS_SMOLLM2_DIR; }

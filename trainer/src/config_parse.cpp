@@ -146,6 +146,14 @@ std::string Suggestion(const std::string& path) {
 
 void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& where, Config& config,
             Locations& locations) {
+  // A local tag ("!name"): a value that starts with '!' is a YAML tag, not text, and the text
+  // after it is dropped ("hf_dir: !mydir" read as "", a model with random weights).
+  if (const std::string& tag = value.Tag(); tag.size() > 1 && tag[0] == '!' && tag[1] != '!') {
+    Fail(where, key.path,
+         fmt::format("expected {}, got the YAML tag \"{}\" (a value that starts with '!' is a "
+                     "tag, not text); quote the value",
+                     key.expected, tag));
+  }
   if (!key.set(value, config)) {
     const bool octal = key.expected.rfind("an integer", 0) == 0 && value.IsScalar() &&
                        HasLeadingZero(value.Scalar());
@@ -240,6 +248,11 @@ size_t CommentStart(const std::string& value) {
   return std::string::npos;
 }
 
+// How to keep a value that YAML reads as syntax ('*' an alias, '&' an anchor, '!' a tag, '['
+// or '{' a collection) as text.
+constexpr const char* kQuoteHint =
+    "; to keep the value as text, quote it in YAML (in a shell: key='\"...\"')";
+
 void ApplyOverride(const std::string& text, Config& config, Locations& locations) {
   const std::string where = fmt::format("override \"{}\"", text);
   const size_t eq = text.find('=');
@@ -271,18 +284,30 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
                      "indicator; quote the value to keep it)",
                      key->expected));
   }
+  // Text keys (paths and globs) get the hint to quote a value that YAML reads as syntax.
+  const char* hint = key->path_value ? kQuoteHint : "";
   YAML::Node value;
   try {
     // One document, as for the file: YAML::Load would keep the first of "2\n---\n3".
     const std::vector<YAML::Node> documents = YAML::LoadAll(text.substr(eq + 1));
     if (documents.size() > 1) {
       Fail(where, path,
-           fmt::format("expected {}, got more than one YAML document (a \"---\" line)",
-                       key->expected));
+           fmt::format("expected {}, got more than one YAML document (a \"---\" line, or text "
+                       "after a closing ']' or '}}'){}",
+                       key->expected, hint));
     }
     if (!documents.empty()) value = documents[0];
   } catch (const YAML::Exception& e) {
-    Fail(where, path, fmt::format("expected {}, got invalid YAML ({})", key->expected, e.msg));
+    Fail(where, path,
+         fmt::format("expected {}, got invalid YAML ({}){}", key->expected, e.msg, hint));
+  }
+  // An anchor ("&x") or a tag ("!x") with nothing after it: YAML syntax, not the text.
+  if (const size_t start = raw.find_first_not_of(" \t");
+      start != std::string::npos && (raw[start] == '&' || raw[start] == '!') &&
+      (value.IsNull() || (value.IsScalar() && value.Scalar().empty()))) {
+    Fail(where, path,
+         fmt::format("expected {}, got an empty value: YAML reads a leading '{}' as {}{}",
+                     key->expected, raw[start], raw[start] == '&' ? "an anchor" : "a tag", hint));
   }
   SetKey(*key, value, where, config, locations);
 }
@@ -290,6 +315,29 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
 std::string Where(const Locations& locations, const std::string& path) {
   auto it = locations.find(path);
   return it == locations.end() ? "(default)" : it->second;
+}
+
+// Whether `path` (a glob: its directories before the first wildcard) names `dir` or lies inside it,
+// after making both absolute and resolving the symbolic links of their existing parts.
+bool InsideDirectory(const std::string& path, const std::string& dir) {
+  // A glob's directories before its first wildcard ("runs/x*" may match runs/x2: not runs/x).
+  const size_t wild = path.find_first_of("*?[");
+  const size_t cut = wild == std::string::npos ? wild : path.rfind('/', wild);
+  const std::string literal = wild == std::string::npos  ? path
+                              : cut == std::string::npos ? std::string()
+                                                         : path.substr(0, cut + 1);
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(literal.empty() ? "." : literal, ec), ec);
+  if (ec) return false;
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec || d.empty()) return false;
+  // Component by component: "runs/x2" is not inside "runs/x".
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty()) continue;  // a trailing separator's empty component
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return true;
 }
 
 // The keys of a model section that define its architecture (all but hf_dir and dropout), without
@@ -499,12 +547,62 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     for (const auto& k : Keys()) {
       if (!k.path_value) continue;
       const std::string& value = k.path_value(c);
-      if (!value.empty() && value[0] == '~') {
+      if (value.empty()) continue;
+      if (value[0] == '~') {
         fail(k.path, fmt::format("expected a path that does not start with ~ (nothing expands "
                                  "it here; write the home directory out, e.g. with $HOME "
                                  "unquoted in a shell override), got \"{}\"",
                                  value));
       }
+      // A YAML block scalar ('>' or '|') ends its text with a newline, and a quoted value keeps
+      // its spaces: legal names, but a directory "runs/x\n" beside "runs/x" is never meant.
+      if (std::any_of(value.begin(), value.end(), [](char ch) {
+            const auto b = static_cast<unsigned char>(ch);
+            return b < 0x20 || b == 0x7f;
+          })) {
+        fail(k.path, fmt::format("expected a path without control characters (a newline or a "
+                                 "tab: a YAML block scalar, '>' or '|', ends with a newline), "
+                                 "got {}",
+                                 Shown(value)));
+      }
+      if (value.front() == ' ' || value.back() == ' ') {
+        fail(k.path, fmt::format("expected a path without leading or trailing spaces (quotes "
+                                 "keep them), got {}",
+                                 Shown(value)));
+      }
+      // What the run reads must not lie inside the directory it writes: --fresh deletes that
+      // directory, and the run's export and checkpoints go into it (a teacher exported by an
+      // earlier run into <out_dir>/hf, distilled again with the same out_dir, was deleted by
+      // --fresh before it was read, and overwritten by the new export).
+      if (k.path != "train.out_dir" && InsideDirectory(value, c.train.out_dir)) {
+        fail(k.path,
+             fmt::format("expected a path outside train.out_dir \"{}\" (set at {}): --fresh "
+                         "deletes that directory and the run writes its checkpoints and export "
+                         "there; copy or export it elsewhere, or choose another train.out_dir), "
+                         "got \"{}\"",
+                         c.train.out_dir, Where(at, "train.out_dir"), value));
+      }
+    }
+  }
+  // The student and the teacher share a tokenizer: the divergence compares their logits id by
+  // id, the data's ids are the teacher's, and the export copies the student's tokenizer files
+  // (Llama 2 and Mistral both have 32000 ids, for other tokens).
+  if (requested && distill && !c.student.hf_dir.empty() && !c.teacher.hf_dir.empty()) {
+    std::optional<TokenizerDifference> diff;
+    try {
+      diff = HfTokenizerDifference(c.teacher.hf_dir, c.student.hf_dir);
+    } catch (const ConfigError& e) {
+      fail("student.hf_dir", fmt::format("expected readable tokenizers: {}", e.what()));
+    }
+    if (diff) {
+      fail("student.hf_dir",
+           fmt::format("expected a model with the teacher's tokenizer (distillation compares the "
+                       "two models' logits id by id, and the data's ids are the teacher's), got "
+                       "\"{}\", whose tokenizer.json gives id {} the token {} where the teacher's "
+                       "(teacher.hf_dir \"{}\") has {}, and {} id{} in all; take a student "
+                       "that uses the teacher's tokenizer",
+                       c.student.hf_dir, diff->id, Shown(diff->b), c.teacher.hf_dir, Shown(diff->a),
+                       diff->count, diff->count == 1 ? " differs" : "s differ"));
     }
   }
   // A path the run would not read is a mistake (data.source left at its default), not a choice.
@@ -797,9 +895,13 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
     }
     const size_t text = line.find_first_not_of(" \t");
     const bool tab = e.mark.line >= 0 && line.substr(0, text).find('\t') != std::string::npos;
+    const bool alias = e.msg.find("anchor") != std::string::npos;
     throw ConfigError(fmt::format(
         "{}:{}: invalid YAML: {}{}", source_name, e.mark.line + 1, e.msg,
-        tab ? " (this line is indented with a tab: YAML indents with spaces only)" : ""));
+        tab     ? " (this line is indented with a tab: YAML indents with spaces only)"
+        : alias ? " (a value that starts with '*' is a YAML alias: quote it to keep it as text, "
+                  "e.g. path: \"*.bin\")"
+                : ""));
   }
   if (root.IsNull() && origin == ConfigOrigin::kStored) {  // not the defaults: a damaged file
     throw ConfigError(fmt::format(

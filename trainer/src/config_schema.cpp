@@ -295,7 +295,7 @@ std::vector<KeyDecl> Declare() {
       "Teacher weights: a checkpoint file, or a run directory (its latest intact checkpoint).");
   Add(
       k, "teacher.pretrain_steps", [](auto& c) -> auto& { return c.teacher.pretrain_steps; },
-      IntAtLeast(0),
+      IntIn(0, int64_t{1} << 40) /* the pretraining stage's train.steps (<= 2^40) */,
       "Without a checkpoint: pretrain the teacher this many steps into <out_dir>/teacher first.");
 
   Add(
@@ -378,7 +378,8 @@ std::vector<KeyDecl> Declare() {
       OneOfEnum<FusedLinear>(),
       "Distill mode: the loss from both models' last hidden states and lm_heads in token chunks "
       "(lossfns::fused_linear_distill_loss), so no (BT, V) logits exist: far less memory, the "
-      "loss 0.93-1.09x the time (docs/fused_linear.md). auto: on CUDA, not on the CPU.");
+      "loss 0.90-0.98x the time with the hard-label term, 1.03-1.13x without "
+      "(docs/fused_linear.md). auto: on CUDA, not on the CPU.");
 
   Add(
       k, "optim.lr", [](auto& c) -> auto& { return c.optim.lr; },

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 
 #include "distill/file_io.h"
 #include "json_limits.h"
@@ -553,33 +554,83 @@ int64_t PastId(const Json& id) {
 }
 }  // namespace
 
-std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
+// The tokenizer.json of `dir`, or nullopt without one. Throws ConfigError naming the file when
+// it is not a JSON object.
+std::optional<Json> ReadTokenizerJson(const std::string& dir) {
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
   std::error_code ec;  // a symbolic link loop, or to nothing: the read below names it
   if (!fs::exists(path, ec) && !ec && !fs::is_symlink(fs::symlink_status(path, ec))) {
     return std::nullopt;
   }
-  const Json json = ReadJsonObject<Json>(path);
-  int64_t size = 0;
+  return ReadJsonObject<Json>(path);
+}
+
+// f(past_id, token) for every token of a tokenizer.json: the model's vocabulary (BPE and
+// WordPiece: token -> id; Unigram: [piece, score] by id), then the added tokens. past_id is
+// PastId's (one past the id, saturating; 0 for an id that is no number).
+template <typename F>
+void ForEachTokenizerId(const Json& json, F&& f) {
   const auto model = json.find("model");
   if (model != json.end() && model->is_object()) {
     const auto vocab = model->find("vocab");
-    if (vocab != model->end() && vocab->is_object()) {  // BPE, WordPiece: token -> id
-      for (const auto& id : *vocab) {
-        size = std::max(size, PastId(id));
+    if (vocab != model->end() && vocab->is_object()) {
+      for (const auto& [token, id] : vocab->items()) f(PastId(id), token);
+    } else if (vocab != model->end() && vocab->is_array()) {
+      int64_t id = 0;
+      for (const auto& piece : *vocab) {
+        ++id;
+        f(id, piece.is_array() && !piece.empty() && piece[0].is_string()
+                  ? piece[0].get<std::string>()
+                  : std::string());
       }
-    } else if (vocab != model->end() && vocab->is_array()) {  // Unigram: [piece, score] by id
-      size = static_cast<int64_t>(vocab->size());
     }
   }
   const auto added = json.find("added_tokens");
   if (added != json.end() && added->is_array()) {
     for (const auto& token : *added) {
       const auto id = token.is_object() ? token.find("id") : token.end();
-      if (id != token.end()) size = std::max(size, PastId(*id));
+      if (id == token.end()) continue;
+      const auto content = token.find("content");
+      f(PastId(*id), content != token.end() && content->is_string() ? content->get<std::string>()
+                                                                    : std::string());
     }
   }
+}
+
+std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
+  const std::optional<Json> json = ReadTokenizerJson(dir);
+  if (!json) return std::nullopt;
+  int64_t size = 0;
+  ForEachTokenizerId(*json,
+                     [&](int64_t past_id, const std::string&) { size = std::max(size, past_id); });
   return size;
+}
+
+std::optional<TokenizerDifference> HfTokenizerDifference(const std::string& dir_a,
+                                                         const std::string& dir_b) {
+  std::error_code ec;
+  const fs::path a_file = fs::path(dir_a) / "tokenizer.json",
+                 b_file = fs::path(dir_b) / "tokenizer.json";
+  if (fs::equivalent(a_file, b_file, ec) && !ec) return std::nullopt;  // one file
+  const std::optional<Json> a = ReadTokenizerJson(dir_a);
+  if (!a) return std::nullopt;
+  const std::optional<Json> b = ReadTokenizerJson(dir_b);
+  if (!b) return std::nullopt;
+  std::unordered_map<int64_t, std::string> tokens;  // a's: one past the id -> token
+  ForEachTokenizerId(*a, [&](int64_t past_id, const std::string& token) {
+    if (past_id > 0) tokens[past_id] = token;
+  });
+  std::optional<TokenizerDifference> first;
+  int64_t count = 0;
+  ForEachTokenizerId(*b, [&](int64_t past_id, const std::string& token) {
+    const auto it = past_id > 0 ? tokens.find(past_id) : tokens.end();
+    if (it == tokens.end() || it->second == token) return;
+    ++count;
+    if (!first || past_id - 1 < first->id)
+      first = TokenizerDifference{past_id - 1, it->second, token, 0};
+  });
+  if (first) first->count = count;
+  return first;
 }
 
 }  // namespace distill
