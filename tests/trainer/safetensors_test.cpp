@@ -309,6 +309,35 @@ TEST(Safetensors, OverlappingTensorsNameBoth) {
   EXPECT_TRUE(SameBytes(file.Tensor("a", at::kHalf), at::zeros({2}, at::kHalf)));
 }
 
+// The data section is covered by the tensors, without holes and without bytes after the last
+// one, as the format says (the reference reader refuses such files too).
+TEST(Safetensors, BytesNoTensorUsesAreRefused) {
+  const std::string dir = TempDir();
+  const std::string header = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  const std::string trailing = HandFile(dir, header, std::string(9, '\0'), "trailing.safetensors");
+  EXPECT_EQ(ErrorOf([&] { SafetensorsFile file(trailing); }),
+            trailing +
+                ": header: expected the tensors to cover the data section (9 bytes), got 1 bytes "
+                "after the last tensor that no tensor uses (the safetensors format allows none: a "
+                "damaged or appended file)");
+  const std::string hole = HandFile(dir,
+                                    R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                                    std::string(12, '\0'), "hole.safetensors");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(hole); }),
+                 {hole, "tensor \"b\"", "after bytes [4, 8) that no tensor uses"});
+  const std::string leading =
+      HandFile(dir, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+               std::string(8, '\0'), "leading.safetensors");
+  ExpectContains(ErrorOf([&] { SafetensorsFile file(leading); }),
+                 {leading, "tensor \"a\"", "after bytes [0, 4) that no tensor uses"});
+  // Only empty tensors: an empty data section.
+  const SafetensorsFile empty(
+      HandFile(dir, R"({"e": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}})", "",
+               "empty.safetensors"));
+  EXPECT_EQ(empty.names().size(), 1u);
+}
+
 TEST(Safetensors, MetadataMustBeStrings) {
   const std::string dir = TempDir();
   const std::string path = HandFile(dir, R"({"__metadata__": {"format": 1}})", "");

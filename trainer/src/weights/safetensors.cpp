@@ -367,6 +367,25 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
                       cur.begin, cur.end, Quoted(*by_offset[i - 1].second), prev.begin, prev.end));
     }
   }
+  // Every byte of the data section belongs to a tensor, as the format requires (no holes, nothing
+  // after the last tensor: the reference reader refuses such a file, "not fully covered").
+  uint64_t covered = 0;
+  for (const auto& [info, name] : by_offset) {
+    if (info->begin != covered) {
+      TensorError(path, *name,
+                  fmt::format("data_offsets: expected the tensors to cover the data section "
+                              "without holes (the safetensors format), got [{}, {}], after bytes "
+                              "[{}, {}) that no tensor uses: a damaged or hand-made file",
+                              info->begin, info->end, covered, info->begin));
+    }
+    covered = info->end;
+  }
+  if (covered != data_size) {
+    HeaderError(path, fmt::format("expected the tensors to cover the data section ({} bytes), got "
+                                  "{} bytes after the last tensor that no tensor uses (the "
+                                  "safetensors format allows none: a damaged or appended file)",
+                                  data_size, data_size - covered));
+  }
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : impl_(std::make_unique<Impl>()) {
