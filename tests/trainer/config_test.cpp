@@ -669,6 +669,14 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
                  "in [0, 1), got invalid YAML",
                  0),
       0u);
+  // A config file given without --config.
+  const std::string file = testing::FreshTestDir("distill_cfg_") + "/distill.yaml";
+  testing::WriteBytes(file, kValidDistill);
+  EXPECT_EQ(ErrorOf(kValidDistill, {file}),
+            "override \"" + file + "\": expected key.path=value (a config file is given with "
+            "--config " + file + ")");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"distill.yaml"}),
+            "override \"distill.yaml\": expected key.path=value");
   // One YAML document, as in the file (YAML::Load kept the first of "2\n---\n3").
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.steps=2\n---\n3"}),
             "override \"train.steps=2\n---\n3\": train.steps: expected an integer in [1, "

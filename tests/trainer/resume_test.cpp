@@ -1350,6 +1350,23 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
                               "directory: its runs are {}/teacher or {}/student)",
                               c.train.out_dir, c.train.out_dir)));
   }
+  // A Hugging Face model directory is named as one (for a teacher: the key that takes it).
+  const std::string hf = c.train.out_dir + "-hf";
+  fs::create_directories(hf);
+  testing::WriteBytes(hf + "/config.json", "{}");
+  for (const char* what : {"teacher.checkpoint", "export"}) {
+    try {
+      LoadWeights(hf, *model, at::Device(at::kCPU), what);
+      ADD_FAILURE() << "loaded weights from a Hugging Face directory";
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), ::testing::EndsWith(fmt::format(
+                                "is a directory without checkpoints/step_*.pt (a Hugging Face "
+                                "model directory, with config.json{})",
+                                std::string(what) == "export" ? ""
+                                                              : ": give it as teacher.hf_dir")));
+    }
+  }
+  RemoveTree(hf);
 }
 
 // A pipeline's --fresh deletes its stage runs: not while another process trains in one (here a

@@ -583,9 +583,14 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
               fmt::format("{}{}", stages.empty() ? "" : " or ", (fs::path(path) / stage).string());
         }
       }
+      // A Hugging Face model directory is the other key's (teacher.hf_dir).
+      const bool hf = fs::is_regular_file(fs::path(path) / "config.json");
       throw std::runtime_error(fmt::format(
           "{}: \"{}\" is a directory without checkpoints/step_*.pt{}", what, path,
-          stages.empty() ? "" : fmt::format(" (a pipeline's directory: its runs are {})", stages)));
+          !stages.empty() ? fmt::format(" (a pipeline's directory: its runs are {})", stages)
+          : hf ? fmt::format(" (a Hugging Face model directory, with config.json{})",
+                             what == "teacher.checkpoint" ? ": give it as teacher.hf_dir" : "")
+               : ""));
     }
     for (const auto& failure : intact->skipped) {
       warn(fmt::format("warning: {}: {}; using the previous checkpoint, {}", what, failure,

@@ -2,6 +2,7 @@
 // constraints between keys. Every error names where (file:line or the override), the key path,
 // what was expected and what was found.
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -257,7 +258,13 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
   const std::string where = fmt::format("override \"{}\"", text);
   const size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0) {
-    throw ConfigError(fmt::format("{}: expected key.path=value", where));
+    // A config file given without --config reads as an override.
+    std::error_code ec;
+    const bool file = eq == std::string::npos && std::filesystem::is_regular_file(text, ec);
+    throw ConfigError(fmt::format("{}: expected key.path=value{}", where,
+                                  file ? fmt::format(" (a config file is given with --config {})",
+                                                     text)
+                                       : ""));
   }
   const std::string path = text.substr(0, eq);
   const KeyDecl* key = FindKey(path);
@@ -942,7 +949,10 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
     throw ConfigError(fmt::format("{}: no such file; expected a YAML config file", path));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read the config file", path));
+  if (!in) {
+    throw ConfigError(
+        fmt::format("{}: cannot read the config file ({})", path, std::strerror(errno)));
+  }
   // A pipe (--config <(...)) is read as a file; a stream without end (/dev/zero) is cut off.
   constexpr size_t kMaxBytes = size_t{16} << 20;
   std::string text;
