@@ -72,19 +72,17 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "teacher.n_layer=5", "teacher.n_head=8", "teacher.d_model=256", "teacher.mlp_ratio=3",
       "teacher.dropout=0.5", "teacher.tie_embeddings=false", "teacher.checkpoint=runs/t",
       "teacher.pretrain_steps=0", "data.source=tokens", "data.path=some/*.bin",
-      "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40", "data.min_seq_len=20",
-      "data.seed=-5", "data.synthetic.order=3", "data.synthetic.branching=5",
-      "data.synthetic.zipf=0", "distill.divergence=tvd", "distill.jsd_beta=0.25",
-      "distill.temperature=2.5", "distill.kd_weight=0.5", "distill.ce_weight=0.75",
-      "distill.ignore_index=-1", "optim.lr=0.01", "optim.betas=[0.8, 0.99]", "optim.eps=1e-6",
-      "optim.weight_decay=0", "optim.grad_clip=0", "schedule.kind=linear",
-      "schedule.warmup_steps=0", "schedule.min_lr_ratio=1", "train.mode=distill", "train.steps=11",
-      "train.grad_accum=4", "train.seed=9", "train.device=cpu", "train.precision=fp32",
-      "train.log_interval=3", "train.eval_interval=0", "train.eval_batches=5",
-      "train.checkpoint_interval=0", "train.keep_checkpoints=9", "train.resume=false",
-      "train.baseline=true", "train.out_dir=elsewhere", "train.export_hf=false",
-      "train.export_from=models/tok", "train.nonfinite=skip", "train.max_skipped_steps=3",
-      "train.bucket_mb=7", "data.val_path=v/*.bin", "distill.vocab_size=25",
+      "data.val_fraction=0.25", "data.batch_size=3", "data.seq_len=40", "data.seed=-5",
+      "distill.divergence=jsd", "distill.jsd_beta=0.25", "distill.temperature=2.5",
+      "distill.kd_weight=0.5", "distill.ce_weight=0.75", "distill.ignore_index=-1", "optim.lr=0.01",
+      "optim.betas=[0.8, 0.99]", "optim.eps=1e-6", "optim.weight_decay=0", "optim.grad_clip=0",
+      "schedule.kind=linear", "schedule.warmup_steps=0", "schedule.min_lr_ratio=1",
+      "train.mode=distill", "train.steps=11", "train.grad_accum=4", "train.seed=9",
+      "train.device=cpu", "train.precision=fp32", "train.log_interval=3", "train.eval_interval=0",
+      "train.eval_batches=5", "train.checkpoint_interval=0", "train.keep_checkpoints=9",
+      "train.resume=false", "train.baseline=true", "train.out_dir=elsewhere",
+      "train.export_hf=false", "train.export_from=models/tok", "train.nonfinite=skip",
+      "train.max_skipped_steps=3", "train.bucket_mb=7", "distill.vocab_size=25",
       "distill.fused_linear=true", "train.cuda_graph=false", "train.activation_checkpointing=false",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
@@ -101,10 +99,25 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "teacher.rope_scaling.original_max_position_embeddings=32", "teacher.attention_bias=true",
       "teacher.attention_out_bias=true", "teacher.mlp_bias=true", "teacher.qk_norm=true",
       "teacher.hf_model_type=mistral", "student.activation=gelu", "teacher.activation=gelu"};
+  // Keys that the values above leave unread (refused away from their default: the synthetic
+  // language's with data.source tokens, data.val_path with val_fraction): set in configs of
+  // their own below.
+  const std::vector<std::string> synthetic_only = {"data.min_seq_len=20", "data.synthetic.order=3",
+                                                   "data.synthetic.branching=5",
+                                                   "data.synthetic.zipf=0"};
+  const std::vector<std::string> val_path = {"data.source=tokens", "data.path=some/*.bin",
+                                             "data.val_path=v/*.bin"};
+  const size_t alone = synthetic_only.size() + 1;
   size_t hf_dir_keys = 0;
   for (const auto& key : ConfigKeys()) hf_dir_keys += key.find("hf_dir") != std::string::npos;
-  ASSERT_EQ(overrides.size() + hf_dir_keys, ConfigKeys().size())
+  ASSERT_EQ(overrides.size() + alone + hf_dir_keys, ConfigKeys().size())
       << "a key was added: give it an override";
+  const Config synthetic = ParseConfig(kValidDistill, "x.yaml", synthetic_only);
+  EXPECT_EQ(synthetic.data.min_seq_len, 20);
+  EXPECT_EQ(synthetic.data.synthetic.order, 3);
+  EXPECT_EQ(synthetic.data.synthetic.branching, 5);
+  EXPECT_DOUBLE_EQ(synthetic.data.synthetic.zipf, 0.0);
+  EXPECT_EQ(ParseConfig(kValidDistill, "x.yaml", val_path).data.val_path, "v/*.bin");
   const Config c = ParseConfig("", "x.yaml", overrides);
   const Config defaults;
   const std::string dumped = ConfigToYaml(c);
@@ -130,8 +143,8 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   EXPECT_EQ(c.data.path, "some/*.bin");
   EXPECT_DOUBLE_EQ(c.data.val_fraction, 0.25);
   EXPECT_EQ(c.data.seed, -5);
-  EXPECT_EQ(c.data.synthetic.order, 3);
-  EXPECT_DOUBLE_EQ(c.data.synthetic.zipf, 0.0);
+  EXPECT_EQ(c.distill.divergence, Divergence::kJsd);
+  EXPECT_DOUBLE_EQ(c.distill.jsd_beta, 0.25);
   EXPECT_DOUBLE_EQ(c.distill.temperature, 2.5);
   EXPECT_EQ(c.distill.ignore_index, -1);
   EXPECT_EQ(c.distill.fused_linear, FusedLinear::kOn);
@@ -160,11 +173,11 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
     differing += la != lb;
   }
   // Overrides equal to the default on purpose (the only valid value, or needed for consistency):
-  // distill.divergence, train.precision, train.mode, student.init_from_teacher,
-  // teacher.pretrain_steps, train.activation_checkpointing, student.activation and
-  // teacher.activation (their llama family has no other); and the two hf_dir keys, not set here.
+  // train.precision, train.mode, student.init_from_teacher, teacher.pretrain_steps,
+  // train.activation_checkpointing, student.activation and teacher.activation (their llama
+  // family has no other); the keys set on their own above; and the two hf_dir keys, not set here.
   EXPECT_EQ(lines, static_cast<int>(ConfigKeys().size()));
-  EXPECT_EQ(differing, lines - 8 - static_cast<int>(hf_dir_keys)) << dumped;
+  EXPECT_EQ(differing, lines - 7 - static_cast<int>(alone + hf_dir_keys)) << dumped;
 }
 
 TEST(ConfigTest, YamlFileValuesAndLineNumbers) {
@@ -407,6 +420,38 @@ TEST(ConfigTest, InputsInsideTheRunDirectoryAreRefused) {
                            "runs/i?/a.bin", "runs/a.bin"}) {
     EXPECT_EQ(ErrorOf(tokens, {out, std::string("data.path=") + path}), "") << path;
   }
+}
+
+// A key set away from its default where the run does not read it is refused, naming what reads
+// it; at its default (a --print-config dump holds every key) it is fine.
+TEST(ConfigTest, KeysTheRunWouldNotReadAreRefused) {
+  EXPECT_EQ(ErrorOf(kValidDistill, {"distill.jsd_beta=0.25"}),
+            "override \"distill.jsd_beta=0.25\": distill.jsd_beta: expected 0.5, its default (the "
+            "run does not read it: read by distill.divergence jsd only, and distill.divergence "
+            "is tvd; remove the key), got 0.25");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"distill.divergence=jsd", "distill.jsd_beta=0.25"}), "");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"schedule.kind=constant", "schedule.min_lr_ratio=0.5"}),
+              ::testing::HasSubstr("schedule.min_lr_ratio: expected 0.1, its default (the run "
+                                   "does not read it: schedule.kind constant does not decay"));
+  const std::vector<std::string> tokens = {"data.source=tokens", "data.path=t/*.bin"};
+  for (const char* key : {"data.min_seq_len=20", "data.synthetic.order=3",
+                          "data.synthetic.branching=5", "data.synthetic.zipf=0"}) {
+    std::vector<std::string> o = tokens;
+    o.push_back(key);
+    EXPECT_THAT(ErrorOf(kValidDistill, o),
+                ::testing::HasSubstr("read by data.source synthetic only; data.source is tokens"))
+        << key;
+  }
+  std::vector<std::string> both = tokens;
+  both.insert(both.end(), {"data.val_path=v/*.bin", "data.val_fraction=0.25"});
+  EXPECT_THAT(ErrorOf(kValidDistill, both),
+              ::testing::HasSubstr("data.val_fraction: expected 0.1, its default (the run does "
+                                   "not read it: data.val_path gives the validation shards"));
+  EXPECT_THAT(ErrorOf(kValidDistill, {"data.val_fraction=0.25"}),
+              ::testing::HasSubstr("synthetic validation is its own generated stream"));
+  // A stored config (a run made before the check) still loads.
+  EXPECT_NO_THROW(ParseConfig(ConfigToYaml(ParseConfig(kValidDistill, "x.yaml")), "c.yaml",
+                              {"distill.jsd_beta=0.25"}, ConfigOrigin::kStored));
 }
 
 // YAML syntax at a value's start: a tag ('!') or an anchor ('&') with nothing after it, an alias
@@ -673,8 +718,10 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   const std::string file = testing::FreshTestDir("distill_cfg_") + "/distill.yaml";
   testing::WriteBytes(file, kValidDistill);
   EXPECT_EQ(ErrorOf(kValidDistill, {file}),
-            "override \"" + file + "\": expected key.path=value (a config file is given with "
-            "--config " + file + ")");
+            "override \"" + file +
+                "\": expected key.path=value (a config file is given with "
+                "--config " +
+                file + ")");
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.yaml"}),
             "override \"distill.yaml\": expected key.path=value");
   // One YAML document, as in the file (YAML::Load kept the first of "2\n---\n3").

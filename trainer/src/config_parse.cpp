@@ -261,10 +261,9 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
     // A config file given without --config reads as an override.
     std::error_code ec;
     const bool file = eq == std::string::npos && std::filesystem::is_regular_file(text, ec);
-    throw ConfigError(fmt::format("{}: expected key.path=value{}", where,
-                                  file ? fmt::format(" (a config file is given with --config {})",
-                                                     text)
-                                       : ""));
+    throw ConfigError(
+        fmt::format("{}: expected key.path=value{}", where,
+                    file ? fmt::format(" (a config file is given with --config {})", text) : ""));
   }
   const std::string path = text.substr(0, eq);
   const KeyDecl* key = FindKey(path);
@@ -610,6 +609,40 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        "that uses the teacher's tokenizer",
                        c.student.hf_dir, diff->id, Shown(diff->b), c.teacher.hf_dir, Shown(diff->a),
                        diff->count, diff->count == 1 ? " differs" : "s differ"));
+    }
+  }
+  // A key set away from its default where the run does not read it is a mistake (a schedule
+  // thought to decay, a beta thought to weigh), not a choice: refused, naming what would read it.
+  // Not for a stored config (a run that set one before this check still resumes).
+  if (requested) {
+    static const Config defaults;
+    const bool synthetic = c.data.source == "synthetic";
+    const std::string source = fmt::format("data.source is {}", c.data.source);
+    const struct {
+      const char* key;
+      bool unused;
+      std::string why;
+    } unused_keys[] = {
+        {"distill.jsd_beta", c.distill.divergence != Divergence::kJsd,
+         fmt::format("read by distill.divergence jsd only, and distill.divergence is {}",
+                     EnumName(c.distill.divergence))},
+        {"schedule.min_lr_ratio", c.schedule.kind == ScheduleKind::kConstant,
+         "schedule.kind constant does not decay"},
+        {"data.val_fraction", synthetic || !c.data.val_path.empty(),
+         synthetic ? "synthetic validation is its own generated stream"
+                   : "data.val_path gives the validation shards"},
+        {"data.min_seq_len", !synthetic, "read by data.source synthetic only; " + source},
+        {"data.synthetic.order", !synthetic, "read by data.source synthetic only; " + source},
+        {"data.synthetic.branching", !synthetic, "read by data.source synthetic only; " + source},
+        {"data.synthetic.zipf", !synthetic, "read by data.source synthetic only; " + source},
+    };
+    for (const auto& u : unused_keys) {
+      const internal::KeyDecl* decl = FindKey(u.key);
+      const std::string value = decl->get(c), fallback = decl->get(defaults);
+      if (!u.unused || value == fallback) continue;
+      fail(u.key, fmt::format("expected {}, its default (the run does not read it: {}; remove "
+                              "the key), got {}",
+                              fallback, u.why, value));
     }
   }
   // A path the run would not read is a mistake (data.source left at its default), not a choice.
