@@ -1359,11 +1359,11 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
       LoadWeights(hf, *model, at::Device(at::kCPU), what);
       ADD_FAILURE() << "loaded weights from a Hugging Face directory";
     } catch (const std::runtime_error& e) {
-      EXPECT_THAT(e.what(), ::testing::EndsWith(fmt::format(
-                                "is a directory without checkpoints/step_*.pt (a Hugging Face "
-                                "model directory, with config.json{})",
-                                std::string(what) == "export" ? ""
-                                                              : ": give it as teacher.hf_dir")));
+      EXPECT_THAT(e.what(),
+                  ::testing::EndsWith(fmt::format(
+                      "is a directory without checkpoints/step_*.pt (a Hugging Face "
+                      "model directory, with config.json{})",
+                      std::string(what) == "export" ? "" : ": give it as teacher.hf_dir")));
     }
   }
   RemoveTree(hf);

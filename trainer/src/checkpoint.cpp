@@ -588,9 +588,9 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
       throw std::runtime_error(fmt::format(
           "{}: \"{}\" is a directory without checkpoints/step_*.pt{}", what, path,
           !stages.empty() ? fmt::format(" (a pipeline's directory: its runs are {})", stages)
-          : hf ? fmt::format(" (a Hugging Face model directory, with config.json{})",
+          : hf            ? fmt::format(" (a Hugging Face model directory, with config.json{})",
                              what == "teacher.checkpoint" ? ": give it as teacher.hf_dir" : "")
-               : ""));
+                          : ""));
     }
     for (const auto& failure : intact->skipped) {
       warn(fmt::format("warning: {}: {}; using the previous checkpoint, {}", what, failure,
