@@ -454,6 +454,14 @@ TEST(ConfigTest, KeysTheRunWouldNotReadAreRefused) {
                               {"distill.jsd_beta=0.25"}, ConfigOrigin::kStored));
 }
 
+// yaml-cpp has no merge keys: "<<: *anchor" is named as one, not as an unknown key "<<".
+TEST(ConfigTest, YamlMergeKeysAreNamed) {
+  EXPECT_EQ(ErrorOf("train:\n  mode: distill\nstudent: &m\n  n_layer: 2\nteacher:\n  <<: *m\n"
+                    "  checkpoint: t.pt\n"),
+            "x.yaml:6: teacher.<<: a YAML merge key (<<), which the config reader does not "
+            "support; write the keys out");
+}
+
 // YAML syntax at a value's start: a tag ('!') or an anchor ('&') with nothing after it, an alias
 // ('*'): named, with how to quote the value.
 TEST(ConfigTest, YamlSyntaxAtAValuesStartIsNamed) {

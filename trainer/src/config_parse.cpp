@@ -194,6 +194,9 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
       }
       locations[path] = where_key;
       if (item.second.IsMap()) ApplyMap(item.second, path, source, config, locations);
+    } else if (name == "<<") {  // yaml-cpp has no merge keys: "<<" is a key like any other
+      Fail(where_key, path,
+           "a YAML merge key (<<), which the config reader does not support; write the keys out");
     } else {
       Fail(where_key, path, "unknown key" + Suggestion(path));
     }

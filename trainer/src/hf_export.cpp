@@ -481,7 +481,7 @@ std::string ExportRun(const std::string& run_dir, const std::string& out_dir) {
   const fs::path config_file = fs::path(run_dir) / "config.yaml";
   if (!fs::exists(config_file)) {
     throw std::runtime_error(fmt::format(
-        "export: {} is not a run directory (no config.yaml); give the train.out_dir of a run",
+        "export: \"{}\" is not a run directory (no config.yaml); give the train.out_dir of a run",
         run_dir));
   }
   const Config config = LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored);
