@@ -402,7 +402,7 @@ TEST(ConfigTest, InputsInsideTheRunDirectoryAreRefused) {
             "expected a path outside train.out_dir \"runs/it\" (set at override "
             "\"train.out_dir=runs/it\"): --fresh deletes that directory and the run writes its "
             "checkpoints and export there; copy or export it elsewhere, or choose another "
-            "train.out_dir), got \"runs/it/checkpoints/step_8.pt\"");
+            "train.out_dir, got \"runs/it/checkpoints/step_8.pt\"");
   const std::string tokens = std::string(kValidDistill) + "data:\n  source: tokens\n";
   for (const std::vector<std::string>& overrides : std::vector<std::vector<std::string>>{
            {out, "teacher.checkpoint=runs/it"},
@@ -449,9 +449,17 @@ TEST(ConfigTest, KeysTheRunWouldNotReadAreRefused) {
                                    "not read it: data.val_path gives the validation shards"));
   EXPECT_THAT(ErrorOf(kValidDistill, {"data.val_fraction=0.25"}),
               ::testing::HasSubstr("synthetic validation is its own generated stream"));
-  // A stored config (a run made before the check) still loads.
+  // A stored config (a run made before the check) still loads, and a requested one for a run
+  // already in train.out_dir too (resumed, its config must equal the stored one).
   EXPECT_NO_THROW(ParseConfig(ConfigToYaml(ParseConfig(kValidDistill, "x.yaml")), "c.yaml",
                               {"distill.jsd_beta=0.25"}, ConfigOrigin::kStored));
+  const std::string run = testing::FreshTestDir("distill_unread_") + "/run";
+  std::filesystem::create_directories(run);
+  const std::vector<std::string> unread = {"train.out_dir=" + run, "distill.jsd_beta=0.25"};
+  EXPECT_THAT(ErrorOf(kValidDistill, {unread[0], unread[1]}),
+              ::testing::HasSubstr("distill.jsd_beta: expected 0.5, its default"));
+  testing::WriteBytes(run + "/config.yaml", "");
+  EXPECT_EQ(ErrorOf(kValidDistill, {unread[0], unread[1]}), "");
 }
 
 // yaml-cpp has no merge keys: "<<: *anchor" is named as one, not as an unknown key "<<".

@@ -518,6 +518,25 @@ TEST(HfTokenizerDifference, NamesTheLowestIdWhoseTokensDiffer) {
   EXPECT_EQ(d->a, "y");
   EXPECT_EQ(d->b, "q");
   EXPECT_EQ(d->count, 2);  // ids 1 and 3
+  // An id listed twice in one file (an added token over a vocabulary entry): read alike on both
+  // sides, so two copies of that file agree.
+  const std::string twice =
+      R"({"model": {"vocab": {"x": 0, "<pad>": 1}}, "added_tokens": [{"id": 1, "content": "<|pad|>"}]})";
+  WriteText(a + "/tokenizer.json", twice);
+  WriteText(b + "/tokenizer.json", twice);
+  EXPECT_EQ(HfTokenizerDifference(a, b), std::nullopt);
+  // Special tokens are not compared (a later release renamed reserved ones); others are.
+  WriteText(
+      b + "/tokenizer.json",
+      R"({"model": {"vocab": {"x": 0, "<pad>": 1}}, "added_tokens": [{"id": 1, "content": "<|eom|>", "special": true}]})");
+  const auto special = HfTokenizerDifference(a, b);
+  ASSERT_TRUE(special.has_value());  // id 1: "<|pad|>" (a's added, not special) and "<pad>"
+  EXPECT_EQ(special->a, "<|pad|>");
+  EXPECT_EQ(special->b, "<pad>");
+  WriteText(
+      a + "/tokenizer.json",
+      R"({"model": {"vocab": {"x": 0, "<pad>": 1}}, "added_tokens": [{"id": 1, "content": "<|reserved|>", "special": true}]})");
+  EXPECT_EQ(HfTokenizerDifference(a, b), std::nullopt);
   WriteText(b + "/tokenizer.json", "[1]");
   ExpectContains(ErrorOf([&] { HfTokenizerDifference(a, b); }),
                  {b + "/tokenizer.json", "JSON object"});

@@ -317,7 +317,7 @@ TEST(Safetensors, BytesNoTensorUsesAreRefused) {
   const std::string trailing = HandFile(dir, header, std::string(9, '\0'), "trailing.safetensors");
   EXPECT_EQ(ErrorOf([&] { SafetensorsFile file(trailing); }),
             trailing +
-                ": header: expected the tensors to cover the data section (9 bytes), got 1 bytes "
+                ": header: expected the tensors to cover the data section (9 bytes), got 1 byte "
                 "after the last tensor that no tensor uses (the safetensors format allows none: a "
                 "damaged or appended file)");
   const std::string hole = HandFile(dir,

@@ -310,7 +310,9 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
     Fail(where, path,
          fmt::format("expected {}, got invalid YAML ({}){}", key->expected, e.msg, hint));
   }
-  // An anchor ("&x") or a tag ("!x") with nothing after it: YAML syntax, not the text.
+  // An anchor ("&x") or a tag ("!x") with nothing after it: YAML syntax, not the text. (With
+  // text after it, an anchor or a tag is the value's property, as YAML reads it: "&x runs/a" is
+  // "runs/a", "!!str 1" the text "1".)
   if (const size_t start = raw.find_first_not_of(" \t");
       start != std::string::npos && (raw[start] == '&' || raw[start] == '!') &&
       (value.IsNull() || (value.IsScalar() && value.Scalar().empty()))) {
@@ -549,6 +551,13 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     fail("data.min_seq_len", fmt::format("expected at most data.seq_len ({}), got {}",
                                          c.data.seq_len, c.data.min_seq_len));
   }
+  // A run already in train.out_dir (its config.yaml) continues under the checks it started with:
+  // the checks marked "starting" below, which judge a config's sense, refuse only a run that
+  // starts. A run made before them still resumes: the requested config must equal its stored
+  // one, which may hold what they refuse (--config <out_dir>/config.yaml included).
+  std::error_code exists_error;
+  const bool starting =
+      requested && !fs::exists(fs::path(c.train.out_dir) / "config.yaml", exists_error);
   // Nothing expands a leading '~' (YAML does not; a shell does only unquoted, at a word's
   // start): out_dir "~/runs/x" made a directory named '~' here. A stored config (a run made so)
   // still loads.
@@ -563,9 +572,10 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                  "unquoted in a shell override), got \"{}\"",
                                  value));
       }
-      // A YAML block scalar ('>' or '|') ends its text with a newline, and a quoted value keeps
-      // its spaces: legal names, but a directory "runs/x\n" beside "runs/x" is never meant.
-      if (std::any_of(value.begin(), value.end(), [](char ch) {
+      // Starting: a YAML block scalar ('>' or '|') ends its text with a newline, and a quoted
+      // value keeps its spaces: legal names, but a directory "runs/x\n" beside "runs/x" is never
+      // meant.
+      if (starting && std::any_of(value.begin(), value.end(), [](char ch) {
             const auto b = static_cast<unsigned char>(ch);
             return b < 0x20 || b == 0x7f;
           })) {
@@ -574,29 +584,29 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                  "got {}",
                                  Shown(value)));
       }
-      if (value.front() == ' ' || value.back() == ' ') {
+      if (starting && (value.front() == ' ' || value.back() == ' ')) {
         fail(k.path, fmt::format("expected a path without leading or trailing spaces (quotes "
                                  "keep them), got {}",
                                  Shown(value)));
       }
-      // What the run reads must not lie inside the directory it writes: --fresh deletes that
-      // directory, and the run's export and checkpoints go into it (a teacher exported by an
-      // earlier run into <out_dir>/hf, distilled again with the same out_dir, was deleted by
-      // --fresh before it was read, and overwritten by the new export).
+      // Every requested config: what the run reads must not lie inside the directory it writes.
+      // --fresh deletes that directory, and the run's export and checkpoints go into it (a
+      // teacher exported by an earlier run into <out_dir>/hf, distilled again with the same
+      // out_dir, was deleted by --fresh before it was read, and overwritten by the new export).
       if (k.path != "train.out_dir" && InsideDirectory(value, c.train.out_dir)) {
         fail(k.path,
              fmt::format("expected a path outside train.out_dir \"{}\" (set at {}): --fresh "
                          "deletes that directory and the run writes its checkpoints and export "
-                         "there; copy or export it elsewhere, or choose another train.out_dir), "
+                         "there; copy or export it elsewhere, or choose another train.out_dir, "
                          "got \"{}\"",
                          c.train.out_dir, Where(at, "train.out_dir"), value));
       }
     }
   }
-  // The student and the teacher share a tokenizer: the divergence compares their logits id by
-  // id, the data's ids are the teacher's, and the export copies the student's tokenizer files
-  // (Llama 2 and Mistral both have 32000 ids, for other tokens).
-  if (requested && distill && !c.student.hf_dir.empty() && !c.teacher.hf_dir.empty()) {
+  // Starting: the student and the teacher share a tokenizer. The divergence compares their logits
+  // id by id, the data's ids are the teacher's, and the export copies the student's tokenizer
+  // files (Llama 2 and Mistral both have 32000 ids, for other tokens).
+  if (starting && distill && !c.student.hf_dir.empty() && !c.teacher.hf_dir.empty()) {
     std::optional<TokenizerDifference> diff;
     try {
       diff = HfTokenizerDifference(c.teacher.hf_dir, c.student.hf_dir);
@@ -614,10 +624,10 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        diff->count, diff->count == 1 ? " differs" : "s differ"));
     }
   }
-  // A key set away from its default where the run does not read it is a mistake (a schedule
-  // thought to decay, a beta thought to weigh), not a choice: refused, naming what would read it.
-  // Not for a stored config (a run that set one before this check still resumes).
-  if (requested) {
+  // Starting: a key set away from its default where the run does not read it is a mistake (a
+  // schedule thought to decay, a beta thought to weigh), not a choice: refused, naming what
+  // would read it.
+  if (starting) {
     static const Config defaults;
     const bool synthetic = c.data.source == "synthetic";
     const std::string source = fmt::format("data.source is {}", c.data.source);

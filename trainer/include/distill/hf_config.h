@@ -44,10 +44,11 @@ std::optional<HfMismatch> HfExpressibleMismatch(const ModelConfig& model);
 std::optional<int64_t> HfTokenizerSize(const std::string& dir);
 
 // Where two directories' tokenizers give one token id different tokens (tokenizer.json: the
-// model's vocabulary and the added tokens): the lowest such id, its token in each, and how many
-// ids differ. nullopt when they agree on every id both have (one may have more ids), or when
-// either has no tokenizer.json. Throws ConfigError naming a tokenizer.json that is not a JSON
-// object.
+// model's vocabulary and the added tokens that are not special; special tokens, such as the
+// reserved ones a later release of a model renamed, are not compared): the lowest such id, its
+// token in each, and how many ids differ. nullopt when they agree on every id both have (one may
+// have more ids), or when either has no tokenizer.json. Throws ConfigError naming a
+// tokenizer.json that is not a JSON object.
 struct TokenizerDifference {
   int64_t id;
   std::string a, b;  // the id's token in dir_a's tokenizer and in dir_b's

@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
-#include <unordered_map>
 
 #include "distill/file_io.h"
 #include "json_limits.h"
@@ -565,34 +565,34 @@ std::optional<Json> ReadTokenizerJson(const std::string& dir) {
   return ReadJsonObject<Json>(path);
 }
 
-// f(past_id, token) for every token of a tokenizer.json: the model's vocabulary (BPE and
-// WordPiece: token -> id; Unigram: [piece, score] by id), then the added tokens. past_id is
-// PastId's (one past the id, saturating; 0 for an id that is no number).
+// f(past_id, token, special) for every token of a tokenizer.json: the model's vocabulary (BPE
+// and WordPiece: token -> id; Unigram: [piece, score] by id), then the added tokens (special:
+// their "special" flag). past_id is PastId's (one past the id, saturating; 0 for an id that is no
+// number).
 template <typename F>
 void ForEachTokenizerId(const Json& json, F&& f) {
+  const auto text = [](const Json& v) { return v.is_string() ? v.get<std::string>() : ""; };
   const auto model = json.find("model");
   if (model != json.end() && model->is_object()) {
     const auto vocab = model->find("vocab");
     if (vocab != model->end() && vocab->is_object()) {
-      for (const auto& [token, id] : vocab->items()) f(PastId(id), token);
+      for (const auto& [token, id] : vocab->items()) f(PastId(id), token, false);
     } else if (vocab != model->end() && vocab->is_array()) {
       int64_t id = 0;
       for (const auto& piece : *vocab) {
-        ++id;
-        f(id, piece.is_array() && !piece.empty() && piece[0].is_string()
-                  ? piece[0].get<std::string>()
-                  : std::string());
+        f(++id, piece.is_array() && !piece.empty() ? text(piece[0]) : std::string(), false);
       }
     }
   }
   const auto added = json.find("added_tokens");
   if (added != json.end() && added->is_array()) {
     for (const auto& token : *added) {
-      const auto id = token.is_object() ? token.find("id") : token.end();
+      if (!token.is_object()) continue;
+      const auto id = token.find("id");
       if (id == token.end()) continue;
-      const auto content = token.find("content");
-      f(PastId(*id), content != token.end() && content->is_string() ? content->get<std::string>()
-                                                                    : std::string());
+      const auto content = token.find("content"), special = token.find("special");
+      f(PastId(*id), content != token.end() ? text(*content) : std::string(),
+        special != token.end() && special->is_boolean() && special->get<bool>());
     }
   }
 }
@@ -601,8 +601,8 @@ std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
   const std::optional<Json> json = ReadTokenizerJson(dir);
   if (!json) return std::nullopt;
   int64_t size = 0;
-  ForEachTokenizerId(*json,
-                     [&](int64_t past_id, const std::string&) { size = std::max(size, past_id); });
+  ForEachTokenizerId(
+      *json, [&](int64_t past_id, const std::string&, bool) { size = std::max(size, past_id); });
   return size;
 }
 
@@ -612,23 +612,29 @@ std::optional<TokenizerDifference> HfTokenizerDifference(const std::string& dir_
   const fs::path a_file = fs::path(dir_a) / "tokenizer.json",
                  b_file = fs::path(dir_b) / "tokenizer.json";
   if (fs::equivalent(a_file, b_file, ec) && !ec) return std::nullopt;  // one file
-  const std::optional<Json> a = ReadTokenizerJson(dir_a);
+  // Each side's id -> token, read the same way (an id listed twice, in the vocabulary and the
+  // added tokens, keeps its last token on both sides); special added tokens left out.
+  const auto tokens_of = [](const std::string& dir) {
+    std::optional<std::map<int64_t, std::string>> tokens;
+    const std::optional<Json> json = ReadTokenizerJson(dir);
+    if (!json) return tokens;
+    tokens.emplace();
+    ForEachTokenizerId(*json, [&](int64_t past_id, const std::string& token, bool special) {
+      if (past_id > 0 && !special) (*tokens)[past_id - 1] = token;
+    });
+    return tokens;
+  };
+  const auto a = tokens_of(dir_a);
   if (!a) return std::nullopt;
-  const std::optional<Json> b = ReadTokenizerJson(dir_b);
+  const auto b = tokens_of(dir_b);
   if (!b) return std::nullopt;
-  std::unordered_map<int64_t, std::string> tokens;  // a's: one past the id -> token
-  ForEachTokenizerId(*a, [&](int64_t past_id, const std::string& token) {
-    if (past_id > 0) tokens[past_id] = token;
-  });
   std::optional<TokenizerDifference> first;
   int64_t count = 0;
-  ForEachTokenizerId(*b, [&](int64_t past_id, const std::string& token) {
-    const auto it = past_id > 0 ? tokens.find(past_id) : tokens.end();
-    if (it == tokens.end() || it->second == token) return;
-    ++count;
-    if (!first || past_id - 1 < first->id)
-      first = TokenizerDifference{past_id - 1, it->second, token, 0};
-  });
+  for (const auto& [id, token] : *a) {  // in id order: the first difference is the lowest id
+    const auto other = b->find(id);
+    if (other == b->end() || other->second == token) continue;
+    if (count++ == 0) first = TokenizerDifference{id, token, other->second, 0};
+  }
   if (first) first->count = count;
   return first;
 }

@@ -381,10 +381,11 @@ void SafetensorsFile::Impl::ParseHeader(const char* text, size_t length) {
     covered = info->end;
   }
   if (covered != data_size) {
-    HeaderError(path, fmt::format("expected the tensors to cover the data section ({} bytes), got "
-                                  "{} bytes after the last tensor that no tensor uses (the "
-                                  "safetensors format allows none: a damaged or appended file)",
-                                  data_size, data_size - covered));
+    HeaderError(path,
+                fmt::format("expected the tensors to cover the data section ({} bytes), got "
+                            "{} byte{} after the last tensor that no tensor uses (the "
+                            "safetensors format allows none: a damaged or appended file)",
+                            data_size, data_size - covered, data_size - covered == 1 ? "" : "s"));
   }
 }
 
