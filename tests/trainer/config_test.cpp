@@ -449,6 +449,11 @@ TEST(ConfigTest, KeysTheRunWouldNotReadAreRefused) {
                                    "not read it: data.val_path gives the validation shards"));
   EXPECT_THAT(ErrorOf(kValidDistill, {"data.val_fraction=0.25"}),
               ::testing::HasSubstr("synthetic validation is its own generated stream"));
+  // Text reads val_fraction: a val_path there is the mistake, named as such.
+  EXPECT_THAT(ErrorOf(kValidDistill, {"data.source=text", "data.path=a.txt", "data.val_path=v.txt",
+                                      "data.val_fraction=0.25", "student.vocab_size=256",
+                                      "teacher.vocab_size=256"}),
+              ::testing::HasSubstr("data.val_path: expected \"\" with data.source text"));
   // A stored config (a run made before the check) still loads, and a requested one for a run
   // already in train.out_dir too (resumed, its config must equal the stored one).
   EXPECT_NO_THROW(ParseConfig(ConfigToYaml(ParseConfig(kValidDistill, "x.yaml")), "c.yaml",

@@ -641,7 +641,7 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                      EnumName(c.distill.divergence))},
         {"schedule.min_lr_ratio", c.schedule.kind == ScheduleKind::kConstant,
          "schedule.kind constant does not decay"},
-        {"data.val_fraction", synthetic || !c.data.val_path.empty(),
+        {"data.val_fraction", synthetic || (c.data.source == "tokens" && !c.data.val_path.empty()),
          synthetic ? "synthetic validation is its own generated stream"
                    : "data.val_path gives the validation shards"},
         {"data.min_seq_len", !synthetic, "read by data.source synthetic only; " + source},
