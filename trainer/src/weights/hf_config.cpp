@@ -552,7 +552,6 @@ int64_t PastId(const Json& id) {
   }
   return 0;
 }
-}  // namespace
 
 // The tokenizer.json of `dir`, or nullopt without one. Throws ConfigError naming the file when
 // it is not a JSON object.
@@ -596,6 +595,8 @@ void ForEachTokenizerId(const Json& json, F&& f) {
     }
   }
 }
+
+}  // namespace
 
 std::optional<int64_t> HfTokenizerSize(const std::string& dir) {
   const std::optional<Json> json = ReadTokenizerJson(dir);
