@@ -221,14 +221,23 @@ def run_trainer(args, work: Path, config_file: Path, warmup: int) -> dict:
             "timed_tokens": round(tokens), "timed_steps": len(window), "peak_process_bytes": peak}
 
 
+def port_library(args) -> Path:
+    """The liblossfns the port loads: --library, else $LOSSFNS_LIBRARY, else the trainer's build's."""
+    library = args.library or os.environ.get("LOSSFNS_LIBRARY") or \
+        Path(args.trainer).resolve().parent.parent / "lib" / "liblossfns.so"
+    if not Path(library).is_file():
+        sys.exit(f"trainer_bench: no liblossfns at {library} for the PyTorch port; pass --library "
+                 "(or set LOSSFNS_LIBRARY) to the library the trainer runs with")
+    return Path(library)
+
+
 def run_port(args, work: Path, config_file: Path, mode: str, teacher: dict, warmup: int) -> dict:
     spec = {"config": str(config_file), "mode": mode, "device": args.device, "warmup": warmup,
             "steps": args.steps, "parity_steps": args.parity_steps, "tvd": args.tvd,
             "optimizer": args.optimizer, "teacher": teacher, "out": str(work / f"{mode}.json")}
     (work / f"{mode}.spec.json").write_text(json.dumps(spec, indent=1))
-    library = Path(args.trainer).resolve().parent.parent / "lib" / "liblossfns.so"
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(HERE)]),
-           "LOSSFNS_LIBRARY": str(library), "PYTHONWARNINGS": "ignore"}
+           "LOSSFNS_LIBRARY": str(port_library(args)), "PYTHONWARNINGS": "ignore"}
     peak = run_child([sys.executable, str(Path(__file__).resolve()), "--worker", str(work / f"{mode}.spec.json")],
                      work, mode, args.device, env)
     result = json.loads(Path(spec["out"]).read_text())
@@ -403,6 +412,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=15, help="timed steps")
     ap.add_argument("--parity-steps", type=int, default=3, help="steps on the trainer's exact data, compared")
     ap.add_argument("--trainer", default=str(ROOT / "build" / "trainer" / "distill_trainer"))
+    ap.add_argument("--library", help="the liblossfns.so the PyTorch port loads (default: $LOSSFNS_LIBRARY, "
+                    "else lib/liblossfns.so beside the trainer's build directory)")
     ap.add_argument("--smollm2", default=os.environ.get("LOSSFNS_SMOLLM2_DIR",
                                                        str(Path.home() / ".cache" / "lossfns" / "smollm2")))
     ap.add_argument("--tvd", default="lossfns", choices=["lossfns", "composite"],
