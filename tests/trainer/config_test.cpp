@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "config_schema.h"
 #include "distill/config.h"
 #include "distill/run_dir.h"
@@ -420,6 +422,41 @@ TEST(ConfigTest, InputsInsideTheRunDirectoryAreRefused) {
                            "runs/i?/a.bin", "runs/a.bin"}) {
     EXPECT_EQ(ErrorOf(tokens, {out, std::string("data.path=") + path}), "") << path;
   }
+}
+
+// On disk: a glob whose wildcard is above the run directory refused for a file it matches
+// inside it (named), a symbolic link inside it leading out (--fresh deletes the link) and one
+// outside leading in; a glob matching only beside it, and a link beside it leading beside it,
+// are fine.
+TEST(ConfigTest, InputsReachingIntoTheRunDirectoryOnDiskAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string root = testing::FreshTestDir("distill_config_inside_");
+  fs::create_directories(root + "/runs/it");
+  fs::create_directories(root + "/runs/other");
+  fs::create_directories(root + "/data");
+  testing::WriteBytes(root + "/runs/other/a.bin", "x");
+  testing::WriteBytes(root + "/data/a.bin", "x");
+  const std::string tokens = std::string(kValidDistill) + "data:\n  source: tokens\n";
+  const std::string out = "train.out_dir=" + root + "/runs/it";
+  const std::string glob = root + "/runs/*/a.bin";
+  EXPECT_EQ(ErrorOf(tokens, {out, "data.path=" + glob}), "");
+  testing::WriteBytes(root + "/runs/it/a.bin", "x");
+  EXPECT_THAT(
+      ErrorOf(tokens, {out, "data.path=" + glob}),
+      ::testing::HasSubstr("expected a path outside train.out_dir \"" + root + "/runs/it\""));
+  EXPECT_THAT(
+      ErrorOf(tokens, {out, "data.path=" + glob}),
+      ::testing::EndsWith("got \"" + glob + "\", which matches \"" + root + "/runs/it/a.bin\""));
+  fs::create_symlink(root + "/data/a.bin", root + "/runs/it/link.bin");
+  fs::create_symlink(root + "/runs/it/a.bin", root + "/data/into.bin");
+  fs::create_symlink(root + "/data/a.bin", root + "/runs/other/link.bin");
+  for (const std::string& path : {root + "/runs/it/link.bin", root + "/data/into.bin"}) {
+    EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + path}),
+                ::testing::EndsWith("got \"" + path + "\""))
+        << path;
+  }
+  EXPECT_EQ(ErrorOf(tokens, {out, "data.path=" + root + "/runs/other/link.bin"}), "");
+  RemoveTree(root);
 }
 
 // A key set away from its default where the run does not read it is refused, naming what reads
@@ -923,6 +960,36 @@ TEST(ConfigTest, AConfigFileWithoutKeysIsAnError) {
   }
   testing::WriteBytes(path, "{}\n");
   EXPECT_NO_THROW(LoadConfigFile(path, {"train.mode=pretrain"}));
+  RemoveTree(std::filesystem::path(path).parent_path().string());
+}
+
+// yaml-cpp stops at a NUL byte: a file of zeros (a write cut short by a crash) read as no keys,
+// and the keys before a zero as the whole config. Refused, with the line and the byte, whether
+// the file is asked for or is a run's stored config.
+TEST(ConfigTest, ANulByteInTheConfigIsAnErrorNamingItsLine) {
+  const std::string path = testing::FreshTestDir("distill_config_") + "/x.yaml";
+  struct Case {
+    std::string text;
+    int line;
+    size_t byte;
+  };
+  const std::string keys = "train:\n  mode: pretrain\n";
+  for (const Case& c : {Case{std::string(64, '\0'), 1, 0},
+                        Case{keys + std::string(8, '\0') + "  steps: 3\n", 3, keys.size()},
+                        Case{std::string("train: {mode: pretrain}") + '\0', 1, 23}}) {
+    testing::WriteBytes(path, c.text);
+    for (ConfigOrigin origin : {ConfigOrigin::kRequested, ConfigOrigin::kStored}) {
+      try {
+        LoadConfigFile(path, {}, origin);
+        FAIL() << "accepted a NUL byte at " << c.byte;
+      } catch (const ConfigError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  fmt::format("{}:{}: expected YAML text, got a NUL byte (byte {} of the file): "
+                              "the file is damaged or not a config",
+                              path, c.line, c.byte));
+      }
+    }
+  }
   RemoveTree(std::filesystem::path(path).parent_path().string());
 }
 

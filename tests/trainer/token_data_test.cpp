@@ -410,6 +410,26 @@ TEST_F(TokenDataErrorTest, NoFileMatchesTheGlob) {
               HasSubstr("data.val_path: no file matches \"" + pattern + "\""));
 }
 
+// A directory the pattern cannot be matched in for a reason other than its absence (here a
+// symbolic-link loop; a directory without permission, which root passes, gives the same message
+// with "Permission denied") is named with the reason, with and without a wildcard.
+TEST_F(TokenDataErrorTest, AnUnreadableDirectoryIsNamedWithTheReason) {
+  const std::string loop = dir_ + "/loop";
+  std::filesystem::create_symlink("loop", loop);
+  for (const std::string pattern : {loop + "/*.bin", loop + "/val_000000.bin"}) {
+    EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, pattern), 100); }),
+              "data.val_path: no file matches \"" + pattern + "\": cannot read \"" +
+                  (pattern.find('*') == std::string::npos ? pattern : loop) +
+                  "\" (Too many levels of symbolic links)");
+  }
+  // A loop beside a match is skipped, as before.
+  std::filesystem::create_directories(dir_ + "/a");
+  std::filesystem::create_symlink("b", dir_ + "/b");
+  WriteTokenShard(dir_ + "/a/val_000000.bin", std::vector<uint32_t>(40, 6), false);
+  EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, dir_ + "/*/val_*.bin"), 100); }),
+            "(no error)");
+}
+
 // Every token of every shard is checked when the source is made (before any training, and
 // before --fresh deletes a previous run), not only those a batch happens to read: the error
 // names the file and the first bad token, in the training shards and the validation shards.

@@ -1,6 +1,8 @@
 // Parsing and validation of the config: YAML file, then command-line overrides, then the
 // constraints between keys. Every error names where (file:line or the override), the key path,
 // what was expected and what was found.
+#include <glob.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -328,27 +330,50 @@ std::string Where(const Locations& locations, const std::string& path) {
   return it == locations.end() ? "(default)" : it->second;
 }
 
-// Whether `path` (a glob: its directories before the first wildcard) names `dir` or lies inside it,
-// after making both absolute and resolving the symbolic links of their existing parts.
-bool InsideDirectory(const std::string& path, const std::string& dir) {
+// Whether `path` names `dir` or lies inside it, after making both absolute and resolving the
+// symbolic links of their existing parts: with `path`'s last component resolved (a link outside
+// leading in) and unresolved (a link inside leading out: --fresh deletes the link).
+bool PathInsideDirectory(const std::string& path, const fs::path& dir) {
+  std::error_code ec;
+  fs::path absolute = fs::absolute(path.empty() ? "." : path, ec);
+  if (ec) return false;
+  if (!absolute.has_filename()) absolute = absolute.parent_path();  // "runs/x/" is runs/x
+  auto inside = [&](const fs::path& p) {
+    auto pi = p.begin();  // component by component: "runs/x2" is not inside "runs/x"
+    for (auto di = dir.begin(); di != dir.end(); ++di, ++pi) {
+      if (di->empty()) continue;  // a trailing separator's empty component
+      if (pi == p.end() || *pi != *di) return false;
+    }
+    return true;
+  };
+  const fs::path resolved = fs::weakly_canonical(absolute, ec);
+  if (!ec && inside(resolved)) return true;
+  const fs::path name = absolute.filename();
+  if (name == "." || name == "..") return false;  // resolved above: not a link
+  const fs::path parent = fs::weakly_canonical(absolute.parent_path(), ec);
+  return !ec && inside(parent / name);
+}
+
+// The first of `path` (a glob: its directories before the first wildcard, then each file it
+// matches now) that names `dir` or lies inside it (PathInsideDirectory); empty if none does.
+std::string InsideDirectory(const std::string& path, const std::string& dir) {
+  std::error_code ec;
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec || d.empty()) return "";
   // A glob's directories before its first wildcard ("runs/x*" may match runs/x2: not runs/x).
   const size_t wild = path.find_first_of("*?[");
-  const size_t cut = wild == std::string::npos ? wild : path.rfind('/', wild);
-  const std::string literal = wild == std::string::npos  ? path
-                              : cut == std::string::npos ? std::string()
-                                                         : path.substr(0, cut + 1);
-  std::error_code ec;
-  const fs::path p = fs::weakly_canonical(fs::absolute(literal.empty() ? "." : literal, ec), ec);
-  if (ec) return false;
-  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
-  if (ec || d.empty()) return false;
-  // Component by component: "runs/x2" is not inside "runs/x".
-  auto pi = p.begin();
-  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
-    if (di->empty()) continue;  // a trailing separator's empty component
-    if (pi == p.end() || *pi != *di) return false;
+  if (wild == std::string::npos) return PathInsideDirectory(path, d) ? path : "";
+  const size_t cut = path.rfind('/', wild);
+  if (PathInsideDirectory(cut == std::string::npos ? "" : path.substr(0, cut + 1), d)) return path;
+  glob_t g{};
+  std::string match;
+  if (glob(path.c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc && match.empty(); ++i) {
+      if (PathInsideDirectory(g.gl_pathv[i], d)) match = g.gl_pathv[i];
+    }
   }
-  return true;
+  globfree(&g);
+  return match;
 }
 
 // The keys of a model section that define its architecture (all but hf_dir and dropout), without
@@ -593,13 +618,16 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       // --fresh deletes that directory, and the run's export and checkpoints go into it (a
       // teacher exported by an earlier run into <out_dir>/hf, distilled again with the same
       // out_dir, was deleted by --fresh before it was read, and overwritten by the new export).
-      if (k.path != "train.out_dir" && InsideDirectory(value, c.train.out_dir)) {
+      const std::string inside =
+          k.path == "train.out_dir" ? "" : InsideDirectory(value, c.train.out_dir);
+      if (!inside.empty()) {
         fail(k.path,
              fmt::format("expected a path outside train.out_dir \"{}\" (set at {}): --fresh "
                          "deletes that directory and the run writes its checkpoints and export "
                          "there; copy or export it elsewhere, or choose another train.out_dir, "
-                         "got \"{}\"",
-                         c.train.out_dir, Where(at, "train.out_dir"), value));
+                         "got \"{}\"{}",
+                         c.train.out_dir, Where(at, "train.out_dir"), value,
+                         inside == value ? "" : fmt::format(", which matches \"{}\"", inside)));
       }
     }
   }
@@ -929,6 +957,14 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
                    const std::vector<std::string>& overrides, ConfigOrigin origin) {
   Config config;
   Locations locations;
+  // yaml-cpp stops reading at a NUL byte: a file of zeros (a write cut short by a crash, a disk
+  // image) would read as an empty config, or as the keys before the first zero.
+  if (const size_t nul = yaml_text.find('\0'); nul != std::string::npos) {
+    throw ConfigError(fmt::format(
+        "{}:{}: expected YAML text, got a NUL byte (byte {} of the file): the file is damaged or "
+        "not a config",
+        source_name, 1 + std::count(yaml_text.begin(), yaml_text.begin() + nul, '\n'), nul));
+  }
   YAML::Node root;
   try {
     const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
@@ -1013,7 +1049,9 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));
   // A file without a key (empty, or comments only: cut short, or the wrong file) would be every
   // key's default, not the embedded quickstart; a stored one is refused by ParseConfig itself.
-  if (origin == ConfigOrigin::kRequested && std::filesystem::is_regular_file(path, error)) {
+  // (A NUL byte: ParseConfig names it.)
+  if (origin == ConfigOrigin::kRequested && text.find('\0') == std::string::npos &&
+      std::filesystem::is_regular_file(path, error)) {
     // (Not /dev/null: `--config /dev/null key=value ...` asks for the defaults on purpose.)
     const bool no_keys = [&] {
       try {

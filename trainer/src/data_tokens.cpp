@@ -63,14 +63,41 @@ std::string HumanCount(int64_t n) {
   return std::to_string(n);
 }
 
+// The first directory glob(3) could not read for a reason other than its absence (a directory
+// without read or search permission, a symbolic-link loop), and why: glob skips it, so a pattern
+// that matched nothing says why rather than "no file matches".
+thread_local std::string glob_unreadable;
+thread_local int glob_errno = 0;
+
+int OnGlobError(const char* path, int error) {
+  if (glob_errno == 0 && error != ENOENT && error != ENOTDIR) {
+    glob_unreadable = path;
+    glob_errno = error;
+  }
+  return 0;  // go on: a match elsewhere still counts
+}
+
 // The files matching `pattern`, sorted bytewise (glob(3) sorts by the locale's collation).
 std::vector<std::string> Glob(const std::string& key, const std::string& pattern) {
   glob_t g{};
-  const int rc = glob(pattern.c_str(), 0, nullptr, &g);
+  glob_errno = 0;
+  const int rc = glob(pattern.c_str(), 0, OnGlobError, &g);
   std::vector<std::string> paths;
   if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
   globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty())) {
+    // A pattern without wildcards is checked with lstat, which reports nothing to OnGlobError.
+    struct stat st {};
+    if (glob_errno == 0 && pattern.find_first_of("*?[") == std::string::npos &&
+        ::lstat(pattern.c_str(), &st) != 0 && errno != ENOENT && errno != ENOTDIR) {
+      glob_unreadable = pattern;
+      glob_errno = errno;
+    }
+    if (glob_errno != 0) {
+      throw std::runtime_error(fmt::format("{}: no file matches \"{}\": cannot read \"{}\" ({}){}",
+                                           key, pattern, glob_unreadable, std::strerror(glob_errno),
+                                           RelativeTo(pattern)));
+    }
     throw std::runtime_error(
         fmt::format("{}: no file matches \"{}\"{}", key, pattern, RelativeTo(pattern)));
   }
