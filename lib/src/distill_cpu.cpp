@@ -149,7 +149,8 @@ at::Tensor distill_backward_cpu(const at::Tensor& grad_output, const at::Tensor&
 void distill_rescale_grad_cpu(at::Tensor& grad, const at::Tensor& grad_output,
                               const at::Tensor& grad_scale) {
   if (grad.numel() == 0) return;
-  const double go = grad_output.item<double>(), gs = grad_scale.item<double>();
+  const double go = grad_output.item<double>(), hint = grad_scale.item<double>();
+  const double gs = hint == 0 ? 1 : hint;  // the CUDA kernels' hinted_scale
   if (go != gs) grad.mul_(go / gs);
 }
 

@@ -516,11 +516,12 @@ __global__ void __launch_bounds__(256)
 }
 
 // A forward-computed gradient made right for the grad_output backward brings: nothing when it is
-// the grad_scale the forward used (every block reads both and returns), else grad *= go / gs.
+// the scale the forward computed it for (hinted_scale of its grad_scale; every block reads both
+// and returns), else grad *= go / gs.
 template <typename T>
 __global__ void distill_rescale_kernel(T* grad, int64_t n, const float* grad_output,
                                        const float* grad_scale) {
-  const float go = *grad_output, gs = *grad_scale;
+  const float go = *grad_output, gs = hinted_scale(*grad_scale);
   if (go == gs) return;
   const float f = go / gs;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

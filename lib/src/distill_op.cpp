@@ -150,21 +150,20 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     auto [loss, stats, scale, grad] =
         distill_forward_op(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V,
                            grad_scale, /*save=*/true);
-    // The scale the forward computed the gradient for, kept for backward (which updates it): the
-    // promised grad_output, except that a promise of 0 got a gradient for 1 (the kernels'
-    // hinted_scale), which the first backward scales by the grad_output it brings (0 if the
-    // promise holds). A gradient computed for 0 is all zeros, and no other grad_output could be
-    // made from it (it gave NaN, go / 0, up to session 44); the same holds after a first backward
-    // with grad_output 0 (a later one through a retained graph gives NaN: docs/distill.md). A new
-    // tensor, never the caller's, made after the forward's kernels are queued (on the same
-    // stream, so it reads the value they read): host-side ops before them left the device idle
-    // (+0.2 ms a call on an H100 in session 45).
+    // The promise the forward computed the gradient for, kept for backward (which updates it):
+    // the promised grad_output, where a promise of 0 got a gradient for 1 (the kernels'
+    // hinted_scale, which the first backward's rescale applies too), scaled by the grad_output
+    // the first backward brings (0 if the promise holds). A gradient computed for 0 is all
+    // zeros, and no other grad_output could be made from it (it gave NaN, go / 0, up to session
+    // 44); the same holds after a first backward with grad_output 0 (a later one through a
+    // retained graph gives NaN: docs/distill.md). A new tensor, never the caller's, made after
+    // the forward's kernels are queued (on the same stream, so it reads the value they read):
+    // host-side ops before them left the device idle (+0.2 ms a call on an H100 in session 45).
     const at::Tensor none;
     at::Tensor gs;
     if (saved_grad) {
       // A copy even where it is float32 already (to(kFloat) would return its input itself).
       gs = grad_scale->detach().reshape({1}).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      gs.masked_fill_(gs == 0, 1.0);
     }
     const at::Tensor out = view_loss(loss, s, reduction);
     // The output too: its node's edges lead first_order_only's error node to the input.
