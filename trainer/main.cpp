@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
       "directory (config.json + model.safetensors + the teacher's tokenizer files)");
   export_cmd->add_option("run_dir", export_run, "the run's train.out_dir")->required();
   export_cmd->add_option("out_dir", export_out, "a new directory to write")->required();
+  app.set_version_flag(
+      "--version", [] { return distill::VersionText(); },
+      "print the versions (distill_trainer, the liblossfns it loaded, LibTorch) and the CUDA "
+      "devices it sees, then exit");
   app.footer("Config keys (key = default, meaning, accepted values):\n" + distill::ConfigHelp());
 
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which file_io.cpp reports

@@ -7,6 +7,9 @@
 #include <ostream>
 
 #include <fmt/format.h>
+#include <lossfns/version.h>
+#include <torch/cuda.h>
+#include <torch/headeronly/version.h>
 
 #include "distill/memory_estimate.h"
 #include "distill/run_dir.h"
@@ -116,6 +119,17 @@ std::string FormatTable(const std::vector<ResultRow>& rows) {
     }
   }
   return out;
+}
+
+std::string VersionText() {
+#ifdef DISTILL_WITH_CUDA
+  const char* kernels = "CUDA and CPU kernels";
+#else
+  const char* kernels = "CPU kernels only (a build without CUDA)";
+#endif
+  const size_t devices = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  return fmt::format("distill_trainer {} ({}; liblossfns {} loaded; LibTorch {}); CUDA devices: {}",
+                     LOSSFNS_VERSION, kernels, lossfns::version(), TORCH_VERSION, devices);
 }
 
 std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out) {

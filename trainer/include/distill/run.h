@@ -52,6 +52,10 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
 // exported.
 std::string ExportRun(const std::string& run_dir, const std::string& out_dir);
 
+// `distill_trainer --version`: this build's version, the liblossfns it loaded, the LibTorch it
+// was built against, whether it has CUDA kernels, and the CUDA devices it sees.
+std::string VersionText();
+
 // The stage configs of the pipeline (each a plain single run). Exposed for tests and docs.
 Config TeacherStageConfig(const Config& config);
 Config StudentStageConfig(const Config& config);
