@@ -225,10 +225,11 @@ def port_library(args) -> Path:
     """The liblossfns the port loads: --library, else $LOSSFNS_LIBRARY, else the trainer's build's."""
     library = args.library or os.environ.get("LOSSFNS_LIBRARY") or \
         Path(args.trainer).resolve().parent.parent / "lib" / "liblossfns.so"
-    if not Path(library).is_file():
+    library = Path(library).resolve()  # the port runs in the repository root
+    if not library.is_file():
         sys.exit(f"trainer_bench: no liblossfns at {library} for the PyTorch port; pass --library "
                  "(or set LOSSFNS_LIBRARY) to the library the trainer runs with")
-    return Path(library)
+    return library
 
 
 def run_port(args, work: Path, config_file: Path, mode: str, teacher: dict, warmup: int) -> dict:
@@ -433,6 +434,8 @@ def main(argv=None) -> int:
     args.trainer = str(Path(args.trainer).resolve())
     if not Path(args.trainer).exists():
         raise SystemExit(f"trainer_bench: {args.trainer} not found: build distill_trainer or pass --trainer")
+    if {"eager", "compile"} & set(args.modes):
+        args.library = str(port_library(args))  # checked before any run
     if args.config:
         rows = [Row(Path(args.config).stem, str(Path(args.config).resolve()), "single")]
     else:

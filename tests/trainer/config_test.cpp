@@ -422,6 +422,13 @@ TEST(ConfigTest, InputsInsideTheRunDirectoryAreRefused) {
                            "runs/i?/a.bin", "runs/a.bin"}) {
     EXPECT_EQ(ErrorOf(tokens, {out, std::string("data.path=") + path}), "") << path;
   }
+  // Only the token shards' paths are globs: '[' in any other path is a character of its name.
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.out_dir=runs/exp[1]",
+                                      "teacher.checkpoint=runs/exp[1]/checkpoints/step_8.pt"}),
+              ::testing::HasSubstr("expected a path outside train.out_dir"));
+  EXPECT_EQ(
+      ErrorOf(kValidDistill, {"train.out_dir=runs/exp1", "teacher.checkpoint=runs/exp[1]/t.pt"}),
+      "");
 }
 
 // On disk: a glob whose wildcard is above the run directory refused for a file it matches
@@ -450,12 +457,18 @@ TEST(ConfigTest, InputsReachingIntoTheRunDirectoryOnDiskAreRefused) {
   fs::create_symlink(root + "/data/a.bin", root + "/runs/it/link.bin");
   fs::create_symlink(root + "/runs/it/a.bin", root + "/data/into.bin");
   fs::create_symlink(root + "/data/a.bin", root + "/runs/other/link.bin");
-  for (const std::string& path : {root + "/runs/it/link.bin", root + "/data/into.bin"}) {
-    EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + path}),
-                ::testing::EndsWith("got \"" + path + "\""))
-        << path;
-  }
+  EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/it/link.bin"}),
+              ::testing::EndsWith("got \"" + root + "/runs/it/link.bin\""));
+  EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/data/into.bin"}),
+              ::testing::EndsWith("got \"" + root + "/data/into.bin\", which leads to \"" + root +
+                                  "/runs/it/a.bin\""));
   EXPECT_EQ(ErrorOf(tokens, {out, "data.path=" + root + "/runs/other/link.bin"}), "");
+  // A link at any depth: a directory inside it leading out, a file beneath that link.
+  fs::create_symlink(root + "/data", root + "/runs/it/datalink");
+  EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/it/datalink/a.bin"}),
+              ::testing::EndsWith("got \"" + root + "/runs/it/datalink/a.bin\""));
+  EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/*/datalink/a.bin"}),
+              ::testing::EndsWith(", which matches \"" + root + "/runs/it/datalink/a.bin\""));
   RemoveTree(root);
 }
 
@@ -963,9 +976,10 @@ TEST(ConfigTest, AConfigFileWithoutKeysIsAnError) {
   RemoveTree(std::filesystem::path(path).parent_path().string());
 }
 
-// yaml-cpp stops at a NUL byte: a file of zeros (a write cut short by a crash) read as no keys,
-// and the keys before a zero as the whole config. Refused, with the line and the byte, whether
-// the file is asked for or is a run's stored config.
+// A NUL byte (a write cut short by a crash): yaml-cpp reads it as an escape, which gave an error
+// carrying the NUL, or another key. Refused, with the line and the offset, whether the file is
+// asked for or is a run's stored config; a UTF-16 file (its zero bytes are its encoding's) reads
+// as its UTF-8 twin.
 TEST(ConfigTest, ANulByteInTheConfigIsAnErrorNamingItsLine) {
   const std::string path = testing::FreshTestDir("distill_config_") + "/x.yaml";
   struct Case {
@@ -976,7 +990,8 @@ TEST(ConfigTest, ANulByteInTheConfigIsAnErrorNamingItsLine) {
   const std::string keys = "train:\n  mode: pretrain\n";
   for (const Case& c : {Case{std::string(64, '\0'), 1, 0},
                         Case{keys + std::string(8, '\0') + "  steps: 3\n", 3, keys.size()},
-                        Case{std::string("train: {mode: pretrain}") + '\0', 1, 23}}) {
+                        Case{std::string("train: {mode: pretrain}") + '\0', 1, 23},
+                        Case{"# a comment\n" + std::string(3, '\0'), 2, 12}}) {
     testing::WriteBytes(path, c.text);
     for (ConfigOrigin origin : {ConfigOrigin::kRequested, ConfigOrigin::kStored}) {
       try {
@@ -984,11 +999,19 @@ TEST(ConfigTest, ANulByteInTheConfigIsAnErrorNamingItsLine) {
         FAIL() << "accepted a NUL byte at " << c.byte;
       } catch (const ConfigError& e) {
         EXPECT_EQ(std::string(e.what()),
-                  fmt::format("{}:{}: expected YAML text, got a NUL byte (byte {} of the file): "
+                  fmt::format("{}:{}: expected YAML text, got a NUL byte (at byte offset {}): "
                               "the file is damaged or not a config",
                               path, c.line, c.byte));
       }
     }
+  }
+  const std::string utf8 = "train:\n  mode: pretrain\n  steps: 7\n";
+  std::string utf16le;
+  for (char ch : utf8) utf16le += std::string{ch, '\0'};
+  for (const std::string& text : {utf16le, "\xFF\xFE" + utf16le}) {
+    testing::WriteBytes(path, text);
+    EXPECT_EQ(ConfigToYaml(LoadConfigFile(path)), ConfigToYaml(ParseConfig(utf8, "utf8.yaml")))
+        << text.size();
   }
   RemoveTree(std::filesystem::path(path).parent_path().string());
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -330,50 +331,91 @@ std::string Where(const Locations& locations, const std::string& path) {
   return it == locations.end() ? "(default)" : it->second;
 }
 
-// Whether `path` names `dir` or lies inside it, after making both absolute and resolving the
-// symbolic links of their existing parts: with `path`'s last component resolved (a link outside
-// leading in) and unresolved (a link inside leading out: --fresh deletes the link).
-bool PathInsideDirectory(const std::string& path, const fs::path& dir) {
-  std::error_code ec;
-  fs::path absolute = fs::absolute(path.empty() ? "." : path, ec);
-  if (ec) return false;
-  if (!absolute.has_filename()) absolute = absolute.parent_path();  // "runs/x/" is runs/x
-  auto inside = [&](const fs::path& p) {
-    auto pi = p.begin();  // component by component: "runs/x2" is not inside "runs/x"
-    for (auto di = dir.begin(); di != dir.end(); ++di, ++pi) {
+// Whether paths reach into a directory (train.out_dir, absolute and resolved): at any of their
+// components, taken as named under its resolved parent (a link inside the directory, leading
+// anywhere: --fresh deletes the link) and as resolved (a link outside it leading in). Resolved
+// directories are memoised: a glob's matches share a few parents.
+class InsideCheck {
+ public:
+  explicit InsideCheck(fs::path dir) : dir_(std::move(dir)) {}
+
+  // Whether `path` reaches into the directory: "" if not, else what to say after it in an error
+  // (where it leads, when its name alone does not lie inside).
+  std::optional<std::string> Reach(const std::string& path) {
+    std::error_code ec;
+    fs::path absolute = fs::absolute(path.empty() ? "." : path, ec);
+    if (ec) return std::nullopt;
+    if (!absolute.has_filename()) absolute = absolute.parent_path();  // "runs/x/" is runs/x
+    const auto [reach, resolved] = Resolve(absolute);
+    if (!reach) return std::nullopt;
+    return Inside(absolute.lexically_normal())
+               ? std::string()
+               : fmt::format(", which leads to \"{}\"", resolved.string());
+  }
+
+ private:
+  // Component by component: "runs/x2" is not inside "runs/x".
+  bool Inside(const fs::path& p) const {
+    auto pi = p.begin();
+    for (auto di = dir_.begin(); di != dir_.end(); ++di, ++pi) {
       if (di->empty()) continue;  // a trailing separator's empty component
       if (pi == p.end() || *pi != *di) return false;
     }
     return true;
-  };
-  const fs::path resolved = fs::weakly_canonical(absolute, ec);
-  if (!ec && inside(resolved)) return true;
-  const fs::path name = absolute.filename();
-  if (name == "." || name == "..") return false;  // resolved above: not a link
-  const fs::path parent = fs::weakly_canonical(absolute.parent_path(), ec);
-  return !ec && inside(parent / name);
-}
+  }
 
-// The first of `path` (a glob: its directories before the first wildcard, then each file it
-// matches now) that names `dir` or lies inside it (PathInsideDirectory); empty if none does.
-std::string InsideDirectory(const std::string& path, const std::string& dir) {
+  // (whether it reaches into the directory, its resolved form) of an absolute path.
+  std::pair<bool, fs::path> Resolve(const fs::path& absolute) {
+    const fs::path parent_path = absolute.parent_path();
+    if (parent_path == absolute) return {Inside(absolute), absolute};  // the root
+    if (auto known = resolved_.find(absolute.native()); known != resolved_.end()) {
+      return known->second;
+    }
+    auto [reach, parent] = Resolve(parent_path);
+    const fs::path name = absolute.filename();
+    fs::path resolved = name == "." ? parent : name == ".." ? parent.parent_path() : parent / name;
+    reach = reach || Inside(resolved);  // as named, under its resolved parent
+    std::error_code ec;
+    if (name != "." && name != ".." && fs::is_symlink(resolved, ec)) {
+      resolved = fs::weakly_canonical(resolved, ec);
+      if (ec) resolved = parent / name;
+      reach = reach || Inside(resolved);  // where the link leads
+    }
+    return resolved_[absolute.native()] = {reach, resolved};
+  }
+
+  fs::path dir_;
+  std::map<std::string, std::pair<bool, fs::path>> resolved_;
+};
+
+// Whether `path` reaches into `dir` (InsideCheck): nullopt if not, else what to say after its
+// value in the error (the glob's match, where a link leads). A glob (`glob_key`: the keys that
+// take one) is checked at its directories before the first wildcard, then at every file it
+// matches now.
+std::optional<std::string> InsideDirectory(const std::string& path, const std::string& dir,
+                                           bool glob_key) {
   std::error_code ec;
   const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
-  if (ec || d.empty()) return "";
-  // A glob's directories before its first wildcard ("runs/x*" may match runs/x2: not runs/x).
-  const size_t wild = path.find_first_of("*?[");
-  if (wild == std::string::npos) return PathInsideDirectory(path, d) ? path : "";
+  if (ec || d.empty()) return std::nullopt;
+  InsideCheck check(d);
+  const size_t wild = glob_key ? path.find_first_of("*?[") : std::string::npos;
+  if (wild == std::string::npos) return check.Reach(path);
+  // The directories before the first wildcard ("runs/x*" may match runs/x2: not runs/x).
   const size_t cut = path.rfind('/', wild);
-  if (PathInsideDirectory(cut == std::string::npos ? "" : path.substr(0, cut + 1), d)) return path;
+  if (auto said = check.Reach(cut == std::string::npos ? "" : path.substr(0, cut + 1))) {
+    return said;
+  }
   glob_t g{};
-  std::string match;
+  std::optional<std::string> found;
   if (glob(path.c_str(), 0, nullptr, &g) == 0) {
-    for (size_t i = 0; i < g.gl_pathc && match.empty(); ++i) {
-      if (PathInsideDirectory(g.gl_pathv[i], d)) match = g.gl_pathv[i];
+    for (size_t i = 0; i < g.gl_pathc && !found; ++i) {
+      if (const auto said = check.Reach(g.gl_pathv[i])) {
+        found = fmt::format(", which matches \"{}\"{}", g.gl_pathv[i], *said);
+      }
     }
   }
   globfree(&g);
-  return match;
+  return found;
 }
 
 // The keys of a model section that define its architecture (all but hf_dir and dropout), without
@@ -618,16 +660,19 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       // --fresh deletes that directory, and the run's export and checkpoints go into it (a
       // teacher exported by an earlier run into <out_dir>/hf, distilled again with the same
       // out_dir, was deleted by --fresh before it was read, and overwritten by the new export).
-      const std::string inside =
-          k.path == "train.out_dir" ? "" : InsideDirectory(value, c.train.out_dir);
-      if (!inside.empty()) {
+      // data.path and data.val_path of token shards are globs; every other path is a name.
+      const bool glob_key =
+          c.data.source == "tokens" && (k.path == "data.path" || k.path == "data.val_path");
+      const auto inside = k.path == "train.out_dir"
+                              ? std::nullopt
+                              : InsideDirectory(value, c.train.out_dir, glob_key);
+      if (inside) {
         fail(k.path,
              fmt::format("expected a path outside train.out_dir \"{}\" (set at {}): --fresh "
                          "deletes that directory and the run writes its checkpoints and export "
                          "there; copy or export it elsewhere, or choose another train.out_dir, "
                          "got \"{}\"{}",
-                         c.train.out_dir, Where(at, "train.out_dir"), value,
-                         inside == value ? "" : fmt::format(", which matches \"{}\"", inside)));
+                         c.train.out_dir, Where(at, "train.out_dir"), value, *inside));
       }
     }
   }
@@ -951,19 +996,37 @@ int SecondDocumentLine(const std::string& text) {
   return line_number;
 }
 
+// The offset of the first NUL byte in a config's text, unless the text is UTF-16 or UTF-32,
+// which yaml-cpp decodes (told by a byte-order mark, or by a first character with one zero byte
+// of two: '{' or 't' in UTF-16; a file of zeros is not).
+std::optional<size_t> NulByteOffset(const std::string& text) {
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  if (text.size() >= 2 &&
+      ((byte(0) == 0xFF && byte(1) == 0xFE) || (byte(0) == 0xFE && byte(1) == 0xFF) ||
+       ((byte(0) == 0) != (byte(1) == 0)))) {
+    return std::nullopt;
+  }
+  if (text.size() >= 4 && byte(0) == 0 && byte(1) == 0 && byte(2) == 0xFE && byte(3) == 0xFF) {
+    return std::nullopt;
+  }
+  const size_t nul = text.find('\0');
+  return nul == std::string::npos ? std::nullopt : std::optional<size_t>(nul);
+}
+
 }  // namespace
 
 Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
                    const std::vector<std::string>& overrides, ConfigOrigin origin) {
   Config config;
   Locations locations;
-  // yaml-cpp stops reading at a NUL byte: a file of zeros (a write cut short by a crash, a disk
-  // image) would read as an empty config, or as the keys before the first zero.
-  if (const size_t nul = yaml_text.find('\0'); nul != std::string::npos) {
+  // A NUL byte (a write cut short by a crash, a binary file): yaml-cpp reads it as the start of
+  // an escape, which gives an error carrying the NUL itself, or another key ("a: 1\n\0b: 2"
+  // read as the keys a and "\b"), and passes unseen in a comment.
+  if (const auto nul = NulByteOffset(yaml_text)) {
     throw ConfigError(fmt::format(
-        "{}:{}: expected YAML text, got a NUL byte (byte {} of the file): the file is damaged or "
+        "{}:{}: expected YAML text, got a NUL byte (at byte offset {}): the file is damaged or "
         "not a config",
-        source_name, 1 + std::count(yaml_text.begin(), yaml_text.begin() + nul, '\n'), nul));
+        source_name, 1 + std::count(yaml_text.begin(), yaml_text.begin() + *nul, '\n'), *nul));
   }
   YAML::Node root;
   try {
@@ -1050,7 +1113,7 @@ Config LoadConfigFile(const std::string& path, const std::vector<std::string>& o
   // A file without a key (empty, or comments only: cut short, or the wrong file) would be every
   // key's default, not the embedded quickstart; a stored one is refused by ParseConfig itself.
   // (A NUL byte: ParseConfig names it.)
-  if (origin == ConfigOrigin::kRequested && text.find('\0') == std::string::npos &&
+  if (origin == ConfigOrigin::kRequested && !NulByteOffset(text) &&
       std::filesystem::is_regular_file(path, error)) {
     // (Not /dev/null: `--config /dev/null key=value ...` asks for the defaults on purpose.)
     const bool no_keys = [&] {

@@ -94,9 +94,20 @@ std::vector<std::string> Glob(const std::string& key, const std::string& pattern
       glob_errno = errno;
     }
     if (glob_errno != 0) {
-      throw std::runtime_error(fmt::format("{}: no file matches \"{}\": cannot read \"{}\" ({}){}",
-                                           key, pattern, glob_unreadable, std::strerror(glob_errno),
-                                           RelativeTo(pattern)));
+      // The cause where the pattern names that directory before its first wildcard (every match
+      // would lie under it); elsewhere (a directory a wildcard reached) a possible one.
+      const size_t wild = pattern.find_first_of("*?[");
+      const std::string literal =
+          wild == std::string::npos ? pattern : pattern.substr(0, pattern.rfind('/', wild) + 1);
+      const std::string& dir = glob_unreadable;
+      const bool named = literal.rfind(dir, 0) == 0 &&
+                         (literal.size() == dir.size() || literal[dir.size()] == '/');
+      const std::string why =
+          named ? fmt::format(": cannot read \"{}\" ({})", dir, std::strerror(glob_errno))
+                : fmt::format(" (a directory it could match in cannot be read: \"{}\", {})", dir,
+                              std::strerror(glob_errno));
+      throw std::runtime_error(
+          fmt::format("{}: no file matches \"{}\"{}{}", key, pattern, why, RelativeTo(pattern)));
     }
     throw std::runtime_error(
         fmt::format("{}: no file matches \"{}\"{}", key, pattern, RelativeTo(pattern)));
