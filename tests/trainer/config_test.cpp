@@ -429,6 +429,10 @@ TEST(ConfigTest, InputsInsideTheRunDirectoryAreRefused) {
   EXPECT_EQ(
       ErrorOf(kValidDistill, {"train.out_dir=runs/exp1", "teacher.checkpoint=runs/exp[1]/t.pt"}),
       "");
+  EXPECT_THAT(
+      ErrorOf("data:\n  source: text\n  path: runs/exp[1]/book.txt\n",
+              {"train.mode=pretrain", "student.vocab_size=256", "train.out_dir=runs/exp[1]"}),
+      ::testing::HasSubstr("data.path: expected a path outside train.out_dir"));
 }
 
 // On disk: a glob whose wildcard is above the run directory refused for a file it matches
@@ -465,10 +469,22 @@ TEST(ConfigTest, InputsReachingIntoTheRunDirectoryOnDiskAreRefused) {
   EXPECT_EQ(ErrorOf(tokens, {out, "data.path=" + root + "/runs/other/link.bin"}), "");
   // A link at any depth: a directory inside it leading out, a file beneath that link.
   fs::create_symlink(root + "/data", root + "/runs/it/datalink");
+  const std::string through = ", through the link \"" + root + "/runs/it/datalink\" inside it";
   EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/it/datalink/a.bin"}),
-              ::testing::EndsWith("got \"" + root + "/runs/it/datalink/a.bin\""));
-  EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/*/datalink/a.bin"}),
-              ::testing::EndsWith(", which matches \"" + root + "/runs/it/datalink/a.bin\""));
+              ::testing::EndsWith("got \"" + root + "/runs/it/datalink/a.bin\"" + through));
+  EXPECT_THAT(
+      ErrorOf(tokens, {out, "data.path=" + root + "/runs/*/datalink/a.bin"}),
+      ::testing::EndsWith(", which matches \"" + root + "/runs/it/datalink/a.bin\"" + through));
+  // Through the run directory and out again with "..": fine (nothing --fresh deletes is named),
+  // also entering it by a link from outside; "sub/.." inside it names it.
+  fs::create_symlink(root + "/runs/it", root + "/data/intodir");
+  for (const std::string& path :
+       {root + "/runs/it/../other/a.bin", root + "/data/intodir/../other/a.bin"}) {
+    EXPECT_EQ(ErrorOf(tokens, {out, "data.path=" + path}), "") << path;
+  }
+  fs::create_directories(root + "/runs/it/sub");
+  EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/it/sub/.."}),
+              ::testing::EndsWith("got \"" + root + "/runs/it/sub/..\""));
   RemoveTree(root);
 }
 
@@ -1006,9 +1022,13 @@ TEST(ConfigTest, ANulByteInTheConfigIsAnErrorNamingItsLine) {
     }
   }
   const std::string utf8 = "train:\n  mode: pretrain\n  steps: 7\n";
-  std::string utf16le;
-  for (char ch : utf8) utf16le += std::string{ch, '\0'};
-  for (const std::string& text : {utf16le, "\xFF\xFE" + utf16le}) {
+  std::string utf16le, utf16be, utf32be;
+  for (char ch : utf8) {
+    utf16le += std::string{ch, '\0'};
+    utf16be += std::string{'\0', ch};
+    utf32be += std::string{'\0', '\0', '\0', ch};
+  }
+  for (const std::string& text : {utf16le, "\xFF\xFE" + utf16le, utf16be, utf32be}) {
     testing::WriteBytes(path, text);
     EXPECT_EQ(ConfigToYaml(LoadConfigFile(path)), ConfigToYaml(ParseConfig(utf8, "utf8.yaml")))
         << text.size();

@@ -331,29 +331,41 @@ std::string Where(const Locations& locations, const std::string& path) {
   return it == locations.end() ? "(default)" : it->second;
 }
 
-// Whether paths reach into a directory (train.out_dir, absolute and resolved): at any of their
-// components, taken as named under its resolved parent (a link inside the directory, leading
-// anywhere: --fresh deletes the link) and as resolved (a link outside it leading in). Resolved
-// directories are memoised: a glob's matches share a few parents.
+// Whether paths reach into a directory (train.out_dir, absolute and resolved): --fresh deletes
+// it, so a path may neither name a place inside it (its parent directories resolved), nor lead
+// into it through links, nor pass through a link that lies inside it. Each path's directories
+// are resolved once (memoised: a glob's matches share a few).
 class InsideCheck {
  public:
   explicit InsideCheck(fs::path dir) : dir_(std::move(dir)) {}
 
-  // Whether `path` reaches into the directory: "" if not, else what to say after it in an error
-  // (where it leads, when its name alone does not lie inside).
+  // Whether `path` reaches into the directory: nullopt if not, else what to say after it in an
+  // error ("" where its name lies inside; else where it leads, or the link it passes through).
   std::optional<std::string> Reach(const std::string& path) {
+    if (path.size() > 4096) return std::nullopt;  // longer than PATH_MAX: no file has it
     std::error_code ec;
     fs::path absolute = fs::absolute(path.empty() ? "." : path, ec);
     if (ec) return std::nullopt;
     if (!absolute.has_filename()) absolute = absolute.parent_path();  // "runs/x/" is runs/x
-    const auto [reach, resolved] = Resolve(absolute);
-    if (!reach) return std::nullopt;
-    return Inside(absolute.lexically_normal())
-               ? std::string()
-               : fmt::format(", which leads to \"{}\"", resolved.string());
+    Walk walk = Directory(absolute.parent_path());
+    const fs::path name = absolute.filename();
+    const fs::path named = name == "."    ? walk.resolved
+                           : name == ".." ? walk.resolved.parent_path()
+                                          : walk.resolved / name;
+    Step(walk, name);
+    if (Inside(named)) return std::string();
+    if (Inside(walk.resolved))
+      return fmt::format(", which leads to \"{}\"", walk.resolved.string());
+    if (walk.link) return fmt::format(", through the link \"{}\" inside it", walk.link->string());
+    return std::nullopt;
   }
 
  private:
+  struct Walk {
+    fs::path resolved;             // the path so far, its links followed
+    std::optional<fs::path> link;  // the first link met that lies inside the directory
+  };
+
   // Component by component: "runs/x2" is not inside "runs/x".
   bool Inside(const fs::path& p) const {
     auto pi = p.begin();
@@ -364,28 +376,33 @@ class InsideCheck {
     return true;
   }
 
-  // (whether it reaches into the directory, its resolved form) of an absolute path.
-  std::pair<bool, fs::path> Resolve(const fs::path& absolute) {
-    const fs::path parent_path = absolute.parent_path();
-    if (parent_path == absolute) return {Inside(absolute), absolute};  // the root
-    if (auto known = resolved_.find(absolute.native()); known != resolved_.end()) {
-      return known->second;
+  // One more component of a path whose part so far is resolved.
+  void Step(Walk& walk, const fs::path& name) const {
+    if (name.empty() || name == ".") return;
+    if (name == "..") {
+      walk.resolved = walk.resolved.parent_path();
+      return;
     }
-    auto [reach, parent] = Resolve(parent_path);
-    const fs::path name = absolute.filename();
-    fs::path resolved = name == "." ? parent : name == ".." ? parent.parent_path() : parent / name;
-    reach = reach || Inside(resolved);  // as named, under its resolved parent
+    fs::path next = walk.resolved / name;
     std::error_code ec;
-    if (name != "." && name != ".." && fs::is_symlink(resolved, ec)) {
-      resolved = fs::weakly_canonical(resolved, ec);
-      if (ec) resolved = parent / name;
-      reach = reach || Inside(resolved);  // where the link leads
+    if (fs::is_symlink(next, ec)) {
+      if (!walk.link && Inside(next)) walk.link = next;
+      const fs::path target = fs::weakly_canonical(next, ec);
+      if (!ec) next = target;
     }
-    return resolved_[absolute.native()] = {reach, resolved};
+    walk.resolved = std::move(next);
+  }
+
+  // An absolute directory's walk from the root, memoised.
+  Walk Directory(const fs::path& absolute) {
+    if (auto known = walks_.find(absolute.native()); known != walks_.end()) return known->second;
+    Walk walk{absolute.root_path(), std::nullopt};
+    for (const fs::path& name : absolute.relative_path()) Step(walk, name);
+    return walks_[absolute.native()] = walk;
   }
 
   fs::path dir_;
-  std::map<std::string, std::pair<bool, fs::path>> resolved_;
+  std::map<std::string, Walk> walks_;
 };
 
 // Whether `path` reaches into `dir` (InsideCheck): nullopt if not, else what to say after its
@@ -997,8 +1014,8 @@ int SecondDocumentLine(const std::string& text) {
 }
 
 // The offset of the first NUL byte in a config's text, unless the text is UTF-16 or UTF-32,
-// which yaml-cpp decodes (told by a byte-order mark, or by a first character with one zero byte
-// of two: '{' or 't' in UTF-16; a file of zeros is not).
+// which yaml-cpp decodes (told by a byte-order mark, or by the zero bytes of an ASCII first
+// character: 't' in UTF-16 or UTF-32; a file of zeros is neither).
 std::optional<size_t> NulByteOffset(const std::string& text) {
   auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   if (text.size() >= 2 &&
@@ -1006,8 +1023,9 @@ std::optional<size_t> NulByteOffset(const std::string& text) {
        ((byte(0) == 0) != (byte(1) == 0)))) {
     return std::nullopt;
   }
-  if (text.size() >= 4 && byte(0) == 0 && byte(1) == 0 && byte(2) == 0xFE && byte(3) == 0xFF) {
-    return std::nullopt;
+  if (text.size() >= 4 && byte(0) == 0 && byte(1) == 0 &&
+      ((byte(2) == 0xFE && byte(3) == 0xFF) || (byte(2) == 0 && byte(3) != 0))) {
+    return std::nullopt;  // UTF-32BE, with or without its byte-order mark
   }
   const size_t nul = text.find('\0');
   return nul == std::string::npos ? std::nullopt : std::optional<size_t>(nul);
