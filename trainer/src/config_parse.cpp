@@ -17,6 +17,7 @@
 
 #include "config_schema.h"
 #include "distill/config.h"
+#include "distill/file_io.h"
 #include "distill/hf_config.h"
 #include "distill/hf_files.h"  // DanglingExportTokenizerFiles
 #include "distill/run_dir.h"
@@ -415,13 +416,10 @@ std::optional<std::string> InsideDirectory(const std::string& path, const std::s
   const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
   if (ec || d.empty()) return std::nullopt;
   InsideCheck check(d);
-  const size_t wild = glob_key ? path.find_first_of("*?[") : std::string::npos;
-  if (wild == std::string::npos) return check.Reach(path);
-  // The directories before the first wildcard ("runs/x*" may match runs/x2: not runs/x).
-  const size_t cut = path.rfind('/', wild);
-  if (auto said = check.Reach(cut == std::string::npos ? "" : path.substr(0, cut + 1))) {
-    return said;
-  }
+  const std::string directories = glob_key ? GlobDirectories(path) : path;
+  if (directories == path) return check.Reach(path);
+  // "runs/x*" may match runs/x2: its directories are runs/, not runs/x.
+  if (auto said = check.Reach(directories)) return said;
   glob_t g{};
   std::optional<std::string> found;
   if (glob(path.c_str(), 0, nullptr, &g) == 0) {

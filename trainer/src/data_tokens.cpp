@@ -96,10 +96,8 @@ std::vector<std::string> Glob(const std::string& key, const std::string& pattern
     if (glob_errno != 0) {
       // The cause where the pattern names that directory before its first wildcard (every match
       // would lie under it); elsewhere (a directory a wildcard reached) a possible one.
-      const size_t wild = pattern.find_first_of("*?[");
-      std::string literal =
-          wild == std::string::npos ? pattern : pattern.substr(0, pattern.rfind('/', wild) + 1);
-      if (literal.empty()) literal = "./";  // "*.bin" is matched in ".", as glob names it
+      // ("*.bin" is matched in ".", as glob names it.)
+      const std::string literal = GlobDirectories(pattern);
       const std::string& dir = glob_unreadable;
       const bool named = literal.rfind(dir, 0) == 0 &&
                          (literal.size() == dir.size() || literal[dir.size()] == '/');

@@ -116,6 +116,13 @@ void LineAppender::Append(const std::string& line) {
   }
 }
 
+std::string GlobDirectories(const std::string& pattern) {
+  const size_t wild = pattern.find_first_of("*?[");
+  if (wild == std::string::npos) return pattern;
+  const size_t cut = pattern.rfind('/', wild);
+  return cut == std::string::npos ? "./" : pattern.substr(0, cut + 1);
+}
+
 std::string RelativeTo(const std::string& path) {
   if (path.empty() || path[0] == '/') return "";
   if (path[0] == '~') {  // a shell expands it only unquoted, at a word's start; YAML never

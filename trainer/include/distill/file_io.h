@@ -42,6 +42,10 @@ class LineAppender {
 // directory, not to the config file: a config run from elsewhere says so where it fails.
 std::string RelativeTo(const std::string& path);
 
+// A glob's directories before its first wildcard, where every match lies ("runs/x*/a.bin":
+// "runs/"; "*.bin": "./"), or the pattern itself when it has no wildcard.
+std::string GlobDirectories(const std::string& pattern);
+
 // "No space left on device (the disk is full: free space, then resume with the same command)"
 // for errno `error`: strerror plus what to do for the common causes.
 std::string DescribeWriteError(int error);
