@@ -38,12 +38,15 @@
 #include <vector>
 
 #include "distill_cuda_kernel.cuh"
+#include "distill_workshop.cuh"   // fill_logits, bf2f
 #include "tvd_workshop_host.cuh"  // CHECK, time_ms (median of 15 samples of 10 calls), g_failed
 
 namespace cg = cooperative_groups;
 using bf16 = __nv_bfloat16;
 using namespace lossfns::kernels;
 using namespace lossfns::kernels::distill_detail;
+using distill_workshop::bf2f;
+using distill_workshop::fill_logits;
 using tvd_workshop::g_failed;
 using tvd_workshop::time_ms;
 
@@ -329,26 +332,6 @@ __global__ void __launch_bounds__(NT, 1) kl_on_chip_kernel(OnChipArgs a) {
     for (int i = 0; i < 8; ++i) a.trace[i] = tr[i];
   cluster.sync();  // no block leaves while another may still read its partials
 #endif
-}
-
-__global__ void fill_logits(bf16* x, int64_t n, uint32_t seed, float amp) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ (uint32_t(i >> 32) + seed) * 2246822519u;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    h *= 3266489917u;
-    h ^= h >> 16;
-    x[i] = __float2bfloat16_rn(amp * (float(h) * (1.f / 4294967296.f) - 0.5f));
-  }
-}
-
-float bf2f(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 struct Buffers {

@@ -14,6 +14,25 @@
 #include "distill/run.h"
 #include "distill/signals.h"
 
+namespace {
+
+// The errors' advice to "resume with the same command" (a stop by a signal, a full disk) made
+// true for this command: with --fresh it would delete the run and start over, with
+// train.resume=false it would refuse the run.
+std::string WithResumeAdvice(std::string text, bool fresh, bool resume) {
+  std::string fix;
+  if (fresh) fix += " without --fresh (which would delete the run and start over)";
+  if (!resume) fix += std::string(fresh ? " and" : "") + " with train.resume=true";
+  const std::string same = "the same command";
+  for (size_t at = fix.empty() ? std::string::npos : text.find(same); at != std::string::npos;
+       at = text.find(same, at + same.size() + fix.size())) {
+    text.insert(at + same.size(), fix);
+  }
+  return text;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "distill_trainer: knowledge distillation on LibTorch, configured by YAML.\n"
@@ -94,6 +113,7 @@ int main(int argc, char** argv) {
                  "shell variable?); leave --config out to run the embedded quickstart\n";
     return 2;
   }
+  bool resume = true;  // train.resume of the config run (for the errors' advice)
   try {
     if (print_reference) {
       std::cout << distill::ConfigReference();
@@ -116,10 +136,11 @@ int main(int argc, char** argv) {
     const auto distributed = distill::Distributed::FromEnvironment();
     flags.distributed = distributed.get();
     flags.memory_check = !no_memory_check;
+    resume = config.train.resume;
     distill::Run(config, flags, std::cout);
     return 0;
   } catch (const distill::Interrupted& e) {
-    std::cerr << "distill_trainer: " << e.what() << '\n';
+    std::cerr << "distill_trainer: " << WithResumeAdvice(e.what(), flags.fresh, resume) << '\n';
     std::cout.flush();
     // As the signal's default action: a shell script stops on a child's SIGINT, a parent sees the
     // signal (its status, 143 / 130 in a shell).
@@ -131,7 +152,7 @@ int main(int argc, char** argv) {
     std::cerr << "distill_trainer: " << e.what_without_backtrace() << '\n';
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "distill_trainer: " << e.what() << '\n';
+    std::cerr << "distill_trainer: " << WithResumeAdvice(e.what(), flags.fresh, resume) << '\n';
     return 1;
   }
 }

@@ -81,6 +81,9 @@ inline void check_dense(const char* op, const char* names, const at::Tensor& x,
               x.is_nested() ? std::string("nested") : c10::str(x.layout()),
               " tensor (convert it: .to_dense() for a sparse one, .to_padded_tensor() for a "
               "nested one)");
+  // A quantized tensor is strided too, and would reach an internal op without a kernel for it.
+  TORCH_CHECK(!x.is_quantized(), op, ": ", names, must, " of real values; got a quantized ",
+              x.scalar_type(), " tensor (convert it: .dequantize())");
 }
 
 inline void check_inputs(const char* op, const char* names,

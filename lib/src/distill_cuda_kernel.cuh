@@ -13,7 +13,9 @@
 //    thread-block cluster, and rows split over a cluster's blocks to keep fewer rows in flight,
 //    both slower, sessions 11 and 21; for the forward that writes the gradient, rows held in a
 //    cluster's shared memory by pipelined bulk copies, at best 1.01-1.10x as fast as this one,
-//    session 32, bench/distill_row_on_chip.cu. docs/benchmarks.md has the numbers.)
+//    session 32, bench/distill_row_on_chip.cu; row slices taken from one global work queue in an
+//    order that keeps a slice's second read in the L2, 0.76-0.94x, session 47,
+//    bench/distill_row_queue.cu. docs/benchmarks.md has the numbers.)
 //  - backward: reads the logits once more and writes the gradient once, unless the forward
 //    computed the gradient (the caller gave the grad_output in advance as grad_scale).
 // Per element the math is distill_common.h's, in float, with exp2 of log2-scaled logits.

@@ -56,6 +56,16 @@ def _check_labels(op: str, labels: Optional[torch.Tensor], x: torch.Tensor, what
                          f"dimension); got {list(labels.shape)}")
 
 
+def _check_devices(op: str, x: torch.Tensor, what: str, **others: Optional[torch.Tensor]) -> None:
+    # An internal op's tensor arguments on x's device. One of them on meta and the rest on a real
+    # device make the dispatcher run these fake kernels in eager mode, whose outputs would then be
+    # uninitialised memory on the real device: an error naming the argument instead.
+    for name, y in others.items():
+        if y is not None:
+            torch._check(y.device == x.device,
+                         lambda: f"{op}: {name} must be on the device of {what}, {x.device}; got {y.device}")
+
+
 def _check_inputs(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = None) -> None:
     torch._check(p.dim() in (2, 3), lambda: f"lossfns.tvd_loss: p must be (BT, V) or (B, T, V); got {tuple(p.shape)}")
     torch._check(q.shape == p.shape, lambda: f"lossfns.tvd_loss: q must have p's shape {tuple(p.shape)}; got {tuple(q.shape)}")
@@ -94,6 +104,8 @@ def _tvd_backward_fake(grad_output: torch.Tensor, signs: torch.Tensor, scale: to
                        ignore_index: int, V: int, dtype: torch.dtype, reduction: int) -> torch.Tensor:
     # The gradient w.r.t. p as (rows, V) in p's dtype, contiguous: CUDA counts rows from the signs,
     # the CPU from p (which it requires).
+    _check_devices("lossfns._tvd_backward", signs, "signs", grad_output=grad_output, scale=scale, p=p, q=q,
+                   labels=labels)
     if signs.device.type == "cuda":
         return signs.new_empty((signs.shape[0], V), dtype=dtype)
     torch._check(p is not None and q is not None,
@@ -154,17 +166,22 @@ def _distill_forward_fake(s, t, labels, divergence, beta, temperature, ignore_in
 def _distill_backward_fake(grad_output, s, t, labels, stats, scale, divergence, beta, temperature, ignore_index,
                            reduction, V):
     _check_logits(s, t, labels)
+    _check_devices("lossfns._distill_backward", s, "student_logits", grad_output=grad_output, stats=stats,
+                   scale=scale)
     return s.new_empty((_rows(s), s.shape[-1]))
 
 
 @torch.library.register_fake("lossfns::_distill_rescale_grad_")
 def _distill_rescale_grad_fake(grad, grad_output, grad_scale):
+    _check_devices("lossfns._distill_rescale_grad_", grad, "grad", grad_output=grad_output, grad_scale=grad_scale)
     return None
 
 
 @torch.library.register_fake("lossfns::_distill_ce_grad_")
 def _distill_ce_grad_fake(grad, s, t, labels, stats, kd_weight, ce_weight, ce_stats, divergence, beta, temperature,
                           ignore_index, V):
+    _check_devices("lossfns._distill_ce_grad_", s, "student_logits", grad=grad, t=t, labels=labels, stats=stats,
+                   kd_weight=kd_weight, ce_weight=ce_weight, ce_stats=ce_stats)
     return None
 
 
@@ -220,6 +237,7 @@ def _fused_linear_forward_fake(sh, sw, th, tw, labels, divergence, beta, tempera
 @torch.library.register_fake("lossfns::_fused_linear_distill_backward")
 def _fused_linear_backward_fake(grad_output, sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index, V,
                                 kd_weight, ce_weight, chunk_size, grad_hidden, grad_lm_head):
+    _check_devices("lossfns._fused_linear_distill_backward", sh, "student_hidden", grad_output=grad_output)
     return _fused_grads(sh, sw, grad_hidden, grad_lm_head)
 
 
@@ -227,6 +245,7 @@ def _fused_linear_backward_fake(grad_output, sh, sw, th, tw, labels, divergence,
 def _scale_cast_fake(src, scale, dtype):
     # src * scale rounded once to dtype (the backward of a reduced fused linear loss).
     torch._check(scale.numel() == 1, lambda: f"lossfns._scale_cast: scale must have 1 element; got {tuple(scale.shape)}")
+    _check_devices("lossfns._scale_cast", src, "src", scale=scale)
     return src.new_empty(src.shape, dtype=dtype)
 # --- lossfns.cross_entropy_loss (lib/src/cross_entropy_op.cpp, _cpu.cpp, _cuda.cu) --------------
 _CE_STATS_PER_ROW = 2  # lib/src/cross_entropy_common.h, kCeStatsPerRow
@@ -255,4 +274,6 @@ def _cross_entropy_forward_fake(logits, labels, ignore_index, reduction, V):
 
 @torch.library.register_fake("lossfns::_cross_entropy_backward")
 def _cross_entropy_backward_fake(grad_output, logits, labels, stats, scale, ignore_index, reduction, V):
+    _check_devices("lossfns._cross_entropy_backward", logits, "logits", grad_output=grad_output, labels=labels,
+                   stats=stats, scale=scale)
     return logits.new_empty((_rows(logits), logits.shape[-1]))

@@ -27,8 +27,19 @@ def _temperature_ok(t: float) -> bool:
     return math.isfinite(t) and t > 0 and math.isfinite(t32) and t32 > 0 and math.isfinite(_float32(1.0 / t32))
 
 
-def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=None) -> None:
-    """The checks the ops make at their first call, made when the module is built (ValueError)."""
+def _as_float(value) -> float:
+    """float(value), or inf for an int too large for a float (10**400), which the checks refuse."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=None,
+                beta_range: bool = False) -> None:
+    """The checks the ops make at their first call, made when the module is built (ValueError).
+    beta must be a number whatever the divergence (the op's schema takes a float); its range
+    is checked for 'jsd' only (beta_range), the one divergence that reads it."""
     if (isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral)
             or not -2**63 <= ignore_index < 2**63):
         raise ValueError(f"{op}: ignore_index must be an int that fits in 64 bits; got {ignore_index!r}")
@@ -39,10 +50,10 @@ def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=N
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             hint = " (float(t) of a 0-dim tensor)" if isinstance(value, torch.Tensor) else ""
             raise ValueError(f"{op}: {name} must be a Python number{hint}; got {value!r}")
-    if temperature is not None and not _temperature_ok(float(temperature)):
+    if temperature is not None and not _temperature_ok(_as_float(temperature)):
         raise ValueError(f"{op}: temperature must be > 0 and representable with its inverse in float32 "
                          f"(about 3e-38 to 3e38); got {temperature!r}")
-    if beta is not None and not 0.0 <= beta <= 1.0:
+    if beta_range and not 0.0 <= _as_float(beta) <= 1.0:
         raise ValueError(f"{op}: beta must be in [0, 1] for 'jsd'; got {beta!r}")
 
 
@@ -80,8 +91,11 @@ class DistillLoss(torch.nn.Module):
         super().__init__()
         check_name("lossfns.DistillLoss", "divergence", divergence, DIVERGENCES)
         check_name("lossfns.DistillLoss", "reduction", reduction, REDUCTIONS)
-        _check_args("lossfns.DistillLoss", ignore_index, vocab_size, temperature,
-                    beta if divergence == "jsd" else None)
+        if beta is None:
+            raise ValueError("lossfns.DistillLoss: beta must be a Python number (the op's schema takes a "
+                             "float; the divergences other than 'jsd' ignore its value); got None")
+        _check_args("lossfns.DistillLoss", ignore_index, vocab_size, temperature, beta,
+                    beta_range=divergence == "jsd")
         self.divergence: Divergence = divergence
         self.beta = beta
         self.temperature = temperature

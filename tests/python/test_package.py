@@ -436,6 +436,10 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
     sh, sw, th, tw, _ = hidden_states((4,), torch.float32, "cpu")
     on_meta = r"labels must be on the device of {}, cpu; got meta"
     jagged = torch.nested.nested_tensor([torch.randn(2, 10), torch.randn(3, 10)], layout=torch.jagged)
+
+    def qint8(x):
+        return torch.quantize_per_tensor(x.detach(), 0.1, 0, torch.qint8)
+
     cases = [
         (lambda: lossfns.distill_loss(s, t, meta), on_meta.format("student_logits")),
         (lambda: lossfns.distill_loss(s.detach(), t, meta), on_meta.format("student_logits")),
@@ -484,6 +488,16 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
          r"labels must be a dense \(strided\) tensor"),
         (lambda: lossfns.distill_loss(s, t, grad_scale=torch.ones(1).to_sparse()),
          r"grad_scale must be a dense \(strided\) tensor"),
+        # Quantized tensors are strided too: they reached an internal op without a kernel.
+        (lambda: lossfns.distill_loss(qint8(s), t),
+         r"student_logits and teacher_logits must be dense \(strided\) tensors of real values; got a "
+         r"quantized QInt8 tensor \(convert it: .dequantize\(\)\)"),
+        (lambda: lossfns.distill_loss(s, qint8(t)), r"got a quantized QInt8 tensor"),
+        (lambda: lossfns.tvd_loss(qint8(p), q), r"p and q must be dense \(strided\) tensors of real values"),
+        (lambda: lossfns.cross_entropy_loss(qint8(s), torch.zeros(4, dtype=torch.long)),
+         r"logits and labels must be dense \(strided\) tensors of real values"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, qint8(tw)),
+         r"the hidden states and lm_heads must be dense \(strided\) tensors of real values"),
     ]
     try:
         import numpy as np
@@ -518,6 +532,52 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
     # Under torch.compile too (the fakes check the labels as the kernels do).
     with pytest.raises(Exception, match=on_meta.format("student_logits")):
         torch.compile(lambda a, b, lab: lossfns.distill_loss(a, b, lab), fullgraph=True)(s, t, meta)
+
+
+def test_internal_ops_with_one_argument_on_meta_are_errors():
+    """An internal op whose grad_output, stats or scale is on meta and the rest on the CPU runs
+    the fake kernel in eager mode (the dispatcher picks Meta), which handed back uninitialised
+    CPU memory as the gradient: an error naming the argument instead."""
+    ops = torch.ops.lossfns
+    s, t = torch.randn(4, 5), torch.randn(4, 5)
+    lab = torch.tensor([0, 1, -100, 2])
+    _, stats, scale, _ = ops._distill_forward(s, t, lab, 0, 0.5, 1.0, -100, 3, 5, None, True)
+    _, ce_stats, ce_scale = ops._cross_entropy_forward(s, lab, -100, 3, 5)
+    p, q = s.softmax(-1), t.softmax(-1)
+    _, signs, tvd_scale = ops._tvd_forward(p, q, lab, -100, 3, True)
+    meta = lambda x: x.to("meta")  # noqa: E731
+    seven = torch.tensor(7.0)
+    cases = [
+        (lambda: ops._distill_backward(meta(seven), s, t, lab, stats, scale, 0, 0.5, 1.0, -100, 3, 5),
+         r"_distill_backward: grad_output must be on the device of student_logits, cpu; got meta"),
+        (lambda: ops._distill_backward(seven, s, t, lab, meta(stats), scale, 0, 0.5, 1.0, -100, 3, 5),
+         r"_distill_backward: stats must be on the device of student_logits, cpu; got meta"),
+        (lambda: ops._cross_entropy_backward(meta(seven), s, lab, ce_stats, ce_scale, -100, 3, 5),
+         r"_cross_entropy_backward: grad_output must be on the device of logits, cpu; got meta"),
+        (lambda: ops._tvd_backward(meta(seven), signs, tvd_scale, p, q, lab, -100, 5, torch.float32, 3),
+         r"_tvd_backward: grad_output must be on the device of signs, cpu; got meta"),
+        (lambda: ops._scale_cast(torch.ones(3, 3), meta(torch.tensor([2.0])), torch.bfloat16),
+         r"_scale_cast: scale must be on the device of src, cpu; got meta"),
+    ]
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    # The same calls on one device still run.
+    g = ops._distill_backward(seven, s, t, lab, stats, scale, 0, 0.5, 1.0, -100, 3, 5)
+    assert g.device.type == "cpu" and torch.isfinite(g).all()
+
+
+def test_module_arguments_are_checked_when_built():
+    """beta=None is refused for every divergence (the op's schema takes a float: it failed at the
+    first call with the schema's words), and an int too large for a float is a ValueError like
+    the other bad values, not Python's OverflowError."""
+    with pytest.raises(ValueError, match=r"beta must be a Python number .*got None"):
+        lossfns.DistillLoss(divergence="tvd", beta=None)
+    with pytest.raises(ValueError, match=r"temperature must be > 0 and representable"):
+        lossfns.DistillLoss(temperature=10**400)
+    with pytest.raises(ValueError, match=r"beta must be in \[0, 1\] for 'jsd'"):
+        lossfns.DistillLoss(divergence="jsd", beta=10**400)
+    assert lossfns.DistillLoss(divergence="tvd", beta=2.0).beta == 2.0  # unread by tvd: its value is free
 
 
 def test_modules_and_the_op_agree_on_the_temperatures_at_float32s_limits():

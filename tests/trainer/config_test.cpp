@@ -485,6 +485,19 @@ TEST(ConfigTest, InputsReachingIntoTheRunDirectoryOnDiskAreRefused) {
   fs::create_directories(root + "/runs/it/sub");
   EXPECT_THAT(ErrorOf(tokens, {out, "data.path=" + root + "/runs/it/sub/.."}),
               ::testing::EndsWith("got \"" + root + "/runs/it/sub/..\""));
+  // A model directory outside whose files link into it (a model directory of links, as a Hugging
+  // Face cache's snapshot is): --fresh would delete what they lead to. Named by the first such
+  // file; a link leading elsewhere is fine.
+  const std::string model = root + "/models/m";
+  fs::create_directories(model);
+  testing::WriteBytes(model + "/config.json", "{}");
+  fs::create_symlink(root + "/data/a.bin", model + "/tokenizer.model");
+  EXPECT_EQ(ErrorOf(kValidDistill, {out, "train.export_from=" + model}), "");
+  fs::create_symlink(root + "/runs/it/hf/model.safetensors", model + "/model.safetensors");
+  EXPECT_THAT(ErrorOf(kValidDistill, {out, "train.export_from=" + model}),
+              ::testing::EndsWith("got \"" + model + "\", whose file \"" + model +
+                                  "/model.safetensors\", which leads to \"" + root +
+                                  "/runs/it/hf/model.safetensors\""));
   RemoveTree(root);
 }
 

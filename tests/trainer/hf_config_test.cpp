@@ -175,6 +175,35 @@ TEST(ReadHfConfig, RopeParametersSpelling) {
   EXPECT_EQ(m.rope_theta, 1e6);
   EXPECT_EQ(m.rope_scaling.type, "");
 
+  // As transformers 5 reads them (seen with 5.24): a rope_theta in rope_parameters wins over the
+  // top level's; no rope_type (nor "type") is the default RoPE; llama3 without
+  // original_max_position_embeddings takes max_position_embeddings.
+  c["rope_theta"] = 500.0;
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
+  EXPECT_EQ(Read(c).rope_theta, 1e4);
+  c["rope_parameters"] = {{"rope_type", "default"}};
+  EXPECT_EQ(Read(c).rope_theta, 500.0);
+  c.erase("rope_theta");
+  c["rope_parameters"] = {{"rope_theta", 1234.0}};
+  m = Read(c);
+  EXPECT_EQ(m.rope_theta, 1234.0);
+  EXPECT_EQ(m.rope_scaling.type, "");
+  c.erase("rope_parameters");
+  c["rope_scaling"] = {{"factor", 2.0}};
+  EXPECT_EQ(Read(c).rope_scaling.type, "");
+  c["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}};
+  m = Read(c);
+  EXPECT_EQ(m.rope_scaling.type, "llama3");
+  EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, m.context_length);
+  EXPECT_EQ(m.context_length, c["max_position_embeddings"].get<int64_t>());
+  // "swish": transformers' other name of silu.
+  c["hidden_act"] = "swish";
+  EXPECT_EQ(Read(c).rope_scaling.type, "llama3");
+  c["hidden_act"] = "silu";
+
   // The old "type" key; no rope keys at all: theta 10000, no scaling.
   c.erase("rope_parameters");
   c["rope_scaling"] = {{"type", "default"}};
@@ -362,9 +391,10 @@ TEST(ReadHfConfig, UnsupportedModelTypeAndRopeType) {
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
                  {dir + "/config.json: rope_scaling.low_freq_factor: expected a number"});
   c = Llama32();
-  c["rope_scaling"].erase("rope_type");
-  dir = ConfigDir(c, "_notype");
-  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"rope_scaling.type: expected a string"});
+  c["rope_scaling"]["rope_type"] = 3;
+  dir = ConfigDir(c, "_badtype");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }),
+                 {"rope_scaling.rope_type: expected a string"});
 }
 
 // openai-community/gpt2's config.json.

@@ -708,6 +708,44 @@ TEST(HfModel, ConfigJsonValuesOutsideTheKeysRangesAreRefused) {
   }
 }
 
+// The end-of-run export copies the tokenizer of the first hf_dir that has one (here the
+// teacher's): a student narrower than it (distill.vocab_size) would be exported with ids it has
+// no rows for, which transformers fails on. Refused at start-up where the run exports, as a
+// train.export_from tokenizer of too many ids is.
+TEST(HfModel, AnExportedTokenizerWiderThanTheStudentIsRefused) {
+  const std::string dir = TempRunDir("-wide-tokenizer");
+  fs::create_directories(dir);
+  fs::copy_file(Fixture("llama_gqa_rope3") + "/config.json", dir + "/config.json");
+  const auto tokenizer = [&](int ids) {
+    std::string vocab;
+    for (int i = 0; i < ids; ++i) vocab += fmt::format("{}\"t{}\": {}", i ? ", " : "", i, i);
+    WriteBytes(dir + "/tokenizer.json",
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {" + vocab + "}}}");
+  };
+  const auto yaml = [&](const std::string& more) {
+    return fmt::format(
+        "train:\n  mode: distill\n{}teacher:\n  hf_dir: {}\nstudent:\n  family: llama\n"
+        "  vocab_size: 200\n  d_model: 32\n  n_layer: 1\n  n_head: 2\ndistill:\n"
+        "  vocab_size: 200\ndata:\n  seq_len: 8\n  min_seq_len: 8\n",
+        more, dir);
+  };
+  tokenizer(256);
+  try {
+    ParseConfig(yaml(""), "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("teacher.hf_dir: expected a tokenizer the exported student can "
+                                    "take (at most student.vocab_size 200 token ids), got \"" +
+                                    dir + "\", whose tokenizer.json has 256 ids"));
+    EXPECT_THAT(e.what(), HasSubstr("set train.export_from to a model directory whose tokenizer "
+                                    "fits, give the student vocab_size 256 or more, or set "
+                                    "train.export_hf: false"));
+  }
+  EXPECT_NO_THROW(ParseConfig(yaml("  export_hf: false\n"), "x.yaml"));
+  tokenizer(200);
+  EXPECT_NO_THROW(ParseConfig(yaml(""), "x.yaml"));
+}
+
 TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
   const std::string dir = Fixture("llama_gqa_rope3");
   const std::string yaml = fmt::format(
@@ -992,6 +1030,21 @@ TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
             ReadBytes(c.student.hf_dir + "/tokenizer.json"));
   EXPECT_EQ(ReadBytes(with_tokenizer + "/model.safetensors"),
             ReadBytes(exported + "/model.safetensors"));
+  // The teacher's directory holding another model now: the error says so and what to do, not
+  // "remove the key" from the run's own config.yaml.
+  fs::create_directories(c.teacher.hf_dir);
+  fs::copy_file(Fixture("llama_gqa_rope3") + "/config.json", c.teacher.hf_dir + "/config.json");
+  try {
+    ExportRun(out, out + "-replaced");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(out + "/config.yaml:"));
+    EXPECT_THAT(e.what(), HasSubstr("the run was made with "));
+    EXPECT_THAT(e.what(), HasSubstr("but " + c.teacher.hf_dir + "/config.json now gives "));
+    EXPECT_THAT(e.what(), HasSubstr("put that model back, or move the directory away"));
+    EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("remove the key")));
+  }
+  EXPECT_FALSE(fs::exists(out + "-replaced"));
   RemoveTree(models);
 }
 

@@ -538,6 +538,21 @@ TEST(ResumeTest, ResumingOnOtherDataFilesWarns) {
   }
   c.train.steps = 5;
   EXPECT_EQ(data_warnings(Trainer(c, RunOptions::Quiet())).size(), 1u);  // still new to step 4
+  RemoveTree(shards + "/train_000003.bin");
+  c.train.steps = 6;
+  Trainer(c, RunOptions::Quiet()).Train();  // step 6's checkpoint: the files as they are now
+  // A shard rewritten at the same size (its documents tokenized again in another order): named
+  // as such; before, only a changed size was told.
+  std::vector<uint32_t> reordered(ids.rbegin(), ids.rend());
+  WriteTokenShard(shards + "/train_000001.bin", reordered, /*uint32_tokens=*/false);
+  c.train.steps = 7;
+  {
+    const auto found = data_warnings(Trainer(c, RunOptions::Quiet()));
+    ASSERT_EQ(found.size(), 1u);
+    EXPECT_THAT(found[0], ::testing::HasSubstr("not those the checkpoint of step 6 was trained on "
+                                               "(rewritten at the same size train " +
+                                               shards + "/train_000001.bin)"));
+  }
   RemoveTree(shards);
 }
 
@@ -783,6 +798,39 @@ TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {
   std::ostringstream out;
   EXPECT_THROW(distill::Run(c, RunFlags{false, true}, out), std::runtime_error);
   EXPECT_FALSE(fs::exists(c.train.out_dir));
+}
+
+// Undoing a failed start's commit (a pipeline whose first stage failed right after the pipeline
+// directory was written): a directory the commit created goes, with the parents it created; an
+// empty directory a user made for the run stays (before, it was deleted with our files: found
+// by filling a small filesystem so that the first stage's directory could not be made); our
+// files only where nothing else is there.
+TEST(ResumeTest, UndoingAFailedStartKeepsADirectoryTheTrainerDidNotCreate) {
+  const std::string base = TempRunDir();
+  Config c = TinyConfig(base + "/new/run");
+  RunDirPlan plan = PlanRunDir(c, false);
+  CommitRunDir(c, plan);
+  ASSERT_EQ(plan.created, (std::vector<std::string>{base + "/new/run", base + "/new", base}));
+  EXPECT_TRUE(UndoFailedStart(c.train.out_dir, plan));
+  EXPECT_FALSE(fs::exists(base));
+
+  c.train.out_dir = base + "/mine";
+  fs::create_directories(c.train.out_dir);
+  plan = PlanRunDir(c, false);
+  CommitRunDir(c, plan);
+  EXPECT_TRUE(plan.created.empty());
+  EXPECT_TRUE(fs::exists(c.train.out_dir + "/config.yaml"));
+  EXPECT_TRUE(UndoFailedStart(c.train.out_dir, plan));
+  ASSERT_TRUE(fs::is_directory(c.train.out_dir));
+  EXPECT_TRUE(fs::is_empty(c.train.out_dir));
+
+  // Anything else there: nothing undone.
+  plan = PlanRunDir(c, false);
+  CommitRunDir(c, plan);
+  std::ofstream(c.train.out_dir + "/notes.txt") << "mine\n";
+  EXPECT_FALSE(UndoFailedStart(c.train.out_dir, plan));
+  EXPECT_TRUE(fs::exists(c.train.out_dir + "/" + kRunMarker));
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/notes.txt"), "mine\n");
 }
 
 // A directory that holds only what an interrupted first start leaves is ours to start in; a
@@ -1267,6 +1315,23 @@ TEST(ResumeTest, PruningLeavesAnotherRunsCheckpointsAlone) {
                                           ::testing::HasSubstr("a checkpoint of another run"))));
   EXPECT_THAT(about, ::testing::Contains(::testing::AllOf(::testing::HasSubstr(damaged),
                                                           ::testing::HasSubstr("not an intact"))));
+}
+
+// out_dir "<dir>/." (or "."): the baseline goes beside <dir>, as for "<dir>", not into a hidden
+// ".-baseline" inside the run, which --fresh then refused as a file the trainer did not write.
+TEST(ResumeTest, TheBaselineOfADotOutDirGoesBesideTheRun) {
+  Config c = testing::TinyDistillConfig(TempRunDir(), /*teacher_steps=*/2);
+  const std::string dir = c.train.out_dir;
+  c.train.steps = 2;
+  c.train.baseline = true;
+  c.train.out_dir = dir + "/.";
+  for (const bool fresh : {false, true}) {
+    SCOPED_TRACE(fresh ? "--fresh" : "");
+    std::ostringstream table;
+    EXPECT_EQ(distill::Run(c, RunFlags{fresh, true}, table).size(), 2u);
+    EXPECT_TRUE(fs::exists(dir + "-baseline/summary.json"));
+    EXPECT_FALSE(fs::exists(dir + "/.-baseline"));
+  }
 }
 
 // A single distillation with train.baseline trains the baseline into <out_dir>-baseline after

@@ -651,6 +651,27 @@ TEST(LoadModuleFromHf, ATiedCopyMustEqualItsTensor) {
   ExpectUntouched(*module, before);
 }
 
+// A tied pair kept under the copy's name alone (safetensors' save_model keeps the name that
+// sorts first, "lm_head.weight" before "model.embed_tokens.weight"): the module's tensor loads
+// from it, as transformers ties the two on load. Without the tie, the tensor is missing.
+TEST(LoadModuleFromHf, ATiedTensorKeptUnderItsCopysNameAloneLoads) {
+  const std::string dir = TempDir();
+  auto weights = GoodWeights();
+  ASSERT_EQ(weights[0].first, kUp);
+  weights[0].first = "lm_head.weight";
+  WriteSafetensors(dir + "/model.safetensors", weights);
+  auto module = MakeModule();
+  const auto before = Snapshot(*module);
+  ExpectContains(ErrorOf([&] { LoadModuleFromHf(dir, *module); }),
+                 {"got 1 missing", std::string("\"") + kUp + "\""});
+  ExpectUntouched(*module, before);
+  HfNaming naming;
+  naming.tied_copies = {{"lm_head.weight", kUp}};
+  LoadModuleFromHf(dir, *module, {}, naming);
+  EXPECT_TRUE(SameBytes(Snapshot(*module).at(kUp), at::arange(12, at::kFloat).reshape({4, 3})));
+  EXPECT_TRUE(SameBytes(Snapshot(*module).at("model.norm.weight"), at::full({3}, 1.5)));
+}
+
 TEST(LoadModuleFromHf, FromShards) {
   const std::string dir = TempDir();
   const auto w = GoodWeights();

@@ -45,6 +45,22 @@ for sig in TERM INT; do
   grep -q "resuming at step $step " "$work/err" || fail "SIG$sig: did not resume at step $step"
   echo "SIG$sig: stopped at step $step with status $rc, resumed"
 done
+# A run started with --fresh (or with train.resume=false): "the same command" would delete the
+# run (or refuse it), so the advice says what to leave out; that command resumes.
+dir="$work/run_fresh"
+"$bin" --fresh "${args[@]}" "train.out_dir=$dir" train.steps=1000000 2>"$work/err" >/dev/null &
+pid=$!
+wait_for_records "$dir" 3
+kill -TERM "$pid"
+wait "$pid"
+line=$(grep "^distill_trainer: SIGTERM: " "$work/err") || fail "--fresh: no message"
+[[ "$line" =~ checkpoint\ at\ step\ ([0-9]+)\ .*\;\ resume\ with\ the\ same\ command\ without\ --fresh\ \(which\ would\ delete\ the\ run\ and\ start\ over\)$ ]] ||
+  fail "--fresh: message \"$line\""
+step=${BASH_REMATCH[1]}
+"$bin" "${args[@]}" "train.out_dir=$dir" train.steps=$((step + 1)) 2>"$work/err" >/dev/null ||
+  fail "--fresh: the resume without --fresh failed"
+grep -q "resuming at step $step " "$work/err" || fail "--fresh: did not resume at step $step"
+echo "SIGTERM of a --fresh run: the advice leaves --fresh out, and that resumes"
 # Outside a training step (here the final evaluation, made long): one line, exit 128 + signal.
 dir="$work/run_eval"
 "$bin" "${args[@]}" "train.out_dir=$dir" train.steps=2 train.eval_batches=1000000 \

@@ -209,6 +209,22 @@ TEST(TokenDataTest, DescribeCountsAShardWhollyInTheHeldOutTail) {
             "tokens), uint16");
 }
 
+// Shards too short for one sequence (data.seq_len + 1 tokens) are never read: the description
+// says how many and how many tokens, where it counted them with the rest before.
+TEST(TokenDataTest, DescribeNamesShardsTooShortForOneSequence) {
+  const std::string dir = TempDir();
+  const Layout l{false, 100, 1000, {10, 12, 200}};  // seq_len 16: the first two are too short
+  WriteShards(dir, "train", l);
+  DataConfig c = TokensConfig(dir + "/train_*.bin", dir + "/val_*.bin");
+  WriteShards(dir, "val", {false, 100, 1000, {40, 5}});
+  const auto source = MakeTokenShardSource(c, 3100);
+  EXPECT_EQ(source->Describe(),
+            "llm.c token shards: 3 train files (222 tokens) (2 of them, 22 tokens, shorter than "
+            "one sequence of data.seq_len + 1 = 17 tokens: never read), validation 2 files (45 "
+            "tokens) (1 of them, 5 tokens, shorter than one sequence of data.seq_len + 1 = 17 "
+            "tokens: never read), uint16");
+}
+
 TEST(TokenDataTest, Uint16TrainWindowsLieInOneShardBeforeTheHeldOutTail) {
   CheckWindows({false, 100, 1000, {500, 301, 777}});
 }

@@ -388,7 +388,12 @@ class InsideCheck {
     std::error_code ec;
     if (fs::is_symlink(next, ec)) {
       if (!walk.link && Inside(next)) walk.link = next;
-      const fs::path target = fs::weakly_canonical(next, ec);
+      // weakly_canonical follows a link only to something that exists: a link to nothing (yet:
+      // a file the run will write) is followed by its text.
+      std::error_code missing;
+      fs::path target = fs::exists(next, missing) ? next : fs::read_symlink(next, ec);
+      if (!ec && target.is_relative()) target = walk.resolved / target;
+      if (!ec) target = fs::weakly_canonical(target, ec);
       if (!ec) next = target;
     }
     walk.resolved = std::move(next);
@@ -411,12 +416,29 @@ class InsideCheck {
 // take one) is checked at its directories before the first wildcard, then at every file it
 // matches now.
 std::optional<std::string> InsideDirectory(const std::string& path, const std::string& dir,
-                                           bool glob_key) {
+                                           bool glob_key, bool model_dir = false) {
   std::error_code ec;
   const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
   if (ec || d.empty()) return std::nullopt;
   InsideCheck check(d);
   const std::string directories = glob_key ? GlobDirectories(path) : path;
+  if (directories == path && model_dir) {
+    // A model directory (hf_dir): its files too, which may be links (a Hugging Face cache's
+    // snapshot is one link per file) into the directory --fresh deletes.
+    if (auto said = check.Reach(path)) return said;
+    std::vector<std::string> links;
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_symlink(ec)) links.push_back(it->path().string());
+    }
+    std::sort(links.begin(), links.end());  // the first by name: the same error every time
+    for (const std::string& link : links) {
+      if (const auto said = check.Reach(link)) {
+        return fmt::format(", whose file \"{}\"{}", link,
+                           said->empty() ? " lies inside it" : *said);
+      }
+    }
+    return std::nullopt;
+  }
   if (directories == path) return check.Reach(path);
   // "runs/x*" may match runs/x2: its directories are runs/, not runs/x.
   if (auto said = check.Reach(directories)) return said;
@@ -494,6 +516,16 @@ void ResolveHfModel(const std::string& name, Section& model, Config& config, Loc
     if (!at.count(path)) continue;
     const internal::KeyDecl* decl = FindKey(path);
     const std::string wanted = decl->get(with_hf), got = decl->get(config);
+    if (wanted != got && origin == ConfigOrigin::kStored) {
+      // A run's own config.yaml: not a key to remove, but a directory whose model changed since
+      // the run read it (replaced by another model: a resume or an export would read that one).
+      Fail(at[path], path,
+           fmt::format("the run was made with {}, but {}/config.json now gives {}: the "
+                       "directory holds another model than the one this run read (replaced "
+                       "since?); put that model back, or move the directory away (the run's "
+                       "config.yaml keeps the architecture, so the run can still be exported)",
+                       got, model.hf_dir, wanted));
+    }
     if (wanted != got) {
       Fail(at[path], path,
            fmt::format("expected {} (from {}/config.json: the architecture of a Hugging Face "
@@ -678,9 +710,12 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       // data.path and data.val_path of token shards are globs; every other path is a name.
       const bool glob_key =
           c.data.source == "tokens" && (k.path == "data.path" || k.path == "data.val_path");
-      const auto inside = k.path == "train.out_dir"
-                              ? std::nullopt
-                              : InsideDirectory(value, c.train.out_dir, glob_key);
+      const auto inside =
+          k.path == "train.out_dir"
+              ? std::nullopt
+              : InsideDirectory(value, c.train.out_dir, glob_key,
+                                k.path == "student.hf_dir" || k.path == "teacher.hf_dir" ||
+                                    k.path == "train.export_from");
       if (inside) {
         fail(k.path,
              fmt::format("expected a path outside train.out_dir \"{}\" (set at {}): --fresh "
@@ -866,6 +901,29 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        "(train.export_hf is on), got {}: not valid JSON; restore it (e.g. "
                        "download the model again) or set train.export_hf: false",
                        invalid.front().file));
+    }
+    // The tokenizer the export ships: its ids must be rows of the student's embedding (a
+    // student narrower than the teacher's tokenizer, distill.vocab_size, exported with the
+    // teacher's tokenizer.json, failed in transformers on the ids past its rows).
+    if (const std::optional<size_t> d = exports ? ExportTokenizerDir(dirs) : std::nullopt) {
+      std::optional<int64_t> ids;
+      try {
+        ids = HfTokenizerSize(dirs[*d]);
+      } catch (const ConfigError& e) {
+        fail(keys[*d], fmt::format("expected a readable tokenizer.json (the end-of-run export "
+                                   "copies it): {}",
+                                   e.what()));
+      }
+      if (ids && *ids > c.student.vocab_size) {
+        fail(keys[*d],
+             fmt::format("expected a tokenizer the exported student can take (at most "
+                         "student.vocab_size {} token ids), got \"{}\", whose tokenizer.json has "
+                         "{} ids, which the end-of-run export copies: the exported model would "
+                         "have no rows for ids from {} on; set train.export_from to a model "
+                         "directory whose tokenizer fits, give the student vocab_size {} or more, "
+                         "or set train.export_hf: false",
+                         c.student.vocab_size, dirs[*d], *ids, c.student.vocab_size, *ids));
+      }
     }
   }
   if (c.train.activation_checkpointing) {

@@ -149,7 +149,11 @@ class TextSource : public DataSource {
   }
   std::optional<double> EntropyFloor() const override { return std::nullopt; }
   std::string Files() const override {
-    return fmt::format("train {} {}\n", config_.path, bytes_.size());
+    return fmt::format(
+        "train {} {}\n", config_.path,
+        internal::SizeAndFingerprint(static_cast<int64_t>(bytes_.size()),
+                                     reinterpret_cast<const unsigned char*>(bytes_.data()),
+                                     static_cast<int64_t>(bytes_.size())));
   }
   std::string Describe() const override {
     return fmt::format("text \"{}\": {} bytes ({} train, {} validation)", config_.path,

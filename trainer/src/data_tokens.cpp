@@ -141,6 +141,18 @@ struct Region {
   int64_t tokens = 0;
   int64_t longest = 0;  // tokens of the longest segment
   size_t files = 0;
+  // The files (and their tokens) too short for one window: counted above, never read.
+  size_t short_files = 0;
+  int64_t short_tokens = 0;
+
+  // " (N of them, T tokens, shorter than one sequence ...: never read)", or "" where none is.
+  std::string Unread(int64_t seq_len) const {
+    if (short_files == 0) return "";
+    return fmt::format(
+        " ({} of them, {} tokens, shorter than one sequence of data.seq_len + 1 = "
+        "{} tokens: never read)",
+        short_files, HumanCount(short_tokens), seq_len + 1);
+  }
 
   int64_t windows() const { return cumulative.empty() ? 0 : cumulative.back(); }
   // The segment holding window w (0 <= w < windows()) and w's rank inside it.
@@ -261,21 +273,26 @@ class TokenShardSource : public DataSource {
   std::string Files() const override {
     std::string files;
     for (size_t s = 0; s < shards_.size(); ++s) {
-      files += fmt::format("{} {} {}\n", s < num_train_ ? "train" : "val", shards_[s]->path(),
-                           shards_[s]->num_tokens());
+      const TokenShard& shard = *shards_[s];
+      files += fmt::format("{} {} {}\n", s < num_train_ ? "train" : "val", shard.path(),
+                           internal::SizeAndFingerprint(shard.num_tokens(), shard.token_data(),
+                                                        shard.num_tokens() * shard.token_bytes()));
     }
     return files;
   }
 
   std::string Describe() const override {
     const std::string val = config_.val_path.empty()
-                                ? fmt::format("validation the last {:g}% of them ({} tokens)",
-                                              100 * config_.val_fraction, HumanCount(val_.tokens))
-                                : fmt::format("validation {} file{} ({} tokens)", val_.files,
-                                              val_.files == 1 ? "" : "s", HumanCount(val_.tokens));
+                                ? fmt::format("validation the last {:g}% of them ({} tokens){}",
+                                              100 * config_.val_fraction, HumanCount(val_.tokens),
+                                              val_.Unread(config_.seq_len))
+                                : fmt::format("validation {} file{} ({} tokens){}", val_.files,
+                                              val_.files == 1 ? "" : "s", HumanCount(val_.tokens),
+                                              val_.Unread(config_.seq_len));
     // The files data.path matched, also one that lies wholly in the held-out tail.
-    return fmt::format("llm.c token shards: {} train file{} ({} tokens), {}, {}", num_train_,
-                       num_train_ == 1 ? "" : "s", HumanCount(train_.tokens), val,
+    return fmt::format("llm.c token shards: {} train file{} ({} tokens){}, {}, {}", num_train_,
+                       num_train_ == 1 ? "" : "s", HumanCount(train_.tokens),
+                       train_.Unread(config_.seq_len), val,
                        TokenTypeName(shards_.front()->token_bytes()));
   }
 
@@ -382,7 +399,13 @@ class TokenShardSource : public DataSource {
     ++region.files;  // a shard gives a region at most one segment
     region.tokens += segment.size();
     region.longest = std::max(region.longest, segment.size());
-    if (windows == 0) return;
+    if (windows == 0) {
+      if (segment.size() > 0) {  // (a shard wholly in the held-out tail is no training file's)
+        ++region.short_files;
+        region.short_tokens += segment.size();
+      }
+      return;
+    }
     region.segments.push_back(segment);
     region.cumulative.push_back(region.windows() + windows);
   }

@@ -211,16 +211,24 @@ std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
   return dangling;
 }
 
+std::optional<size_t> ExportTokenizerDir(const std::vector<std::string>& dirs) {
+  for (size_t d = 0; d < dirs.size(); ++d) {
+    std::error_code error;
+    if (!dirs[d].empty() && fs::exists(fs::path(dirs[d]) / "config.json", error) &&
+        HasTokenizer(dirs[d])) {
+      return d;
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
     const std::vector<std::string>& dirs) {
   std::vector<UncopyableTokenizerFile> invalid;
   // Only the directory the export copies from (TokenizerDir's): the first with a tokenizer.
-  for (size_t d = 0; d < dirs.size(); ++d) {
+  if (const std::optional<size_t> found = ExportTokenizerDir(dirs)) {
+    const size_t d = *found;
     std::error_code error;
-    if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error) ||
-        !HasTokenizer(dirs[d])) {
-      continue;
-    }
     for (const char* name : kTokenizerFiles) {
       const fs::path file = fs::path(dirs[d]) / name;
       if (file.extension() != ".json" || !fs::is_regular_file(file, error)) continue;
@@ -233,7 +241,6 @@ std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
         invalid.push_back({d, fmt::format("\"{}\" ({})", file.string(), message)});
       }
     }
-    break;
   }
   return invalid;
 }

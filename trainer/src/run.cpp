@@ -25,6 +25,19 @@ std::string Subdir(const Config& config, const char* name) {
 }
 
 // The row name of a distilled student: with kd_weight 0 it is the cross-entropy-only control.
+// The single-run layout's baseline directory, <out_dir>-baseline, beside the run: named after
+// the directory's own name ("." and "runs/x/." name the directory they stand for, whose
+// "-baseline" was a hidden ".-baseline" inside the run).
+std::string BaselineDir(const std::string& out_dir) {
+  fs::path p = fs::path(out_dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "runs/x/" (lexically_normal of "runs/x/.")
+  if (p.empty() || p.filename() == "." || p.filename() == "..") {
+    p = fs::absolute(p).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();
+  }
+  return p.string() + "-baseline";
+}
+
 std::string StudentName(const Config& config) {
   return config.distill.kd_weight == 0 ? "student (ce only)" : "student (distilled)";
 }
@@ -147,7 +160,7 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
       // starts): one that would refuse the baseline is reported before hours of training, not
       // after them.
       baseline = BaselineStageConfig(config);
-      baseline->train.out_dir = config.train.out_dir + "-baseline";
+      baseline->train.out_dir = BaselineDir(config.train.out_dir);
       dist.MainDecides([&] {
         try {
           PlanRunDir(*baseline, flags.fresh);
@@ -191,12 +204,19 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
         rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
       }
     } catch (...) {
-      // A first stage that failed at start-up created no stage directory: remove the pipeline
-      // directory too when it holds only our marker and config.yaml, so the corrected command
-      // is not refused as a different run. Only a directory this process holds: a commit
-      // refused because another process holds it must not delete that process's directory.
+      // A first stage that failed at start-up created no stage directory: undo the pipeline
+      // directory's commit too when it holds only our marker and config.yaml, so the corrected
+      // command is not refused as a different run (the directory itself only where this process
+      // created it: an empty directory a user made stays). Only a directory this process holds:
+      // a commit refused because another process holds it must not delete that process's
+      // directory. A failure of that clean-up is a warning; the start's own error is the one
+      // reported.
       if (dist.is_main() && plan.lock != nullptr && plan.lock->Current()) {
-        RemoveIfOnlyMarker(config.train.out_dir);
+        try {
+          UndoFailedStart(config.train.out_dir, plan);
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "warning: {} (after the failed start below)\n", e.what());
+        }
       }
       throw;
     }

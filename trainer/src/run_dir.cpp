@@ -367,6 +367,32 @@ bool RemoveIfOnlyMarker(const std::string& dir) {
   return true;
 }
 
+bool UndoFailedStart(const std::string& dir, const RunDirPlan& plan) {
+  const bool created = !plan.created.empty() && plan.created.front() == dir;
+  if (created) {
+    if (!RemoveIfOnlyMarker(dir)) return false;
+    std::error_code ignored;
+    for (size_t i = 1; i < plan.created.size(); ++i) fs::remove(plan.created[i], ignored);
+    return true;
+  }
+  if (!IsOwnRunDir(dir)) return false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name != kRunMarker && name != "config.yaml" && name != kRunLock) return false;
+  }
+  // config.yaml first and the marker last (a deletion that fails part-way leaves a directory
+  // that a start or --fresh still takes as ours).
+  for (const char* name : {"config.yaml", kRunLock, kRunMarker}) {
+    std::error_code error;
+    fs::remove(fs::path(dir) / name, error);
+    if (error) {
+      throw RunDirError(
+          fmt::format("cannot delete {}: {}", (fs::path(dir) / name).string(), error.message()));
+    }
+  }
+  return true;
+}
+
 std::string WithoutTrailingSeparators(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
@@ -569,6 +595,8 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     throw RunDirError(fmt::format("train.out_dir \"{}\": cannot create it: {}", dir.string(),
                                   created_error.message()));
   }
+  plan.created.clear();
+  for (const fs::path& p : missing) plan.created.push_back(p.string());
   if (plan.lock == nullptr || !plan.lock->Current()) {
     plan.lock = std::make_shared<RunLock>(dir.string());
     // Planned as a new run: a process that started one here meanwhile (and may have finished

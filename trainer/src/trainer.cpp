@@ -57,7 +57,7 @@ std::optional<std::string> DataFilesChanged(const std::string& before, const std
     return files;
   };
   const auto old_files = parse(before), new_files = parse(now);
-  std::vector<std::string> added, gone, resized;
+  std::vector<std::string> added, gone, resized, rewritten;
   bool train = false, val = false;
   auto note = [&](const std::string& key) {
     (key.rfind("train ", 0) == 0 ? train : val) = true;
@@ -68,7 +68,16 @@ std::optional<std::string> DataFilesChanged(const std::string& before, const std
     if (it == old_files.end()) {
       added.push_back(note(key));
     } else if (it->second != size) {
-      resized.push_back(fmt::format("{} ({} -> {})", note(key), it->second, size));
+      // "<size>:<fingerprint>", or "<size>" alone in a checkpoint written before fingerprints.
+      const auto size_of = [](const std::string& value) {
+        return value.substr(0, value.find(':'));
+      };
+      const std::string was = size_of(it->second), is = size_of(size);
+      if (was != is) {
+        resized.push_back(fmt::format("{} ({} -> {})", note(key), was, is));
+      } else if (it->second.find(':') != std::string::npos) {
+        rewritten.push_back(note(key));
+      }
     }
   }
   for (const auto& [key, size] : old_files) {
@@ -85,6 +94,8 @@ std::optional<std::string> DataFilesChanged(const std::string& before, const std
   if (!added.empty()) parts.push_back("new " + list(added));
   if (!gone.empty()) parts.push_back("gone " + list(gone));
   if (!resized.empty()) parts.push_back("resized " + list(resized));
+  if (!rewritten.empty()) parts.push_back("rewritten at the same size " + list(rewritten));
+  if (parts.empty()) return std::nullopt;  // only fingerprints added to an older checkpoint's
   // A finished run only evaluates again: the training files do not matter there.
   const bool validation_moved = val || (train && data.val_path.empty());
   if (finished) {

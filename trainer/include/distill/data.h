@@ -36,10 +36,11 @@ class DataSource {
   // shards' fixed windows); nullopt where validation draws them at random.
   virtual std::optional<int64_t> ValidationSequences() const { return std::nullopt; }
   virtual std::string Describe() const = 0;
-  // The files the data is read from and their sizes, one "<role> <path> <size>" line each (role
-  // train or val; size in tokens, or bytes for text); "" for generated data. Stored in each
+  // The files the data is read from, their sizes and a fingerprint of their contents, one
+  // "<role> <path> <size>:<fingerprint>" line each (role train or val; size in tokens, or bytes
+  // for text; data_internal.h's SizeAndFingerprint); "" for generated data. Stored in each
   // checkpoint: a resume on other files says so (its batches, and maybe its validation windows,
-  // are not those the run had).
+  // are not those the run had). Checkpoints before session 47 hold the size alone.
   virtual std::string Files() const { return ""; }
 };
 

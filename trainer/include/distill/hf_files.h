@@ -2,6 +2,7 @@
 // directories (run_dir.h) tell theirs from a user's by them.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
 // export refuses to copy one.
 std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
     const std::vector<std::string>& dirs);
+
+// The index in `dirs` (the order and rules above) of the directory whose tokenizer files the
+// export copies, or nothing where none has a tokenizer. The trainer refuses at start-up a
+// tokenizer there with more ids than the student has embedding rows.
+std::optional<size_t> ExportTokenizerDir(const std::vector<std::string>& dirs);
 
 // Whether `name` is "<target><kind><digits>" (kind ".tmp-" or ".old-"): an export's temporary or
 // its previous copy moved aside, named after the exporting process's id.

@@ -77,6 +77,9 @@ struct RunDirPlan {
   // The directory's lock, when it exists already (else CommitRunDir takes it once it is
   // created). Keep the plan (or this pointer) for as long as the run writes the directory.
   std::shared_ptr<RunLock> lock;
+  // The directories CommitRunDir created (the run directory and the parents it lacked, deepest
+  // first): empty where the directory existed (an empty directory a user made for the run).
+  std::vector<std::string> created;
 };
 
 // Checks config.train.out_dir and locks it when it exists (the lock file is the one thing it may
@@ -94,6 +97,13 @@ bool IsOwnRunDir(const std::string& dir);
 // Deletes `dir` if it holds nothing but a marker, config.yaml and the lock file (what a start
 // that failed before training left); returns whether it did.
 bool RemoveIfOnlyMarker(const std::string& dir);
+// Undoes what CommitRunDir did for a start that failed before anything else was written: where
+// `plan.created` holds the directory it is deleted with the parents created for it (each only if
+// empty, as RemoveIfOnlyMarker would); where the directory existed before, only the marker,
+// config.yaml and the lock file are, and the directory stays. Nothing where it holds anything
+// else, or is not ours. Returns whether it undid anything; throws RunDirError where a deletion
+// fails.
+bool UndoFailedStart(const std::string& dir, const RunDirPlan& plan);
 // 64-bit FNV-1a of `data` (stable across platforms and runs, unlike std::hash).
 uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);
 // The step of a checkpoint's file name, "step_<digits>.pt" (CheckpointPath's; at most 18 digits),

@@ -41,6 +41,8 @@ class TokenShard {
   // Whether `other` holds the same tokens (a copy of this shard: its count, width and bytes;
   // compared until the first difference).
   bool SameTokens(const TokenShard& other) const;
+  // The token bytes (num_tokens() * token_bytes() of them).
+  const unsigned char* token_data() const { return tokens_; }
   // Token i, 0 <= i < num_tokens() (unchecked).
   uint32_t Token(int64_t i) const {
     const unsigned char* p = tokens_ + i * token_bytes_;

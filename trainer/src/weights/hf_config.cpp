@@ -166,16 +166,18 @@ J ReadJsonObject(const std::string& path) {
   return json;
 }
 
-// rope_scaling (or the newer rope_parameters spelling) into `scaling`.
+// rope_scaling (or the newer rope_parameters spelling) into `scaling`, as transformers 5 reads
+// them: no rope_type (nor the older "type") is the default RoPE, and llama3's
+// original_max_position_embeddings defaults to the model's max_position_embeddings.
 void ReadRopeScaling(const std::string& file, const Json& rope, const std::string& key,
-                     RopeScaling& scaling) {
+                     int64_t max_position_embeddings, RopeScaling& scaling) {
   if (!rope.is_object()) {
     throw ConfigError(
         fmt::format("{}: {}: expected an object or null, got {}", file, key, Describe(&rope)));
   }
   const Keys keys(file, rope, key + ".");
   const std::string type_key = keys.Has("rope_type") ? "rope_type" : "type";
-  const std::string type = keys.String(type_key);
+  const std::string type = keys.String(type_key, "default");
   scaling = RopeScaling{};
   if (type == "default") {
     scaling.type = "";
@@ -191,7 +193,8 @@ void ReadRopeScaling(const std::string& file, const Json& rope, const std::strin
   scaling.factor = keys.PositiveNumber("factor");
   scaling.low_freq_factor = keys.PositiveNumber("low_freq_factor");
   scaling.high_freq_factor = keys.PositiveNumber("high_freq_factor");
-  scaling.original_max_position_embeddings = keys.PositiveInt("original_max_position_embeddings");
+  scaling.original_max_position_embeddings =
+      keys.PositiveInt("original_max_position_embeddings", max_position_embeddings);
   if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
     keys.Fail("high_freq_factor",
               fmt::format("a number > low_freq_factor ({})", scaling.low_freq_factor),
@@ -271,7 +274,10 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
     keys.Fail("model_type", fmt::format("one of gpt2, {}", kSupportedTypes), Quoted(model_type));
   }
   const std::string act = keys.String("hidden_act", "silu");
-  if (act != "silu") keys.Fail("hidden_act", "\"silu\" (SwiGLU)", Quoted(act));
+  // "swish" is transformers' other name of the same function (ACT2FN: both nn.SiLU).
+  if (act != "silu" && act != "swish") {
+    keys.Fail("hidden_act", "\"silu\" or \"swish\" (SwiGLU)", Quoted(act));
+  }
 
   ModelConfig m = model;  // assigned back only when everything parsed
   m.family = ModelFamily::kLlama;
@@ -308,24 +314,26 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
     keys.Fail("attention_dropout", "a number in [0, 1)", Describe(keys.Find("attention_dropout")));
   }
 
-  // RoPE: rope_theta at the top level or in rope_parameters; scaling in either spelling.
+  // RoPE: rope_theta in rope_parameters (transformers 5's spelling, which it reads before the top
+  // level's: a file with both gets rope_parameters' there) or at the top level; scaling in
+  // either spelling.
   const Json* rope_parameters = keys.Find("rope_parameters");
   if (rope_parameters != nullptr && !rope_parameters->is_object()) {
     keys.Fail("rope_parameters", "an object or null", Describe(rope_parameters));
   }
-  if (keys.Has("rope_theta")) {
+  const bool nested_theta = rope_parameters != nullptr && rope_parameters->contains("rope_theta");
+  if (nested_theta) {
+    m.rope_theta = Keys(file, *rope_parameters, "rope_parameters.").PositiveNumber("rope_theta");
+  } else if (keys.Has("rope_theta")) {
     m.rope_theta = keys.PositiveNumber("rope_theta");
-  } else if (rope_parameters != nullptr) {
-    m.rope_theta =
-        Keys(file, *rope_parameters, "rope_parameters.").PositiveNumber("rope_theta", 10000.0);
   } else {
     m.rope_theta = 10000.0;
   }
   m.rope_scaling = RopeScaling{};
   if (const Json* rope_scaling = keys.Find("rope_scaling")) {
-    ReadRopeScaling(file, *rope_scaling, "rope_scaling", m.rope_scaling);
+    ReadRopeScaling(file, *rope_scaling, "rope_scaling", m.context_length, m.rope_scaling);
   } else if (rope_parameters != nullptr) {
-    ReadRopeScaling(file, *rope_parameters, "rope_parameters", m.rope_scaling);
+    ReadRopeScaling(file, *rope_parameters, "rope_parameters", m.context_length, m.rope_scaling);
   }
 
   // Biases as each model class builds its layers.

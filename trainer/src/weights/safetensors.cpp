@@ -735,6 +735,18 @@ void LoadModuleFromHf(const std::string& hf_dir, torch::nn::Module& module,
     targets.push_back({hf.first, hf.second, tensor, name});
   }
 
+  // A tied tensor the files keep under its copy's name alone: safetensors' save_model (and so
+  // some published checkpoints) keeps one name of a tied pair, the lm_head's where it sorts
+  // first, and transformers ties the two again on load.
+  for (Target& t : targets) {
+    if (weights.contains(t.file_name)) continue;
+    for (const auto& [copy, source] : naming.tied_copies) {
+      if (t.module_name == source && weights.contains(copy)) {
+        t.file_name = copy;
+        break;
+      }
+    }
+  }
   std::set<std::string> wanted;
   std::vector<std::string> missing;
   for (const Target& t : targets) {
