@@ -187,14 +187,17 @@ READ_BLOCK = 1 << 20  # bytes read at a time from a text file split into documen
 def text_documents(path, split=None):
     """A plain-text file as one document: its bytes as they are (read_text's universal newlines
     would turn \r\n and \r into \n, other tokens than the file's); a leading byte-order mark
-    is not text. With `split`, the file is read a block at a time and every piece between two
-    occurrences of `split` is a document, without the whitespace around it; empty pieces are no
-    documents."""
+    is not text, and an empty file is no document (as a blank JSON Lines line: it gave a shard
+    of the separator alone). With `split`, the file is read a block at a time and every piece
+    between two occurrences of `split` is a document, without the whitespace around it; empty
+    pieces are no documents."""
     if split is None:
         try:
-            yield path.read_bytes().decode("utf-8-sig")
+            text = path.read_bytes().decode("utf-8-sig")
         except (OSError, UnicodeDecodeError) as e:
             fail(f"{path}: cannot read as UTF-8: {e}")
+        if text:
+            yield text
         return
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
     parts, tail, offset = [], "", 0  # the document so far: parts, then a tail that may hold
@@ -499,7 +502,8 @@ def run(argv):
         flush(final=True)
         if not shards:
             names = ", ".join(str(p) for p in files[:3]) + (" ..." if len(files) > 3 else "")
-            fail(f"no document in {names} (JSON Lines files of blank lines only?)")
+            fail(f"no document in {names} (empty text files, or JSON Lines files of blank lines "
+                 f"only?)")
     except BaseException as e:  # a failure, a stop: the shards written so far are not a dataset
         for sig in STOP_SIGNALS:  # the clean-up is not cut short: a stop signal now is ignored
             signal.signal(sig, signal.SIG_IGN)

@@ -185,6 +185,13 @@ def main():
         check(r.returncode == 1 and "Traceback" not in r.stderr and expected in r.stderr,
               f"{content!r}: {r.returncode} {r.stderr}")
     check(not (work / "bad_tok").exists(), "refused JSON Lines left an --out-dir behind")
+    # An empty text file is no document either (it gave a shard of the separator alone).
+    empty = work / "empty.txt"
+    empty.write_bytes(b"")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "empty_tok", empty)
+    check(r.returncode == 1 and "Traceback" not in r.stderr and
+          f"no document in {empty} (empty text files" in r.stderr, f"empty: {r.returncode} {r.stderr}")
+    check(not (work / "empty_tok").exists(), "a refused empty file left an --out-dir behind")
 
     # A bad line after more than a tokenizer batch of documents (1024): the shards written
     # before it are removed.
