@@ -18,12 +18,12 @@
 // bits in every block) and makes its second pass over the slice: TVD's and JSD's loss and row
 // constant (the last of the row's slices to finish combines them, in order, into the row's
 // stats), or the KLs' gradient. The queue runs phase 1 of chunk c + 1 and then phase 2 of chunk
-// c, so a slice's second read comes about two chunks of reads after its first: R is chosen so
-// that two chunks fit the L2. No block ever waits for an item the queue has not handed out
-// before its own (phase 1 never waits; phase 2 of chunk c waits for phase 1 of chunk c, handed
-// out earlier to running blocks), so any grid size is deadlock-free, without a cooperative
-// launch. The stats have the library's layout, so the library's backward (and finalize) run on
-// them unchanged.
+// c, so a slice's second read comes about one chunk of new reads after its first (R follows
+// from the chunk size given: MB of s and t per chunk, --variants). No block ever waits for an item
+// the queue has not handed out before its own (phase 1 never waits; phase 2 of chunk c waits for
+// phase 1 of chunk c, handed out earlier to running blocks), so any grid size is deadlock-free,
+// without a cooperative launch. The stats have the library's layout, so the library's backward (and
+// finalize) run on them unchanged.
 //
 // Checked against the library (loss, row stats, and the gradient of the library's backward run
 // on either forward's stats; for the KLs the gradient the queue writes) and at ties (t = s: loss
@@ -346,7 +346,7 @@ struct Variant {
   }
   // false where the kernel cannot run it (its launch bounds: at most 256 threads)
   bool setup(int64_t rows, int64_t V) {
-    if (threads < 32 || threads > 256 || threads % 32 != 0) return false;
+    if (threads < 32 || threads > 256 || threads % 32 != 0 || S < 1 || S > 64) return false;
     W = ((V + S - 1) / S + 7) / 8 * 8;
     R = std::max<int64_t>(1, int64_t(chunk_mb * 1e6 / (4.0 * V)));
     chunks = (rows + R - 1) / R;
@@ -515,6 +515,13 @@ int main(int argc, char** argv) {
       if (list.find("forward_kl") != std::string::npos) divs.push_back(kForwardKl);
     }
   }
+  for (const int64_t V : vocab) {
+    if (V <= 0 || V % 8 != 0) {  // 16-byte rows and slices
+      std::fprintf(stderr, "distill_row_queue: --v must be a positive multiple of 8; got %lld\n",
+                   static_cast<long long>(V));
+      return 2;
+    }
+  }
   int num_sms = 0;
   CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   const float inv_t = 1.f / 2.f;
@@ -595,9 +602,9 @@ int main(int argc, char** argv) {
       for (Variant& v : vs) {
         if (!v.setup(rows, V)) {
           std::printf(
-              "  %d threads: not a block size of this kernel (32 to 256, a multiple of "
-              "32); skipped\n",
-              v.threads);
+              "  %d threads, %d slices: not a block size of this kernel (32 to 256, a "
+              "multiple of 32) or a slice count of its buffers (1 to 64); skipped\n",
+              v.threads, v.S);
           continue;
         }
         if (do_check && (first || V == vocab.front())) {

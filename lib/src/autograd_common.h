@@ -82,7 +82,7 @@ inline void check_dense(const char* op, const char* names, const at::Tensor& x,
               " tensor (convert it: .to_dense() for a sparse one, .to_padded_tensor() for a "
               "nested one)");
   // A quantized tensor is strided too, and would reach an internal op without a kernel for it.
-  TORCH_CHECK(!x.is_quantized(), op, ": ", names, must, " of real values; got a quantized ",
+  TORCH_CHECK(!x.is_quantized(), op, ": ", names, " must not be quantized; got a quantized ",
               x.scalar_type(), " tensor (convert it: .dequantize())");
 }
 

@@ -53,6 +53,8 @@ def _check_args(op: str, ignore_index, vocab_size=None, temperature=None, beta=N
     if temperature is not None and not _temperature_ok(_as_float(temperature)):
         raise ValueError(f"{op}: temperature must be > 0 and representable with its inverse in float32 "
                          f"(about 3e-38 to 3e38); got {temperature!r}")
+    if beta is not None and not math.isfinite(_as_float(beta)):
+        raise ValueError(f"{op}: beta must be a finite number (the op's schema takes a float); got {beta!r}")
     if beta_range and not 0.0 <= _as_float(beta) <= 1.0:
         raise ValueError(f"{op}: beta must be in [0, 1] for 'jsd'; got {beta!r}")
 

@@ -498,6 +498,13 @@ TEST(ConfigTest, InputsReachingIntoTheRunDirectoryOnDiskAreRefused) {
               ::testing::EndsWith("got \"" + model + "\", whose file \"" + model +
                                   "/model.safetensors\", which leads to \"" + root +
                                   "/runs/it/hf/model.safetensors\""));
+  // Through a chain of links to nothing (yet).
+  fs::remove(model + "/model.safetensors");
+  fs::create_symlink(root + "/runs/it/blob", root + "/data/mid");
+  fs::create_symlink("../../data/mid", model + "/weights.bin");
+  EXPECT_THAT(ErrorOf(kValidDistill, {out, "train.export_from=" + model}),
+              ::testing::EndsWith("whose file \"" + model + "/weights.bin\", which leads to \"" +
+                                  root + "/runs/it/blob\""));
   RemoveTree(root);
 }
 

@@ -199,6 +199,16 @@ TEST(ReadHfConfig, RopeParametersSpelling) {
   EXPECT_EQ(m.rope_scaling.type, "llama3");
   EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, m.context_length);
   EXPECT_EQ(m.context_length, c["max_position_embeddings"].get<int64_t>());
+  // rope_scaling, where present, stands for rope_parameters (transformers 5: `rope_scaling or
+  // rope_parameters`), its rope_theta included; else the top level's.
+  c["rope_theta"] = 5e5;
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1234.0}};
+  EXPECT_EQ(Read(c).rope_theta, 5e5);
+  c["rope_scaling"]["rope_theta"] = 4242.0;
+  EXPECT_EQ(Read(c).rope_theta, 4242.0);
+  c["rope_scaling"].erase("rope_theta");
+  c.erase("rope_parameters");
+  c.erase("rope_theta");
   // "swish": transformers' other name of silu.
   c["hidden_act"] = "swish";
   EXPECT_EQ(Read(c).rope_scaling.type, "llama3");

@@ -711,7 +711,7 @@ TEST(HfModel, ConfigJsonValuesOutsideTheKeysRangesAreRefused) {
 // The end-of-run export copies the tokenizer of the first hf_dir that has one (here the
 // teacher's): a student narrower than it (distill.vocab_size) would be exported with ids it has
 // no rows for, which transformers fails on. Refused at start-up where the run exports, as a
-// train.export_from tokenizer of too many ids is.
+// train.export_from tokenizer of too many ids is; a student's own tokenizer is not.
 TEST(HfModel, AnExportedTokenizerWiderThanTheStudentIsRefused) {
   const std::string dir = TempRunDir("-wide-tokenizer");
   fs::create_directories(dir);
@@ -737,13 +737,27 @@ TEST(HfModel, AnExportedTokenizerWiderThanTheStudentIsRefused) {
     EXPECT_THAT(e.what(), HasSubstr("teacher.hf_dir: expected a tokenizer the exported student can "
                                     "take (at most student.vocab_size 200 token ids), got \"" +
                                     dir + "\", whose tokenizer.json has 256 ids"));
-    EXPECT_THAT(e.what(), HasSubstr("set train.export_from to a model directory whose tokenizer "
-                                    "fits, give the student vocab_size 256 or more, or set "
-                                    "train.export_hf: false"));
+    EXPECT_THAT(e.what(), HasSubstr("(student.hf_dir has no tokenizer): the exported model would "
+                                    "have no rows for ids from 200 on; give the student vocab_size "
+                                    "256 or more, or set train.export_hf: false"));
   }
   EXPECT_NO_THROW(ParseConfig(yaml("  export_hf: false\n"), "x.yaml"));
   tokenizer(200);
   EXPECT_NO_THROW(ParseConfig(yaml(""), "x.yaml"));
+  // A student's own tokenizer with an id past its rows (a pad token added without resizing the
+  // embedding) is exported as it came: not refused.
+  const std::string student = TempRunDir("-student-pad");
+  fs::create_directories(student);
+  fs::copy_file(Fixture("llama_gqa_rope3") + "/config.json", student + "/config.json");
+  std::string vocab;
+  for (int i = 0; i < 257; ++i) vocab += fmt::format("{}\"t{}\": {}", i ? ", " : "", i, i);
+  WriteBytes(student + "/tokenizer.json",
+             "{\"model\": {\"type\": \"BPE\", \"vocab\": {" + vocab + "}}}");
+  EXPECT_NO_THROW(ParseConfig(
+      fmt::format("train:\n  mode: pretrain\nstudent:\n  hf_dir: {}\ndata:\n  seq_len: 8\n"
+                  "  min_seq_len: 8\n",
+                  student),
+      "x.yaml"));
 }
 
 TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {

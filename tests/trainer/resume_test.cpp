@@ -813,6 +813,13 @@ TEST(ResumeTest, UndoingAFailedStartKeepsADirectoryTheTrainerDidNotCreate) {
   ASSERT_EQ(plan.created, (std::vector<std::string>{base + "/new/run", base + "/new", base}));
   EXPECT_TRUE(UndoFailedStart(c.train.out_dir, plan));
   EXPECT_FALSE(fs::exists(base));
+  // Created, and its marker never written (a full disk): the lock file alone is there.
+  plan = PlanRunDir(c, false);
+  CommitRunDir(c, plan);
+  fs::remove(c.train.out_dir + "/config.yaml");
+  fs::remove(c.train.out_dir + "/" + kRunMarker);
+  EXPECT_TRUE(UndoFailedStart(c.train.out_dir, plan));
+  EXPECT_FALSE(fs::exists(base));
 
   c.train.out_dir = base + "/mine";
   fs::create_directories(c.train.out_dir);

@@ -389,10 +389,16 @@ class InsideCheck {
     if (fs::is_symlink(next, ec)) {
       if (!walk.link && Inside(next)) walk.link = next;
       // weakly_canonical follows a link only to something that exists: a link to nothing (yet:
-      // a file the run will write) is followed by its text.
+      // a file the run will write), or a chain of them, is followed by its text (at most 40
+      // links, as the kernel's limit).
+      fs::path target = next;
       std::error_code missing;
-      fs::path target = fs::exists(next, missing) ? next : fs::read_symlink(next, ec);
-      if (!ec && target.is_relative()) target = walk.resolved / target;
+      for (int hops = 0;
+           hops < 40 && !ec && !fs::exists(target, missing) && fs::is_symlink(target, missing);
+           ++hops) {
+        const fs::path text = fs::read_symlink(target, ec);
+        if (!ec) target = text.is_relative() ? target.parent_path() / text : text;
+      }
       if (!ec) target = fs::weakly_canonical(target, ec);
       if (!ec) next = target;
     }
@@ -902,10 +908,14 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        "download the model again) or set train.export_hf: false",
                        invalid.front().file));
     }
-    // The tokenizer the export ships: its ids must be rows of the student's embedding (a
-    // student narrower than the teacher's tokenizer, distill.vocab_size, exported with the
-    // teacher's tokenizer.json, failed in transformers on the ids past its rows).
-    if (const std::optional<size_t> d = exports ? ExportTokenizerDir(dirs) : std::nullopt) {
+    // The teacher's tokenizer, where the export ships it (the student's hf_dir has none): its ids
+    // must be rows of the student's embedding (a student narrower than the teacher's tokenizer,
+    // distill.vocab_size, exported with the teacher's tokenizer.json, failed in transformers on
+    // the ids past its rows). Not the student's own tokenizer: a model whose tokenizer has an id
+    // past its rows (a pad token added without resizing) is exported as it came;
+    // train.export_from's is checked above.
+    const std::optional<size_t> d = exports ? ExportTokenizerDir(dirs) : std::nullopt;
+    if (d && *d == 1) {
       std::optional<int64_t> ids;
       try {
         ids = HfTokenizerSize(dirs[*d]);
@@ -918,10 +928,10 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
         fail(keys[*d],
              fmt::format("expected a tokenizer the exported student can take (at most "
                          "student.vocab_size {} token ids), got \"{}\", whose tokenizer.json has "
-                         "{} ids, which the end-of-run export copies: the exported model would "
-                         "have no rows for ids from {} on; set train.export_from to a model "
-                         "directory whose tokenizer fits, give the student vocab_size {} or more, "
-                         "or set train.export_hf: false",
+                         "{} ids, which the end-of-run export copies (student.hf_dir has no "
+                         "tokenizer): the exported model would have no rows for ids from {} on; "
+                         "give the student vocab_size {} or more, or set train.export_hf: false "
+                         "and export the student with a tokenizer of its ids yourself",
                          c.student.vocab_size, dirs[*d], *ids, c.student.vocab_size, *ids));
       }
     }

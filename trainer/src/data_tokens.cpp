@@ -230,6 +230,13 @@ class TokenShardSource : public DataSource {
     } else {
       CheckSplit(val_, "data.val_path", fmt::format("validation shards \"{}\"", c.val_path));
     }
+    // Once: the files are mapped for the run's whole length (every checkpoint records this).
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      const TokenShard& shard = *shards_[s];
+      files_ += fmt::format("{} {} {}\n", s < num_train_ ? "train" : "val", shard.path(),
+                            internal::SizeAndFingerprint(shard.num_tokens(), shard.token_data(),
+                                                         shard.num_tokens() * shard.token_bytes()));
+    }
   }
 
   Batch TrainBatch(int64_t index) const override {
@@ -270,16 +277,7 @@ class TokenShardSource : public DataSource {
   std::optional<double> EntropyFloor() const override { return std::nullopt; }
   std::optional<int64_t> ValidationSequences() const override { return val_.windows(); }
 
-  std::string Files() const override {
-    std::string files;
-    for (size_t s = 0; s < shards_.size(); ++s) {
-      const TokenShard& shard = *shards_[s];
-      files += fmt::format("{} {} {}\n", s < num_train_ ? "train" : "val", shard.path(),
-                           internal::SizeAndFingerprint(shard.num_tokens(), shard.token_data(),
-                                                        shard.num_tokens() * shard.token_bytes()));
-    }
-    return files;
-  }
+  std::string Files() const override { return files_; }
 
   std::string Describe() const override {
     const std::string val = config_.val_path.empty()
@@ -448,6 +446,7 @@ class TokenShardSource : public DataSource {
   int64_t vocab_size_;
   std::vector<std::unique_ptr<TokenShard>> shards_;  // training shards, then validation shards
   size_t num_train_ = 0;                             // how many of shards_ are training shards
+  std::string files_;                                // Files(), made once
   Region train_, val_;
 };
 

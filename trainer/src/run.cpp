@@ -24,7 +24,6 @@ std::string Subdir(const Config& config, const char* name) {
   return (fs::path(config.train.out_dir) / name).string();
 }
 
-// The row name of a distilled student: with kd_weight 0 it is the cross-entropy-only control.
 // The single-run layout's baseline directory, <out_dir>-baseline, beside the run: named after
 // the directory's own name ("." and "runs/x/." name the directory they stand for, whose
 // "-baseline" was a hidden ".-baseline" inside the run).
@@ -38,6 +37,7 @@ std::string BaselineDir(const std::string& out_dir) {
   return p.string() + "-baseline";
 }
 
+// The row name of a distilled student: with kd_weight 0 it is the cross-entropy-only control.
 std::string StudentName(const Config& config) {
   return config.distill.kd_weight == 0 ? "student (ce only)" : "student (distilled)";
 }

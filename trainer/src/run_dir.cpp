@@ -368,18 +368,24 @@ bool RemoveIfOnlyMarker(const std::string& dir) {
 }
 
 bool UndoFailedStart(const std::string& dir, const RunDirPlan& plan) {
+  const auto only_ours = [&dir] {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name != kRunMarker && name != "config.yaml" && name != kRunLock) return false;
+    }
+    return true;
+  };
   const bool created = !plan.created.empty() && plan.created.front() == dir;
   if (created) {
-    if (!RemoveIfOnlyMarker(dir)) return false;
+    // Created by this process: also where its marker was never written (a full disk), which
+    // leaves only the lock file.
+    if (!only_ours()) return false;
+    RemoveTree(dir);
     std::error_code ignored;
     for (size_t i = 1; i < plan.created.size(); ++i) fs::remove(plan.created[i], ignored);
     return true;
   }
-  if (!IsOwnRunDir(dir)) return false;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name != kRunMarker && name != "config.yaml" && name != kRunLock) return false;
-  }
+  if (!IsOwnRunDir(dir) || !only_ours()) return false;
   // config.yaml first and the marker last (a deletion that fails part-way leaves a directory
   // that a start or --fresh still takes as ours).
   for (const char* name : {"config.yaml", kRunLock, kRunMarker}) {

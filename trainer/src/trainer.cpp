@@ -41,8 +41,9 @@ std::string LogNumber(double v, int digits) {
 }
 
 // A resume on data files other than those its checkpoint was trained on (DataSource::Files(): a
-// shard added to or gone from the glob, or rewritten with another size): what changed, as a
-// warning. A checkpoint written before the files were kept ("") says nothing.
+// shard added to or gone from the glob, or rewritten: another size, or another fingerprint at
+// the same size): what changed, as a warning. A checkpoint written before the files were kept
+// ("") says nothing; one written before the fingerprints compares the sizes alone.
 std::optional<std::string> DataFilesChanged(const std::string& before, const std::string& now,
                                             int64_t step, bool finished, const DataConfig& data) {
   if (before.empty() || before == now) return std::nullopt;

@@ -314,27 +314,25 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
     keys.Fail("attention_dropout", "a number in [0, 1)", Describe(keys.Find("attention_dropout")));
   }
 
-  // RoPE: rope_theta in rope_parameters (transformers 5's spelling, which it reads before the top
-  // level's: a file with both gets rope_parameters' there) or at the top level; scaling in
-  // either spelling.
+  // RoPE as transformers 5 reads it: rope_scaling (the older spelling) if present, else
+  // rope_parameters, gives the type and the scaling; rope_theta is that object's, else the top
+  // level's, else 10000.
   const Json* rope_parameters = keys.Find("rope_parameters");
   if (rope_parameters != nullptr && !rope_parameters->is_object()) {
     keys.Fail("rope_parameters", "an object or null", Describe(rope_parameters));
   }
-  const bool nested_theta = rope_parameters != nullptr && rope_parameters->contains("rope_theta");
-  if (nested_theta) {
-    m.rope_theta = Keys(file, *rope_parameters, "rope_parameters.").PositiveNumber("rope_theta");
+  const Json* rope_scaling = keys.Find("rope_scaling");
+  const Json* rope = rope_scaling != nullptr ? rope_scaling : rope_parameters;
+  const std::string rope_key = rope_scaling != nullptr ? "rope_scaling" : "rope_parameters";
+  if (rope != nullptr && rope->is_object() && Keys(file, *rope, rope_key + ".").Has("rope_theta")) {
+    m.rope_theta = Keys(file, *rope, rope_key + ".").PositiveNumber("rope_theta");
   } else if (keys.Has("rope_theta")) {
     m.rope_theta = keys.PositiveNumber("rope_theta");
   } else {
     m.rope_theta = 10000.0;
   }
   m.rope_scaling = RopeScaling{};
-  if (const Json* rope_scaling = keys.Find("rope_scaling")) {
-    ReadRopeScaling(file, *rope_scaling, "rope_scaling", m.context_length, m.rope_scaling);
-  } else if (rope_parameters != nullptr) {
-    ReadRopeScaling(file, *rope_parameters, "rope_parameters", m.context_length, m.rope_scaling);
-  }
+  if (rope != nullptr) ReadRopeScaling(file, *rope, rope_key, m.context_length, m.rope_scaling);
 
   // Biases as each model class builds its layers.
   m.attention_bias = m.attention_out_bias = m.mlp_bias = false;
