@@ -232,9 +232,17 @@ TEST(HfModel, ExportReloadsBitIdenticalAndInTransformers) {
     for (const auto& p : reloaded->named_parameters()) {
       EXPECT_TRUE(at::equal(p.value(), want[p.key()])) << p.key();
     }
-    // An existing directory is never overwritten by a plain export.
+    // An existing directory is never overwritten by a plain export, also named "<dir>/.".
     EXPECT_THAT([&] { ExportHf(*model, out, {}, false); },
                 ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("already exists")));
+    EXPECT_THAT([&] { ExportHf(*model, out + "/.", {}, false); },
+                ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("already exists")));
+    // A new one named so is the directory itself (its rename failed with "Device or resource
+    // busy").
+    RemoveTree(out + "-dot");
+    ExportHf(*model, out + "-dot/.", ExportSources(run), /*replace=*/false);
+    EXPECT_TRUE(fs::exists(out + "-dot/config.json"));
+    RemoveTree(out + "-dot");
 
     if (!python) continue;
     model->eval();

@@ -377,8 +377,12 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
 std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
                          const HfExportSources& sources, bool replace) {
   // "exported/" is the directory "exported": its temporary and old copies are its siblings
-  // (with the separator they were inside it, and the final rename moved it into itself).
-  const fs::path target = fs::path(WithoutTrailingSeparators(out_dir));
+  // (with the separator they were inside it, and the final rename moved it into itself); so is
+  // "exported/." (whose rename failed with "Device or resource busy").
+  fs::path target = fs::path(WithoutTrailingSeparators(out_dir));
+  while (target.filename() == "." && target.has_parent_path()) {
+    target = fs::path(WithoutTrailingSeparators(target.parent_path().string()));
+  }
   if (out_dir.empty()) {
     throw std::runtime_error("export: expected a directory path to create, got \"\"");
   }
