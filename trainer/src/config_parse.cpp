@@ -428,10 +428,10 @@ std::optional<std::string> InsideDirectory(const std::string& path, const std::s
   if (ec || d.empty()) return std::nullopt;
   InsideCheck check(d);
   const std::string directories = glob_key ? GlobDirectories(path) : path;
-  if (directories == path && model_dir) {
+  if (directories == path) {
+    if (auto said = check.Reach(path); said || !model_dir) return said;
     // A model directory (hf_dir): its files too, which may be links (a Hugging Face cache's
     // snapshot is one link per file) into the directory --fresh deletes.
-    if (auto said = check.Reach(path)) return said;
     std::vector<std::string> links;
     for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
       if (it->is_symlink(ec)) links.push_back(it->path().string());
@@ -445,7 +445,6 @@ std::optional<std::string> InsideDirectory(const std::string& path, const std::s
     }
     return std::nullopt;
   }
-  if (directories == path) return check.Reach(path);
   // "runs/x*" may match runs/x2: its directories are runs/, not runs/x.
   if (auto said = check.Reach(directories)) return said;
   glob_t g{};

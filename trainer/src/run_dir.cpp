@@ -357,16 +357,6 @@ std::vector<std::unique_ptr<RunLock>> LockRunsInside(const std::string& dir) {
   return locks;
 }
 
-bool RemoveIfOnlyMarker(const std::string& dir) {
-  if (!IsOwnRunDir(dir)) return false;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name != kRunMarker && name != "config.yaml" && name != kRunLock) return false;
-  }
-  RemoveTree(dir);
-  return true;
-}
-
 bool UndoFailedStart(const std::string& dir, const RunDirPlan& plan) {
   const auto only_ours = [&dir] {
     for (const auto& entry : fs::directory_iterator(dir)) {

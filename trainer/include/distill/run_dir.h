@@ -94,15 +94,12 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh);
 void CommitRunDir(const Config& config, RunDirPlan& plan);
 // Whether `dir` carries kRunMarker (was created by the trainer).
 bool IsOwnRunDir(const std::string& dir);
-// Deletes `dir` if it holds nothing but a marker, config.yaml and the lock file (what a start
-// that failed before training left); returns whether it did.
-bool RemoveIfOnlyMarker(const std::string& dir);
-// Undoes what CommitRunDir did for a start that failed before anything else was written: where
-// `plan.created` holds the directory it is deleted with the parents created for it (each only if
-// empty, as RemoveIfOnlyMarker would); where the directory existed before, only the marker,
-// config.yaml and the lock file are, and the directory stays. Nothing where it holds anything
-// else, or is not ours. Returns whether it undid anything; throws RunDirError where a deletion
-// fails.
+// Undoes what CommitRunDir did for a start that failed before anything else was written, where
+// `dir` holds nothing but a marker, config.yaml and the lock file: where `plan.created` holds the
+// directory, it is deleted with the parents created for it (each only if empty); where the
+// directory existed before (and carries the marker), only those files are, and the directory
+// stays. Nothing otherwise. Returns whether it undid anything; throws RunDirError where a
+// deletion fails.
 bool UndoFailedStart(const std::string& dir, const RunDirPlan& plan);
 // 64-bit FNV-1a of `data` (stable across platforms and runs, unlike std::hash).
 uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);
