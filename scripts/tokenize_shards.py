@@ -152,9 +152,12 @@ def eos_id(tokenizer, tokenizer_path, explicit, explicit_token=None):
     config_path = Path(tokenizer_path).parent / "tokenizer_config.json"
     if config_path.is_file():
         try:
-            eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+            config = json.loads(config_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             fail(f"{config_path}: cannot read: {e}")
+        if not isinstance(config, dict):
+            fail(f"{config_path}: expected a JSON object, found {type(config).__name__}")
+        eos = config.get("eos_token")
         if isinstance(eos, dict):  # an AddedToken: {"content": "</s>", ...}
             eos = eos.get("content")
         if isinstance(eos, str):
@@ -427,6 +430,9 @@ def run(argv):
     args = parser.parse_args(argv)
     if not 0 < args.shard_tokens < 2**31:
         fail(f"--shard-tokens {args.shard_tokens}: expected 1 .. 2^31 - 1 (llm.c's limit)")
+    if "/" in args.prefix:
+        fail(f"--prefix {args.prefix!r}: expected a file-name prefix without a path (the shards go "
+             "into --out-dir)")
     split = None if args.split_on is None else separator_text(args.split_on)
     if split == "":
         fail("--split-on '': expected the text that separates documents")

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
                "delete an existing run in train.out_dir and start over (instead of resuming); "
                "refused, deleting nothing, where the directory holds files the trainer did not "
                "write");
-  app.add_flag("-q,--quiet", flags.quiet, "no progress output; only the final table");
+  app.add_flag("-q,--quiet", flags.quiet, "no progress output; only warnings and the final table");
   app.add_option("--profile-steps", flags.profile_steps,
                  "after --profile-skip steps: N steps under the Kineto profiler (a chrome trace), "
                  "then N steps timed per phase with a device sync at every phase boundary, into "

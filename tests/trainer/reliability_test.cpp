@@ -326,6 +326,14 @@ TEST_F(ReliabilityTest, CorruptAndForeignCheckpointsThroughTheCommandLine) {
   ASSERT_EQ(resumed.exit_status, 0) << resumed;
   ExpectContains(resumed.err, {step24 + ": checksum mismatch", step20, "resuming at step 20"});
   ExpectSameFinish(dir, reference);
+  // --quiet prints no progress, but the warning still (it was silent before).
+  WriteBytes(step24, bytes);
+  const Outcome quiet = Distill(dir, {}, 0, {"--quiet"});
+  ASSERT_EQ(quiet.exit_status, 0) << quiet;
+  ExpectContains(quiet.err, {step24 + ": checksum mismatch",
+                             "resuming from the previous checkpoint, " + step20});
+  EXPECT_EQ(quiet.err.find("resuming at step"), std::string::npos) << quiet;
+  ExpectSameFinish(dir, reference);
 
   // Another run's checkpoint (another seed) as the newest one: refused, nothing trained.
   const std::string other = work_ + "/other";

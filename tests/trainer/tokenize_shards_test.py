@@ -268,6 +268,22 @@ def main():
     check(r.returncode == 0 and "separator 3 'be': tokenizer_config.json's eos_token" in r.stdout,
           r.stdout)
 
+    # A tokenizer_config.json that is not an object, and a --prefix holding a path, are refused
+    # by name before anything is written.
+    (chat / "tokenizer_config.json").write_text('["be"]', encoding="utf-8")
+    r = tokenize("--tokenizer", chat / "tokenizer.json", "--out-dir", work / "list_tok", text / "b.txt")
+    check(r.returncode == 1 and "Traceback" not in r.stderr and
+          f"{chat / 'tokenizer_config.json'}: expected a JSON object, found list" in r.stderr,
+          f"list config: {r.stderr}")
+    check(not (work / "list_tok").exists(), "the refused config left an --out-dir behind")
+    (chat / "tokenizer_config.json").write_text('{"eos_token": "be"}', encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "pre_tok", "--prefix", "../up",
+                 text / "b.txt")
+    check(r.returncode == 1 and "--prefix '../up': expected a file-name prefix without a path" in
+          r.stderr, f"prefix: {r.stderr}")
+    check(not (work / "pre_tok").exists() and not (work / "up_000000.bin").exists(),
+          "the refused --prefix wrote something")
+
     # --tokenizer may name the model directory that holds tokenizer.json (its
     # tokenizer_config.json is read from there too); a directory without one is named.
     r = tokenize("--tokenizer", chat, "--out-dir", work / "dir_tok", text / "b.txt")

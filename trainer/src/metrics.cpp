@@ -102,10 +102,11 @@ bool MetricsLog::Has(const std::string& type, int64_t step) const {
 
 void MetricsLog::Write(const JsonRecord& record) { out_->Append(record.str()); }
 
-Progress::Progress(int64_t total_steps, int64_t first_step, bool quiet)
+Progress::Progress(int64_t total_steps, int64_t first_step, bool quiet, bool silent)
     : total_(total_steps),
       first_(first_step),
-      quiet_(quiet),
+      quiet_(quiet || silent),
+      silent_(silent),
       tty_(isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
@@ -130,7 +131,14 @@ void Progress::Update(int64_t step, double loss, double tokens_per_second) {
 }
 
 void Progress::Log(const std::string& line) {
-  if (quiet_) return;
+  if (!quiet_) Print(line);
+}
+
+void Progress::Warn(const std::string& line) {
+  if (!silent_) Print(line);
+}
+
+void Progress::Print(const std::string& line) {
   if (tty_ && drawn_) std::fprintf(stderr, "\r\033[K");
   std::fprintf(stderr, "%s\n", line.c_str());
   drawn_ = false;

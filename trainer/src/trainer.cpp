@@ -467,8 +467,8 @@ Trainer::Trainer(Config config, RunOptions options)
     }
     metrics_ = std::make_unique<MetricsLog>(metrics.string(), position_.step);
   }
-  progress_ = std::make_unique<Progress>(config_.train.steps, position_.step,
-                                         options_.quiet || !dist_->is_main());
+  progress_ = std::make_unique<Progress>(config_.train.steps, position_.step, options_.quiet,
+                                         !dist_->is_main());
   if (options_.profile.steps > 0) {
     profiler_ = std::make_unique<StepProfiler>(
         options_.profile, device_, (fs::path(config_.train.out_dir) / "profile").string(),
@@ -476,8 +476,7 @@ Trainer::Trainer(Config config, RunOptions options)
   }
   if (use_graph) graph_ = std::make_unique<StepGraph>(device_, student_->parameters());
   warnings.insert(warnings.end(), graph_warnings.begin(), graph_warnings.end());
-  for (const auto& line : warnings) progress_->Log(line);
-  warnings_ = std::move(warnings);
+  for (const auto& line : warnings) Warn(line);
   progress_->Log(fmt::format(
       "{} {}: {} {} parameters{}; {}; {} on {}{}; {}",
       same_run && position_.step > 0 ? "resuming at step " + std::to_string(position_.step)
@@ -573,10 +572,7 @@ Trainer::QueuedLosses Trainer::QueueMicroBatches(const std::vector<Batch>& micro
                                   const at::Tensor& scale_tensor, at::Tensor& kd, at::Tensor& ce) {
                              MicroBatchPass(inputs, targets, scale_tensor, 0.0, kd, ce);
                            });
-    if (auto warning = graph_->TakeWarning()) {
-      progress_->Log(*warning);
-      warnings_.push_back(*warning);
-    }
+    if (auto warning = graph_->TakeWarning()) Warn(*warning);
   } else {
     q.kd_sum = at::zeros({}, at::TensorOptions(device_).dtype(at::kFloat));
     q.ce_sum = q.kd_sum.clone();
@@ -744,7 +740,7 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
                     "than train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
                     step, term, value, skipped, config_.train.max_skipped_steps, hint));
   }
-  progress_->Log(
+  progress_->Warn(
       fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})", step,
                   term, value, skipped, config_.train.max_skipped_steps));
   return true;
@@ -842,7 +838,7 @@ bool Trainer::CheckpointOwned(const std::string& path) {
     why = fmt::format("not an intact checkpoint ({})", e.what());
   } catch (const std::exception& e) {
     // Not known either way (memory, I/O): not deleted now, and asked again at the next pruning.
-    progress_->Log(
+    progress_->Warn(
         fmt::format("warning: {}: cannot read whose checkpoint it is ({}); not pruned this time",
                     path, e.what()));
     return false;
@@ -852,10 +848,14 @@ bool Trainer::CheckpointOwned(const std::string& path) {
     const std::string warning = fmt::format(
         "warning: {} is {}: train.keep_checkpoints neither counts nor deletes it; move it away",
         path, why);
-    progress_->Log(warning);
-    warnings_.push_back(warning);
+    Warn(warning);
   }
   return why.empty();
+}
+
+void Trainer::Warn(const std::string& warning) {
+  progress_->Warn(warning);
+  warnings_.push_back(warning);
 }
 
 void Trainer::LogStep(const StepResult& r) {
@@ -917,8 +917,7 @@ void Trainer::LogEval(const EvalResult& r) {
         distill_ ? fmt::format(", teacher {}, val_kd {}", LogNumber(r.teacher_val_loss, 4),
                                LogNumber(r.val_kd, 4))
                  : "");
-    progress_->Log(warning);
-    warnings_.push_back(warning);
+    Warn(warning);
   }
 }
 
@@ -1009,9 +1008,7 @@ EvalResult Trainer::Train() {
     // The run's own previous export stands in for an hf_dir removed while the run trained.
     const HfExportSources sources = ExportSources(config_, config_.train.out_dir);
     auto warn = [&](const std::string& warning) {
-      if (warning.empty()) return;
-      progress_->Log(warning);
-      warnings_.push_back(warning);
+      if (!warning.empty()) Warn(warning);
     };
     warn(sources.note);
     warn(ExportHf(*student_, hf_dir, sources, /*replace=*/true));

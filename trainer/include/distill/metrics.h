@@ -58,19 +58,23 @@ class MetricsLog {
 
 class Progress {
  public:
-  // quiet: print nothing (tests). Otherwise a status line on a TTY stderr, else log lines.
-  Progress(int64_t total_steps, int64_t first_step, bool quiet);
+  // A status line on a TTY stderr, else log lines. quiet (--quiet, tests): only warnings;
+  // silent (a rank other than 0): nothing.
+  Progress(int64_t total_steps, int64_t first_step, bool quiet, bool silent = false);
   // After each step: redraws the status line on a TTY.
   void Update(int64_t step, double loss, double tokens_per_second);
-  // A log line (printed above the status line on a TTY).
+  // A log line (printed above the status line on a TTY), unless quiet.
   void Log(const std::string& line);
+  // A warning: printed like a log line, also when quiet (not when silent).
+  void Warn(const std::string& line);
   void Finish();
   // "ETA 1:05" for the remaining steps at the rate measured in this process.
   std::string Eta(int64_t step) const;
 
  private:
   int64_t total_, first_;
-  bool quiet_, tty_;
+  void Print(const std::string& line);
+  bool quiet_, silent_, tty_;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point start_;
 };

@@ -19,7 +19,7 @@ class Distributed;
 
 struct RunFlags {
   bool fresh = false;  // delete an existing run in train.out_dir first
-  bool quiet = false;  // no progress output (the final table is still printed)
+  bool quiet = false;  // no progress output (warnings and the final table are still printed)
   // Data-parallel process group (distributed.h), not owned; nullptr: one plain process. Every
   // rank calls Run; only rank 0 writes run directories and prints the table.
   Distributed* distributed = nullptr;

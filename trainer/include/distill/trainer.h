@@ -43,7 +43,7 @@ class NonFiniteError : public std::runtime_error {
 
 struct RunOptions {
   bool fresh = false;  // delete an existing run directory first (see run_dir.h)
-  bool quiet = false;  // no console output (tests)
+  bool quiet = false;  // no console output but warnings (tests, --quiet)
   // The process group (not owned); nullptr: one plain process. Ranks other than 0 never print.
   Distributed* distributed = nullptr;
   // --profile-steps: a trace, then phase timers, of a few steps into <out_dir>/profile/
@@ -136,12 +136,14 @@ class Trainer {
   Distributed& distributed() { return *dist_; }
   // train.cuda_graph: whether micro-batches are replayed from a captured CUDA graph now.
   bool cuda_graph_captured() const { return graph_ != nullptr && graph_->captured(); }
-  // Start-up warnings (a corrupt checkpoint skipped on resume), also printed unless quiet; and a
-  // CUDA graph given up during the run.
+  // The run's warnings (a corrupt checkpoint skipped on resume, a CUDA graph given up, a checkpoint
+  // not pruned, an export's note, ...), each printed when it happened, also when quiet.
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
   void LogStep(const StepResult& result);
+  // Prints a warning (also with --quiet) and keeps it in warnings().
+  void Warn(const std::string& warning);
   void LogEval(const EvalResult& result);
   double CombinedLoss(double kd_loss, double ce_loss) const;
   // After the backward of step `r`: throws NonFiniteError, or (skip) zeroes the gradients and
