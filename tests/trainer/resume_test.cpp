@@ -35,17 +35,11 @@ namespace distill {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Names;
 using testing::ReadBytes;
 using testing::TempRunDir;
 using testing::TinyConfig;
 using testing::WriteBytes;
-
-std::vector<std::string> Names(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 void ExpectBitIdentical(CausalLM& a, CausalLM& b) {
   auto pb = b.named_parameters();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "distill/file_io.h"
+#include "distill/token_shards.h"
 #include "test_files.h"
 
 namespace distill {
@@ -30,6 +33,7 @@ using Json = nlohmann::json;
 
 // A fresh, empty directory named after the running test.
 std::string TempDir() { return testing::FreshTestDir("distill_st_"); }
+using testing::Names;
 using testing::ReadBytes;
 using testing::WriteBytes;
 
@@ -91,6 +95,32 @@ TEST(Safetensors, RoundTripIsBitExactPerDtype) {
   // Converted on the way: F16 / BF16 -> F32 is exact.
   EXPECT_TRUE(SameBytes(file.Tensor("bf16"), base.to(at::kBFloat16).to(at::kFloat)));
   EXPECT_TRUE(SameBytes(file.Tensor("f16", at::kBFloat16), base.to(at::kHalf).to(at::kBFloat16)));
+}
+
+// A link where the writer puts its temporary (a stale one, or planted) is replaced, never written
+// through: its target keeps its bytes, and the file written is a plain file. The same holds for
+// every run file (WriteFileAtomically) and token shard.
+TEST(Safetensors, WritersNeverWriteThroughALinkAtTheirTemporary) {
+  const std::string dir = TempDir();
+  const std::string victim = dir + "/victim";
+  WriteBytes(victim, "not yours");
+  const std::string weights = dir + "/w.safetensors";
+  fs::create_symlink(victim, weights + ".tmp." + std::to_string(::getpid()));
+  WriteSafetensors(weights, {{"t", at::arange(4, at::kFloat)}});
+  const std::string summary = dir + "/summary.json";
+  fs::create_symlink(victim, summary + ".tmp");
+  WriteFileAtomically(summary, std::string("{}"));
+  const std::string shard = dir + "/train_000000.bin";
+  fs::create_symlink(victim, shard + ".tmp");
+  WriteTokenShard(shard, {1, 2, 3}, false);
+  EXPECT_EQ(ReadBytes(victim), "not yours");
+  for (const auto& path : {weights, summary, shard}) {
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(path))) << path;
+  }
+  EXPECT_EQ(ReadBytes(summary), "{}");
+  EXPECT_TRUE(SameBytes(SafetensorsFile(weights).Tensor("t"), at::arange(4, at::kFloat)));
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{"summary.json", "train_000000.bin", "victim",
+                                                  "w.safetensors"}));
 }
 
 TEST(Safetensors, OwnedCopyOutlivesTheMapping) {

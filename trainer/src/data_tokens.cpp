@@ -565,16 +565,7 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
     }
     AppendLe(data, tokens[i], bytes);
   }
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) throw ShardError(tmp, "cannot create: " + Errno());
-  const bool written = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string error = Errno();
-    std::remove(tmp.c_str());
-    throw ShardError(path, "cannot write: " + error);
-  }
+  WriteFileAtomically(path, reinterpret_cast<const char*>(data.data()), data.size());
 }
 
 }  // namespace distill

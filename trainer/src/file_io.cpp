@@ -51,6 +51,11 @@ std::string DescribeWriteError(int error) {
   }
 }
 
+int CreateFileForWriting(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return -1;
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+}
+
 void WriteFileAtomically(const std::string& path, const char* data, size_t size) {
   const std::string tmp = path + ".tmp";
   auto fail = [&](int error, const char* what) {
@@ -58,7 +63,7 @@ void WriteFileAtomically(const std::string& path, const char* data, size_t size)
     throw FileError(fmt::format("cannot write {}: {}{}; the previous file, if any, is unchanged",
                                 path, what, DescribeWriteError(error)));
   };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = CreateFileForWriting(tmp);
   if (fd < 0) {
     const int error = errno;
     throw FileError(

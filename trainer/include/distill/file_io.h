@@ -20,6 +20,11 @@ class FileError : public std::runtime_error {
 void WriteFileAtomically(const std::string& path, const char* data, size_t size);
 void WriteFileAtomically(const std::string& path, const std::string& content);
 
+// Opens a new file at `path` for writing (the temporary of an atomic write): whatever is there is
+// unlinked first (a stale temporary, or a link: never written through to its target) and the
+// file is created exclusively. Returns the descriptor, or -1 with errno set.
+int CreateFileForWriting(const std::string& path);
+
 // A file opened for appending whole lines: each Append is one write() of `line` + '\n'
 // (O_APPEND), so a reader never sees half a record that a later write completes.
 class LineAppender {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "distill/file_io.h"
 #include "json_limits.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -651,7 +652,7 @@ void WriteSafetensors(const std::string& path,
     ::unlink(tmp.c_str());
     throw WeightsError(fmt::format("{}: {} ({}): {}", path, what, tmp, std::strerror(err)));
   };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = CreateFileForWriting(tmp);
   if (fd < 0) {
     const int err = errno;
     throw WeightsError(
