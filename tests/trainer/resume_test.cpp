@@ -834,6 +834,60 @@ TEST(ResumeTest, UndoingAFailedStartKeepsADirectoryTheTrainerDidNotCreate) {
   EXPECT_EQ(ReadBytes(c.train.out_dir + "/notes.txt"), "mine\n");
 }
 
+// A run's config.yaml damaged (truncated, garbage, removed, edited) while its marker names the
+// requested run: the run is continued, config.yaml written again, a warning says so. The
+// marker's word counts only for the run it names, and only with train.resume.
+TEST(ResumeTest, ADamagedConfigYamlOfThisRunIsWrittenAgain) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string config_yaml = c.train.out_dir + "/config.yaml";
+  const std::string good = ReadBytes(config_yaml);
+  Config edited = c;
+  edited.optim.lr = 0.5;
+  const std::vector<std::pair<std::string, std::string>> damages = {
+      {good.substr(0, good.size() / 2), ", but the run's marker names this run"},
+      {"::: [not yaml\n", " does not parse ("},
+      {"", " is missing, but the run's marker names this run"},
+      {ConfigToYaml(edited), " holds another run (optim: "}};
+  for (const auto& [bytes, said] : damages) {
+    if (bytes.empty()) {
+      fs::remove(config_yaml);
+    } else {
+      WriteBytes(config_yaml, bytes);
+    }
+    Trainer t(c, RunOptions::Quiet());
+    EXPECT_EQ(t.step(), 2) << said;
+    ASSERT_EQ(t.warnings().size(), 1u) << said;
+    EXPECT_EQ(t.warnings()[0].rfind("warning: " + config_yaml, 0), 0u) << t.warnings()[0];
+    EXPECT_NE(t.warnings()[0].find(said), std::string::npos) << t.warnings()[0];
+    EXPECT_EQ(ReadBytes(config_yaml), good) << said;
+  }
+  // Another run's config, or train.resume false, against a run without its config.yaml: refused.
+  fs::remove(config_yaml);
+  for (const auto& [other, said] : std::vector<std::pair<Config, std::string>>{
+           {edited, "its marker names another run than this command's"},
+           {[&] {
+              Config no_resume = c;
+              no_resume.train.resume = false;
+              return no_resume;
+            }(),
+            "train.resume is false (its marker names this run: train.resume=true continues it)"}}) {
+    try {
+      Trainer t(other, RunOptions::Quiet());
+      ADD_FAILURE() << "started without config.yaml: " << said;
+    } catch (const RunDirError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.train.out_dir +
+                                           " is a distill_trainer run without its config.yaml "
+                                           "(removed?), and " +
+                                           said),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(config_yaml));
+}
+
 // A directory that holds only what an interrupted first start leaves is ours to start in; a
 // config.yaml.tmp without our marker is not (the marker is written first): the start is refused
 // and the file kept.

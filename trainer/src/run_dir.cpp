@@ -232,6 +232,22 @@ bool IsOwnRunDir(const std::string& dir) { return fs::is_regular_file(fs::path(d
 
 namespace {
 
+// The run identity hash the marker of `dir` recorded when the run was created ("" when it has
+// none or cannot be read).
+std::string MarkerConfigHash(const fs::path& dir) {
+  std::ifstream in(dir / kRunMarker);
+  std::string line;
+  const std::string key = "config_hash: ";
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return line.substr(key.size());
+  }
+  return "";
+}
+
+}  // namespace
+
+namespace {
+
 // The lock files this process holds, by (device, inode): a pipeline's --fresh deletes the stage
 // runs inside its directory, whose locks its own stages may hold already (LockRunsInside).
 std::mutex held_mutex;
@@ -471,6 +487,33 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
     plan.delete_first = true;
     return plan;
   }
+  // The marker records the identity the run was created with: where it is the requested one, the
+  // directory holds this run whatever its config.yaml says now (damaged: truncated, emptied,
+  // edited), and the commit writes config.yaml again.
+  const bool own = IsOwnRunDir(dir.string());
+  const bool marker_says_same = own && MarkerConfigHash(dir) == RunIdentityHash(config);
+  const auto resume_with_repair = [&](const std::string& what) {
+    if (!config.train.resume) return false;  // the errors below say what to do
+    plan.config_note = fmt::format(
+        "warning: {} {}, but the run's marker names this run: continuing it, and config.yaml is "
+        "written again from this command's config",
+        config_file.string(), what);
+    if (plan.lock == nullptr) plan.lock = std::make_shared<RunLock>(dir.string());
+    plan.same_run = true;
+    return true;
+  };
+  if (!fs::exists(config_file) && marker_says_same && resume_with_repair("is missing")) {
+    return plan;
+  }
+  if (!fs::exists(config_file) && own) {
+    throw RunDirError(fmt::format(
+        "{} is a distill_trainer run without its config.yaml (removed?), and {}; to start this "
+        "one pass --fresh (deletes it), or choose another train.out_dir",
+        dir.string(),
+        marker_says_same
+            ? "train.resume is false (its marker names this run: train.resume=true continues it)"
+            : "its marker names another run than this command's"));
+  }
   if (!fs::exists(config_file)) {
     throw RunDirError(fmt::format(
         "train.out_dir \"{}\" is not empty and holds no config.yaml (not a distill_trainer run); "
@@ -488,7 +531,6 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   // run writes (its checkpoints, metrics, summary; a pipeline's stage runs). A folder that
   // merely holds a config.yaml (often the one --config names) is the user's: its config.yaml
   // must not be overwritten by the resolved one.
-  const bool own = IsOwnRunDir(dir.string());
   const auto older_run = [&] {
     std::error_code ignored;
     if (fs::is_directory(dir / "checkpoints", ignored)) return true;
@@ -517,6 +559,9 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
     stored_identity = RunIdentity(stored);
     stored_out_dir = stored.train.out_dir;
   } catch (const ConfigError& e) {
+    if (marker_says_same && resume_with_repair(fmt::format("does not parse ({})", e.what()))) {
+      return plan;
+    }
     if (!own) {  // not known to be a run: nothing suggests deleting what may be someone's data
       throw RunDirError(fmt::format(
           "train.out_dir \"{}\" has no {} marker and its config.yaml does not parse as this "
@@ -530,6 +575,11 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         dir.string(), e.what(), discard));
   }
   const std::string wanted = RunIdentity(config);
+  if (stored_identity != wanted && marker_says_same &&
+      resume_with_repair(
+          fmt::format("holds another run ({})", FirstDifference(stored_identity, wanted)))) {
+    return plan;
+  }
   if (stored_identity != wanted) {
     // A run directory moved since: its config.yaml names where it was.
     const std::string moved =

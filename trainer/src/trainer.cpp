@@ -447,6 +447,7 @@ Trainer::Trainer(Config config, RunOptions options)
   });
   run_lock_ = plan.lock;  // held until this trainer is destroyed (rank 0; the others hold none)
   if (run_lock_ && !run_lock_->warning().empty()) warnings.push_back(run_lock_->warning());
+  if (!plan.config_note.empty()) warnings.push_back(plan.config_note);
   // Every rank built the same weights from the same seed (or checkpoint); broadcasting rank 0's
   // makes that a guarantee rather than an assumption.
   dist_->BroadcastParameters(*student_);

@@ -80,6 +80,9 @@ struct RunDirPlan {
   // The directories CommitRunDir created (the run directory and the parents it lacked, deepest
   // first): empty where the directory existed (an empty directory a user made for the run).
   std::vector<std::string> created;
+  // A warning for the run's log: its config.yaml was missing or damaged while the marker names
+  // this run (CommitRunDir writes it again).
+  std::string config_note;
 };
 
 // Checks config.train.out_dir and locks it when it exists (the lock file is the one thing it may
