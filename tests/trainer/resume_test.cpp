@@ -888,6 +888,28 @@ TEST(ResumeTest, ADamagedConfigYamlOfThisRunIsWrittenAgain) {
   EXPECT_FALSE(fs::exists(config_yaml));
 }
 
+// --profile-steps with a file where its profile/ directory goes: an error before any step (it
+// came after the traced steps, and the steps since the last checkpoint were lost).
+TEST(ResumeTest, AFileInTheProfilesWayIsAnErrorAtStart) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  WriteBytes(c.train.out_dir + "/profile", "mine");
+  c.train.steps = 6;
+  RunOptions profiled = RunOptions::Quiet();
+  profiled.profile.steps = 2;
+  profiled.profile.skip = 1;
+  const std::string message = testing::ErrorOf<FileError>([&] { Trainer t(c, profiled); });
+  EXPECT_EQ(message.rfind("--profile-steps writes into " + c.train.out_dir +
+                              "/profile, which "
+                              "cannot be created (",
+                          0),
+            0u)
+      << message;
+  EXPECT_EQ(ReadBytes(c.train.out_dir + "/profile"), "mine");
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 2);
+}
+
 // A directory that holds only what an interrupted first start leaves is ours to start in; a
 // config.yaml.tmp without our marker is not (the marker is written first): the start is refused
 // and the file kept.

@@ -55,7 +55,17 @@ StepProfiler::StepProfiler(ProfileOptions options, const at::Device& device, std
       device_(device),
       dir_(std::move(dir)),
       rank_(rank),
-      distributed_(distributed) {}
+      distributed_(distributed) {
+  // Made now, so that a file in its way is an error before any step, not after the traced ones.
+  std::error_code error;
+  fs::create_directories(dir_, error);
+  if (error) {
+    throw FileError(
+        fmt::format("--profile-steps writes into {}, which cannot be created ({}); "
+                    "move what is in its way",
+                    dir_, error.message()));
+  }
+}
 
 StepProfiler::~StepProfiler() {
   if (state_ != State::kTracing) return;
