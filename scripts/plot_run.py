@@ -26,13 +26,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
+    """The trainer's records: JSON objects with an integer "step" (a partial last line, or a line
+    that is not such a record, is skipped)."""
     records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a partial last line
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a partial last line
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    records.append(record)
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"plot_run: error: cannot read {path} as the trainer's metrics.jsonl: {e}")
     return records
 
 
@@ -55,6 +62,9 @@ def main() -> int:
                         help="allow writing into the repository's docs/img (committed plots)")
     args = parser.parse_args()
     refuse_docs_img(args.out.parent, args.update_docs)
+    if args.out.is_dir():
+        sys.exit(f"plot_run: error: --out {args.out} is a directory; give the image's file name "
+                 "(e.g. runs.png)")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     teacher_drawn = False
@@ -91,7 +101,10 @@ def main() -> int:
         fig.suptitle(args.title)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    try:
+        fig.savefig(args.out, dpi=110)
+    except ValueError as e:  # an extension matplotlib has no writer for
+        sys.exit(f"plot_run: error: --out {args.out}: {e}")
     print(f"plot_run: wrote {args.out}")
     return 0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The scripts that write a whole directory (scripts/prepare_smollm2.py, bench/make_random_hf.py)
-never replace or delete one they did not make, and say so without a traceback.
+never replace or delete one they did not make, and say so without a traceback; scripts/plot_run.py
+reads only the trainer's records and names a file it cannot read or an --out it cannot write.
 
 Usage: script_outputs_test.py WORK_DIR   (ctest: distill.scripts.OutputDirectories). Prints PASS,
 or the first failed check and exits 1. Nothing here downloads or builds a model: every refusal
@@ -15,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PREPARE = ROOT / "scripts" / "prepare_smollm2.py"
 RANDOM_HF = ROOT / "bench" / "make_random_hf.py"
+PLOT_RUN = ROOT / "scripts" / "plot_run.py"
 
 
 def check(ok, what):
@@ -83,6 +85,25 @@ def main():
     r = run(RANDOM_HF, user, "--size", "0.5b", "--device", "cpu")
     check(r.returncode == 1 and "exists and is not an empty directory" in r.stderr and
           tree(user) == before, f"make_random_hf dir: {r.stderr}")
+
+    # plot_run.py: lines that are not the trainer's records (an array, a record without a step)
+    # are skipped; an undecodable file and an --out that is a directory or an unknown format
+    # are one-line errors.
+    run_dir = work / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"type":"train","step":1,"loss":2.0}\n[1,2]\n'
+                                           '{"type":"train","loss":1}\n'
+                                           '{"type":"eval","step":2,"val_loss":1.5}\n{"type":')
+    r = run(PLOT_RUN, run_dir, "--out", work / "run.png")
+    check(r.returncode == 0 and (work / "run.png").stat().st_size > 0, f"plot_run: {r.stderr}")
+    (work / "bad.jsonl").write_bytes(b"\xff\n")
+    for args, said in (([run_dir, "--out", work], f"--out {work} is a directory"),
+                       ([run_dir, "--out", work / "p.xyz"], "Format 'xyz' is not supported"),
+                       ([work / "bad.jsonl", "--out", work / "b.png"],
+                        f"cannot read {work / 'bad.jsonl'} as the trainer's metrics.jsonl")):
+        r = run(PLOT_RUN, *args)
+        check(r.returncode == 1 and "Traceback" not in r.stderr and
+              "plot_run: error: " in r.stderr and said in r.stderr, f"plot_run {args}: {r.stderr}")
     print("PASS")
 
 
