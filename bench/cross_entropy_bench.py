@@ -5,6 +5,9 @@ the trainer ran before it (a float32 copy of the logits + cross_entropy), eager 
     python bench/cross_entropy_bench.py --device cpu --short   # tiny shapes: a smoke run
     python bench/cross_entropy_bench.py --shapes 4096x32000 --dtype fp32 --json out/ce.json
 
+with the library named by LOSSFNS_LIBRARY where it is not in the package (a build tree's:
+LOSSFNS_LIBRARY=build/lib/liblossfns.so; docs/cross_entropy.md has the commands).
+
 Rows per shape:
   composite   F.cross_entropy(logits.float(), labels), eager: the fp32 copy, a log_softmax
               output, softmax backward and the copy back to the logits' dtype (what the trainer's

@@ -1489,8 +1489,8 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format(
                               "is a directory without checkpoints/step_*.pt (a pipeline's "
-                              "directory: its runs are {}/teacher or {}/student)",
-                              c.train.out_dir, c.train.out_dir)));
+                              "directory: its runs are {0}/teacher, {0}/student or {0}/baseline)",
+                              c.train.out_dir)));
   }
   // A Hugging Face model directory is named as one (for a teacher: the key that takes it).
   const std::string hf = c.train.out_dir + "-hf";

@@ -575,13 +575,15 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
                          : fmt::format("set {} to an intact checkpoint file or another run", what));
     if (!intact) {
       // A pipeline's directory holds its stages' runs: name them.
-      std::string stages;
-      for (const char* stage : {"teacher", "student"}) {
-        const fs::path sub = fs::path(path) / stage / "checkpoints";
-        if (fs::is_directory(sub)) {
-          stages +=
-              fmt::format("{}{}", stages.empty() ? "" : " or ", (fs::path(path) / stage).string());
+      std::vector<std::string> runs;
+      for (const char* stage : {"teacher", "student", "baseline"}) {
+        if (fs::is_directory(fs::path(path) / stage / "checkpoints")) {
+          runs.push_back((fs::path(path) / stage).string());
         }
+      }
+      std::string stages;
+      for (size_t i = 0; i < runs.size(); ++i) {
+        stages += (i == 0 ? "" : i + 1 == runs.size() ? " or " : ", ") + runs[i];
       }
       // A Hugging Face model directory is the other key's (teacher.hf_dir).
       const bool hf = fs::is_regular_file(fs::path(path) / "config.json");
