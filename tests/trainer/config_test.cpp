@@ -578,6 +578,11 @@ TEST(ConfigTest, YamlSyntaxAtAValuesStartIsNamed) {
   EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data:\n  source: tokens\n  path: \"*.bin\"\n"),
             "");
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.out_dir=!!str runs/x"}), "");  // a standard tag
+  // Standard tags beyond the core schema's are refused (!!binary was read as its base64 text).
+  EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data:\n  path: !!binary aGVsbG8=\n"),
+            "x.yaml:6: data.path: expected a string without NUL characters, got the YAML tag "
+            "\"!!binary\", which this config does not read (only !!str, !!int, !!float, !!bool "
+            "and !!null); remove it");
 }
 
 // A llama-family key on a gpt model (the default family) would be ignored: refused, naming the

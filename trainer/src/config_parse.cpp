@@ -153,11 +153,23 @@ void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& wher
             Locations& locations) {
   // A local tag ("!name"): a value that starts with '!' is a YAML tag, not text, and the text
   // after it is dropped ("hf_dir: !mydir" read as "", a model with random weights).
-  if (const std::string& tag = value.Tag(); tag.size() > 1 && tag[0] == '!' && tag[1] != '!') {
+  const std::string& tag = value.Tag();
+  if (tag.size() > 1 && tag[0] == '!' && tag[1] != '!') {
     Fail(where, key.path,
          fmt::format("expected {}, got the YAML tag \"{}\" (a value that starts with '!' is a "
                      "tag, not text); quote the value",
                      key.expected, tag));
+  }
+  // A standard tag other than the core schema's ("!!binary aGVsbG8=" was read as its text).
+  const std::string standard = "tag:yaml.org,2002:";
+  if (tag.rfind(standard, 0) == 0) {
+    const std::string name = tag.substr(standard.size());
+    if (name != "str" && name != "int" && name != "float" && name != "bool" && name != "null") {
+      Fail(where, key.path,
+           fmt::format("expected {}, got the YAML tag \"!!{}\", which this config does not read "
+                       "(only !!str, !!int, !!float, !!bool and !!null); remove it",
+                       key.expected, name));
+    }
   }
   if (!key.set(value, config)) {
     const bool octal = key.expected.rfind("an integer", 0) == 0 && value.IsScalar() &&
