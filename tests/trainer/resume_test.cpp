@@ -750,6 +750,11 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   EXPECT_EQ(kept, (RecordKeys{{"train", 1}, {"eval", 2}}));
   kept.clear();
   EXPECT_EQ(KeptMetrics("{\"type\":\"train\",\"step\":1}", 5, &kept), "") << "partial only line";
+  // A whole line that is not the trainer's (a note someone added) is kept, not deleted.
+  EXPECT_EQ(KeptMetrics("{\"type\":\"train\",\"step\":1}\n# lr sweep, run 3\n{\"type\":\"train\","
+                        "\"step\":9}\n",
+                        5, &kept),
+            "{\"type\":\"train\",\"step\":1}\n# lr sweep, run 3\n");
 
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 6;

@@ -69,7 +69,10 @@ std::string KeptMetrics(const std::string& content, int64_t keep_up_to_step, Rec
     const std::string line = content.substr(begin, end - begin);
     begin = end + 1;
     const size_t at = line.find("\"step\":");
-    if (at == std::string::npos) continue;  // not a record of ours
+    if (at == std::string::npos) {  // not a record of ours (a note someone added): kept
+      out += line + '\n';
+      continue;
+    }
     const int64_t step = std::atoll(line.c_str() + at + 7);
     if (step > keep_up_to_step) continue;
     const size_t type_at = line.find("\"type\":\"");

@@ -35,15 +35,17 @@ using RecordKeys = std::set<std::pair<std::string, int64_t>>;  // (type, step) o
 
 // What a metrics file keeps when a run resumes at step `keep_up_to_step`: its complete lines
 // (a partial last line -- no '\n', a write cut short -- is dropped) that are records with
-// "step" <= keep_up_to_step, in order. Adds their (type, step) to `kept`.
+// "step" <= keep_up_to_step or no records of the trainer's (no "step": kept as they are), in
+// order. Adds the records' (type, step) to `kept`.
 std::string KeptMetrics(const std::string& content, int64_t keep_up_to_step, RecordKeys* kept);
 
 class MetricsLog {
  public:
   // Opens `path` for appending, first dropping records with "step" > keep_up_to_step (written
   // after the checkpoint a run resumes from; they are recomputed identically) and a partial
-  // last line. The kept records are rewritten atomically (file_io.h): a kill at any moment
-  // leaves either the old file or the new one, never an empty or truncated one.
+  // last line; a whole line without "step" is not the trainer's and is kept. The kept records are
+  // rewritten atomically (file_io.h): a kill at any moment leaves either the old file or the new
+  // one, never an empty or truncated one.
   MetricsLog(const std::string& path, int64_t keep_up_to_step);
   ~MetricsLog();
   void Write(const JsonRecord& record);  // one whole line, one write(); throws FileError
