@@ -293,7 +293,18 @@ def main() -> int:
     args = parser.parse_args()
     produce, doc_name = SECTIONS[args.section]
     build = args.build.resolve()
+    # Checked before minutes of runs: the build's trainer and the doc.
+    if not (build / "trainer" / "distill_trainer").is_file():
+        sys.exit(f"doc_numbers: --build {args.build}: no trainer/distill_trainer in it (build "
+                 "first: make build)")
+    doc = args.doc or REPO / doc_name
+    try:
+        text = doc.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"doc_numbers: cannot read the doc {doc}: {e}")
     work = (args.work or build / "doc_numbers" / args.section).resolve()
+    if work.exists() and not work.is_dir():
+        sys.exit(f"doc_numbers: --work {work} is a file; give a directory")
     if work.exists() and any(work.iterdir()):
         if not (work / MARK).exists():
             sys.exit(f"doc_numbers: {work} is not empty and not a doc_numbers work directory")
@@ -302,8 +313,6 @@ def main() -> int:
     (work / MARK).write_text("made by scripts/doc_numbers.py; emptied on every run\n")
 
     parts = produce(build, work)
-    doc = args.doc or REPO / doc_name
-    text = doc.read_text()
     cpu = cpu_fingerprint()
     failures, other_cpu, missing = [], set(), False
     for name, body in parts.items():
@@ -326,8 +335,10 @@ def main() -> int:
                             f"(- doc, + program; outputs in {work}):\n" + "".join(
                                 difflib.unified_diff(m.group(2).splitlines(True),
                                                      want.splitlines(True), "doc", "program")))
-    if args.update:
-        doc.write_text(text)
+    if args.update and not missing:
+        tmp = doc.with_name(f".{doc.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(doc)  # whole or not at all
         print(f"doc_numbers: updated {doc}")
     for f in failures:
         print(f, file=sys.stderr)
