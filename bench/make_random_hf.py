@@ -26,8 +26,8 @@ def main():
     ap.add_argument("--size", default="1.5b", choices=sorted(SHAPES))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    out = Path(args.out)
-    if out.is_symlink() or (out.exists() and not (out.is_dir() and not any(out.iterdir()))):
+    out = Path(args.out).resolve()
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         sys.exit(f"make_random_hf: {out} exists and is not an empty directory: give a new path")
     cfg = Qwen2Config(vocab_size=151936, max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
                       tie_word_embeddings=True, torch_dtype="bfloat16", **SHAPES[args.size])

@@ -268,6 +268,8 @@ def convergence(build: pathlib.Path, work: pathlib.Path) -> dict[str, str]:
 SECTIONS = {"quickstart": (quickstart, "docs/trainer.md"),
             "scenarios": (scenarios, "docs/scenarios.md"),
             "convergence": (convergence, "docs/convergence.md")}
+PROGRAMS = {"quickstart": "trainer/distill_trainer", "scenarios": "trainer/distill_trainer",
+            "convergence": "examples/convergence/convergence"}  # what each section runs
 
 
 # ---- the docs ------------------------------------------------------------------------------
@@ -293,11 +295,11 @@ def main() -> int:
     args = parser.parse_args()
     produce, doc_name = SECTIONS[args.section]
     build = args.build.resolve()
-    # Checked before minutes of runs: the build's trainer and the doc.
-    if not (build / "trainer" / "distill_trainer").is_file():
-        sys.exit(f"doc_numbers: --build {args.build}: no trainer/distill_trainer in it (build "
+    # Checked before minutes of runs: the build's program and the doc.
+    if not (build / PROGRAMS[args.section]).is_file():
+        sys.exit(f"doc_numbers: --build {args.build}: no {PROGRAMS[args.section]} in it (build "
                  "first: make build)")
-    doc = args.doc or REPO / doc_name
+    doc = (args.doc or REPO / doc_name).resolve()  # a link: its target is rewritten
     try:
         text = doc.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -338,6 +340,7 @@ def main() -> int:
     if args.update and not missing:
         tmp = doc.with_name(f".{doc.name}.tmp-{os.getpid()}")
         tmp.write_text(text)
+        shutil.copymode(doc, tmp)
         tmp.replace(doc)  # whole or not at all
         print(f"doc_numbers: updated {doc}")
     for f in failures:

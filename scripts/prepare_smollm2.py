@@ -342,12 +342,15 @@ def shards(texts: dict[str, Path], hf_dir: Path, dest: Path, tokenize_script: Pa
 
 
 def ours(p: Path) -> bool:
-    """Whether directory p was made by this script: a finished output (MARKER), work in progress
-    (OWNER), or empty. Nothing else is ever renamed or deleted."""
+    """Whether directory p was made by this script: a finished output (its MARKER, of any format),
+    work in progress (OWNER), or empty. Nothing else is ever renamed or deleted."""
     try:
-        return p.is_dir() and not p.is_symlink() and (
-            (p / MARKER).is_file() or (p / OWNER).is_file() or not any(p.iterdir()))
-    except OSError:
+        if not p.is_dir() or p.is_symlink():
+            return False
+        if (p / OWNER).is_file() or not any(p.iterdir()):
+            return True
+        return isinstance(json.loads((p / MARKER).read_text()).get("format"), int)
+    except (OSError, ValueError, AttributeError):
         return False
 
 
@@ -381,7 +384,7 @@ def main() -> int:
     ap.add_argument("--is-complete", action="store_true",
                     help=f"only tell: exit 0 when OUT/{MARKER} is there with format {FORMAT}, else 1")
     args = ap.parse_args()
-    out: Path = args.out.resolve()
+    out: Path = args.out.resolve()  # a link: its target is the output
     if args.is_complete:
         return 0 if marker_ok(out) else 1
     if args.skip_if_complete and marker_ok(out):
@@ -389,7 +392,7 @@ def main() -> int:
         return 0
     if not args.tokenize_script.is_file():
         die(f"no {args.tokenize_script} (give --tokenize-script)")
-    if (out.exists() or out.is_symlink()) and not ours(out):
+    if out.exists() and not ours(out):
         die(f"--out {out} exists and is not an earlier output of this script (no {MARKER} in it), "
             "and this script replaces its output: give a new or empty directory, or move that one away")
 
@@ -427,6 +430,9 @@ def main() -> int:
         (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
         (tmp / OWNER).unlink()
         old = out.with_name(f"{out.name}.old-{os.getpid()}")
+        if out.exists() and not ours(out):  # something put there meanwhile
+            die(f"--out {out} was changed while this script ran and is not its output any more; "
+                "nothing of it was touched")
         if out.exists():
             out.rename(old)
         tmp.rename(out)

@@ -581,8 +581,9 @@ TEST(ConfigTest, YamlSyntaxAtAValuesStartIsNamed) {
   // Standard tags beyond the core schema's are refused (!!binary was read as its base64 text).
   EXPECT_EQ(ErrorOf(std::string(kValidDistill) + "data:\n  path: !!binary aGVsbG8=\n"),
             "x.yaml:6: data.path: expected a string without NUL characters, got the YAML tag "
-            "\"!!binary\", which this config does not read (only !!str, !!int, !!float, !!bool "
-            "and !!null); remove it");
+            "\"!!binary\", which this config does not read (only the core schema's: !!str, !!int, "
+            "!!float, !!bool, !!null, !!seq, !!map); remove it");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"optim.betas=!!seq [0.9, 0.95]"}), "");
 }
 
 // A llama-family key on a gpt model (the default family) would be ignored: refused, naming the

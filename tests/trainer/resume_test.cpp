@@ -839,9 +839,10 @@ TEST(ResumeTest, UndoingAFailedStartKeepsADirectoryTheTrainerDidNotCreate) {
   EXPECT_EQ(ReadBytes(c.train.out_dir + "/notes.txt"), "mine\n");
 }
 
-// A run's config.yaml damaged (truncated, garbage, removed, edited) while its marker names the
-// requested run: the run is continued, config.yaml written again, a warning says so. The
-// marker's word counts only for the run it names, and only with train.resume.
+// A run's config.yaml damaged (truncated, garbage, removed) while its marker names the requested
+// run: the run is continued, config.yaml written again, a warning says so. The marker's word
+// counts only for the run it names, only with train.resume, and not against a config.yaml that
+// parses (the marker is never updated: an edited config.yaml may be another run's).
 TEST(ResumeTest, ADamagedConfigYamlOfThisRunIsWrittenAgain) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 2;
@@ -851,10 +852,10 @@ TEST(ResumeTest, ADamagedConfigYamlOfThisRunIsWrittenAgain) {
   Config edited = c;
   edited.optim.lr = 0.5;
   const std::vector<std::pair<std::string, std::string>> damages = {
-      {good.substr(0, good.size() / 2), ", but the run's marker names this run"},
+      {"train:\n  steps: 2\n  out_dir: " + c.train.out_dir + "\n  resum",
+       " does not parse (" + config_yaml + ":4: "},
       {"::: [not yaml\n", " does not parse ("},
-      {"", " is missing, but the run's marker names this run"},
-      {ConfigToYaml(edited), " holds another run (optim: "}};
+      {"", " is missing, but the run's marker names this run"}};
   for (const auto& [bytes, said] : damages) {
     if (bytes.empty()) {
       fs::remove(config_yaml);
@@ -868,15 +869,24 @@ TEST(ResumeTest, ADamagedConfigYamlOfThisRunIsWrittenAgain) {
     EXPECT_NE(t.warnings()[0].find(said), std::string::npos) << t.warnings()[0];
     EXPECT_EQ(ReadBytes(config_yaml), good) << said;
   }
+  // A config.yaml that parses to another run is believed: refused as before, nothing rewritten.
+  WriteBytes(config_yaml, ConfigToYaml(edited));
+  EXPECT_THAT(testing::ErrorOf<RunDirError>([&] { Trainer t(c, RunOptions::Quiet()); }),
+              ::testing::HasSubstr(" holds a different run (optim: "));
+  EXPECT_EQ(ReadBytes(config_yaml), ConfigToYaml(edited));
+  // train.resume false against a damaged one: what continues it and what deletes it.
+  Config no_resume = c;
+  no_resume.train.resume = false;
+  WriteBytes(config_yaml, "::: [not yaml\n");
+  EXPECT_THAT(testing::ErrorOf<RunDirError>([&] { Trainer t(no_resume, RunOptions::Quiet()); }),
+              ::testing::HasSubstr("and train.resume is false; its marker names this run: "
+                                   "train.resume=true continues it (config.yaml is written again), "
+                                   "--fresh deletes it"));
   // Another run's config, or train.resume false, against a run without its config.yaml: refused.
   fs::remove(config_yaml);
   for (const auto& [other, said] : std::vector<std::pair<Config, std::string>>{
            {edited, "its marker names another run than this command's"},
-           {[&] {
-              Config no_resume = c;
-              no_resume.train.resume = false;
-              return no_resume;
-            }(),
+           {no_resume,
             "train.resume is false (its marker names this run: train.resume=true continues it)"}}) {
     try {
       Trainer t(other, RunOptions::Quiet());
@@ -1485,6 +1495,18 @@ TEST(ResumeTest, PipelineRunsAndRerunsCleanly) {
   std::ostringstream third;
   distill::Run(c, RunFlags{true, true}, third);
   EXPECT_EQ(first.str(), third.str());
+  // The pipeline's config.yaml removed: the run continues, says so (also quiet), writes it again.
+  const std::string pipeline_yaml = c.train.out_dir + "/config.yaml";
+  const std::string pipeline_config = ReadBytes(pipeline_yaml);
+  fs::remove(pipeline_yaml);
+  std::ostringstream fourth;
+  ::testing::internal::CaptureStderr();
+  distill::Run(c, RunFlags{false, true}, fourth);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(first.str(), fourth.str());
+  EXPECT_THAT(said, ::testing::HasSubstr("warning: " + pipeline_yaml +
+                                         " is missing, but the run's marker names this run"));
+  EXPECT_EQ(ReadBytes(pipeline_yaml), pipeline_config);
   // The pipeline's directory given where a run's is expected (a teacher, an export) names the
   // stage runs inside it.
   Model model = MakeModel(c.student);

@@ -111,7 +111,7 @@ TEST(Safetensors, WritersNeverWriteThroughALinkAtTheirTemporary) {
   fs::create_symlink(victim, summary + ".tmp");
   WriteFileAtomically(summary, std::string("{}"));
   const std::string shard = dir + "/train_000000.bin";
-  fs::create_symlink(victim, shard + ".tmp");
+  fs::create_symlink(victim, shard + ".tmp." + std::to_string(::getpid()));
   WriteTokenShard(shard, {1, 2, 3}, false);
   EXPECT_EQ(ReadBytes(victim), "not yours");
   for (const auto& path : {weights, summary, shard}) {

@@ -56,23 +56,26 @@ def main():
           (work / "afile").read_text() == "x", f"file --out: {r.stderr}")
 
     # Its clean-up of dead runs' DIR.tmp-<pid> / DIR.old-<pid> takes only directories it made:
-    # its work in progress (the owner file), an earlier output (COMPLETE), or empty ones.
+    # its work in progress (the owner file), an earlier output (COMPLETE, its JSON with a format),
+    # or empty ones; a user's file that happens to be named COMPLETE does not make it ours.
     sys.path.insert(0, str(PREPARE.parent))
     spec = importlib.util.spec_from_file_location("prepare_smollm2", PREPARE)
     prepare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prepare)
     out = work / "data"
-    dead = 4_000_000  # above Linux's largest pid: no such process
-    names = {f"data.old-{dead}": "notes.txt", f"data.tmp-{dead + 1}": "keep.bin",
-             f"data.tmp-{dead + 2}": prepare.OWNER, f"data.old-{dead + 3}": prepare.MARKER,
-             f"data.old-{dead + 4}": None}
+    dead = 5_000_000  # above Linux's largest pid (PID_MAX_LIMIT, 2^22): no such process
+    names = {f"data.old-{dead}": ("notes.txt", "x"), f"data.tmp-{dead + 1}": ("keep.bin", "x"),
+             f"data.tmp-{dead + 2}": (prepare.OWNER, "x"),
+             f"data.old-{dead + 3}": (prepare.MARKER, '{"format": 1}'),
+             f"data.old-{dead + 4}": None, f"data.old-{dead + 5}": (prepare.MARKER, "done\n")}
     for name, file in names.items():
         (work / name).mkdir()
         if file:
-            (work / name / file).write_text("x")
+            (work / name / file[0]).write_text(file[1])
     prepare.remove_stale(out)
     left = sorted(p.name for p in work.glob("data.*"))
-    check(left == [f"data.old-{dead}", f"data.tmp-{dead + 1}"], f"remove_stale left {left}")
+    check(left == [f"data.old-{dead}", f"data.old-{dead + 5}", f"data.tmp-{dead + 1}"],
+          f"remove_stale left {left}")
     check(prepare.ours(work / f"data.old-{dead}") is False and prepare.ours(work / "missing") is False,
           "ours() of a user's directory or of nothing")
 

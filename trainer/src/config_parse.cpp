@@ -164,10 +164,12 @@ void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& wher
   const std::string standard = "tag:yaml.org,2002:";
   if (tag.rfind(standard, 0) == 0) {
     const std::string name = tag.substr(standard.size());
-    if (name != "str" && name != "int" && name != "float" && name != "bool" && name != "null") {
+    if (name != "str" && name != "int" && name != "float" && name != "bool" && name != "null" &&
+        name != "seq" && name != "map") {
       Fail(where, key.path,
            fmt::format("expected {}, got the YAML tag \"!!{}\", which this config does not read "
-                       "(only !!str, !!int, !!float, !!bool and !!null); remove it",
+                       "(only the core schema's: !!str, !!int, !!float, !!bool, !!null, !!seq, "
+                       "!!map); remove it",
                        key.expected, name));
     }
   }

@@ -565,7 +565,8 @@ void WriteTokenShard(const std::string& path, const std::vector<uint32_t>& token
     }
     AppendLe(data, tokens[i], bytes);
   }
-  WriteFileAtomically(path, reinterpret_cast<const char*>(data.data()), data.size());
+  WriteFileAtomically(path, reinterpret_cast<const char*>(data.data()), data.size(),
+                      fmt::format("{}.tmp.{}", path, getpid()));
 }
 
 }  // namespace distill

@@ -56,8 +56,9 @@ int CreateFileForWriting(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 }
 
-void WriteFileAtomically(const std::string& path, const char* data, size_t size) {
-  const std::string tmp = path + ".tmp";
+void WriteFileAtomically(const std::string& path, const char* data, size_t size,
+                         const std::string& tmp_name) {
+  const std::string tmp = tmp_name.empty() ? path + ".tmp" : tmp_name;
   auto fail = [&](int error, const char* what) {
     ::unlink(tmp.c_str());
     throw FileError(fmt::format("cannot write {}: {}{}; the previous file, if any, is unchanged",

@@ -190,6 +190,8 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     // with --fresh too, so that it does not refuse the old stage directory the commit deletes.
     dist.MainDecides([&] {
       plan = PlanRunDir(config, flags.fresh);
+      // A damaged config.yaml of this pipeline (written again at the first stage's commit).
+      if (!plan.config_note.empty()) std::fprintf(stderr, "%s\n", plan.config_note.c_str());
       return plan.same_run;
     });
     RunFlags stage_flags = flags;

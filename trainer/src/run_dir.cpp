@@ -487,9 +487,12 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
     plan.delete_first = true;
     return plan;
   }
-  // The marker records the identity the run was created with: where it is the requested one, the
-  // directory holds this run whatever its config.yaml says now (damaged: truncated, emptied,
-  // edited), and the commit writes config.yaml again.
+  // The marker records the identity the run was created with: where it is the requested one and
+  // config.yaml is missing or does not parse (damaged: truncated, emptied), the directory holds
+  // this run and the commit writes config.yaml again. A config.yaml that parses is believed over
+  // the marker, which is never updated (a run continued with an edited config.yaml, before its
+  // first checkpoint, is another run than its marker names); the checkpoints' own identities
+  // are checked on resume either way.
   const bool own = IsOwnRunDir(dir.string());
   const bool marker_says_same = own && MarkerConfigHash(dir) == RunIdentityHash(config);
   const auto resume_with_repair = [&](const std::string& what) {
@@ -562,6 +565,12 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
     if (marker_says_same && resume_with_repair(fmt::format("does not parse ({})", e.what()))) {
       return plan;
     }
+    if (marker_says_same) {  // train.resume false
+      throw RunDirError(fmt::format(
+          "{}'s config.yaml does not parse ({}), and train.resume is false; its marker names this "
+          "run: train.resume=true continues it (config.yaml is written again), --fresh deletes it",
+          dir.string(), e.what()));
+    }
     if (!own) {  // not known to be a run: nothing suggests deleting what may be someone's data
       throw RunDirError(fmt::format(
           "train.out_dir \"{}\" has no {} marker and its config.yaml does not parse as this "
@@ -575,11 +584,6 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
         dir.string(), e.what(), discard));
   }
   const std::string wanted = RunIdentity(config);
-  if (stored_identity != wanted && marker_says_same &&
-      resume_with_repair(
-          fmt::format("holds another run ({})", FirstDifference(stored_identity, wanted)))) {
-    return plan;
-  }
   if (stored_identity != wanted) {
     // A run directory moved since: its config.yaml names where it was.
     const std::string moved =

@@ -14,10 +14,12 @@ class FileError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Writes `size` bytes to `<path>.tmp` in the same directory, fsyncs it, renames it to `path`
-// and fsyncs the directory. On any failure the temporary is removed, `path` is untouched (its
-// previous content, or absent) and FileError says "cannot write <path>: <cause>".
-void WriteFileAtomically(const std::string& path, const char* data, size_t size);
+// Writes `size` bytes to `<path>.tmp` in the same directory (`tmp`, when given: a name of its
+// own for a writer that may run beside another, e.g. with its process id), fsyncs it, renames it
+// to `path` and fsyncs the directory. On any failure the temporary is removed, `path` is
+// untouched (its previous content, or absent) and FileError says "cannot write <path>: <cause>".
+void WriteFileAtomically(const std::string& path, const char* data, size_t size,
+                         const std::string& tmp = "");
 void WriteFileAtomically(const std::string& path, const std::string& content);
 
 // Opens a new file at `path` for writing (the temporary of an atomic write): whatever is there is

@@ -80,8 +80,8 @@ struct RunDirPlan {
   // The directories CommitRunDir created (the run directory and the parents it lacked, deepest
   // first): empty where the directory existed (an empty directory a user made for the run).
   std::vector<std::string> created;
-  // A warning for the run's log: its config.yaml was missing or damaged while the marker names
-  // this run (CommitRunDir writes it again).
+  // A warning to print (the caller's: the trainer's log, a pipeline's stderr): its config.yaml
+  // was missing or did not parse while the marker names this run (CommitRunDir writes it again).
   std::string config_note;
 };
 

@@ -136,8 +136,10 @@ class Trainer {
   Distributed& distributed() { return *dist_; }
   // train.cuda_graph: whether micro-batches are replayed from a captured CUDA graph now.
   bool cuda_graph_captured() const { return graph_ != nullptr && graph_->captured(); }
-  // The run's warnings (a corrupt checkpoint skipped on resume, a CUDA graph given up, a checkpoint
-  // not pruned, an export's note, ...), each printed when it happened, also when quiet.
+  // The run's warnings (a corrupt checkpoint skipped on resume, a CUDA graph given up, a file in
+  // checkpoints/ not counted, an export's note, ...), each printed when it happened, also when
+  // quiet. (Printed, not kept here: a step skipped as non-finite, counted in skipped_steps(); a
+  // checkpoint whose owner could not be read this time.)
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
