@@ -679,6 +679,34 @@ TEST(DistillLoss, JsdAtBetaZeroAndOneIsForwardAndReverseKl) {
   EXPECT_EQ(loss(Divergence::kJsd, 1.0), loss(Divergence::kReverseKl, 0.5));
 }
 
+// JSD at a beta so small that 1 / beta overflows float (or beta itself rounds to 0 in float): the
+// bound on log(q/m) was +inf there and the loss inf or NaN; the float64 reference is finite (about
+// beta). Columns the student lacks (-inf, q > 0 = m) are where the bound is reached.
+TEST(DistillLoss, JsdAtATinyBetaStaysFinite) {
+  at::manual_seed(6);
+  for (const auto& dev : devices())
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble})
+      for (double beta : {1e-30, 1e-40, 1e-46, 1e-300}) {
+        SCOPED_TRACE(dev.str() + " " + c10::toString(dtype) + " beta=" + std::to_string(beta));
+        at::Tensor s64 = at::randn({3, 40}, at::kDouble);
+        s64.narrow(1, 0, 5).fill_(-std::numeric_limits<double>::infinity());
+        s64[0][7] = -200;
+        const at::Tensor t64 = at::randn({3, 40}, at::kDouble);
+        at::Tensor s = s64.to(dev, dtype).requires_grad_(true);
+        at::Tensor loss = distill_loss(
+            s, t64.to(dev, dtype),
+            DistillLossOptions().divergence(Divergence::kJsd).beta(beta).reduction(torch::kSum));
+        loss.backward();
+        const RefResult ref =
+            reference_distill(s64, t64, Divergence::kJsd, beta, 1.0, 40, at::ones({3}, at::kBool),
+                              at::ones({3}, at::kDouble));
+        EXPECT_TRUE(loss.isfinite().item<bool>()) << loss.item<double>();
+        EXPECT_TRUE(s.grad().isfinite().all().item<bool>());
+        EXPECT_NEAR(loss.item<double>(), ref.row_loss.sum().item<double>(), 1e-6);
+        EXPECT_LT((s.grad().cpu().to(at::kDouble) - ref.grad).abs().max().item<double>(), 1e-6);
+      }
+}
+
 TEST(DistillLoss, AllIgnoredAndEmptyBatchesGiveZeroNotNaN) {
   for (const auto& dev : devices())
     for (Divergence div : kAll)

@@ -90,6 +90,34 @@ TEST(TvdErrors, CudaDevicesAndDtypesMustAgree) {
                {"on CUDA p and q must be one of", "got Double"});
 }
 
+// A tensor on another device than the first input (meta here: weights never loaded) is named by
+// the public ops before the dispatcher picks a kernel by the devices; from C++ there is no meta
+// kernel, and the dispatcher's message named an internal op (lossfns::_distill_forward).
+TEST(TvdErrors, EveryOpNamesATensorOnAnotherDevice) {
+  at::manual_seed(3);
+  const at::Tensor s = at::randn({4, 10}), t = at::randn({4, 10});
+  const at::Tensor p = t.softmax(-1), labels = at::zeros({4}, at::kLong);
+  const at::Device meta(at::kMeta);
+  for (const bool grad : {true, false}) {
+    const at::Tensor x = grad ? s.clone().requires_grad_(true) : s;
+    expect_error(
+        [&] { distill_loss(x, t.to(meta)); },
+        {"lossfns.distill_loss: teacher_logits must be on the student's device cpu", "got meta"});
+    expect_error([&] { distill_loss(x, t, DistillLossOptions(), labels.to(meta)); },
+                 {"labels must be on the device of student_logits, cpu", "got meta"});
+    expect_error([&] { distill_loss(x, t, DistillLossOptions().grad_scale(at::ones({1}, meta))); },
+                 {"grad_scale must be a 1-element floating-point tensor on the logits' device cpu",
+                  "on meta"});
+    expect_error(
+        [&] { lossfns::cross_entropy_loss(x, labels.to(meta)); },
+        {"lossfns.cross_entropy_loss: labels must be on the device of logits, cpu", "got meta"});
+    const at::Tensor pp = grad ? p.clone().requires_grad_(true) : p;
+    expect_error([&] { tvd_loss(pp, p.to(meta)); }, {"q must be on p's device cpu", "got meta"});
+    expect_error([&] { tvd_loss(pp, p, TVDLossOptions(), labels.to(meta)); },
+                 {"labels must be on the device of p, cpu", "got meta"});
+  }
+}
+
 // An empty batch (0 rows, e.g. (0, V) or (B, 0, V)): the loss is 0 (kNone: an empty tensor) and
 // the backward gives zero-size gradients of p's shape, with and without labels, every reduction.
 void ExpectEmptyBatchWorks(at::Device dev) {

@@ -94,6 +94,19 @@ inline void check_inputs(const char* op, const char* names,
   }
 }
 
+// An input on `device` (the first tensor's), checked before the dispatcher picks a kernel by the
+// tensors' devices: a meta (or other) tensor among CPU ones reached no kernel (from C++) or the
+// Python package's fakes, and the message named an internal op. `must` is the kernels' own words
+// ("q must be on p's device "), the devices follow.
+inline void check_device(const char* op, const at::Tensor& x, const at::Device& device,
+                         const char* must) {
+  TORCH_CHECK(x.device() == device, op, ": ", must, device, "; got ", x.device());
+}
+inline void check_device(const char* op, const std::optional<at::Tensor>& x,
+                         const at::Device& device, const char* must) {
+  if (x.has_value() && x->defined()) check_device(op, *x, device, must);
+}
+
 // An optional input (labels, grad_scale): dense where given.
 inline void check_inputs(const char* op, const char* name, const std::optional<at::Tensor>& x) {
   if (x.has_value() && x->defined()) check_dense(op, name, *x, " must be a dense (strided) tensor");

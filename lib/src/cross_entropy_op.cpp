@@ -164,6 +164,7 @@ at::Tensor cross_entropy_loss_autograd(const at::Tensor& logits, const at::Tenso
                                        int64_t ignore_index, c10::string_view reduction,
                                        std::optional<int64_t> vocab_size) {
   check_inputs(kOp, "logits and labels", {logits, labels});
+  check_device(kOp, labels, logits.device(), "labels must be on the device of logits, ");
   check_no_forward_ad(kOp, {logits});
   const auto [red, V] = resolve(logits, reduction, vocab_size);
   if (!(at::GradMode::is_enabled() && logits.requires_grad())) {
@@ -179,6 +180,7 @@ at::Tensor cross_entropy_loss_no_grad(const at::Tensor& logits, const at::Tensor
                                       int64_t ignore_index, c10::string_view reduction,
                                       std::optional<int64_t> vocab_size) {
   check_inputs(kOp, "logits and labels", {logits, labels});
+  check_device(kOp, labels, logits.device(), "labels must be on the device of logits, ");
   const auto [red, V] = resolve(logits, reduction, vocab_size);
   return view_loss(std::get<0>(cross_entropy_forward_op(logits, labels, ignore_index, red, V)),
                    logits, red);

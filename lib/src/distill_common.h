@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "kernels_common.h"
@@ -96,7 +97,9 @@ constexpr int64_t kStatsPerRow = 6;
 constexpr int64_t kStatLoss = 5;
 
 // JSD's constants, computed once per call (beta in (0, 1); 0 and 1 are the KLs, dispatched
-// before any kernel runs).
+// before any kernel runs). The bounds are capped at Acc's largest value: 1 / beta overflows
+// float below beta ~ 3e-39 (where a float beta may even round to 0), and an infinite bound
+// turned 0 * log(bound) into NaN; Acc's own ratios cannot exceed the cap anyway.
 template <typename Acc>
 struct JsdConstants {
   Acc beta, one_minus_beta;
@@ -105,10 +108,16 @@ struct JsdConstants {
   LOSSFNS_HOST_DEVICE explicit JsdConstants(double b = 0.5)
       : beta(Acc(b)),
         one_minus_beta(Acc(1.0 - b)),
-        max_p_over_m(Acc(1.0 / (1.0 - b))),
-        log_max_p_over_m(Acc(-log1p(-b))),
-        max_q_over_m(Acc(1.0 / b)),
-        log_max_q_over_m(Acc(-log(b))) {}
+        max_p_over_m(Capped(1.0 / (1.0 - b))),
+        log_max_p_over_m(Capped(-log1p(-b), log(double(std::numeric_limits<Acc>::max())))),
+        max_q_over_m(Capped(1.0 / b)),
+        log_max_q_over_m(Capped(-log(b), log(double(std::numeric_limits<Acc>::max())))) {}
+
+ private:
+  static LOSSFNS_HOST_DEVICE Acc Capped(double x,
+                                        double cap = double(std::numeric_limits<Acc>::max())) {
+    return Acc(x < cap ? x : cap);
+  }
 };
 
 // One element's contribution to the row loss (term) and g (d loss_row / d p_j, up to a row

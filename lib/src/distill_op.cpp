@@ -227,11 +227,15 @@ void check_teacher_constant(const at::Tensor& t) {
       "pass teacher_logits.detach()");
 }
 
-// The public op's tensors, on either path (autograd, or below it): defined and dense.
+// The public op's tensors, on either path (autograd, or below it): defined, dense, and on the
+// student's device.
 void check_tensors(const at::Tensor& s, const at::Tensor& t, Opt labels, Opt grad_scale) {
   check_inputs(kOp, "student_logits and teacher_logits", {s, t});
   check_inputs(kOp, "labels", labels);
   check_inputs(kOp, "grad_scale", grad_scale);
+  check_device(kOp, t, s.device(), "teacher_logits must be on the student's device ");
+  check_device(kOp, labels, s.device(), "labels must be on the device of student_logits, ");
+  check_grad_scale(s, grad_scale);
 }
 
 at::Tensor distill_loss_autograd(const at::Tensor& s, const at::Tensor& t, Opt labels,

@@ -94,11 +94,19 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
   }
 };
 
+// The public op's tensors, on either path: defined, dense, on p's device.
+void check_tensors(const at::Tensor& p, const at::Tensor& q,
+                   const std::optional<at::Tensor>& labels) {
+  check_inputs("lossfns.tvd_loss", "p and q", {p, q});
+  check_inputs("lossfns.tvd_loss", "labels", labels);
+  check_device("lossfns.tvd_loss", q, p.device(), "q must be on p's device ");
+  check_device("lossfns.tvd_loss", labels, p.device(), "labels must be on the device of p, ");
+}
+
 at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
                              const std::optional<at::Tensor>& labels, int64_t ignore_index,
                              c10::string_view reduction) {
-  check_inputs("lossfns.tvd_loss", "p and q", {p, q});
-  check_inputs("lossfns.tvd_loss", "labels", labels);
+  check_tensors(p, q, labels);
   check_no_forward_ad("lossfns.tvd_loss", {p, q});
   const bool needs_grad = at::GradMode::is_enabled() && (p.requires_grad() || q.requires_grad());
   return TVDFunction::apply(p, q, labels, ignore_index,
@@ -109,8 +117,7 @@ at::Tensor tvd_loss_autograd(const at::Tensor& p, const at::Tensor& q,
 at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q,
                             const std::optional<at::Tensor>& labels, int64_t ignore_index,
                             c10::string_view reduction) {
-  check_inputs("lossfns.tvd_loss", "p and q", {p, q});
-  check_inputs("lossfns.tvd_loss", "labels", labels);
+  check_tensors(p, q, labels);
   const int64_t r = parse_reduction(reduction, "lossfns.tvd_loss");
   at::Tensor loss =
       std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));
