@@ -244,10 +244,6 @@ std::string MarkerConfigHash(const fs::path& dir) {
   return "";
 }
 
-}  // namespace
-
-namespace {
-
 // The lock files this process holds, by (device, inode): a pipeline's --fresh deletes the stage
 // runs inside its directory, whose locks its own stages may hold already (LockRunsInside).
 std::mutex held_mutex;
