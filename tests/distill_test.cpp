@@ -687,6 +687,7 @@ TEST(DistillLoss, JsdAtATinyBetaStaysFinite) {
   for (const auto& dev : devices())
     for (at::ScalarType dtype : {at::kFloat, at::kDouble})
       for (double beta : {1e-30, 1e-40, 1e-46, 1e-300}) {
+        if (dev.is_cuda() && dtype == at::kDouble) continue;  // CUDA takes fp32/bf16/fp16
         SCOPED_TRACE(dev.str() + " " + c10::toString(dtype) + " beta=" + std::to_string(beta));
         at::Tensor s64 = at::randn({3, 40}, at::kDouble);
         s64.narrow(1, 0, 5).fill_(-std::numeric_limits<double>::infinity());
