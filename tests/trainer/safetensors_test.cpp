@@ -123,6 +123,45 @@ TEST(Safetensors, WritersNeverWriteThroughALinkAtTheirTemporary) {
                                                   "w.safetensors"}));
 }
 
+// A writer that only takes a path (Kineto's trace) goes through a checked temporary: the file is
+// replaced whole when the writer succeeds, and kept as it was (no temporary left, the message
+// naming the file and the writer's problem) when it fails or throws; a planted link is not
+// written through.
+TEST(Safetensors, AWriterThatTakesAPathReplacesTheFileWholeOrNotAtAll) {
+  const std::string dir = TempDir();
+  const std::string trace = dir + "/trace.json";
+  WriteBytes(trace, "{\"old\": 1}");
+  const std::string victim = dir + "/victim";
+  WriteBytes(victim, "not yours");
+  fs::create_symlink(victim, trace + ".tmp." + std::to_string(::getpid()));
+  std::string given;
+  WriteFileAtomicallyBy(trace, [&](const std::string& tmp) {
+    given = tmp;
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(tmp))) << tmp;
+    WriteBytes(tmp, "{\"new\": 2}");
+    return std::string();
+  });
+  EXPECT_EQ(given, trace + ".tmp." + std::to_string(::getpid()));
+  EXPECT_EQ(ReadBytes(trace), "{\"new\": 2}");
+  EXPECT_EQ(ReadBytes(victim), "not yours");
+  const auto cut = [&](const std::string& tmp) {
+    WriteBytes(tmp, "{\"cut");
+    return std::string("the profiler wrote 5 bytes, not a whole JSON trace");
+  };
+  ExpectContains(testing::ErrorOf<FileError>([&] { WriteFileAtomicallyBy(trace, cut); }),
+                 {"cannot write " + trace +
+                  ": the profiler wrote 5 bytes, not a whole JSON trace; the previous file, if "
+                  "any, is unchanged"});
+  ExpectContains(testing::ErrorOf<FileError>([&] {
+                   WriteFileAtomicallyBy(trace, [](const std::string&) -> std::string {
+                     throw std::runtime_error("no space");
+                   });
+                 }),
+                 {"cannot write " + trace + ": no space"});
+  EXPECT_EQ(ReadBytes(trace), "{\"new\": 2}");
+  EXPECT_EQ(Names(dir), (std::vector<std::string>{"trace.json", "victim"}));
+}
+
 TEST(Safetensors, OwnedCopyOutlivesTheMapping) {
   const std::string dir = TempDir();
   const at::Tensor t = at::arange(10, at::kFloat);

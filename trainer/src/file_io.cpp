@@ -31,6 +31,27 @@ int WriteAll(int fd, const char* data, size_t size) {
   return 0;
 }
 
+// The last steps of an atomic write, once the temporary `tmp` holds the whole content and is
+// synced: renamed over `path`, the directory synced. `fail` removes the temporary and throws.
+template <typename Fail>
+void RenameIntoPlace(const std::string& tmp, const std::string& path, const Fail& fail) {
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, "rename: ");
+  // The rename is durable once the directory is synced. Some filesystems cannot fsync a
+  // directory (EINVAL); the data itself is then as durable as that filesystem allows.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    const int synced = ::fsync(dir_fd);
+    const int sync_error = errno;
+    ::close(dir_fd);
+    if (synced != 0 && sync_error != EINVAL) {
+      throw FileError(fmt::format("cannot write {}: syncing its directory: {}", path,
+                                  DescribeWriteError(sync_error)));
+    }
+  }
+}
+
 }  // namespace
 
 std::string DescribeWriteError(int error) {
@@ -75,21 +96,42 @@ void WriteFileAtomically(const std::string& path, const char* data, size_t size,
   if (error == 0 && ::fsync(fd) != 0) error = errno;
   if (::close(fd) != 0 && error == 0) error = errno;
   if (error != 0) fail(error, "");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, "rename: ");
-  // The rename is durable once the directory is synced. Some filesystems cannot fsync a
-  // directory (EINVAL); the data itself is then as durable as that filesystem allows.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    const int synced = ::fsync(dir_fd);
-    const int sync_error = errno;
-    ::close(dir_fd);
-    if (synced != 0 && sync_error != EINVAL) {
-      throw FileError(fmt::format("cannot write {}: syncing its directory: {}", path,
-                                  DescribeWriteError(sync_error)));
-    }
+  RenameIntoPlace(tmp, path, fail);
+}
+
+void WriteFileAtomicallyBy(const std::string& path,
+                           const std::function<std::string(const std::string& tmp)>& write) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  auto fail = [&](int error, const char* what) {
+    ::unlink(tmp.c_str());
+    throw FileError(fmt::format("cannot write {}: {}{}; the previous file, if any, is unchanged",
+                                path, what, DescribeWriteError(error)));
+  };
+  const int created = CreateFileForWriting(tmp);
+  if (created < 0) {
+    const int error = errno;
+    throw FileError(
+        fmt::format("cannot write {}: cannot create {}: {}", path, tmp, DescribeWriteError(error)));
   }
+  ::close(created);
+  const RemoveOnSignalDeath remove_on_death(tmp);
+  std::string problem;
+  try {
+    problem = write(tmp);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!problem.empty()) {
+    ::unlink(tmp.c_str());
+    throw FileError(
+        fmt::format("cannot write {}: {}; the previous file, if any, is unchanged", path, problem));
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) fail(errno, "reopening its temporary: ");
+  int error = ::fsync(fd) != 0 ? errno : 0;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error != 0) fail(error, "");
+  RenameIntoPlace(tmp, path, fail);
 }
 
 void WriteFileAtomically(const std::string& path, const std::string& content) {

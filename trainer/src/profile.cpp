@@ -1,8 +1,11 @@
 // --profile-steps: a Kineto chrome trace of a few steps, then phase timers (see profile.h).
 #include "distill/profile.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include <ATen/DeviceAccelerator.h>
@@ -137,7 +140,25 @@ std::vector<std::string> StepProfiler::EndTrace() {
   fs::create_directories(dir_);
   const std::string name = distributed_ ? fmt::format("trace_rank{}.json", rank_) : "trace.json";
   const std::string path = (fs::path(dir_) / name).string();
-  result->save(path);
+  // Kineto writes where it is told and reports no failure (a full disk leaves a cut trace), so
+  // it writes a temporary that is checked for the JSON's closing bracket before it becomes
+  // `path`: a trace.json is whole or absent.
+  WriteFileAtomicallyBy(path, [&](const std::string& tmp) -> std::string {
+    result->save(tmp);
+    std::ifstream in(tmp, std::ios::binary | std::ios::ate);
+    const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : -1;
+    char last = 0;
+    for (std::streamoff back = 1; in && back <= std::min<std::streamoff>(size, 64); ++back) {
+      in.seekg(size - back);
+      in.get(last);
+      if (!std::isspace(static_cast<unsigned char>(last))) break;
+    }
+    if (size <= 0 || (last != '}' && last != ']')) {
+      return fmt::format("the profiler wrote {} bytes, not a whole JSON trace (is the disk full?)",
+                         std::max<std::streamoff>(size, 0));
+    }
+    return "";
+  });
   return {fmt::format("profile: {} traced steps written to {} (chrome://tracing, Perfetto)",
                       steps_in_state_, path)};
 }

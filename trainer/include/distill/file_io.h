@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,13 @@ class FileError : public std::runtime_error {
 void WriteFileAtomically(const std::string& path, const char* data, size_t size,
                          const std::string& tmp = "");
 void WriteFileAtomically(const std::string& path, const std::string& content);
+
+// The same for a writer that only takes a path (a library's save(path)): `write` writes the
+// whole file at the temporary it is given (`<path>.tmp.<pid>`, created empty for it) and returns
+// "" on success or what went wrong; a throw counts as failure too. Then as above: synced, renamed
+// to `path`, the directory synced; on any failure the temporary is removed and `path` untouched.
+void WriteFileAtomicallyBy(const std::string& path,
+                           const std::function<std::string(const std::string& tmp)>& write);
 
 // Opens a new file at `path` for writing (the temporary of an atomic write): whatever is there is
 // unlinked first (a stale temporary, or a link: never written through to its target) and the
