@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distill/checkpoint.h"
+#include "distill/file_io.h"
 #include "distill/hf_config.h"
 #include "distill/run.h"
 #include "distill/run_dir.h"
@@ -54,8 +55,9 @@ std::string JsonError(const fs::path& name, const std::string& bytes) {
   return "";
 }
 
-// Byte copy with plain streams (see RemoveTree in run_dir.h for why not std::filesystem); a
-// JSON file is parsed first and refused where it does not parse.
+// Byte copy: read with plain streams (see RemoveTree in run_dir.h for why not std::filesystem),
+// written and synced as every export file is; a JSON file is parsed first and refused where it
+// does not parse.
 void CopyFile(const fs::path& from, const fs::path& to) {
   std::error_code error;  // a FIFO would block the copy, /dev/zero fill the disk
   if (!fs::is_regular_file(from, error)) {
@@ -74,10 +76,7 @@ void CopyFile(const fs::path& from, const fs::path& to) {
         "it (e.g. download the model again) and export again with `distill_trainer export`",
         from.string(), error));
   }
-  std::ofstream out(to, std::ios::binary | std::ios::trunc);
-  out << bytes.rdbuf();
-  out.flush();
-  if (!out) throw std::runtime_error(fmt::format("export: cannot write {}", to.string()));
+  WriteFileAtomically(to.string(), bytes.str());  // synced, as the weights and config.json are
 }
 
 // The model's tensors under their (transformers) names, float32 on the CPU (CausalLM::hf_name:
