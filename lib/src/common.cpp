@@ -72,6 +72,13 @@ int64_t resolve_vocab_size(std::optional<int64_t> vocab_size, int64_t width, con
   return vocab_size ? std::min(*vocab_size, width) : width;
 }
 
+c10::SymInt resolve_vocab_size(std::optional<int64_t> vocab_size, const c10::SymInt& width,
+                               const char* op) {
+  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or ", kUnset,
+              "); got ", num(*vocab_size));
+  return vocab_size ? width.min(c10::SymInt(*vocab_size)) : width;
+}
+
 at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
                         int64_t rows, const at::Device& device, const char* op, const char* what) {
   if (!labels.has_value() || !labels->defined()) return at::Tensor();

@@ -40,6 +40,11 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows);
 // vocab_size (the columns at or past it are padding), checked >= 1 when set: the number of
 // columns of a row of `width` that count.
 int64_t resolve_vocab_size(std::optional<int64_t> vocab_size, int64_t width, const char* op);
+// The same in the public ops' autograd and composite kernels, where the width is a symbol under
+// torch.compile's dynamic shapes: V stays one (min(vocab_size, width)), never a constant that
+// would make every new width a recompile.
+c10::SymInt resolve_vocab_size(std::optional<int64_t> vocab_size, const c10::SymInt& width,
+                               const char* op);
 
 // labels: int64 on `device`, shape `lead` (the input's shape without its last dimension) or
 // (rows,); returns them as a contiguous (rows,) tensor, or an undefined tensor when absent.

@@ -47,10 +47,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_op(const at
                                                                         const at::Tensor& labels,
                                                                         int64_t ignore_index,
                                                                         int64_t reduction,
-                                                                        int64_t V);
+                                                                        c10::SymInt V);
 at::Tensor cross_entropy_backward_op(const at::Tensor& grad_output, const at::Tensor& logits,
                                      const at::Tensor& labels, const at::Tensor& stats,
                                      const at::Tensor& scale, int64_t ignore_index,
-                                     int64_t reduction, int64_t V);
+                                     int64_t reduction, c10::SymInt V);
 
 }  // namespace lossfns::detail

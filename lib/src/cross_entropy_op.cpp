@@ -87,24 +87,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_entropy_forward_op(const at
                                                                         const at::Tensor& labels,
                                                                         int64_t ignore_index,
                                                                         int64_t reduction,
-                                                                        int64_t V) {
+                                                                        c10::SymInt V) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("lossfns::_cross_entropy_forward", "")
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t)>();
+              const at::Tensor&, const at::Tensor&, int64_t, int64_t, c10::SymInt)>();
   return op.call(logits, labels, ignore_index, reduction, V);
 }
 
 at::Tensor cross_entropy_backward_op(const at::Tensor& grad_output, const at::Tensor& logits,
                                      const at::Tensor& labels, const at::Tensor& stats,
                                      const at::Tensor& scale, int64_t ignore_index,
-                                     int64_t reduction, int64_t V) {
+                                     int64_t reduction, c10::SymInt V) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("lossfns::_cross_entropy_backward", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t)>();
+                            const at::Tensor&, const at::Tensor&, int64_t, int64_t, c10::SymInt)>();
   return op.call(grad_output, logits, labels, stats, scale, ignore_index, reduction, V);
 }
 
@@ -114,16 +114,16 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The public arguments in kernel form: the reduction code and V, the columns that count.
-std::pair<int64_t, int64_t> resolve(const at::Tensor& logits, c10::string_view reduction,
-                                    std::optional<int64_t> vocab_size) {
+std::pair<int64_t, c10::SymInt> resolve(const at::Tensor& logits, c10::string_view reduction,
+                                        std::optional<int64_t> vocab_size) {
   TORCH_CHECK(logits.dim() >= 1, kOp, ": logits must be (BT, V) or (B, T, V); got ",
               dims(logits.sizes()));
   return {parse_reduction(std::string_view(reduction.data(), reduction.size()), kOp),
-          resolve_vocab_size(vocab_size, logits.size(-1), kOp)};
+          resolve_vocab_size(vocab_size, logits.sym_size(-1), kOp)};
 }
 
 at::Tensor view_loss(const at::Tensor& loss, const at::Tensor& logits, int64_t reduction) {
-  return reduction == kernels::kNone ? loss.view(row_shape(logits)) : loss;
+  return reduction == kernels::kNone ? loss.view_symint(row_shape(logits)) : loss;
 }
 
 // What forward keeps for backward: the logits and labels (references, no copies), the (rows, 2)
@@ -132,7 +132,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& labels, int64_t ignore_index, int64_t reduction,
-                            int64_t V) {
+                            c10::SymInt V) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [loss, stats, scale] =
         cross_entropy_forward_op(logits, labels, ignore_index, reduction, V);
@@ -142,7 +142,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["V"] = V;
-    ctx->saved_data["shape"] = logits.sizes().vec();
+    ctx->saved_data["shape"] = c10::IValue(logits.sym_sizes());
     return out;
   }
 
@@ -153,10 +153,10 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     const at::Tensor grad = cross_entropy_backward_op(
         grad_outputs[0], saved[0], saved[1], saved[2], saved[3],
         ctx->saved_data["ignore_index"].toInt(), ctx->saved_data["reduction"].toInt(),
-        ctx->saved_data["V"].toInt());
+        ctx->saved_data["V"].toSymInt());
     return first_order_only(kOp, saved[4], create_graph,
-                            {grad.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(),
-                             at::Tensor(), at::Tensor(), at::Tensor()});
+                            {grad.view_symint(ctx->saved_data["shape"].toSymIntVector()),
+                             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
   }
 };
 
@@ -195,13 +195,13 @@ TORCH_LIBRARY_FRAGMENT(lossfns, m) {
       ", str reduction='mean', int? vocab_size=None) -> Tensor";
   m.def(schema.c_str());
   m.def(
-      "_cross_entropy_forward(Tensor logits, Tensor labels, int ignore_index, int reduction, int "
-      "V) "
+      "_cross_entropy_forward(Tensor logits, Tensor labels, int ignore_index, int reduction, "
+      "SymInt V) "
       "-> (Tensor, Tensor, Tensor)");
   m.def(
       "_cross_entropy_backward(Tensor grad_output, Tensor logits, Tensor labels, Tensor stats, "
       "Tensor scale, "
-      "int ignore_index, int reduction, int V) -> Tensor");
+      "int ignore_index, int reduction, SymInt V) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lossfns, Autograd, m) {

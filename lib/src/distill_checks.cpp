@@ -10,14 +10,13 @@
 
 namespace lossfns::detail {
 
-std::vector<int64_t> row_shape(const at::Tensor& logits) {
-  const auto sizes = logits.sizes();
-  return std::vector<int64_t>(sizes.begin(), sizes.end() - 1);
+c10::SymIntArrayRef row_shape(const at::Tensor& logits) {
+  return logits.sym_sizes().slice(0, logits.dim() - 1);
 }
 
 Resolved resolve_distill_args(const char* op, std::string_view divergence, double beta,
                               std::string_view reduction, std::optional<int64_t> vocab_size,
-                              int64_t width) {
+                              const c10::SymInt& width) {
   const auto d = divergence_from_name(divergence);
   TORCH_CHECK(d.has_value(), op,
               ": divergence must be one of 'tvd', 'forward_kl', 'reverse_kl', 'jsd'; got '",
@@ -46,7 +45,7 @@ void check_temperature(const char* op, double temperature) {
 void check_grad_scale(const at::Tensor& s, const std::optional<at::Tensor>& grad_scale) {
   if (!grad_scale.has_value() || !grad_scale->defined()) return;
   const at::Tensor& g = *grad_scale;
-  TORCH_CHECK(g.numel() == 1 && g.device() == s.device() && at::isFloatingType(g.scalar_type()),
+  TORCH_CHECK(g.sym_numel() == 1 && g.device() == s.device() && at::isFloatingType(g.scalar_type()),
               "lossfns.distill_loss: grad_scale must be a 1-element floating-point tensor on the "
               "logits' device ",
               s.device(), "; got ", g.scalar_type(), " ", dims(g.sizes()), " on ", g.device());

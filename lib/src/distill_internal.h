@@ -27,11 +27,12 @@ struct DistillInputs {
 // that count (min(vocab_size, width), width: the wider vocabulary). TORCH_CHECKs the names, beta
 // and vocab_size; `op` names the caller in the errors.
 struct Resolved {
-  int64_t divergence, reduction, V;
+  int64_t divergence, reduction;
+  c10::SymInt V;  // symbolic where the width is (torch.compile's dynamic shapes)
 };
 Resolved resolve_distill_args(const char* op, std::string_view divergence, double beta,
                               std::string_view reduction, std::optional<int64_t> vocab_size,
-                              int64_t width);
+                              const c10::SymInt& width);
 
 // TORCH_CHECKs that the temperature is usable by the kernels (> 0, finite with its inverse in
 // float32).
@@ -66,8 +67,9 @@ void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, cons
                            const std::optional<at::Tensor>& ce_weight,
                            const std::optional<at::Tensor>& ce_stats);
 
-// Output shape of a 'none' loss: the logits' shape without V.
-std::vector<int64_t> row_shape(const at::Tensor& logits);
+// Output shape of a 'none' loss: the logits' shape without V (symbolic under torch.compile's
+// dynamic shapes, where reading sizes() would make the row count a constant of the graph).
+c10::SymIntArrayRef row_shape(const at::Tensor& logits);
 
 // The internal ops (lossfns::_distill_forward / _distill_backward / _distill_rescale_grad_ /
 // _distill_ce_grad_),
@@ -75,12 +77,12 @@ std::vector<int64_t> row_shape(const at::Tensor& logits);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_op(
     const at::Tensor& s, const at::Tensor& t, const std::optional<at::Tensor>& labels,
     int64_t divergence, double beta, double temperature, int64_t ignore_index, int64_t reduction,
-    int64_t V, const std::optional<at::Tensor>& grad_scale, bool save);
+    c10::SymInt V, const std::optional<at::Tensor>& grad_scale, bool save);
 at::Tensor distill_backward_op(const at::Tensor& grad_output, const at::Tensor& s,
                                const at::Tensor& t, const std::optional<at::Tensor>& labels,
                                const at::Tensor& stats, const at::Tensor& scale, int64_t divergence,
                                double beta, double temperature, int64_t ignore_index,
-                               int64_t reduction, int64_t V);
+                               int64_t reduction, c10::SymInt V);
 void distill_rescale_grad_op(at::Tensor& grad, const at::Tensor& grad_output,
                              const at::Tensor& grad_scale);
 // lossfns::_distill_ce_grad_: into `grad` (which may be `s` itself: in place), for each row r

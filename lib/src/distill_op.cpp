@@ -30,13 +30,13 @@ using Opt = const std::optional<at::Tensor>&;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> distill_forward_op(
     const at::Tensor& s, const at::Tensor& t, Opt labels, int64_t divergence, double beta,
-    double temperature, int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale,
+    double temperature, int64_t ignore_index, int64_t reduction, c10::SymInt V, Opt grad_scale,
     bool save) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("lossfns::_distill_forward", "")
                              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                                  const at::Tensor&, const at::Tensor&, Opt, int64_t, double, double,
-                                 int64_t, int64_t, int64_t, Opt, bool)>();
+                                 int64_t, int64_t, c10::SymInt, Opt, bool)>();
   return op.call(s, t, labels, divergence, beta, temperature, ignore_index, reduction, V,
                  grad_scale, save);
 }
@@ -45,13 +45,13 @@ at::Tensor distill_backward_op(const at::Tensor& grad_output, const at::Tensor& 
                                const at::Tensor& t, Opt labels, const at::Tensor& stats,
                                const at::Tensor& scale, int64_t divergence, double beta,
                                double temperature, int64_t ignore_index, int64_t reduction,
-                               int64_t V) {
+                               c10::SymInt V) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("lossfns::_distill_backward", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt,
                             const at::Tensor&, const at::Tensor&, int64_t, double, double, int64_t,
-                            int64_t, int64_t)>();
+                            int64_t, c10::SymInt)>();
   return op.call(grad_output, s, t, labels, stats, scale, divergence, beta, temperature,
                  ignore_index, reduction, V);
 }
@@ -126,11 +126,11 @@ Resolved resolve(const at::Tensor& s, const at::Tensor& t, c10::string_view dive
               dims(s.sizes()), " and ", dims(t.sizes()));
   return resolve_distill_args(kOp, std::string_view(divergence.data(), divergence.size()), beta,
                               std::string_view(reduction.data(), reduction.size()), vocab_size,
-                              std::max(s.size(-1), t.size(-1)));
+                              s.sym_size(-1).max(t.sym_size(-1)));
 }
 
 at::Tensor view_loss(const at::Tensor& loss, const at::Tensor& s, int64_t reduction) {
-  return reduction == kernels::kNone ? loss.view(row_shape(s)) : loss;
+  return reduction == kernels::kNone ? loss.view_symint(row_shape(s)) : loss;
 }
 
 // What forward keeps for backward: the logits (references, no copies) and O(rows) statistics;
@@ -140,7 +140,8 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& s, const at::Tensor& t,
                             Opt labels, int64_t divergence, double beta, double temperature,
-                            int64_t ignore_index, int64_t reduction, int64_t V, Opt grad_scale) {
+                            int64_t ignore_index, int64_t reduction, c10::SymInt V,
+                            Opt grad_scale) {
     at::AutoDispatchBelowADInplaceOrView guard;
     // Whether the forward computes the gradient: the CUDA forward does when given grad_scale for
     // a reduced loss (distill_cuda.cu); decided from the arguments, not from sizes, which are
@@ -177,13 +178,13 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["V"] = V;
-    ctx->saved_data["shape"] = s.sizes().vec();
+    ctx->saved_data["shape"] = c10::IValue(s.sym_sizes());
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto shape = ctx->saved_data["shape"].toIntVector();
+    const auto shape = ctx->saved_data["shape"].toSymIntVector();
     at::Tensor grad;
     const bool create_graph = at::GradMode::is_enabled();
     at::NoGradGuard no_grad;  // first-order only: see first_order_only
@@ -211,12 +212,12 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
           grad_outputs[0], saved[0], saved[1], opt(saved[2]), saved[3], saved[4],
           ctx->saved_data["divergence"].toInt(), ctx->saved_data["beta"].toDouble(),
           ctx->saved_data["temperature"].toDouble(), ctx->saved_data["ignore_index"].toInt(),
-          ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toInt());
+          ctx->saved_data["reduction"].toInt(), ctx->saved_data["V"].toSymInt());
     }
     return first_order_only(
         kOp, saved[7], create_graph,
-        {grad.view(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-         at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
+        {grad.view_symint(shape), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+         at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()});
   }
 };
 
@@ -282,7 +283,8 @@ TORCH_LIBRARY_FRAGMENT(lossfns, m) {
   m.def(
       "_distill_forward(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int "
       "divergence, "
-      "float beta, float temperature, int ignore_index, int reduction, int V, Tensor? grad_scale, "
+      "float beta, float temperature, int ignore_index, int reduction, SymInt V, Tensor? "
+      "grad_scale, "
       "bool save) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
@@ -290,7 +292,7 @@ TORCH_LIBRARY_FRAGMENT(lossfns, m) {
       "labels, "
       "Tensor stats, Tensor scale, int divergence, float beta, float temperature, int "
       "ignore_index, "
-      "int reduction, int V) -> Tensor");
+      "int reduction, SymInt V) -> Tensor");
   m.def("_distill_rescale_grad_(Tensor(a!) grad, Tensor grad_output, Tensor grad_scale) -> ()");
   m.def(
       "_distill_ce_grad_(Tensor(a!) grad, Tensor student_logits, Tensor teacher_logits, Tensor? "

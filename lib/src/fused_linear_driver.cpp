@@ -71,9 +71,10 @@ FusedInputs check_fused_inputs(const at::Tensor& sh, const at::Tensor& sw, const
   TORCH_CHECK(sw.size(0) > 0 && tw.size(0) > 0, op,
               ": the lm_heads need at least one row (V >= 1); got ", dims(sw.sizes()), " and ",
               dims(tw.sizes()));
-  TORCH_CHECK(a.V >= 1 && a.V <= std::max(sw.size(0), tw.size(0)), op,
+  const int64_t V = a.V.expect_int();  // the kernels' arguments are concrete
+  TORCH_CHECK(V >= 1 && V <= std::max(sw.size(0), tw.size(0)), op,
               ": the vocabulary's column count must be in [1, ",
-              num(std::max(sw.size(0), tw.size(0))), "]; got ", num(a.V));
+              num(std::max(sw.size(0), tw.size(0))), "]; got ", num(V));
   TORCH_CHECK(a.divergence >= kernels::kTvd && a.divergence <= kernels::kJsd, op,
               ": divergence code must be 0..3 (tvd, forward_kl, reverse_kl, jsd); got ",
               num(a.divergence));
@@ -266,7 +267,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
   const auto acc_opts = in.sh.options().dtype(acc_dtype(in.sh));
   const bool grad = kd_w.defined() && (want_h || want_w);
   const bool ce = in.labels.defined();
-  const int64_t Vce = std::min(a.V, in.ws);  // the student's columns that count
+  const int64_t Vce = std::min(a.V.expect_int(), in.ws);  // the student's columns that count
   DriverOut out;
   out.kd_rows = at::zeros({in.rows}, acc_opts);
   out.ce_rows = at::zeros({in.rows}, acc_opts);
@@ -299,7 +300,7 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
           cs = c.stats;
         }
         distill_ce_grad_op(s, s, t, labels, stats, rows_of(kd_w, r0, n), cw, cs, a.divergence,
-                           a.beta, a.temperature, a.ignore_index, a.V);
+                           a.beta, a.temperature, a.ignore_index, a.V.expect_int());
         g = s;
       } else if (ce_grad) {
         g = cross_entropy_backward_op(rows_of(ce_w, r0, n), s, c.y, c.stats, c.scale,
@@ -331,7 +332,7 @@ std::pair<at::Tensor, at::Tensor> reduction_scales(const FusedInputs& in, const 
   const at::Tensor n = in.labels.defined() ? in.labels.ne(a.ignore_index).sum().to(at::kDouble)
                                            : at::full({}, static_cast<double>(in.rows), dbl);
   const at::Tensor inv = at::where(n > 0, n.reciprocal(), 0);
-  return {a.reduction == kernels::kMean ? inv / static_cast<double>(a.V) : inv, inv};
+  return {a.reduction == kernels::kMean ? inv / static_cast<double>(a.V.expect_int()) : inv, inv};
 }
 
 at::Tensor empty_grad(const at::Tensor& like) {

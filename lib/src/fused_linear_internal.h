@@ -17,7 +17,8 @@ inline constexpr const char* kFusedOp = "lossfns.fused_linear_distill_loss";
 struct FusedArgs {
   int64_t divergence = 0;
   double beta = 0.5, temperature = 1.0;
-  int64_t ignore_index = 0, reduction = 0, V = 0;
+  int64_t ignore_index = 0, reduction = 0;
+  c10::SymInt V = 0;  // symbolic in the public op's kernels under torch.compile's dynamic shapes
   double kd_weight = 1.0, ce_weight = 0.0;
   int64_t chunk_size = 0;
 };

@@ -38,8 +38,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_lin
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("lossfns::_fused_linear_distill_forward", "")
           .typed<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         Opt, int64_t, double, double, int64_t, int64_t, int64_t, double, double,
-                         int64_t, bool, bool)>();
+                         Opt, int64_t, double, double, int64_t, int64_t, c10::SymInt, double,
+                         double, int64_t, bool, bool)>();
   return op.call(sh, sw, th, tw, labels, a.divergence, a.beta, a.temperature, a.ignore_index,
                  a.reduction, a.V, a.kd_weight, a.ce_weight, a.chunk_size, grad_hidden,
                  grad_lm_head);
@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_backward_op(
                              .typed<std::tuple<at::Tensor, at::Tensor>(
                                  const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                  const at::Tensor&, const at::Tensor&, Opt, int64_t, double, double,
-                                 int64_t, int64_t, double, double, int64_t, bool, bool)>();
+                                 int64_t, c10::SymInt, double, double, int64_t, bool, bool)>();
   return op.call(grad_output, sh, sw, th, tw, labels, a.divergence, a.beta, a.temperature,
                  a.ignore_index, a.V, a.kd_weight, a.ce_weight, a.chunk_size, grad_hidden,
                  grad_lm_head);
@@ -83,16 +83,16 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
   check_same_dtype_and_device(sh, sw, th, tw);
   TORCH_CHECK(sh.dim() == 2 || sh.dim() == 3, kFusedOp,
               ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sizes()));
-  const auto lead = sh.sizes().slice(0, sh.dim() - 1);
-  TORCH_CHECK(th.dim() == sh.dim() && th.sizes().slice(0, th.dim() - 1) == lead, kFusedOp,
-              ": teacher_hidden must have the leading shape ", dims(lead), " of student_hidden ",
-              dims(sh.sizes()),
+  const auto lead = row_shape(sh);
+  TORCH_CHECK(th.dim() == sh.dim() && row_shape(th) == lead, kFusedOp,
+              ": teacher_hidden must have the leading shape ", dims(C10_AS_INTARRAYREF_SLOW(lead)),
+              " of student_hidden ", dims(sh.sizes()),
               " (every dimension but the last; the hidden sizes may differ); got ",
               dims(th.sizes()));
   TORCH_CHECK(sw.dim() == 2 && tw.dim() == 2, kFusedOp,
               ": the lm_heads must be (V_s, H_s) and (V_t, H_t); got ", dims(sw.sizes()), " and ",
               dims(tw.sizes()));
-  TORCH_CHECK(sh.size(-1) >= 1 && th.size(-1) >= 1, kFusedOp,
+  TORCH_CHECK(sh.sym_size(-1) >= 1 && th.sym_size(-1) >= 1, kFusedOp,
               ": the hidden sizes H_s and H_t must be >= 1; got student_hidden ", dims(sh.sizes()),
               " and teacher_hidden ", dims(th.sizes()));
   TORCH_CHECK(!chunk_size || *chunk_size >= 1, kFusedOp, ": chunk_size must be >= 1 (or ", kUnset,
@@ -100,19 +100,39 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
   const Resolved r =
       resolve_distill_args(kFusedOp, std::string_view(divergence.data(), divergence.size()), beta,
                            std::string_view(reduction.data(), reduction.size()), vocab_size,
-                           std::max(sw.size(0), tw.size(0)));
+                           sw.sym_size(0).max(tw.sym_size(0)));
   return {r.divergence, beta,      temperature, ignore_index,          r.reduction,
           r.V,          kd_weight, ce_weight,   chunk_size.value_or(0)};
 }
 
 // (BT, H) views of the hidden states; the per-token outputs go back to the leading shape.
-at::Tensor rows(const at::Tensor& x) { return x.reshape({-1, x.size(-1)}); }
-// Labels of the hidden states' leading shape (or (BT,)) as (BT,).
+// Sizes stay symbolic (torch.compile's dynamic shapes): nothing here reads sizes() or size(i),
+// which would make them constants of the compiled graph.
+at::Tensor rows(const at::Tensor& x) { return x.reshape_symint({-1, x.sym_size(-1)}); }
+// Labels of the hidden states' leading shape (or (BT,)) as (BT,): check_labels' checks and
+// messages, on symbolic sizes.
 std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
-  const auto lead = sh.sizes().slice(0, sh.dim() - 1);
-  const at::Tensor l = check_labels(labels, lead, c10::multiply_integers(lead), sh.device(),
-                                    kFusedOp, "student_hidden");
-  return l.defined() ? std::optional<at::Tensor>(l) : std::nullopt;
+  if (!labels.has_value() || !labels->defined()) return std::nullopt;
+  const at::Tensor& l = *labels;
+  TORCH_CHECK(l.scalar_type() == at::kLong, kFusedOp, ": labels must be int64 (Long); got ",
+              l.scalar_type(), " (", kLabelsToLong, ")");
+  TORCH_CHECK(l.device() == sh.device(), kFusedOp,
+              ": labels must be on the device of student_hidden, ", sh.device(), "; got ",
+              l.device());
+  const c10::SymIntArrayRef lead = row_shape(sh);
+  c10::SymInt n = 1;
+  for (const c10::SymInt& d : lead) n = n * d;
+  // (BT,) labels go with (B, T, H) hidden states too; with (BT, H) the two forms are one.
+  TORCH_CHECK(
+      l.sym_sizes() == lead || (l.dim() == 1 && l.sym_size(0) == n), kFusedOp,
+      ": labels must have shape ", dims(C10_AS_INTARRAYREF_SLOW(lead)),
+      " (the shape of student_hidden without its last dimension)",
+      lead.size() > 1 ? " or (" + num(n.guard_int(__FILE__, __LINE__)) + ",)" : std::string(),
+      "; got ", dims(l.sizes()),
+      l.numel() == n.guard_int(__FILE__, __LINE__)
+          ? " (the same number of labels: flatten them with reshape(-1))"
+          : "");
+  return l.reshape_symint({n}).contiguous();
 }
 
 // Names the teacher input(s) that require grad (a head tied between student and teacher is one
@@ -146,7 +166,7 @@ void save_args(AutogradContext* ctx, const FusedArgs& a) {
 FusedArgs saved_args(AutogradContext* ctx) {
   auto& d = ctx->saved_data;
   return {d["divergence"].toInt(),   d["beta"].toDouble(),      d["temperature"].toDouble(),
-          d["ignore_index"].toInt(), d["reduction"].toInt(),    d["V"].toInt(),
+          d["ignore_index"].toInt(), d["reduction"].toInt(),    d["V"].toSymInt(),
           d["kd_weight"].toDouble(), d["ce_weight"].toDouble(), d["chunk_size"].toInt()};
 }
 
@@ -239,7 +259,7 @@ using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 Outputs shaped(const variable_list& out, const at::Tensor& sh, int64_t reduction) {
   if (reduction != kernels::kNone) return {out[0], out[1], out[2]};
   const auto lead = row_shape(sh);
-  return {out[0].view(lead), out[1].view(lead), out[2].view(lead)};
+  return {out[0].view_symint(lead), out[1].view_symint(lead), out[2].view_symint(lead)};
 }
 
 // The losses alone (no gradient computed), shaped.
@@ -313,13 +333,14 @@ TORCH_LIBRARY_FRAGMENT(lossfns, m) {
       "teacher_hidden, "
       "Tensor teacher_lm_head, Tensor? labels, int divergence, float beta, float temperature, int "
       "ignore_index, "
-      "int reduction, int V, float kd_weight, float ce_weight, int chunk_size, bool grad_hidden, "
+      "int reduction, SymInt V, float kd_weight, float ce_weight, int chunk_size, bool "
+      "grad_hidden, "
       "bool grad_lm_head) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "_fused_linear_distill_backward(Tensor grad_output, Tensor student_hidden, Tensor "
       "student_lm_head, "
       "Tensor teacher_hidden, Tensor teacher_lm_head, Tensor? labels, int divergence, float beta, "
-      "float temperature, int ignore_index, int V, float kd_weight, float ce_weight, int "
+      "float temperature, int ignore_index, SymInt V, float kd_weight, float ce_weight, int "
       "chunk_size, "
       "bool grad_hidden, bool grad_lm_head) -> (Tensor, Tensor)");
   m.def("_scale_cast(Tensor src, Tensor scale, ScalarType dtype) -> Tensor");

@@ -41,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(
 at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs,
                            const at::Tensor& scale, const std::optional<at::Tensor>& p,
                            const std::optional<at::Tensor>& q,
-                           const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t V,
-                           at::ScalarType dtype, int64_t reduction);
+                           const std::optional<at::Tensor>& labels, int64_t ignore_index,
+                           c10::SymInt V, at::ScalarType dtype, int64_t reduction);
 
 }  // namespace lossfns::detail

@@ -29,14 +29,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tvd_forward_op(
 at::Tensor tvd_backward_op(const at::Tensor& grad_output, const at::Tensor& signs,
                            const at::Tensor& scale, const std::optional<at::Tensor>& p,
                            const std::optional<at::Tensor>& q,
-                           const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t V,
-                           at::ScalarType dtype, int64_t reduction) {
+                           const std::optional<at::Tensor>& labels, int64_t ignore_index,
+                           c10::SymInt V, at::ScalarType dtype, int64_t reduction) {
   using Opt = const std::optional<at::Tensor>&;
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("lossfns::_tvd_backward", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Opt, Opt, Opt,
-                            int64_t, int64_t, at::ScalarType, int64_t)>();
+                            int64_t, c10::SymInt, at::ScalarType, int64_t)>();
   return op.call(grad_output, signs, scale, p, q, labels, ignore_index, V, dtype, reduction);
 }
 
@@ -58,14 +58,14 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
     // The backend saved no signs (the CPU returns 0 rows of them): backward recomputes from p
     // and q. With 0 rows both backends return 0 rows of signs, so p and q (empty, free) are kept
     // then too. (No p.numel() here: under torch.compile's symbolic shapes it cannot be called.)
-    const bool recompute = save_signs && signs.size(0) == 0;
+    const bool recompute = save_signs && signs.sym_size(0) == 0;
     const at::Tensor none;
-    const at::Tensor out = reduction == kernels::kNone ? loss.view(p.sizes()) : loss;
+    const at::Tensor out = reduction == kernels::kNone ? loss.view_symint(p.sym_sizes()) : loss;
     // The output too: its node's edges lead first_order_only's error node to the inputs.
     ctx->save_for_backward({signs, scale, recompute ? p : none, recompute ? q : none,
                             recompute && labels ? *labels : none, out});
     ctx->saved_data["ignore_index"] = ignore_index;
-    ctx->saved_data["shape"] = p.sizes().vec();
+    ctx->saved_data["shape"] = c10::IValue(p.sym_sizes());
     ctx->saved_data["dtype"] = static_cast<int64_t>(p.scalar_type());
     ctx->saved_data["reduction"] = reduction;
     return out;
@@ -73,7 +73,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto shape = ctx->saved_data["shape"].toIntVector();
+    const auto shape = ctx->saved_data["shape"].toSymIntVector();
     const bool create_graph = at::GradMode::is_enabled();
     at::NoGradGuard no_grad;  // first-order only: see first_order_only
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
@@ -85,7 +85,7 @@ class TVDFunction : public torch::autograd::Function<TVDFunction> {
         tvd_backward_op(grad_outputs[0], saved[0], saved[1], opt(saved[2]), opt(saved[3]),
                         opt(saved[4]), ctx->saved_data["ignore_index"].toInt(), shape.back(), dtype,
                         reduction)
-            .view(shape);
+            .view_symint(shape);
     // d/dq of 0.5*|p - q| is the negation; computed only when asked for.
     at::Tensor grad_q = ctx->needs_input_grad(1) ? grad_p.neg() : at::Tensor();
     return first_order_only("lossfns.tvd_loss", saved[5], create_graph,
@@ -121,7 +121,7 @@ at::Tensor tvd_loss_no_grad(const at::Tensor& p, const at::Tensor& q,
   const int64_t r = parse_reduction(reduction, "lossfns.tvd_loss");
   at::Tensor loss =
       std::get<0>(tvd_forward_op(p, q, labels, ignore_index, r, /*save_signs=*/false));
-  return r == kernels::kNone ? loss.view(p.sizes()) : loss;
+  return r == kernels::kNone ? loss.view_symint(p.sym_sizes()) : loss;
 }
 
 }  // namespace
@@ -136,7 +136,7 @@ TORCH_LIBRARY(lossfns, m) {
       "bool save_signs) -> (Tensor, Tensor, Tensor)");
   m.def(
       "_tvd_backward(Tensor grad_output, Tensor signs, Tensor scale, Tensor? p, Tensor? q, "
-      "Tensor? labels, int ignore_index, int V, ScalarType dtype, int reduction) -> Tensor");
+      "Tensor? labels, int ignore_index, SymInt V, ScalarType dtype, int reduction) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lossfns, Autograd, m) { m.impl("tvd_loss", &tvd_loss_autograd); }

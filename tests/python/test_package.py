@@ -678,6 +678,95 @@ def test_torch_export_traces_every_op():
                 torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=type(module).__name__)
 
 
+# Each op on inputs of three sizes: every dimension a symbol under dynamic shapes (the row count,
+# B and T, the vocabulary; the fused op's lm_head too). (shape of the logits or hidden states, V)
+# per call, sizes above 1 (torch.compile specialises 0 and 1).
+SIZES_2D = [((5,), 33), ((7,), 40), ((11,), 29)]
+SIZES_3D = [((2, 5), 33), ((3, 7), 40), ((2, 11), 29)]
+
+
+def dynamic_case(op, lead, V, reduction, device="cpu"):
+    """(fn, leaves) for one call of `op` on inputs of leading shape `lead` and width V."""
+    g = torch.Generator().manual_seed(len(lead) * 100 + V)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    lab = torch.randint(0, 26, lead, generator=g)  # below vocab_size 26: a constant (closures are guarded)
+    lab.view(-1)[::3] = -100
+    lab = lab.to(device)
+    if op == "tvd":
+        p, q = randn(*lead, V).softmax(-1), randn(*lead, V).softmax(-1)
+        return (lambda p, q: lossfns.tvd_loss(p, q, lab, -100, reduction)), (p, q)
+    if op == "cross_entropy":
+        return (lambda x: lossfns.cross_entropy_loss(x, lab, reduction=reduction, vocab_size=26)), (randn(*lead, V),)
+    if op == "fused_linear":
+        # Hidden sizes unlike any other size here (torch.compile takes equal sizes for one symbol).
+        sh, th, sw, tw = randn(*lead, 12), randn(*lead, 10), randn(V, 12), randn(V - 1, 10)
+        return (lambda sh, sw: lossfns.fused_linear_distill_loss(
+            sh, sw, th, tw, lab, "jsd", reduction=reduction, ce_weight=0.5, chunk_size=4)), (sh, sw)
+    s, t = randn(*lead, V), randn(*lead, V - 1)
+    return (lambda s: lossfns.distill_loss(s, t, lab, op, temperature=2.0, reduction=reduction,
+                                           vocab_size=26)), (s,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["2d", "3d"])
+@pytest.mark.parametrize("reduction", ["none", "batchmean"])
+@pytest.mark.parametrize("op", ["tvd", "cross_entropy", "fused_linear"] + list(DIVERGENCES))
+def test_dynamic_shapes_compile_once_for_every_size(op, reduction, layout, device):
+    """torch.compile(dynamic=True, fullgraph=True) compiles one graph for inputs of any size, as
+    torch's own losses do: the ops' C++ autograd and composite kernels keep sizes symbolic (a
+    size read as a number made it a constant of the graph: a recompile for every new batch or
+    sequence length, and a hard error at the eighth under fullgraph). Forward and backward give
+    eager's numbers at every size."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    for lead, V in SIZES_2D if layout == "2d" else SIZES_3D:
+        fn, leaves = dynamic_case(op, lead, V, reduction, device)
+        out = {}
+        for name, f in [("eager", fn), ("aot", torch.compile(fn, backend=counter, fullgraph=True, dynamic=True))]:
+            xs = [x.clone().requires_grad_() for x in leaves]
+            loss = f(*xs)
+            loss.backward(torch.ones_like(loss) * 0.5)
+            out[name] = (loss.detach(), *(x.grad for x in xs))
+        assert_aot_matches_eager(out)
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs compiled for 3 sizes"
+
+
+def test_torch_export_with_a_dynamic_token_dimension():
+    """torch.export with the token dimension declared dynamic (every input's first): the program
+    runs at another token count with eager's numbers (the ops made it a constant: 'Constraints
+    violated')."""
+    def make(rows):
+        g = torch.Generator().manual_seed(rows)
+        lab = torch.randint(0, 30, (rows,), generator=g)
+        lab[::3] = -100
+        return {"tvd": (torch.randn(rows, 33, generator=g).softmax(-1),
+                        torch.randn(rows, 33, generator=g).softmax(-1), lab),
+                "cross_entropy": (torch.randn(rows, 33, generator=g), lab),
+                "jsd": (torch.randn(rows, 33, generator=g), torch.randn(rows, 32, generator=g), lab),
+                "fused_linear": (torch.randn(rows, 6, generator=g), torch.randn(rows, 5, generator=g), lab)}
+
+    sw, tw = torch.randn(33, 6), torch.randn(32, 5)
+    fns = {"tvd": lambda p, q, lab: lossfns.tvd_loss(p, q, lab),
+           "cross_entropy": lambda x, lab: lossfns.cross_entropy_loss(x, lab, vocab_size=31),
+           "jsd": lambda s, t, lab: lossfns.distill_loss(s, t, lab, "jsd", temperature=2.0),
+           "fused_linear": lambda sh, th, lab: lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, ce_weight=0.5)}
+    n = torch.export.Dim("n", min=2, max=4096)
+    for op, fn in fns.items():
+        class Wrap(torch.nn.Module):
+            def forward(self, *xs):
+                return fn(*xs)
+
+        args = make(6)[op]
+        program = torch.export.export(Wrap(), args, dynamic_shapes=[tuple({0: n} for _ in args)])
+        other = make(9)[op]
+        torch.testing.assert_close(program.module()(*other), fn(*other), rtol=0, atol=0, msg=op)
+
+
 def test_scripted_code_calls_the_registered_ops():
     """TorchScript cannot compile the typed Python wrappers (their Literal names); scripted code
     calls torch.ops.lossfns.* with the schema's arguments instead (docs/api.md). torch.jit.script
