@@ -933,12 +933,33 @@ TEST(ConfigTest, ReferenceDocumentsEveryKey) {
 TEST(ConfigTest, StringsRoundTripThroughTheDumpExactly) {
   Config c = ParseConfig(kValidDistill, "x.yaml");
   c.data.source = "tokens";  // (a synthetic run refuses a data.path)
-  for (const std::string& path :
-       {std::string("a\nb"), std::string("say \"hi\""), std::string("C:\\data\\x.txt"),
-        std::string("key: value"), std::string(" leading space"), std::string("a #comment"),
-        std::string("tab\there"), std::string("bell\x07"), std::string("true"),
-        std::string("- [x]"), std::string("\\n is not a newline\n\n"), std::string("cr\r\nlf"),
-        std::string("del\x7f"), std::string("caf\xc3\xa9 \xe2\x82\xac")}) {
+  for (const std::string& path : {std::string("a\nb"),
+                                  std::string("say \"hi\""),
+                                  std::string("C:\\data\\x.txt"),
+                                  std::string("key: value"),
+                                  std::string(" leading space"),
+                                  std::string("a #comment"),
+                                  std::string("tab\there"),
+                                  std::string("bell\x07"),
+                                  std::string("true"),
+                                  std::string("- [x]"),
+                                  std::string("\\n is not a newline\n\n"),
+                                  std::string("cr\r\nlf"),
+                                  std::string("del\x7f"),
+                                  std::string("caf\xc3\xa9 \xe2\x82\xac"),
+                                  std::string("-"),
+                                  std::string("--"),
+                                  std::string("---"),
+                                  std::string("-x"),
+                                  std::string("."),
+                                  std::string("..."),
+                                  std::string("-.inf"),
+                                  std::string(".nan"),
+                                  std::string("0x10"),
+                                  std::string("1e3"),
+                                  std::string("Null"),
+                                  std::string("TRUE"),
+                                  std::string("~")}) {
     c.data.path = path;
     const Config again = ParseConfig(ConfigToYaml(c), "dump.yaml", {}, ConfigOrigin::kStored);
     EXPECT_EQ(again.data.path, path) << ConfigToYaml(c);

@@ -206,6 +206,17 @@ TEST(ReadHfConfig, RopeParametersSpelling) {
   EXPECT_EQ(Read(c).rope_theta, 5e5);
   c["rope_scaling"]["rope_theta"] = 4242.0;
   EXPECT_EQ(Read(c).rope_theta, 4242.0);
+  // An empty rope_scaling object is falsy there: rope_parameters holds the RoPE (it ran plain
+  // RoPE here, and the export wrote rope_scaling null: another model than the source).
+  const Json kept = c["rope_scaling"];
+  c["rope_scaling"] = Json::object();
+  c["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 2e5},
+                          {"factor", 8.0},           {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  m = Read(c);
+  EXPECT_EQ(m.rope_scaling.type, "llama3");
+  EXPECT_EQ(m.rope_theta, 2e5);
+  c["rope_scaling"] = kept;
   c["rope_scaling"].erase("rope_theta");
   c.erase("rope_parameters");
   c.erase("rope_theta");

@@ -768,6 +768,33 @@ TEST(HfModel, AnExportedTokenizerWiderThanTheStudentIsRefused) {
       "x.yaml"));
 }
 
+// student.init_from_teacher starts the student as the teacher: a student.hf_dir of another
+// directory (whose weights the copy was skipped for, silently) is refused, naming both; the
+// teacher's own directory, however spelled, and none at all are the copy.
+TEST(HfModel, InitFromTeacherRefusesAStudentDirectoryOfItsOwn) {
+  const std::string teacher = Fixture("llama_gqa_rope3");
+  const std::string other = TempRunDir() + "-other";
+  fs::create_directories(other);
+  fs::copy_file(teacher + "/config.json", other + "/config.json");
+  const auto yaml = [&](const std::string& student_dir) {
+    return fmt::format(
+        "train:\n  mode: distill\nteacher:\n  hf_dir: {}\nstudent:\n  init_from_teacher: "
+        "true\n{}data:\n  seq_len: 8\n  min_seq_len: 8\n",
+        teacher, student_dir.empty() ? "" : "  hf_dir: " + student_dir + "\n");
+  };
+  try {
+    ParseConfig(yaml(other), "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("x.yaml:7: student.hf_dir: expected \"" + teacher +
+                                    "\" (= teacher.hf_dir) or none (student.init_from_teacher is "
+                                    "true: the student starts as an exact copy of the teacher"));
+    EXPECT_THAT(e.what(), HasSubstr("got \"" + other + "\""));
+  }
+  EXPECT_EQ(ParseConfig(yaml(""), "x.yaml").student.hf_dir, teacher);
+  EXPECT_EQ(ParseConfig(yaml(teacher + "/."), "x.yaml").student.hf_dir, teacher + "/.");
+}
+
 TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {
   const std::string dir = Fixture("llama_gqa_rope3");
   const std::string yaml = fmt::format(

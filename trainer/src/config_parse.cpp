@@ -1053,6 +1053,24 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        changed.padded_vocab_size(), c.student.vocab_size));
     }
   }
+  if (c.student.init_from_teacher && !c.student.hf_dir.empty()) {
+    // The student starts as the teacher: from the teacher's directory (set above when the student
+    // names none), never from weights of its own, which the copy would silently give way to.
+    std::error_code ec;
+    const bool same = c.student.hf_dir == c.teacher.hf_dir ||
+                      (!c.teacher.hf_dir.empty() &&
+                       fs::equivalent(c.student.hf_dir, c.teacher.hf_dir, ec) && !ec);
+    if (!same) {
+      fail("student.hf_dir",
+           fmt::format("expected {} (student.init_from_teacher is true: the student starts as an "
+                       "exact copy of the teacher; unset student.hf_dir, or set "
+                       "student.init_from_teacher to false to start from {}), got \"{}\"",
+                       c.teacher.hf_dir.empty()
+                           ? std::string("no student.hf_dir (the teacher has no hf_dir)")
+                           : fmt::format("\"{}\" (= teacher.hf_dir) or none", c.teacher.hf_dir),
+                       c.student.hf_dir, c.student.hf_dir));
+    }
+  }
   if (c.student.init_from_teacher) {
     // The copy needs identical parameter shapes; dropout may differ.
     for (const auto& name : ArchitectureKeys()) {

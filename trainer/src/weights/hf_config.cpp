@@ -321,7 +321,11 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   if (rope_parameters != nullptr && !rope_parameters->is_object()) {
     keys.Fail("rope_parameters", "an object or null", Describe(rope_parameters));
   }
+  // (`rope_scaling or rope_parameters` in Python: an empty rope_scaling object counts as absent.)
   const Json* rope_scaling = keys.Find("rope_scaling");
+  if (rope_scaling != nullptr && rope_scaling->is_object() && rope_scaling->empty()) {
+    rope_scaling = nullptr;
+  }
   const Json* rope = rope_scaling != nullptr ? rope_scaling : rope_parameters;
   const std::string rope_key = rope_scaling != nullptr ? "rope_scaling" : "rope_parameters";
   if (rope != nullptr && rope->is_object() && Keys(file, *rope, rope_key + ".").Has("rope_theta")) {
