@@ -678,6 +678,20 @@ TEST(ConfigTest, TheActivationKeyLeavesTheIdentityOfEarlierRunsAlone) {
   EXPECT_NE(RunIdentityHash(tanh), RunIdentityHash(c));
 }
 
+// The identity is config.yaml's text, and checkpoints carry it: paths in their usual spellings
+// (relative, leading '.', '-' or a digit) stay plain words there, as in runs made before, so
+// that those runs' checkpoints still match; only what YAML would read otherwise is quoted.
+TEST(ConfigTest, PathsKeepTheirPlainSpellingInTheIdentity) {
+  const Config c = ParseConfig(kValidDistill, "x.yaml",
+                               {"teacher.checkpoint=./runs/teacher", "data.source=tokens",
+                                "data.path=../data/2024-train.bin", "data.val_path=-val.bin"});
+  const std::string identity = RunIdentity(c);
+  for (const char* line : {"\n  checkpoint: ./runs/teacher\n", "\n  path: ../data/2024-train.bin\n",
+                           "\n  val_path: -val.bin\n"}) {
+    EXPECT_NE(identity.find(line), std::string::npos) << line << " not in:\n" << identity;
+  }
+}
+
 // train.export_from says what the export copies, not what is trained: not part of the identity
 // (a run resumes with it changed), and absent from its text (earlier runs' hashes still match).
 TEST(ConfigTest, ExportFromIsNotPartOfTheRunIdentity) {
