@@ -13,6 +13,7 @@
 // (V_s, H_s) gradients are what forward keeps (the latter in float32 for half inputs, rounded to
 // their dtype by that multiplication), never the logits.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -314,6 +315,36 @@ Outputs fused_linear_no_grad(const at::Tensor& sh, const at::Tensor& sw, const a
   return forward_only(sh, sw, th, tw, labels, a);
 }
 
+// Under autocast (torch.autocast, at::autocast): the op is a linear layer's matmuls and a loss, so
+// it takes autocast's policy for matmuls, as at::linear does: float32 hidden states and lm_heads
+// are cast to the region's dtype (bfloat16 by default on the CPU, float16 on CUDA), the cast's
+// gradient going back to the float32 tensors; then the op runs on them with autocast off, its
+// accumulation in float32 as always. Without this the op's internal matmuls were recast by
+// autocast while its gradient buffers kept the inputs' float32 (an error about an out tensor's
+// dtype), and under no_grad the logits changed dtype silently.
+template <c10::DeviceType kDevice>
+Outputs fused_linear_autocast(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
+                              const at::Tensor& tw, Opt labels, c10::string_view divergence,
+                              double beta, double temperature, int64_t ignore_index,
+                              c10::string_view reduction, std::optional<int64_t> vocab_size,
+                              double kd_weight, double ce_weight,
+                              std::optional<int64_t> chunk_size) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(
+      at::autocast::get_autocast_dispatch_key_from_device_type(kDevice));
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(kDevice);
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("lossfns::fused_linear_distill_loss", "")
+          .typed<Outputs(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         Opt, c10::string_view, double, double, int64_t, c10::string_view,
+                         std::optional<int64_t>, double, double, std::optional<int64_t>)>();
+  const auto cast = [&](const at::Tensor& x) {
+    return at::autocast::cached_cast(dtype, x, kDevice);
+  };
+  return op.call(cast(sh), cast(sw), cast(th), cast(tw), labels, divergence, beta, temperature,
+                 ignore_index, reduction, vocab_size, kd_weight, ce_weight, chunk_size);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lossfns, m) {
@@ -351,6 +382,12 @@ TORCH_LIBRARY_IMPL(lossfns, Autograd, m) {
 }
 TORCH_LIBRARY_IMPL(lossfns, CompositeExplicitAutograd, m) {
   m.impl("fused_linear_distill_loss", &fused_linear_no_grad);
+}
+TORCH_LIBRARY_IMPL(lossfns, AutocastCPU, m) {
+  m.impl("fused_linear_distill_loss", &fused_linear_autocast<c10::DeviceType::CPU>);
+}
+TORCH_LIBRARY_IMPL(lossfns, AutocastCUDA, m) {
+  m.impl("fused_linear_distill_loss", &fused_linear_autocast<c10::DeviceType::CUDA>);
 }
 
 }  // namespace lossfns::detail

@@ -884,6 +884,35 @@ def test_fused_linear_aot_matches_eager(reduction, dynamic):
     assert_aot_matches_eager(eager_and_aot(fn, (sh, sw), dynamic))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["batchmean", "none"])
+def test_fused_linear_under_autocast_casts_like_a_linear_layer(reduction, device):
+    """Under torch.autocast the op takes autocast's matmul policy, as a linear layer does: float32
+    inputs are cast to the region's dtype (the loss and the gradients then exactly those of the
+    op on the cast inputs, outside autocast), and the float32 leaves get float32 gradients
+    through the cast. (It failed: the internal matmuls were recast, the gradient buffers not.)"""
+    sh, sw, th, tw, lab = hidden_states((2, 5), torch.float32, device)
+    low = torch.bfloat16 if device == "cpu" else torch.float16
+
+    def run(cast, autocast):
+        x, w = sh.clone().requires_grad_(), sw.clone().requires_grad_()
+        args = [a.to(low) if cast else a for a in (x, w, th, tw)]
+        with torch.autocast(device, dtype=low, enabled=autocast):
+            loss = lossfns.fused_linear_distill_loss(*args, lab, "jsd", reduction=reduction,
+                                                     ce_weight=0.5, chunk_size=4)
+        loss.backward(torch.ones_like(loss) * 0.5)
+        return loss.detach(), x.grad, w.grad
+
+    got, want = run(cast=False, autocast=True), run(cast=True, autocast=False)
+    assert got[0].dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.float32
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with torch.no_grad(), torch.autocast(device, dtype=low):
+        torch.testing.assert_close(lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, reduction=reduction),
+                                   lossfns.fused_linear_distill_loss(sh.to(low), sw.to(low), th.to(low), tw.to(low),
+                                                                     lab, reduction=reduction), rtol=0, atol=0)
+
+
 def test_fused_linear_errors_and_teacher_constant():
     sh, sw, th, tw, lab = hidden_states((7,), torch.float32, "cpu")
     with pytest.raises(RuntimeError, match=r"teacher_lm_head must not require grad .*pass teacher_lm_head.detach\(\)$"):
