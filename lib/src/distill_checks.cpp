@@ -3,6 +3,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include "distill_common.h"
 #include "distill_internal.h"
@@ -49,6 +50,9 @@ void check_grad_scale(const at::Tensor& s, const std::optional<at::Tensor>& grad
               "lossfns.distill_loss: grad_scale must be a 1-element floating-point tensor on the "
               "logits' device ",
               s.device(), "; got ", g.scalar_type(), " ", dims(g.sizes()), " on ", g.device());
+  TORCH_CHECK(!(at::GradMode::is_enabled() && g.requires_grad()),
+              "lossfns.distill_loss: grad_scale must not require grad (it is a hint of the value "
+              "backward's grad_output will have, and gets no gradient); pass grad_scale.detach()");
 }
 
 DistillInputs check_distill_inputs(const at::Tensor& s, const at::Tensor& t,

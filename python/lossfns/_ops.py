@@ -27,9 +27,10 @@ def check_name(op: str, what: str, value: str, names: tuple) -> None:
 
 
 def _is_bool(v) -> bool:
-    """Python's bool, or NumPy's (numpy.bool_, which the schema also takes as 0 or 1), without
-    importing NumPy."""
-    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
+    """Python's bool, NumPy's (numpy.bool_, which the schema also takes as 0 or 1), without
+    importing NumPy, or a bool tensor (the schema takes a 0-dim one as a number too)."""
+    return (isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
+            or (isinstance(v, torch.Tensor) and v.dtype == torch.bool))
 
 
 def _check_scalars(op: str, ints: dict, floats: dict) -> None:
@@ -45,6 +46,9 @@ def _check_scalars(op: str, ints: dict, floats: dict) -> None:
     for name, v in ints.items():
         if isinstance(v, int) and not -2**63 <= v < 2**63:
             raise RuntimeError(f"{op}: {name} must fit in a 64-bit integer; got {v}")
+        if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+            # The schema would truncate it (vocab_size=torch.tensor(5.7) counted 5 columns).
+            raise RuntimeError(f"{op}: {name} must be an int; got a {v.dtype} tensor")
     for name, v in floats.items():
         if isinstance(v, torch.Tensor) and v.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(f"{op}: {name} is a tensor that requires grad, but the op takes a number and gives "

@@ -471,6 +471,18 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
         (lambda: lossfns.distill_loss(s, t, divergence="jsd", beta=True), r"beta must be a number, not a bool"),
         (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, chunk_size=True),
          r"chunk_size must be an int, not a bool"),
+        # The same as 0-dim tensors (the schema takes those as numbers too), and a float tensor
+        # for an int (the schema truncated it: vocab_size 5.7 counted 5 columns).
+        (lambda: lossfns.distill_loss(s, t, vocab_size=torch.tensor(True)), r"vocab_size must be an int, not a bool"),
+        (lambda: lossfns.distill_loss(s, t, temperature=torch.tensor(True)),
+         r"temperature must be a number, not a bool"),
+        (lambda: lossfns.distill_loss(s, t, vocab_size=torch.tensor(5.7)),
+         r"vocab_size must be an int; got a torch.float32 tensor"),
+        (lambda: lossfns.cross_entropy_loss(s, torch.zeros(4, dtype=torch.long), ignore_index=torch.tensor(1.9)),
+         r"ignore_index must be an int; got a torch.float32 tensor"),
+        # grad_scale is a hint of grad_output's value: it gets no gradient.
+        (lambda: lossfns.distill_loss(s, t, grad_scale=torch.ones((), requires_grad=True)),
+         r"grad_scale must not require grad"),
         # Sparse and nested inputs: the op's words, not the dispatcher's about an internal op.
         (lambda: lossfns.distill_loss(s.detach().to_sparse(), t),
          r"student_logits and teacher_logits must be dense \(strided\) tensors; got a Sparse tensor"),
