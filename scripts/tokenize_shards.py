@@ -104,8 +104,11 @@ def is_jsonl(path):
 
 
 def input_files(inputs):
-    """Each input as given; a directory as its *.txt, *.jsonl and *.jsonl.gz files, sorted."""
+    """Each input as given; a directory as its *.txt, *.jsonl and *.jsonl.gz files, sorted. A file
+    reached twice (named twice, or named and inside a named directory) is an error: its documents
+    would be trained on twice."""
     files = []
+    seen = {}
     for name in inputs:
         path = Path(name)
         if path.is_dir():
@@ -123,6 +126,12 @@ def input_files(inputs):
             files.append(path)
         else:
             fail(f"{path}: no such file or directory")
+    for path in files:
+        key = path.resolve()
+        if key in seen:
+            fail(f"{path}: given twice (also as {seen[key]}); its documents would be tokenized twice: "
+                 f"name each file or directory once")
+        seen[key] = path
     return files
 
 

@@ -240,6 +240,14 @@ def main():
     r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "x", work / "jsondir")
     check(r.returncode == 1 and "no *.txt, *.jsonl, *.jsonl.gz file in this directory (its "
           "part.json is not read from a directory" in r.stderr, f"jsondir: {r.stderr}")
+    # A file reached twice (named twice, or named and inside a named directory, any spelling)
+    # is an error, not its documents tokenized twice.
+    (work / "twice").mkdir()
+    (work / "twice" / "b.txt").write_text("to be\n", encoding="utf-8")
+    r = tokenize("--tokenizer", tokenizer, "--out-dir", work / "y", work / "twice",
+                 work / "twice" / ".." / "twice" / "b.txt")
+    check(r.returncode == 1 and "b.txt: given twice (also as " in r.stderr and not (work / "y").exists(),
+          f"twice: {r.stderr}")
 
     # The separator: tokenizer_config.json's eos_token, unless it ends a chat turn and the
     # vocabulary has a document-end token; --eos-token by text; the summary names it.
