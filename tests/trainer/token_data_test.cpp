@@ -498,6 +498,14 @@ TEST_F(TokenDataErrorTest, TooFewTokensForOneSequence) {
               HasSubstr("data.val_fraction: validation (the last 0.2 of \"" + path_ +
                         "\"): 8 tokens in 1 file, the longest run in one shard 8; one sequence "
                         "needs data.seq_len + 1 = 17 tokens"));
+  // A held-out tail that leaves too little for training is the val_fraction's doing, not the
+  // shards' (it was reported as "data.path: ... 0 tokens in 0 files").
+  DataConfig most = TokensConfig(path_);
+  most.val_fraction = 0.9;
+  EXPECT_THAT(ErrorOf([&] { MakeTokenShardSource(most, 100); }),
+              HasSubstr("data.val_fraction: 0.9 holds out 36 of the 40 tokens of \"" + path_ +
+                        "\", leaving 4 for training (the longest run in one shard 4); one "
+                        "sequence needs data.seq_len + 1 = 17 tokens: lower data.val_fraction"));
 }
 
 TEST_F(TokenDataErrorTest, MixedTokenWidthsAreRefused) {

@@ -223,6 +223,18 @@ class TokenShardSource : public DataSource {
     // Every token below the vocabulary, checked now: before any training, and before --fresh
     // deletes the previous run (a bad token found by a batch would stop the run mid-way).
     CheckTokens();
+    int64_t longest_shard = 0;
+    for (size_t s = 0; s < num_train; ++s) {
+      longest_shard = std::max(longest_shard, shards_[s]->num_tokens());
+    }
+    if (train_.windows() == 0 && held_out > 0 && longest_shard >= T + 1) {
+      // The shards hold a sequence; the held-out tail took it.
+      throw std::runtime_error(fmt::format(
+          "data.val_fraction: {} holds out {} of the {} tokens of \"{}\", leaving {} for training "
+          "(the longest run in one shard {}); one sequence needs data.seq_len + 1 = {} tokens: "
+          "lower data.val_fraction, or give validation shards of their own in data.val_path",
+          c.val_fraction, held_out, stream, c.path, stream - held_out, train_.longest, T + 1));
+    }
     CheckSplit(train_, "data.path", fmt::format("training shards \"{}\"", c.path));
     if (c.val_path.empty()) {
       CheckSplit(val_, "data.val_fraction",
