@@ -144,6 +144,31 @@ TEST(HfModel, Gpt2FilesOfTheBareBaseModelLoad) {
                   HasSubstr("h.0.mlp.c_gate.weight"), HasSubstr("unexpected tensor"))));
 }
 
+// The llama family's bare base model (LlamaModel, Qwen2Model: "embed_tokens.weight" without the
+// "model." prefix, no lm_head) loads as transformers loads it into a tied CausalLM: the same
+// logits as the full file's.
+TEST(HfModel, LlamaFilesOfTheBareBaseModelLoad) {
+  SafetensorsFile file(Fixture("llama_gqa_rope3") + "/model.safetensors");
+  ASSERT_TRUE(file.contains("model.embed_tokens.weight"));
+  ASSERT_FALSE(file.contains("lm_head.weight"));
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir);
+  fs::copy_file(Fixture("llama_gqa_rope3") + "/config.json", dir + "/config.json");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& name : file.names()) {
+    ASSERT_EQ(name.rfind("model.", 0), 0u) << name;
+    tensors.emplace_back(name.substr(6), file.Tensor(name, at::kFloat));
+  }
+  WriteSafetensors(dir + "/model.safetensors", tensors);
+  torch::NoGradGuard no_grad;
+  Model full = BuildModel(HfModelConfig(Fixture("llama_gqa_rope3")), "", at::Device(at::kCPU));
+  Model bare = BuildModel(HfModelConfig(dir), "", at::Device(at::kCPU));
+  full->eval();
+  bare->eval();
+  const at::Tensor ids = at::randint(0, 64, {1, 8}, at::kLong);
+  EXPECT_TRUE(at::equal(bare->forward(ids), full->forward(ids)));
+}
+
 // A tied model's file may keep the lm_head as a copy of the embedding (transformers then ties
 // them); a copy that differs is refused, naming the tensor and the fix: transformers would load
 // the two untied, and the trainer's tied module would be another model than the directory's.

@@ -206,6 +206,9 @@ class LlamaLM : public CausalLM {
     return {"*rotary_emb.inv_freq"};
   }
 
+  // A bare LlamaModel's (Qwen2Model's, ...) file names its tensors without "model.".
+  std::string hf_base_prefix() const override { return "model"; }
+
   std::vector<std::pair<std::string, std::string>> hf_tied_copies() const override {
     if (!config_.tie_embeddings) return {};
     return {{"lm_head.weight", "model.embed_tokens.weight"}};
