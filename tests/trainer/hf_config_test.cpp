@@ -322,13 +322,25 @@ TEST(ReadHfConfig, SlidingWindowIsRefusedUnlessItCoversTheContext) {
   c = Qwen25();
   c["use_sliding_window"] = true;
   c["sliding_window"] = 4096;
+  c["max_window_layers"] = 21;  // layers 21..23 slide (Qwen2.5-0.5B's 24 would slide none)
   dir = ConfigDir(c, "_qwen");
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {dir + "/config.json", "sliding_window"});
-  c["use_sliding_window"] = false;
   c["layer_types"] = {"full_attention", "sliding_attention"};
   dir = ConfigDir(c, "_types");
   ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"sliding_window"});
+  // As transformers 5 reads Qwen2Config: no layer slides where every layer type is full
+  // attention, where max_window_layers covers every layer (no layer_types), or where
+  // use_sliding_window is off (the window is null then, whatever layer_types says).
   c["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_NO_THROW(Read(c));
+  c.erase("layer_types");
+  c["max_window_layers"] = c["num_hidden_layers"];
+  EXPECT_NO_THROW(Read(c));
+  c["max_window_layers"] = c["num_hidden_layers"].get<int64_t>() - 1;
+  dir = ConfigDir(c, "_window_layers");
+  ExpectContains(ErrorOf([&] { ReadHfConfig(dir, m); }), {"sliding_window", "4096"});
+  c["use_sliding_window"] = false;
+  c["layer_types"] = {"full_attention", "sliding_attention"};
   EXPECT_NO_THROW(Read(c));
 }
 

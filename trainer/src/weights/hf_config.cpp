@@ -351,10 +351,13 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   m.qk_norm = model_type == "qwen3";
 
   // Sliding-window attention is not implemented: only a window that covers the context passes.
-  // Mistral slides whenever sliding_window is not null (absent: 4096); Qwen2/3 when
-  // use_sliding_window is set or layer_types names a "sliding_attention" layer.
+  // Mistral slides whenever sliding_window is not null (absent: 4096). Qwen2/3 as their
+  // transformers 5 configs say: the window is null unless use_sliding_window, and then slides
+  // the layers layer_types names "sliding_attention", or without layer_types those from
+  // max_window_layers (default 28) on.
   bool sliding = false;
-  if (const Json* layer_types = keys.Find("layer_types")) {
+  const Json* layer_types = keys.Find("layer_types");
+  if (layer_types != nullptr) {
     if (!layer_types->is_array()) keys.Fail("layer_types", "an array", Describe(layer_types));
     for (const Json& t : *layer_types) {
       if (t != "full_attention" && t != "sliding_attention") {
@@ -365,7 +368,9 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
     }
   }
   if (model_type == "qwen2" || model_type == "qwen3") {
-    sliding = keys.Bool("use_sliding_window", false) || sliding;
+    const bool layered =
+        layer_types != nullptr ? sliding : keys.Int("max_window_layers", 28) < m.n_layer;
+    sliding = keys.Bool("use_sliding_window", false) && layered;
   } else {
     sliding = model_type == "mistral";
   }
