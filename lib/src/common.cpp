@@ -40,6 +40,12 @@ std::string dims(c10::IntArrayRef sizes) {
   return out + "]";
 }
 
+std::string dims(c10::SymIntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + c10::str(sizes[i]);
+  return out + "]";
+}
+
 namespace {
 std::string reduction_list() {  // 'none', 'sum', 'mean', 'batchmean'
   std::string out;

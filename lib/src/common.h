@@ -19,6 +19,8 @@ namespace lossfns::detail {
 // library's call of ostream::operator<<(long) or <<(double) crashes the process (a segmentation
 // fault instead of the RuntimeError), while strings stream fine.
 std::string dims(c10::IntArrayRef sizes);
+// The same for symbolic sizes (torch.compile's dynamic shapes: a symbol prints as its name).
+std::string dims(c10::SymIntArrayRef sizes);
 inline std::string num(int64_t v) { return std::to_string(v); }
 std::string num(double v);  // as "%g" (0.5, 1e-05, inf, nan)
 std::string dtype_list(std::initializer_list<at::ScalarType> types);

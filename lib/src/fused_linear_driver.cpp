@@ -344,6 +344,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_lin
     const std::optional<at::Tensor>& labels, int64_t divergence, double beta, double temperature,
     int64_t ignore_index, int64_t reduction, int64_t V, double kd_weight, double ce_weight,
     int64_t chunk_size, bool grad_hidden, bool grad_lm_head) {
+  // The matmuls in the inputs' dtype whatever autocast region calls this (the public op's
+  // autocast kernel casts the inputs first; see fused_linear_op.cpp).
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const FusedArgs a{divergence, beta,      temperature, ignore_index, reduction,
                     V,          kd_weight, ce_weight,   chunk_size};
   const FusedInputs in = check_fused_inputs(sh, sw, th, tw, labels, a);
@@ -373,6 +376,9 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_backward(
     const at::Tensor& tw, const std::optional<at::Tensor>& labels, int64_t divergence, double beta,
     double temperature, int64_t ignore_index, int64_t V, double kd_weight, double ce_weight,
     int64_t chunk_size, bool grad_hidden, bool grad_lm_head) {
+  // As in forward: a backward run inside an autocast region (reduction 'none' recomputes every
+  // chunk here) must not recast the matmuls while the gradient buffers keep the inputs' dtype.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const FusedArgs a{divergence, beta,      temperature, ignore_index, kernels::kNone,
                     V,          kd_weight, ce_weight,   chunk_size};
   const FusedInputs in = check_fused_inputs(sh, sw, th, tw, labels, a);

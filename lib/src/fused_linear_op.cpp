@@ -83,19 +83,20 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
   check_inputs(kFusedOp, "the hidden states and lm_heads", {sh, sw, th, tw});
   check_same_dtype_and_device(sh, sw, th, tw);
   TORCH_CHECK(sh.dim() == 2 || sh.dim() == 3, kFusedOp,
-              ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sizes()));
+              ": student_hidden must be (BT, H_s) or (B, T, H_s); got ", dims(sh.sym_sizes()));
+  // (Messages too print sym_sizes: under torch.compile's dynamic shapes sizes() throws.)
   const auto lead = row_shape(sh);
   TORCH_CHECK(th.dim() == sh.dim() && row_shape(th) == lead, kFusedOp,
-              ": teacher_hidden must have the leading shape ", dims(C10_AS_INTARRAYREF_SLOW(lead)),
-              " of student_hidden ", dims(sh.sizes()),
+              ": teacher_hidden must have the leading shape ", dims(lead), " of student_hidden ",
+              dims(sh.sym_sizes()),
               " (every dimension but the last; the hidden sizes may differ); got ",
-              dims(th.sizes()));
+              dims(th.sym_sizes()));
   TORCH_CHECK(sw.dim() == 2 && tw.dim() == 2, kFusedOp,
-              ": the lm_heads must be (V_s, H_s) and (V_t, H_t); got ", dims(sw.sizes()), " and ",
-              dims(tw.sizes()));
+              ": the lm_heads must be (V_s, H_s) and (V_t, H_t); got ", dims(sw.sym_sizes()),
+              " and ", dims(tw.sym_sizes()));
   TORCH_CHECK(sh.sym_size(-1) >= 1 && th.sym_size(-1) >= 1, kFusedOp,
-              ": the hidden sizes H_s and H_t must be >= 1; got student_hidden ", dims(sh.sizes()),
-              " and teacher_hidden ", dims(th.sizes()));
+              ": the hidden sizes H_s and H_t must be >= 1; got student_hidden ",
+              dims(sh.sym_sizes()), " and teacher_hidden ", dims(th.sym_sizes()));
   TORCH_CHECK(!chunk_size || *chunk_size >= 1, kFusedOp, ": chunk_size must be >= 1 (or ", kUnset,
               ", for automatic); got ", num(*chunk_size));
   const Resolved r =
@@ -126,13 +127,10 @@ std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
   // (BT,) labels go with (B, T, H) hidden states too; with (BT, H) the two forms are one.
   TORCH_CHECK(
       l.sym_sizes() == lead || (l.dim() == 1 && l.sym_size(0) == n), kFusedOp,
-      ": labels must have shape ", dims(C10_AS_INTARRAYREF_SLOW(lead)),
+      ": labels must have shape ", dims(lead),
       " (the shape of student_hidden without its last dimension)",
-      lead.size() > 1 ? " or (" + num(n.guard_int(__FILE__, __LINE__)) + ",)" : std::string(),
-      "; got ", dims(l.sizes()),
-      l.numel() == n.guard_int(__FILE__, __LINE__)
-          ? " (the same number of labels: flatten them with reshape(-1))"
-          : "");
+      lead.size() > 1 ? " or (" + c10::str(n) + ",)" : std::string(), "; got ", dims(l.sym_sizes()),
+      l.sym_numel() == n ? " (the same number of labels: flatten them with reshape(-1))" : "");
   return l.reshape_symint({n}).contiguous();
 }
 

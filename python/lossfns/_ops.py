@@ -26,11 +26,18 @@ def check_name(op: str, what: str, value: str, names: tuple) -> None:
         raise ValueError(f"{op}: {what} must be one of {', '.join(repr(n) for n in names)}; got {value!r}")
 
 
+def _kind(v) -> str:
+    """'b' (bool), 'i'/'u' (integer), 'f' (floating) or 'c' (complex) for a tensor or a NumPy
+    scalar or array (the schema takes 0-dim ones as numbers), without importing NumPy; '' else."""
+    if isinstance(v, torch.Tensor):
+        return "b" if v.dtype == torch.bool else "c" if v.is_complex() else "f" if v.is_floating_point() else "i"
+    dtype = getattr(v, "dtype", None) if type(v).__module__ == "numpy" else None
+    return getattr(dtype, "kind", "")
+
+
 def _is_bool(v) -> bool:
-    """Python's bool, NumPy's (numpy.bool_, which the schema also takes as 0 or 1), without
-    importing NumPy, or a bool tensor (the schema takes a 0-dim one as a number too)."""
-    return (isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
-            or (isinstance(v, torch.Tensor) and v.dtype == torch.bool))
+    """Python's bool, or a bool tensor or NumPy bool (the schema takes them as 0 or 1)."""
+    return isinstance(v, bool) or _kind(v) == "b"
 
 
 def _check_scalars(op: str, ints: dict, floats: dict) -> None:
@@ -46,9 +53,9 @@ def _check_scalars(op: str, ints: dict, floats: dict) -> None:
     for name, v in ints.items():
         if isinstance(v, int) and not -2**63 <= v < 2**63:
             raise RuntimeError(f"{op}: {name} must fit in a 64-bit integer; got {v}")
-        if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+        if _kind(v) in ("f", "c"):
             # The schema would truncate it (vocab_size=torch.tensor(5.7) counted 5 columns).
-            raise RuntimeError(f"{op}: {name} must be an int; got a {v.dtype} tensor")
+            raise RuntimeError(f"{op}: {name} must be an int; got {v!r} ({v.dtype})")
     for name, v in floats.items():
         if isinstance(v, torch.Tensor) and v.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(f"{op}: {name} is a tensor that requires grad, but the op takes a number and gives "

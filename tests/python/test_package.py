@@ -477,9 +477,9 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
         (lambda: lossfns.distill_loss(s, t, temperature=torch.tensor(True)),
          r"temperature must be a number, not a bool"),
         (lambda: lossfns.distill_loss(s, t, vocab_size=torch.tensor(5.7)),
-         r"vocab_size must be an int; got a torch.float32 tensor"),
+         r"vocab_size must be an int; got tensor\(5.7000\) \(torch.float32\)"),
         (lambda: lossfns.cross_entropy_loss(s, torch.zeros(4, dtype=torch.long), ignore_index=torch.tensor(1.9)),
-         r"ignore_index must be an int; got a torch.float32 tensor"),
+         r"ignore_index must be an int; got tensor\(1.9000\) \(torch.float32\)"),
         # grad_scale is a hint of grad_output's value: it gets no gradient.
         (lambda: lossfns.distill_loss(s, t, grad_scale=torch.ones((), requires_grad=True)),
          r"grad_scale must not require grad"),
@@ -544,6 +544,22 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
     # Under torch.compile too (the fakes check the labels as the kernels do).
     with pytest.raises(Exception, match=on_meta.format("student_logits")):
         torch.compile(lambda a, b, lab: lossfns.distill_loss(a, b, lab), fullgraph=True)(s, t, meta)
+
+
+def test_numpy_numbers_are_checked_as_tensors_are():
+    """NumPy's scalars and 0-dim arrays, which the schema takes as numbers: a bool is refused for
+    a number, a float for an int (vocab_size=np.float32(5.7) counted 5 columns, np.array(True)
+    1); NumPy ints and floats where those are meant pass."""
+    np = pytest.importorskip("numpy")
+    s, t = torch.randn(4, 10), torch.randn(4, 10)
+    for kwargs, message in [({"vocab_size": np.array(True)}, "vocab_size must be an int, not a bool"),
+                            ({"temperature": np.bool_(True)}, "temperature must be a number, not a bool"),
+                            ({"vocab_size": np.float32(5.7)}, r"vocab_size must be an int; got .*5.7.* \(float32\)"),
+                            ({"ignore_index": np.array(-100.5)}, r"ignore_index must be an int; got .* \(float64\)")]:
+        with pytest.raises(RuntimeError, match=message):
+            lossfns.distill_loss(s, t, **kwargs)
+    torch.testing.assert_close(lossfns.distill_loss(s, t, vocab_size=np.int64(8), temperature=np.float32(2.0)),
+                               lossfns.distill_loss(s, t, vocab_size=8, temperature=2.0))
 
 
 def test_internal_ops_with_one_argument_on_meta_are_errors():
@@ -748,6 +764,22 @@ def test_dynamic_shapes_compile_once_for_every_size(op, reduction, layout, devic
     assert counter.frame_count == 1, f"{counter.frame_count} graphs compiled for 3 sizes"
 
 
+def test_fused_linear_shape_errors_under_dynamic_shapes_name_the_shapes():
+    """A wrong labels or teacher_hidden shape under symbolic sizes gets the op's message (its
+    shapes printed as symbols), not torch's about calling sizes() on symbolic sizes."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda sh, sw, th, tw, lab: lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab),
+                      backend="aot_eager", fullgraph=True, dynamic=True)
+    for lead in ((2, 5), (3, 7)):  # the second call runs the compiled graph's guards
+        sh, sw, th, tw, lab = hidden_states(lead, torch.float32, "cpu")
+        f(sh, sw, th, tw, lab)
+    sh, sw, th, tw, lab = hidden_states((2, 5), torch.float32, "cpu")
+    with pytest.raises(Exception, match=r"labels must have shape \[.*\] \(the shape of student_hidden without"):
+        f(sh, sw, th, tw, lab.reshape(-1)[:9])
+    with pytest.raises(Exception, match=r"teacher_hidden must have the leading shape \["):
+        f(sh, sw, th[:, :4], tw, lab)
+
+
 def test_torch_export_with_a_dynamic_token_dimension():
     """torch.export with the token dimension declared dynamic (every input's first): the program
     runs at another token count with eager's numbers (the ops made it a constant: 'Constraints
@@ -919,6 +951,16 @@ def test_fused_linear_under_autocast_casts_like_a_linear_layer(reduction, device
     assert got[0].dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.float32
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # A forward outside autocast whose backward runs inside a region ('none' recomputes every chunk
+    # in backward): the float32 op throughout, as without autocast.
+    x = sh.clone().requires_grad_()
+    loss = lossfns.fused_linear_distill_loss(x, sw, th, tw, lab, reduction=reduction, chunk_size=4)
+    with torch.autocast(device, dtype=low):
+        loss.backward(torch.ones_like(loss))
+    y = sh.clone().requires_grad_()
+    lossfns.fused_linear_distill_loss(y, sw, th, tw, lab, reduction=reduction, chunk_size=4).backward(
+        torch.ones_like(loss))
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
     with torch.no_grad(), torch.autocast(device, dtype=low):
         torch.testing.assert_close(lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, reduction=reduction),
                                    lossfns.fused_linear_distill_loss(sh.to(low), sw.to(low), th.to(low), tw.to(low),

@@ -818,6 +818,8 @@ TEST(HfModel, InitFromTeacherRefusesAStudentDirectoryOfItsOwn) {
   }
   EXPECT_EQ(ParseConfig(yaml(""), "x.yaml").student.hf_dir, teacher);
   EXPECT_EQ(ParseConfig(yaml(teacher + "/."), "x.yaml").student.hf_dir, teacher + "/.");
+  // A run's stored config from before the check still reads (to resume or export it).
+  EXPECT_EQ(ParseConfig(yaml(other), "x.yaml", {}, ConfigOrigin::kStored).student.hf_dir, other);
 }
 
 TEST(HfModel, YamlKeysMustAgreeWithConfigJson) {

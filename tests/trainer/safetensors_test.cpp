@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "distill/file_io.h"
+#include "distill/profile.h"
 #include "distill/token_shards.h"
 #include "test_files.h"
 
@@ -160,6 +161,24 @@ TEST(Safetensors, AWriterThatTakesAPathReplacesTheFileWholeOrNotAtAll) {
                  {"cannot write " + trace + ": no space"});
   EXPECT_EQ(ReadBytes(trace), "{\"new\": 2}");
   EXPECT_EQ(Names(dir), (std::vector<std::string>{"trace.json", "victim"}));
+}
+
+// The check of what Kineto wrote before its trace is renamed into place.
+TEST(Safetensors, ATraceIsWholeOnlyWithItsClosingBracket) {
+  const std::string dir = TempDir();
+  const std::string trace = dir + "/trace.json";
+  WriteBytes(trace, "{\"traceEvents\": [{}]}\n\n");
+  EXPECT_EQ(TraceFileProblem(trace), "");
+  WriteBytes(trace, "[{}]");
+  EXPECT_EQ(TraceFileProblem(trace), "");
+  WriteBytes(trace, "{\"traceEvents\": [{\"na");
+  EXPECT_EQ(TraceFileProblem(trace),
+            "the profiler wrote 21 bytes, not a whole JSON trace (is the disk full?)");
+  WriteBytes(trace, "");
+  EXPECT_EQ(TraceFileProblem(trace),
+            "the profiler wrote 0 bytes, not a whole JSON trace (is the disk full?)");
+  EXPECT_EQ(TraceFileProblem(dir + "/absent.json"),
+            "the profiler wrote 0 bytes, not a whole JSON trace (is the disk full?)");
 }
 
 TEST(Safetensors, OwnedCopyOutlivesTheMapping) {

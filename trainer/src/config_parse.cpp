@@ -1053,9 +1053,11 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        changed.padded_vocab_size(), c.student.vocab_size));
     }
   }
-  if (c.student.init_from_teacher && !c.student.hf_dir.empty()) {
+  if (c.student.init_from_teacher && !c.student.hf_dir.empty() && origin != ConfigOrigin::kStored) {
     // The student starts as the teacher: from the teacher's directory (set above when the student
     // names none), never from weights of its own, which the copy would silently give way to.
+    // (Not for a run's stored config: a run made before this check trained and exports as it
+    // was started.)
     std::error_code ec;
     const bool same = c.student.hf_dir == c.teacher.hf_dir ||
                       (!c.teacher.hf_dir.empty() &&

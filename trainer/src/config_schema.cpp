@@ -143,12 +143,12 @@ std::string ToYaml(const std::string& v) {
     plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
                       c == '/' || c == '-');
   }
-  // Not a word YAML reads as something else: a sequence entry ("-"), null or a boolean in any
-  // case. (Only these: the run's identity is this text, and a path like "./data" must keep the
-  // spelling it had in runs made before.)
+  // Not a word YAML reads as something else: a sequence entry ("-"), null ("null", "Null",
+  // "NULL": yaml-cpp reads each as null), true or false. (Only these: the run's identity is this
+  // text, and a path like "./data" or "True" must keep the spelling it had in runs made before.)
   std::string lower = v;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (plain && v != "-" && lower != "true" && lower != "false" && lower != "null") return v;
+  if (plain && v != "-" && v != "true" && v != "false" && lower != "null") return v;
   // A double-quoted YAML scalar that parses back to exactly `v` (paths with newlines, quotes,
   // '#', control bytes, ...): a JSON string is one (YAML 1.2 reads JSON's escapes).
   return JsonQuote(v);

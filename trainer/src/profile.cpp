@@ -134,6 +134,20 @@ std::vector<std::string> StepProfiler::Finish() {
   return lines;
 }
 
+std::string TraceFileProblem(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : -1;
+  char last = 0;
+  for (std::streamoff back = 1; in && back <= std::min<std::streamoff>(size, 64); ++back) {
+    in.seekg(size - back);
+    in.get(last);
+    if (!std::isspace(static_cast<unsigned char>(last))) break;
+  }
+  if (size > 0 && (last == '}' || last == ']')) return "";
+  return fmt::format("the profiler wrote {} bytes, not a whole JSON trace (is the disk full?)",
+                     std::max<std::streamoff>(size, 0));
+}
+
 std::vector<std::string> StepProfiler::EndTrace() {
   state_ = State::kDone;  // the caller moves on to timing; never disabled twice
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
@@ -143,21 +157,9 @@ std::vector<std::string> StepProfiler::EndTrace() {
   // Kineto writes where it is told and reports no failure (a full disk leaves a cut trace), so
   // it writes a temporary that is checked for the JSON's closing bracket before it becomes
   // `path`: a trace.json is whole or absent.
-  WriteFileAtomicallyBy(path, [&](const std::string& tmp) -> std::string {
+  WriteFileAtomicallyBy(path, [&](const std::string& tmp) {
     result->save(tmp);
-    std::ifstream in(tmp, std::ios::binary | std::ios::ate);
-    const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : -1;
-    char last = 0;
-    for (std::streamoff back = 1; in && back <= std::min<std::streamoff>(size, 64); ++back) {
-      in.seekg(size - back);
-      in.get(last);
-      if (!std::isspace(static_cast<unsigned char>(last))) break;
-    }
-    if (size <= 0 || (last != '}' && last != ']')) {
-      return fmt::format("the profiler wrote {} bytes, not a whole JSON trace (is the disk full?)",
-                         std::max<std::streamoff>(size, 0));
-    }
-    return "";
+    return TraceFileProblem(tmp);
   });
   return {fmt::format("profile: {} traced steps written to {} (chrome://tracing, Perfetto)",
                       steps_in_state_, path)};

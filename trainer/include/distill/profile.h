@@ -25,6 +25,11 @@ struct ProfileOptions {
   int64_t skip = 3;   // warm-up steps of this process before the trace
 };
 
+// "" when the file at `path` can be a whole chrome trace (non-empty, its last non-blank byte
+// among the final 64 a JSON object's or array's close), else what is wrong: Kineto reports no
+// write failure, so a full disk shows only as a cut file.
+std::string TraceFileProblem(const std::string& path);
+
 // The state of one step: a chrome-trace step (phases are annotated as "distill::<phase>"
 // ranges) or a timed step (device synchronised around every phase), or neither.
 class StepProfiler {
