@@ -7,6 +7,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <c10/core/SymNodeImpl.h>
 
 #include "kernels_common.h"
 #include "lossfns/reduction.h"
@@ -40,9 +41,14 @@ std::string dims(c10::IntArrayRef sizes) {
   return out + "]";
 }
 
+std::string sym_num(const c10::SymInt& v) {
+  if (const auto n = v.maybe_as_int()) return std::to_string(*n);
+  return v.toSymNode()->str();  // (not c10::str: its number insertion, above)
+}
+
 std::string dims(c10::SymIntArrayRef sizes) {
   std::string out = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + c10::str(sizes[i]);
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + sym_num(sizes[i]);
   return out + "]";
 }
 

@@ -21,6 +21,7 @@ namespace lossfns::detail {
 std::string dims(c10::IntArrayRef sizes);
 // The same for symbolic sizes (torch.compile's dynamic shapes: a symbol prints as its name).
 std::string dims(c10::SymIntArrayRef sizes);
+std::string sym_num(const c10::SymInt& v);  // a number, or a symbol's expression
 inline std::string num(int64_t v) { return std::to_string(v); }
 std::string num(double v);  // as "%g" (0.5, 1e-05, inf, nan)
 std::string dtype_list(std::initializer_list<at::ScalarType> types);

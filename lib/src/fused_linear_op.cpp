@@ -129,7 +129,7 @@ std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
       l.sym_sizes() == lead || (l.dim() == 1 && l.sym_size(0) == n), kFusedOp,
       ": labels must have shape ", dims(lead),
       " (the shape of student_hidden without its last dimension)",
-      lead.size() > 1 ? " or (" + c10::str(n) + ",)" : std::string(), "; got ", dims(l.sym_sizes()),
+      lead.size() > 1 ? " or (" + sym_num(n) + ",)" : std::string(), "; got ", dims(l.sym_sizes()),
       l.sym_numel() == n ? " (the same number of labels: flatten them with reshape(-1))" : "");
   return l.reshape_symint({n}).contiguous();
 }
