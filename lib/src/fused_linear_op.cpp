@@ -314,12 +314,13 @@ Outputs fused_linear_no_grad(const at::Tensor& sh, const at::Tensor& sw, const a
 }
 
 // Under autocast (torch.autocast, at::autocast): the op is a linear layer's matmuls and a loss, so
-// it takes autocast's policy for matmuls, as at::linear does: float32 hidden states and lm_heads
-// are cast to the region's dtype (bfloat16 by default on the CPU, float16 on CUDA), the cast's
-// gradient going back to the float32 tensors; then the op runs on them with autocast off, its
-// accumulation in float32 as always. Without this the op's internal matmuls were recast by
-// autocast while its gradient buffers kept the inputs' float32 (an error about an out tensor's
-// dtype), and under no_grad the logits changed dtype silently.
+// it takes autocast's policy for matmuls, as at::linear does: the hidden states and lm_heads, if
+// floating and not float64, are cast to the region's dtype (bfloat16 by default on the CPU,
+// float16 on CUDA), each cast's gradient going back to its input in the input's dtype; then the
+// op runs on them with autocast off (the driver excludes it too), its accumulation in float32 as
+// always. Without this the op's internal matmuls were recast by autocast while its gradient
+// buffers kept the inputs' float32 (an error about an out tensor's dtype), and under no_grad the
+// logits changed dtype silently.
 template <c10::DeviceType kDevice>
 Outputs fused_linear_autocast(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& th,
                               const at::Tensor& tw, Opt labels, c10::string_view divergence,
