@@ -78,12 +78,6 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows) {
   return r.stride(1) == 1 ? r : r.contiguous();
 }
 
-int64_t resolve_vocab_size(std::optional<int64_t> vocab_size, int64_t width, const char* op) {
-  TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or ", kUnset,
-              "); got ", num(*vocab_size));
-  return vocab_size ? std::min(*vocab_size, width) : width;
-}
-
 c10::SymInt resolve_vocab_size(std::optional<int64_t> vocab_size, const c10::SymInt& width,
                                const char* op) {
   TORCH_CHECK(!vocab_size || *vocab_size >= 1, op, ": vocab_size must be >= 1 (or ", kUnset,
@@ -91,8 +85,9 @@ c10::SymInt resolve_vocab_size(std::optional<int64_t> vocab_size, const c10::Sym
   return vocab_size ? width.min(c10::SymInt(*vocab_size)) : width;
 }
 
-at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
-                        int64_t rows, const at::Device& device, const char* op, const char* what) {
+at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::SymIntArrayRef lead,
+                        const c10::SymInt& rows, const at::Device& device, const char* op,
+                        const char* what) {
   if (!labels.has_value() || !labels->defined()) return at::Tensor();
   const at::Tensor& l = *labels;
   TORCH_CHECK(l.scalar_type() == at::kLong, op, ": labels must be int64 (Long); got ",
@@ -101,11 +96,13 @@ at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRe
               "; got ", l.device());
   // (BT,) labels go with (B, T, V) logits too; with (BT, V) logits the two forms are one.
   TORCH_CHECK(
-      l.sizes() == lead || (l.dim() == 1 && l.size(0) == rows), op, ": labels must have shape ",
-      dims(lead), " (the shape of ", what, " without its last dimension)",
-      lead.size() > 1 ? " or (" + num(rows) + ",)" : std::string(), "; got ", dims(l.sizes()),
-      l.numel() == rows ? " (the same number of labels: flatten them with reshape(-1))" : "");
-  return l.reshape({rows}).contiguous();
+      l.sym_sizes() == lead || (l.dim() == 1 && l.sym_size(0) == rows), op,
+      ": labels must have shape ", dims(lead), " (the shape of ", what,
+      " without its last dimension)",
+      lead.size() > 1 ? " or (" + sym_num(rows) + ",)" : std::string(), "; got ",
+      dims(l.sym_sizes()),
+      l.sym_numel() == rows ? " (the same number of labels: flatten them with reshape(-1))" : "");
+  return l.reshape_symint({rows}).contiguous();
 }
 
 std::string num(double v) {

@@ -42,17 +42,23 @@ at::Tensor rows_view(const at::Tensor& x, int64_t rows);
 
 // vocab_size (the columns at or past it are padding), checked >= 1 when set: the number of
 // columns of a row of `width` that count.
-int64_t resolve_vocab_size(std::optional<int64_t> vocab_size, int64_t width, const char* op);
-// The same in the public ops' autograd and composite kernels, where the width is a symbol under
-// torch.compile's dynamic shapes: V stays one (min(vocab_size, width)), never a constant that
-// would make every new width a recompile.
+// In the public ops' autograd and composite kernels the width is a symbol under torch.compile's
+// dynamic shapes: V stays one (min(vocab_size, width)), never a constant that would make every
+// new width a recompile.
 c10::SymInt resolve_vocab_size(std::optional<int64_t> vocab_size, const c10::SymInt& width,
                                const char* op);
 
 // labels: int64 on `device`, shape `lead` (the input's shape without its last dimension) or
-// (rows,); returns them as a contiguous (rows,) tensor, or an undefined tensor when absent.
-at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
-                        int64_t rows, const at::Device& device, const char* op, const char* what);
+// (rows,); returns them as a contiguous (rows,) tensor, or an undefined tensor when absent. On
+// symbolic sizes too (the fused op's autograd kernel, under torch.compile's dynamic shapes).
+at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::SymIntArrayRef lead,
+                        const c10::SymInt& rows, const at::Device& device, const char* op,
+                        const char* what);
+inline at::Tensor check_labels(const std::optional<at::Tensor>& labels, c10::IntArrayRef lead,
+                               int64_t rows, const at::Device& device, const char* op,
+                               const char* what) {
+  return check_labels(labels, c10::fromIntArrayRefSlow(lead), c10::SymInt(rows), device, op, what);
+}
 
 // The x86-64 instruction set the CPU kernels that are built per ISA run with, chosen once per
 // process: the best the CPU has, or LOSSFNS_CPU_CAPABILITY (default | avx2 | avx512, as ATen's

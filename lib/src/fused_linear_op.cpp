@@ -111,27 +111,13 @@ FusedArgs resolve(const at::Tensor& sh, const at::Tensor& sw, const at::Tensor& 
 // Sizes stay symbolic (torch.compile's dynamic shapes): nothing here reads sizes() or size(i),
 // which would make them constants of the compiled graph.
 at::Tensor rows(const at::Tensor& x) { return x.reshape_symint({-1, x.sym_size(-1)}); }
-// Labels of the hidden states' leading shape (or (BT,)) as (BT,): check_labels' checks and
-// messages, on symbolic sizes.
+// Labels of the hidden states' leading shape (or (BT,)) as (BT,).
 std::optional<at::Tensor> row_labels(Opt labels, const at::Tensor& sh) {
-  if (!labels.has_value() || !labels->defined()) return std::nullopt;
-  const at::Tensor& l = *labels;
-  TORCH_CHECK(l.scalar_type() == at::kLong, kFusedOp, ": labels must be int64 (Long); got ",
-              l.scalar_type(), " (", kLabelsToLong, ")");
-  TORCH_CHECK(l.device() == sh.device(), kFusedOp,
-              ": labels must be on the device of student_hidden, ", sh.device(), "; got ",
-              l.device());
   const c10::SymIntArrayRef lead = row_shape(sh);
   c10::SymInt n = 1;
   for (const c10::SymInt& d : lead) n = n * d;
-  // (BT,) labels go with (B, T, H) hidden states too; with (BT, H) the two forms are one.
-  TORCH_CHECK(
-      l.sym_sizes() == lead || (l.dim() == 1 && l.sym_size(0) == n), kFusedOp,
-      ": labels must have shape ", dims(lead),
-      " (the shape of student_hidden without its last dimension)",
-      lead.size() > 1 ? " or (" + sym_num(n) + ",)" : std::string(), "; got ", dims(l.sym_sizes()),
-      l.sym_numel() == n ? " (the same number of labels: flatten them with reshape(-1))" : "");
-  return l.reshape_symint({n}).contiguous();
+  const at::Tensor l = check_labels(labels, lead, n, sh.device(), kFusedOp, "student_hidden");
+  return l.defined() ? std::optional<at::Tensor>(l) : std::nullopt;
 }
 
 // Names the teacher input(s) that require grad (a head tied between student and teacher is one
