@@ -108,10 +108,26 @@ int main(int argc, char** argv) {
                 << (given.size() > 1 ? "them" : "it") << " out\n";
       return 2;
     }
+  } else if (print_reference && (app.count("--config") > 0 || !overrides.empty())) {
+    // The reference is the schema's defaults: a config or overrides would be ignored silently.
+    std::cerr << "distill_trainer: --print-config-reference prints every key's default and "
+                 "takes no config; use --print-config to see the resolved config of "
+              << (app.count("--config") > 0 ? "--config " + config_path : "the overrides") << "\n";
+    return 2;
   } else if (app.count("--config") > 0 && config_path.empty()) {
     std::cerr << "distill_trainer: --config: expected a YAML file, got an empty path (an unset "
                  "shell variable?); leave --config out to run the embedded quickstart\n";
     return 2;
+  }
+  // A word where a subcommand could stand ("exprot") reads as an override: say both.
+  for (const std::string& word : overrides) {
+    if (!word.empty() &&
+        word.find_first_not_of("abcdefghijklmnopqrstuvwxyz-_") == std::string::npos) {
+      std::cerr << "distill_trainer: \"" << word
+                << "\" is neither a key.path=value override nor a subcommand (the one "
+                   "subcommand: distill_trainer export <run_dir> <out_dir>)\n";
+      return 2;
+    }
   }
   bool resume = true;  // train.resume of the config run (for the errors' advice)
   try {
