@@ -9,7 +9,7 @@ SECTION is one of
                OMP_NUM_THREADS=2; a few minutes on 2 cores
   scenarios    docs/scenarios.md: the self-distillation configs and configs/padded_vocab.yaml,
                OMP_NUM_THREADS=2; about a minute
-  convergence  docs/convergence.md: the seven `convergence ... --small` runs,
+  convergence  docs/convergence.md: the nine `convergence ... --small` runs,
                OMP_NUM_THREADS=1; seconds
 
 The commands run in the work directory (default BUILD_DIR/doc_numbers/SECTION, emptied first),
@@ -156,7 +156,9 @@ def scenarios(build: pathlib.Path, work: pathlib.Path) -> dict[str, str]:
 # ---- convergence --small (docs/convergence.md) ---------------------------------------------
 
 SPECS = [("kernel_vs_reference", "fp32"), ("kernel_vs_reference", "bf16"), ("ties", "fp32"),
-         ("ties", "bf16"), ("padded", "fp32"), ("padded", "bf16"), ("distill_works", "fp32")]
+         ("ties", "bf16"), ("padded", "fp32"), ("padded", "bf16"), ("distill_works", "fp32"),
+         ("divergences", "fp32"), ("divergences", "bf16")]
+DIVERGENCES = ("tvd", "forward_kl", "reverse_kl", "jsd")
 
 
 def sci(x: float) -> str:
@@ -262,6 +264,27 @@ def convergence(build: pathlib.Path, work: pathlib.Path) -> dict[str, str]:
     lines += ["", f"Excess over the floor at the end: teacher {t}, distilled {d}, hard labels {h} "
               f"({result(log, 'distill_works', 'fp32')})."]
     parts["distill_works"] = "\n".join(lines)
+
+    lines = ["| --small, 100 steps, 1 thread | step 1 | steps 1-100 (budget) | "
+             "final max \\|w_op − w_ref\\| | val CE op / ref | hard labels | result |",
+             "|---|---|---|---|---|---|---|"]
+    worst = {}  # (dtype, tvd | kl) -> (the largest steps 1-100 difference, its divergence)
+    for dtype in ("fp32", "bf16"):
+        log = logs["divergences", dtype]
+        for div in DIVERGENCES:
+            step1, steps, _, _, dw, ce_op, ce_ref, hard = grab(
+                rf"^{div}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", log)
+            budget = grab(rf"^\s+\[\w+\] {div}: steps 1-100, .* <= (\S+)$", log)[0]
+            failed = re.search(rf"^\s+\[FAIL\] {div}:", log, re.M) is not None
+            lines.append(f"| {div} {dtype} | {sci(float(step1))} | {sci(float(steps))} "
+                         f"({sci(float(budget)).replace('.0e', 'e')}) | {sci(float(dw))} | {ce_op} / {ce_ref} | {hard} | "
+                         f"{'FAIL' if failed else 'PASS'} |")
+            group = (dtype, "tvd" if div == "tvd" else "kl")
+            worst[group] = max(worst.get(group, (0.0, "")), (float(steps), div))
+    lines += ["", f"Steps 1-100, the largest relative difference: fp32 {sci(worst['fp32', 'kl'][0])} "
+              f"({worst['fp32', 'kl'][1]}; TVD {sci(worst['fp32', 'tvd'][0])}), bf16 "
+              f"{sci(worst['bf16', 'tvd'][0])} (TVD; the others at most {sci(worst['bf16', 'kl'][0])})."]
+    parts["divergences"] = "\n".join(lines)
     return parts
 
 
