@@ -220,6 +220,21 @@ TEST(ReadHfConfig, RopeParametersSpelling) {
   c["rope_scaling"].erase("rope_theta");
   c.erase("rope_parameters");
   c.erase("rope_theta");
+  // A top-level original_max_position_embeddings (Phi-3's layout) takes priority over the rope
+  // object's for llama3, as transformers 5 standardises it; the export keeps the model's in
+  // rope_scaling only.
+  c["rope_scaling"]["original_max_position_embeddings"] = 8192;
+  EXPECT_EQ(Read(c).rope_scaling.original_max_position_embeddings, 8192);
+  c["original_max_position_embeddings"] = 4096;
+  m = Read(c);
+  EXPECT_EQ(m.rope_scaling.original_max_position_embeddings, 4096);
+  {
+    const Json out = Json::parse(HfConfigJson(m, ConfigDir(c, "_omp") + "/config.json"));
+    EXPECT_FALSE(out.contains("original_max_position_embeddings"));
+    EXPECT_EQ(out["rope_scaling"]["original_max_position_embeddings"], 4096);
+  }
+  c.erase("original_max_position_embeddings");
+  c["rope_scaling"].erase("original_max_position_embeddings");
   // "swish": transformers' other name of silu.
   c["hidden_act"] = "swish";
   EXPECT_EQ(Read(c).rope_scaling.type, "llama3");
@@ -297,6 +312,24 @@ TEST(ReadHfConfig, MistralAndDefaults) {
   m = Read(c);
   EXPECT_EQ(m.n_kv_head, 32);
   EXPECT_EQ(m.head_dim, 0);
+  // num_key_value_heads absent: each config class's default (transformers 5.24: MistralConfig 8,
+  // Qwen2Config and Qwen3Config 32, LlamaConfig num_attention_heads); null: num_attention_heads.
+  Json mistral = Mistral();  // 32 heads
+  mistral.erase("num_key_value_heads");
+  EXPECT_EQ(Read(mistral).n_kv_head, 8);
+  mistral["num_key_value_heads"] = nullptr;
+  EXPECT_EQ(Read(mistral).n_kv_head, 32);
+  Json qwen = Qwen25();  // 14 heads: 32 is no divisor, and the error says where 32 came from
+  qwen.erase("num_key_value_heads");
+  ExpectContains(ErrorOf([&] { Read(qwen); }),
+                 {"num_key_value_heads: expected a divisor of num_attention_heads (14), got no "
+                  "such key, which Qwen2ForCausalLM reads as its default, 32"});
+  qwen["num_key_value_heads"] = nullptr;
+  EXPECT_EQ(Read(qwen).n_kv_head, 14);
+  Json qwen3 = Qwen3();
+  qwen3["num_attention_heads"] = 64;
+  qwen3.erase("num_key_value_heads");
+  EXPECT_EQ(Read(qwen3).n_kv_head, 32);
   // Keys ReadHfConfig does not own stay as they were.
   ModelConfig keep;
   keep.hf_dir = "somewhere";

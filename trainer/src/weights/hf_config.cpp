@@ -31,12 +31,14 @@ struct Family {
   const char* model_type;
   const char* architecture;
   int64_t default_max_position_embeddings;
+  // An absent num_key_value_heads: the config class's default (0: num_attention_heads).
+  int64_t default_num_key_value_heads;
 };
 constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", 2048},
-    {"mistral", "MistralForCausalLM", 4096 * 32},
-    {"qwen2", "Qwen2ForCausalLM", 32768},
-    {"qwen3", "Qwen3ForCausalLM", 32768},
+    {"llama", "LlamaForCausalLM", 2048, 0},
+    {"mistral", "MistralForCausalLM", 4096 * 32, 8},
+    {"qwen2", "Qwen2ForCausalLM", 32768, 32},
+    {"qwen3", "Qwen3ForCausalLM", 32768, 32},
 };
 constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3";
 
@@ -288,10 +290,18 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   m.d_model = keys.PositiveInt("hidden_size");
   m.n_layer = keys.PositiveInt("num_hidden_layers");
   m.n_head = keys.PositiveInt("num_attention_heads");
-  m.n_kv_head = keys.PositiveInt("num_key_value_heads", m.n_head);
+  // As the config classes read it: absent, their default (MistralConfig 8, Qwen2/3Config 32,
+  // LlamaConfig num_attention_heads); null, num_attention_heads in all of them.
+  const bool kv_absent = !json.contains("num_key_value_heads");
+  const int64_t kv_default = kv_absent && family->default_num_key_value_heads > 0
+                                 ? family->default_num_key_value_heads
+                                 : m.n_head;
+  m.n_kv_head = keys.PositiveInt("num_key_value_heads", kv_default);
   if (m.n_head % m.n_kv_head != 0) {
     keys.Fail("num_key_value_heads", fmt::format("a divisor of num_attention_heads ({})", m.n_head),
-              std::to_string(m.n_kv_head));
+              kv_absent ? fmt::format("no such key, which {} reads as its default, {}",
+                                      family->architecture, m.n_kv_head)
+                        : std::to_string(m.n_kv_head));
   }
   // Qwen3Config's head_dim defaults to 128; the others' to hidden_size / num_attention_heads.
   m.head_dim = keys.Has("head_dim")    ? keys.PositiveInt("head_dim")
@@ -337,6 +347,12 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   }
   m.rope_scaling = RopeScaling{};
   if (rope != nullptr) ReadRopeScaling(file, *rope, rope_key, m.context_length, m.rope_scaling);
+  // A top-level original_max_position_embeddings (Phi-3's layout, kept by some converted Llama
+  // configs) takes priority over the rope object's, as transformers 5 standardises it.
+  if (m.rope_scaling.type == "llama3" && keys.Has("original_max_position_embeddings")) {
+    m.rope_scaling.original_max_position_embeddings =
+        keys.PositiveInt("original_max_position_embeddings");
+  }
 
   // Biases as each model class builds its layers.
   m.attention_bias = m.attention_out_bias = m.mlp_bias = false;
@@ -501,8 +517,10 @@ std::string HfConfigJson(const ModelConfig& model, const std::string& template_p
       json = ids;
     }
   }
+  // (original_max_position_embeddings: rope_scaling below holds the model's; a top-level copy
+  // would take priority over it in transformers.)
   for (const char* key : {"rope_parameters", "layer_types", "quantization_config", "quantization",
-                          "compression_config"}) {
+                          "compression_config", "original_max_position_embeddings"}) {
     json.erase(key);
   }
   const int64_t intermediate = MlpWidth(model);
