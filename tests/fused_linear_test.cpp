@@ -252,9 +252,10 @@ TEST(FusedLinearDistillLoss, PaddingRowsOfTheLmHeadAreNeverReadAndGetZeroGradien
     // cross-entropy never sees them (only the first vocab_size columns count).
     const auto o = options_of(div, 0.5, c, "batchmean", 1.0, 0.5, 3);
     at::Tensor a = leaf(sw), b = leaf(in.sw.narrow(0, 0, 33));
-    auto ra = fused_linear_distill_loss(in.sh, a, in.th, tw, in.labels, o);
+    at::Tensor ha = leaf(in.sh), hb = leaf(in.sh);
+    auto ra = fused_linear_distill_loss(ha, a, in.th, tw, in.labels, o);
     auto rb =
-        fused_linear_distill_loss(in.sh, b, in.th, in.tw.narrow(0, 0, 33), in.labels,
+        fused_linear_distill_loss(hb, b, in.th, in.tw.narrow(0, 0, 33), in.labels,
                                   FusedLinearDistillOptions(o).distill(
                                       DistillLossOptions(o.distill()).vocab_size(std::nullopt)));
     EXPECT_TRUE(all_close(ra.loss, rb.loss, 1e-12, 0)) << divergence_name(div);
@@ -263,7 +264,36 @@ TEST(FusedLinearDistillLoss, PaddingRowsOfTheLmHeadAreNeverReadAndGetZeroGradien
     EXPECT_TRUE(all_close(a.grad().narrow(0, 0, 33), b.grad(), 1e-12, 1e-15))
         << divergence_name(div);
     EXPECT_EQ(a.grad().narrow(0, 33, 7).abs().max().item<double>(), 0.0) << divergence_name(div);
+    // The hidden states' gradient too (the NaN rows times the gradient's 0 made all of it NaN).
+    EXPECT_TRUE(all_close(ha.grad(), hb.grad(), 1e-12, 1e-15)) << divergence_name(div);
   }
+}
+
+TEST(FusedLinearDistillLoss, IgnoredRowsCountNowhereEvenWithNaNHiddenStates) {
+  // A masked position's hidden state may be NaN (a fully masked attention row): an ignored row
+  // leaves the loss and both gradients as they are with finite values there, and gets gradient 0.
+  at::manual_seed(5);
+  for (Divergence div : kAll)
+    for (double ce : {0.0, 0.5}) {
+      const Shape c{9, 4, 5, 30, 30, std::nullopt};
+      const Inputs in = make_inputs(c);  // every 3rd row ignored
+      const at::Tensor ignored = in.labels.eq(kDefaultIgnoreIndex).unsqueeze(1);
+      const at::Tensor sh_nan = at::where(ignored, std::nan(""), in.sh);
+      const at::Tensor th_nan = at::where(ignored, std::nan(""), in.th);
+      const auto o = options_of(div, 0.5, c, "batchmean", 1.0, ce, 4);
+      at::Tensor ha = leaf(sh_nan), wa = leaf(in.sw), hb = leaf(in.sh), wb = leaf(in.sw);
+      auto ra = fused_linear_distill_loss(ha, wa, th_nan, in.tw, in.labels, o);
+      auto rb = fused_linear_distill_loss(hb, wb, in.th, in.tw, in.labels, o);
+      EXPECT_TRUE(all_close(ra.loss, rb.loss, 1e-12, 0)) << divergence_name(div) << " ce " << ce;
+      ra.loss.backward();
+      rb.loss.backward();
+      EXPECT_TRUE(all_close(wa.grad(), wb.grad(), 1e-12, 1e-15))
+          << divergence_name(div) << " ce " << ce;
+      EXPECT_TRUE(all_close(ha.grad(), hb.grad(), 1e-12, 1e-15))
+          << divergence_name(div) << " ce " << ce;
+      EXPECT_EQ(ha.grad().masked_select(ignored.expand_as(ha.grad())).abs().max().item<double>(),
+                0.0);
+    }
 }
 
 TEST(FusedLinearDistillLoss, AllIgnoredAndEmptyBatchesGiveZeroNotNaN) {

@@ -313,10 +313,17 @@ DriverOut run_chunks(const FusedInputs& in, const FusedArgs& a, const at::Tensor
       continue;
     }
     if (want_h) {
+      // Over the columns that count: the lm_head's padding rows (at or past V) are never read,
+      // and a NaN or inf there times the gradient's 0 would be NaN in every row.
       at::Tensor gh = out.grad_h.narrow(0, r0, n);
-      at::mm_out(gh, g, in.sw);
+      at::mm_out(gh, g.narrow(1, 0, Vce), in.sw.narrow(0, 0, Vce));
     }
-    if (want_w) accumulate_grad_lm_head(acc_w, g, h);
+    if (want_w) {
+      // Ignored rows count nowhere: their hidden states (a masked position's may be NaN) are
+      // zeroed, as their gradient rows are, so that 0 times NaN does not reach the lm_head.
+      accumulate_grad_lm_head(
+          acc_w, g, labels ? at::where(labels->ne(a.ignore_index).unsqueeze(1), h, 0) : h);
+    }
   }
   if (grad && want_w)  // no chunk with a gradient (no rows, or both weights 0): zeros
     out.grad_w = acc_w.defined() ? acc_w : at::zeros(in.sw.sizes(), acc_opts);

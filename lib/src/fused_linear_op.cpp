@@ -326,8 +326,15 @@ Outputs fused_linear_autocast(const at::Tensor& sh, const at::Tensor& sw, const 
   const auto cast = [&](const at::Tensor& x) {
     return at::autocast::cached_cast(dtype, x, kDevice);
   };
-  return op.call(cast(sh), cast(sw), cast(th), cast(tw), labels, divergence, beta, temperature,
-                 ignore_index, reduction, vocab_size, kd_weight, ce_weight, chunk_size);
+  const at::Tensor csh = cast(sh), csw = cast(sw), cth = cast(th), ctw = cast(tw);
+  // Inputs that the casts leave of different dtypes (float64 beside float32) are refused by the
+  // op's checks: on the inputs as given, so that the error names the dtypes the caller passed.
+  const auto t = csh.scalar_type();
+  const bool mixed = csw.scalar_type() != t || cth.scalar_type() != t || ctw.scalar_type() != t;
+  return mixed ? op.call(sh, sw, th, tw, labels, divergence, beta, temperature, ignore_index,
+                         reduction, vocab_size, kd_weight, ce_weight, chunk_size)
+               : op.call(csh, csw, cth, ctw, labels, divergence, beta, temperature, ignore_index,
+                         reduction, vocab_size, kd_weight, ce_weight, chunk_size);
 }
 
 }  // namespace

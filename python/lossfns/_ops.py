@@ -40,19 +40,32 @@ def _is_bool(v) -> bool:
     return isinstance(v, bool) or _kind(v) == "b"
 
 
-def _check_scalars(op: str, ints: dict, floats: dict) -> None:
+# The ints that may be None (their default): the others must be given as ints.
+_OPTIONAL_INTS = ("vocab_size", "chunk_size")
+
+
+def _check_scalars(op: str, ints: dict, floats: dict, strs: Optional[dict] = None) -> None:
     """What the op's schema cannot say well: a Python int past int64 (torch's message is "Expected a
     value of type 'int' ... found type 'int'"), a bool where a number is meant (the schema takes
-    True as 1: vocab_size=True made every loss 0), and a number given as a tensor that requires
-    grad (converted to a float, it would get no gradient, silently). RuntimeError, as the op's
-    errors."""
+    True as 1: vocab_size=True made every loss 0), a number given as a tensor that requires
+    grad (converted to a float, it would get no gradient, silently), and a value of another type
+    where an int or a name is meant (None, 1.5: pybind's "Unable to cast Python instance of type
+    ... to C++ type '?'" named no argument). RuntimeError, as the op's errors."""
+    for name, v in (strs or {}).items():
+        if not isinstance(v, str):
+            raise RuntimeError(f"{op}: {name} must be a str; got {v!r} ({type(v).__name__})")
     for name, v in list(ints.items()) + list(floats.items()):
         if _is_bool(v):
             kind = "an int" if name in ints else "a number"
             raise RuntimeError(f"{op}: {name} must be {kind}, not a bool; got {v}")
+        if v is None and name not in _OPTIONAL_INTS:
+            kind = "an int" if name in ints else "a number"
+            raise RuntimeError(f"{op}: {name} must be {kind}; got None")
     for name, v in ints.items():
         if isinstance(v, int) and not -2**63 <= v < 2**63:
             raise RuntimeError(f"{op}: {name} must fit in a 64-bit integer; got {v}")
+        if isinstance(v, (float, complex)):
+            raise RuntimeError(f"{op}: {name} must be an int; got {v!r} ({type(v).__name__})")
         if _kind(v) in ("f", "c"):
             # The schema would truncate it (vocab_size=torch.tensor(5.7) counted 5 columns).
             raise RuntimeError(f"{op}: {name} must be an int; got {v!r} ({v.dtype})")
@@ -88,7 +101,7 @@ def tvd_loss(p: torch.Tensor, q: torch.Tensor, labels: Optional[torch.Tensor] = 
     gives ``-0.5 * scale``. Errors (shapes, dtypes, devices, labels) raise RuntimeError naming
     what was expected and what was passed.
     """
-    _check_scalars("lossfns.tvd_loss", {"ignore_index": ignore_index}, {})
+    _check_scalars("lossfns.tvd_loss", {"ignore_index": ignore_index}, {}, {"reduction": reduction})
     return torch.ops.lossfns.tvd_loss(p, q, labels, ignore_index, reduction)
 
 
@@ -134,7 +147,8 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, lab
     finite); identical rows give loss 0 and gradient 0 for every divergence.
     """
     _check_scalars("lossfns.distill_loss", {"ignore_index": ignore_index, "vocab_size": vocab_size},
-                   {"beta": beta, "temperature": temperature})
+                   {"beta": beta, "temperature": temperature},
+                   {"divergence": divergence, "reduction": reduction})
     return torch.ops.lossfns.distill_loss(student_logits, teacher_logits, labels, divergence, beta, temperature,
                                           ignore_index, reduction, vocab_size, grad_scale)
 
@@ -217,7 +231,8 @@ def fused_linear_distill_loss(student_hidden: torch.Tensor, student_lm_head: tor
     """
     _check_scalars("lossfns.fused_linear_distill_loss",
                    {"ignore_index": ignore_index, "vocab_size": vocab_size, "chunk_size": chunk_size},
-                   {"beta": beta, "temperature": temperature, "kd_weight": kd_weight, "ce_weight": ce_weight})
+                   {"beta": beta, "temperature": temperature, "kd_weight": kd_weight, "ce_weight": ce_weight},
+                   {"divergence": divergence, "reduction": reduction})
     loss, div, ce = torch.ops.lossfns.fused_linear_distill_loss(
         student_hidden, student_lm_head, teacher_hidden, teacher_lm_head, labels, divergence, beta, temperature,
         ignore_index, reduction, vocab_size, kd_weight, ce_weight, chunk_size)
@@ -248,5 +263,6 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index:
     Returns:
         A 0-dim float32 tensor (float64 for float64 logits), or the per-row losses for ``"none"``.
     """
-    _check_scalars("lossfns.cross_entropy_loss", {"ignore_index": ignore_index, "vocab_size": vocab_size}, {})
+    _check_scalars("lossfns.cross_entropy_loss", {"ignore_index": ignore_index, "vocab_size": vocab_size}, {},
+                   {"reduction": reduction})
     return torch.ops.lossfns.cross_entropy_loss(logits, labels, ignore_index, reduction, vocab_size)

@@ -480,6 +480,17 @@ def test_what_the_schema_cannot_say_is_said_by_the_functions():
          r"vocab_size must be an int; got tensor\(5.7000\) \(torch.float32\)"),
         (lambda: lossfns.cross_entropy_loss(s, torch.zeros(4, dtype=torch.long), ignore_index=torch.tensor(1.9)),
          r"ignore_index must be an int; got tensor\(1.9000\) \(torch.float32\)"),
+        # Another type where an int or a name is meant: the argument named (pybind's "Unable to
+        # cast Python instance of type <class 'NoneType'> to C++ type '?'" named none).
+        (lambda: lossfns.distill_loss(s, t, reduction=None), r"reduction must be a str; got None \(NoneType\)"),
+        (lambda: lossfns.distill_loss(s, t, divergence=1), r"divergence must be a str; got 1 \(int\)"),
+        (lambda: lossfns.tvd_loss(p, q, reduction=b"sum"), r"reduction must be a str; got b'sum' \(bytes\)"),
+        (lambda: lossfns.distill_loss(s, t, ignore_index=1.5), r"ignore_index must be an int; got 1.5 \(float\)"),
+        (lambda: lossfns.cross_entropy_loss(s, torch.zeros(4, dtype=torch.long), ignore_index=None),
+         r"ignore_index must be an int; got None"),
+        (lambda: lossfns.distill_loss(s, t, temperature=None), r"temperature must be a number; got None"),
+        (lambda: lossfns.fused_linear_distill_loss(sh, sw, th, tw, chunk_size=64.0),
+         r"chunk_size must be an int; got 64.0 \(float\)"),
         # grad_scale is a hint of grad_output's value: it gets no gradient.
         (lambda: lossfns.distill_loss(s, t, grad_scale=torch.ones((), requires_grad=True)),
          r"grad_scale must not require grad"),
@@ -965,6 +976,11 @@ def test_fused_linear_under_autocast_casts_like_a_linear_layer(reduction, device
         torch.testing.assert_close(lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, reduction=reduction),
                                    lossfns.fused_linear_distill_loss(sh.to(low), sw.to(low), th.to(low), tw.to(low),
                                                                      lab, reduction=reduction), rtol=0, atol=0)
+    # float64 beside float32: autocast leaves the float64 one, and the op's error names the dtypes
+    # passed, not the region's (it said "student_hidden's dtype Double; got BFloat16").
+    with torch.autocast(device, dtype=low), pytest.raises(
+            RuntimeError, match=r"teacher_hidden must have student_hidden's dtype Double; got Float \(convert"):
+        lossfns.fused_linear_distill_loss(sh.double(), sw.double(), th, tw, lab, reduction=reduction)
 
 
 def test_fused_linear_errors_and_teacher_constant():
