@@ -292,7 +292,8 @@ TEST(FusedLinearDistillLoss, IgnoredRowsCountNowhereEvenWithNaNHiddenStates) {
       EXPECT_TRUE(all_close(ha.grad(), hb.grad(), 1e-12, 1e-15))
           << divergence_name(div) << " ce " << ce;
       EXPECT_EQ(ha.grad().masked_select(ignored.expand_as(ha.grad())).abs().max().item<double>(),
-                0.0);
+                0.0)
+          << divergence_name(div) << " ce " << ce;
     }
 }
 

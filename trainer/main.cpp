@@ -2,6 +2,7 @@
 // turns any failure into one line on stderr and a non-zero exit. All logic is in the library.
 #include <csignal>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -112,16 +113,21 @@ int main(int argc, char** argv) {
     // The reference is the schema's defaults: a config or overrides would be ignored silently.
     std::cerr << "distill_trainer: --print-config-reference prints every key's default and "
                  "takes no config; use --print-config to see the resolved config of "
-              << (app.count("--config") > 0 ? "--config " + config_path : "the overrides") << "\n";
+              << (app.count("--config") > 0
+                      ? "--config " + config_path + (overrides.empty() ? "" : " with the overrides")
+                      : "the overrides")
+              << "\n";
     return 2;
   } else if (app.count("--config") > 0 && config_path.empty()) {
     std::cerr << "distill_trainer: --config: expected a YAML file, got an empty path (an unset "
                  "shell variable?); leave --config out to run the embedded quickstart\n";
     return 2;
   }
-  // A word where a subcommand could stand ("exprot") reads as an override: say both.
+  // A word where a subcommand could stand ("exprot") reads as an override: say both. (Not a
+  // config file given without --config: the override's error says that.)
   for (const std::string& word : overrides) {
-    if (!word.empty() &&
+    std::error_code ec;
+    if (!word.empty() && !std::filesystem::is_regular_file(word, ec) &&
         word.find_first_not_of("abcdefghijklmnopqrstuvwxyz-_") == std::string::npos) {
       std::cerr << "distill_trainer: \"" << word
                 << "\" is neither a key.path=value override nor a subcommand (the one "

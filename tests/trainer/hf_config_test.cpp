@@ -313,12 +313,15 @@ TEST(ReadHfConfig, MistralAndDefaults) {
   EXPECT_EQ(m.n_kv_head, 32);
   EXPECT_EQ(m.head_dim, 0);
   // num_key_value_heads absent: each config class's default (transformers 5.24: MistralConfig 8,
-  // Qwen2Config and Qwen3Config 32, LlamaConfig num_attention_heads); null: num_attention_heads.
+  // Qwen2Config and Qwen3Config 32, LlamaConfig num_attention_heads); null: num_attention_heads,
+  // but MistralConfig refuses it.
   Json mistral = Mistral();  // 32 heads
   mistral.erase("num_key_value_heads");
   EXPECT_EQ(Read(mistral).n_kv_head, 8);
   mistral["num_key_value_heads"] = nullptr;
-  EXPECT_EQ(Read(mistral).n_kv_head, 32);
+  ExpectContains(ErrorOf([&] { Read(mistral); }),
+                 {"num_key_value_heads: expected an integer (MistralConfig takes no null here), "
+                  "got null"});
   Json qwen = Qwen25();  // 14 heads: 32 is no divisor, and the error says where 32 came from
   qwen.erase("num_key_value_heads");
   ExpectContains(ErrorOf([&] { Read(qwen); }),

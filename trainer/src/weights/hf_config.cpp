@@ -291,8 +291,12 @@ void ReadHfConfig(const std::string& hf_dir, ModelConfig& model) {
   m.n_layer = keys.PositiveInt("num_hidden_layers");
   m.n_head = keys.PositiveInt("num_attention_heads");
   // As the config classes read it: absent, their default (MistralConfig 8, Qwen2/3Config 32,
-  // LlamaConfig num_attention_heads); null, num_attention_heads in all of them.
+  // LlamaConfig num_attention_heads); null, num_attention_heads, except MistralConfig, which
+  // refuses null (transformers 5.24's validation).
   const bool kv_absent = !json.contains("num_key_value_heads");
+  if (!kv_absent && json["num_key_value_heads"].is_null() && model_type == "mistral") {
+    keys.Fail("num_key_value_heads", "an integer (MistralConfig takes no null here)", "null");
+  }
   const int64_t kv_default = kv_absent && family->default_num_key_value_heads > 0
                                  ? family->default_num_key_value_heads
                                  : m.n_head;
