@@ -3,11 +3,16 @@
 // the gradient buckets, the no-op single process, and -- simulated in one process -- that
 // per-rank gradients normalised by the global token count sum to the one-process gradient.
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -266,6 +271,124 @@ TEST(DistributedShardTest, RankGradientsSumToTheOneProcessGradient) {
 }
 
 // Passing the no-op group explicitly is the same run as passing none (bit-identical on CPU).
+// A sum over ranks between threads: the k-th call of every rank meets the k-th of the others
+// (NCCL's all-reduce, as the trainer calls it). A rank that never joins is an error after 20 s,
+// not a hang of the test.
+class ThreadSums {
+ public:
+  explicit ThreadSums(int size) : size_(size) {}
+  SumOverRanks For(int rank) {
+    return [this, rank, next = std::make_shared<int64_t>(0)](const std::vector<int64_t>& v) {
+      const int64_t seq = (*next)++;
+      std::unique_lock<std::mutex> lock(mutex_);
+      Op& op = ops_[seq];
+      if (op.sum.empty()) op.sum.assign(v.size(), 0);
+      for (size_t i = 0; i < v.size(); ++i) op.sum[i] += v[i];
+      if (++op.arrived == size_) cv_.notify_all();
+      if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return op.arrived == size_; }))
+        throw std::runtime_error("rank " + std::to_string(rank) + ": a rank never joined");
+      return op.sum;
+    };
+  }
+
+ private:
+  struct Op {
+    std::vector<int64_t> sum;
+    int arrived = 0;
+  };
+  int size_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<int64_t, Op> ops_;
+};
+
+// Runs `body(rank, sum)` on `world` threads; returns each rank's error message ("" for none).
+std::vector<std::string> OnRanks(int world,
+                                 const std::function<void(int, const SumOverRanks&)>& body) {
+  ThreadSums sums(world);
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r, sums.For(r));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// A start that fails on one rank stops every rank at the agreement, each with a message: the
+// failed rank its own, the others naming it. Before, only rank 0's failures reached the others,
+// and rank 0 went on to commit the run directory (a deletion with --fresh) while another rank
+// had failed (found by a review).
+TEST(DistributedAgreementTest, AFailureOnAnyRankStopsEveryRank) {
+  for (const int failing : {-1, 0, 2}) {
+    std::vector<int> after(4, 0);
+    const auto errors = OnRanks(4, [&](int rank, const SumOverRanks& sum) {
+      EveryRankOrThrow(rank, 4, sum, [&] {
+        if (rank == failing) throw std::runtime_error("data.path: no such file");
+      });
+      after[static_cast<size_t>(rank)] = 1;  // what would go on to the commit
+    });
+    for (int r = 0; r < 4; ++r) {
+      if (failing < 0) {
+        EXPECT_EQ(errors[r], "");
+        EXPECT_EQ(after[r], 1);
+      } else if (r == failing) {
+        EXPECT_EQ(errors[r], "data.path: no such file");
+      } else {
+        EXPECT_EQ(errors[r], fmt::format("rank {}: rank {} failed to start (the error is printed "
+                                         "by the rank that failed); nothing was written",
+                                         r, failing));
+        EXPECT_EQ(after[r], 0) << "rank " << r << " went on";
+      }
+    }
+  }
+  const auto two = OnRanks(3, [&](int rank, const SumOverRanks& sum) {
+    EveryRankOrThrow(rank, 3, sum, [&] {
+      if (rank > 0) throw std::runtime_error("out of memory");
+    });
+  });
+  EXPECT_EQ(two[0],
+            "rank 0: ranks 1 and 2 failed to start (the error is printed by the rank that "
+            "failed); nothing was written");
+}
+
+// Ranks that would resume from different places (a train.out_dir that is not shared, a
+// checkpoint one rank could not read) all stop, the differing rank naming both positions.
+TEST(DistributedAgreementTest, RanksThatWouldResumeFromDifferentStepsAllStop) {
+  const auto describe = [](const std::vector<int64_t>& own, const std::vector<int64_t>& main) {
+    return fmt::format("step {} where rank 0 has {}", own[0], main[0]);
+  };
+  const auto same = OnRanks(3, [&](int rank, const SumOverRanks& sum) {
+    CheckSameOnEveryRank(rank, 3, sum, {40, 123456789012345, 0, 100}, describe);
+  });
+  EXPECT_EQ(same, std::vector<std::string>(3, ""));
+  const auto differ = OnRanks(3, [&](int rank, const SumOverRanks& sum) {
+    CheckSameOnEveryRank(rank, 3, sum, {rank == 2 ? 0 : 40, 7, 0, 100}, describe);
+  });
+  EXPECT_EQ(differ[2], "rank 2: step 0 where rank 0 has 40");
+  EXPECT_EQ(differ[0],
+            "rank 0: rank 2 differs from rank 0 (its error says how); nothing was written");
+  EXPECT_EQ(differ[1],
+            "rank 1: rank 2 differs from rank 0 (its error says how); nothing was written");
+  const auto two = OnRanks(3, [&](int rank, const SumOverRanks& sum) {
+    CheckSameOnEveryRank(rank, 3, sum, {rank, 7}, describe);
+  });
+  EXPECT_EQ(two[0],
+            "rank 0: ranks 1 and 2 differ from rank 0 (their errors say how); nothing was written");
+  // One process agrees with itself, and its work runs as it is.
+  Distributed single;
+  bool ran = false;
+  single.EveryRankOrThrow([&] { ran = true; });
+  EXPECT_TRUE(ran);
+  EXPECT_NO_THROW(single.CheckSameOnEveryRank({1, 2}, describe));
+}
+
 TEST(DistributedNoOpTest, TrainerWithTheNoOpGroupIsUnchanged) {
   Config c = testing::TinyConfig(testing::TempRunDir());
   c.train.steps = 5;

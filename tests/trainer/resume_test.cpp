@@ -403,8 +403,9 @@ TEST(ResumeTest, AnOutDirThatCannotBeMadeNamesTheKey) {
   Config c = TinyConfig(dir + "/afile/sub");
   c.train.steps = 1;
   EXPECT_THAT([&] { Trainer t(c, RunOptions::Quiet()); },
-              ::testing::ThrowsMessage<RunDirError>(::testing::StrEq(
-                  "train.out_dir \"" + dir + "/afile/sub\": cannot create it: Not a directory")));
+              ::testing::ThrowsMessage<RunDirError>(
+                  ::testing::StrEq("train.out_dir \"" + dir + "/afile/sub\": cannot create " + dir +
+                                   "/afile/sub: " + dir + "/afile is a file, not a directory")));
   c.train.out_dir = dir + "/" + std::string(300, 'a');
   EXPECT_THAT(
       [&] { Trainer t(c, RunOptions::Quiet()); },
@@ -415,6 +416,50 @@ TEST(ResumeTest, AnOutDirThatCannotBeMadeNamesTheKey) {
   EXPECT_THAT([&] { Trainer t(c, RunOptions::Quiet()); },
               ::testing::ThrowsMessage<RunDirError>(::testing::HasSubstr("File name too long")));
   EXPECT_FALSE(fs::exists(dir + "/new"));
+}
+
+// A link on train.out_dir's way whose target is missing (a disk not mounted) is named, and stays:
+// the failed creation removed it as one of the directories it had made (found by a hunt:
+// existence checks follow links, so the link counted as missing).
+TEST(ResumeTest, ALinkToNothingOnTheOutDirsWayIsNamedAndKept) {
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir);
+  fs::create_symlink(dir + "/unmounted/runs", dir + "/runs");
+  for (const std::string& out : {dir + "/runs/exp1", dir + "/runs", dir + "/runs/a/b"}) {
+    Config c = TinyConfig(out);
+    c.train.steps = 1;
+    EXPECT_THAT([&] { Trainer t(c, RunOptions::Quiet()); },
+                ::testing::ThrowsMessage<RunDirError>(::testing::StrEq(
+                    "train.out_dir \"" + out + "\": cannot create " + out + ": " + dir +
+                    "/runs is a symbolic link to " + dir +
+                    "/unmounted/runs, which does not exist (a disk not mounted?); create its "
+                    "target or choose another path")));
+    EXPECT_TRUE(fs::is_symlink(dir + "/runs")) << out;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/unmounted"));
+  // Its target made: the run starts there, through the link.
+  fs::create_directories(dir + "/unmounted/runs");
+  Config c = TinyConfig(dir + "/runs/exp1");
+  c.train.steps = 1;
+  EXPECT_EQ(Trainer(c, RunOptions::Quiet()).step(), 0);
+  EXPECT_TRUE(fs::exists(dir + "/unmounted/runs/exp1/config.yaml"));
+}
+
+// CreateDirectories returns what it made, deepest first, and only that; a failure part-way
+// removes what it made and nothing that was there.
+TEST(ResumeTest, CreateDirectoriesOwnsOnlyWhatItMade) {
+  const std::string dir = TempRunDir();
+  fs::create_directories(dir + "/had");
+  EXPECT_EQ(CreateDirectories(dir + "/had/a/b"),
+            (std::vector<std::string>{dir + "/had/a/b", dir + "/had/a"}));
+  EXPECT_TRUE(CreateDirectories(dir + "/had/a/b").empty());
+  EXPECT_EQ(CreateDirectories(dir + "/x/../y"),
+            (std::vector<std::string>{dir + "/x/../y", dir + "/x"}));
+  // A name too long two levels below new directories: both removed again.
+  EXPECT_THAT([&] { CreateDirectories(dir + "/new/sub/" + std::string(300, 'a')); },
+              ::testing::ThrowsMessage<FileError>(::testing::HasSubstr("File name too long")));
+  EXPECT_FALSE(fs::exists(dir + "/new"));
+  EXPECT_TRUE(fs::is_directory(dir + "/had/a/b"));
 }
 
 // The lock file is never written through a link (its target would be overwritten): a link in
@@ -755,6 +800,17 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
                         "\"step\":9}\n",
                         5, &kept),
             "{\"type\":\"train\",\"step\":1}\n# lr sweep, run 3\n");
+  // Also one that names a step, in words or as JSON: only the trainer's own records (type, then
+  // step, as it writes them) are dropped past the checkpoint (found by a hunt: any line holding
+  // "step": went).
+  kept.clear();
+  EXPECT_EQ(KeptMetrics("NOTE: loss spiked at \"step\": 35, lowered lr\n"
+                        "{\"note\": \"eval looked off\", \"step\": 30}\n"
+                        "{\"step\":40,\"type\":\"train\"}\n{\"type\":\"train\",\"step\":7}\n",
+                        5, &kept),
+            "NOTE: loss spiked at \"step\": 35, lowered lr\n"
+            "{\"note\": \"eval looked off\", \"step\": 30}\n{\"step\":40,\"type\":\"train\"}\n");
+  EXPECT_TRUE(kept.empty());
 
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 6;
@@ -1461,6 +1517,62 @@ TEST(ResumeTest, ABaselineDirectoryInTheWayIsFoundBeforeTheDistillationTrains) {
   std::ostringstream table;
   EXPECT_EQ(distill::Run(c, RunFlags{false, true}, table).size(), 1u);
   EXPECT_EQ(ReadBytes(baseline + "/notes.txt"), "mine");
+}
+
+// A pipeline named by another spelling of its path, or moved, is the same run: its student
+// stage's teacher.checkpoint (<pipeline>/teacher) counts in the run identity relative to the
+// stage's directory. Both were refused as "a different run" (found by a hunt), and no override
+// could continue them. A checkpoint written with the identity of before (the path as typed)
+// still belongs to the run.
+TEST(ResumeTest, APipelineMovedOrSpelledAnotherWayResumes) {
+  const std::string base = TempRunDir();
+  Config c = TinyConfig(base + "/p");
+  c.train.mode = Mode::kDistill;
+  c.teacher.pretrain_steps = 3;
+  c.train.steps = 2;
+  c.train.log_interval = 1;
+  std::ostringstream out;
+  distill::Run(c, RunFlags{false, true}, out);
+  const auto student_steps = [](const std::string& pipeline) {
+    return LoggedTrainSteps(pipeline + "/student");
+  };
+  ASSERT_EQ(student_steps(base + "/p"), (std::vector<int64_t>{1, 2}));
+  // Relative where it was absolute.
+  c.train.out_dir = fs::relative(base + "/p", fs::current_path()).string();
+  ASSERT_NE(c.train.out_dir, base + "/p");
+  c.train.steps = 3;
+  distill::Run(c, RunFlags{false, true}, out);
+  EXPECT_EQ(student_steps(base + "/p"), (std::vector<int64_t>{1, 2, 3}));
+  // Moved.
+  fs::rename(base + "/p", base + "/q");
+  c.train.out_dir = base + "/q";
+  c.train.steps = 4;
+  distill::Run(c, RunFlags{false, true}, out);
+  EXPECT_EQ(student_steps(base + "/q"), (std::vector<int64_t>{1, 2, 3, 4}));
+
+  const Config stage = StudentStageConfig(c);
+  const std::vector<std::string> accepted = AcceptedRunIdentityHashes(stage);
+  ASSERT_EQ(accepted.size(), 2u);
+  EXPECT_EQ(accepted[0], RunIdentityHash(stage));
+  Config elsewhere = stage;  // the teacher not beside it: its path is the identity, as before
+  elsewhere.teacher.checkpoint = base + "/q/teacher/../teacher_copy";
+  EXPECT_EQ(AcceptedRunIdentityHashes(elsewhere).size(), 1u);
+  EXPECT_NE(RunIdentityHash(elsewhere), RunIdentityHash(stage));
+  auto model = MakeModel(stage.student);
+  auto optimizer = MakeOptimizer(stage.optim, *model);
+  const std::string path = base + "/step_0000004.pt";
+  TrainingPosition position;
+  position.step = 4;
+  for (const std::string& identity : {accepted[1], std::string("0123456789abcdef")}) {
+    SaveCheckpoint(path, *model, *optimizer, position, at::Device(at::kCPU), identity);
+    if (identity == accepted[1]) {
+      EXPECT_EQ(LoadCheckpoint(path, *model, *optimizer, at::Device(at::kCPU), accepted).step, 4);
+    } else {
+      EXPECT_THAT([&] { LoadCheckpoint(path, *model, *optimizer, at::Device(at::kCPU), accepted); },
+                  ::testing::ThrowsMessage<std::runtime_error>(
+                      ::testing::HasSubstr("is a checkpoint of another run")));
+    }
+  }
 }
 
 // The quickstart's shape in miniature: teacher pretrain, distil, hard-label baseline. Running

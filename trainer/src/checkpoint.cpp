@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -205,7 +207,18 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
                     path));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw CorruptCheckpointError(fmt::format("{}: cannot be opened", path));
+  if (!in) {
+    const int error = errno;
+    // Unreadable is not damaged: no fallback to an older checkpoint, and no advice to delete it.
+    if (error == EACCES || error == EPERM) {
+      throw FileError(fmt::format(
+          "{}: cannot be read: {} (the checkpoint may be intact: make it readable, e.g. chmod "
+          "u+r, and run the same command again)",
+          path, std::strerror(error)));
+    }
+    throw CorruptCheckpointError(
+        fmt::format("{}: cannot be opened: {}", path, std::strerror(error)));
+  }
   std::stringstream content;
   content << in.rdbuf();
   *bytes = content.str();
@@ -435,19 +448,21 @@ std::string CheckpointRunIdentity(const std::string& path) {
 
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device,
-                                const std::string& run_identity) {
+                                const std::vector<std::string>& run_identities) {
   torch::serialize::InputArchive archive;
   OpenArchive(path, device, archive);
   CheckArchitecture(archive, model, path);
-  if (const auto saved = TryField(archive, path, "run_identity"); saved && !run_identity.empty()) {
+  if (const auto saved = TryField(archive, path, "run_identity");
+      saved && !run_identities.empty()) {
     const std::string identity = StringField(*saved, path, "run_identity");
-    if (!identity.empty() && identity != run_identity) {
+    if (!identity.empty() &&
+        std::find(run_identities.begin(), run_identities.end(), identity) == run_identities.end()) {
       throw std::runtime_error(fmt::format(
           "{} is a checkpoint of another run (run identity {}; this run's config.yaml gives {}): "
           "either the run's config.yaml was edited after the checkpoint was written (undo the "
           "edit; moving the checkpoint away would restart the run), or the checkpoint was copied "
           "here from another run (move it away, or use that run's config)",
-          path, identity, run_identity));
+          path, identity, run_identities.front()));
     }
   }
   CheckStepMatchesName(archive, path);
@@ -619,13 +634,13 @@ std::string LoadWeights(const std::string& path, CausalLM& model, const at::Devi
 
 std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
-    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings,
-    std::set<std::string>* skipped) {
+    const at::Device& device, const std::vector<std::string>& run_identities,
+    std::vector<std::string>* warnings, std::set<std::string>* skipped) {
   TrainingPosition position;
   const auto intact = LoadNewestIntact(
       run_dir,
       [&](const std::string& file) {
-        position = LoadCheckpoint(file, model, optimizer, device, run_identity);
+        position = LoadCheckpoint(file, model, optimizer, device, run_identities);
       },
       "", "move the damaged files away to resume from scratch in this directory, or pass --fresh");
   if (!intact) return std::nullopt;

@@ -1,8 +1,10 @@
 #include "distill/distributed.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -236,6 +238,89 @@ std::vector<double> Distributed::AllReduceSum(const std::vector<double>& values)
 }
 
 void Distributed::Barrier() { AllReduceSum(int64_t{0}); }
+
+namespace {
+
+// "rank 1", "ranks 1 and 3", "ranks 1, 2 and 5" for the ranks whose entry is non-zero.
+std::string RanksNamed(const std::vector<int64_t>& flags) {
+  std::vector<std::string> ranks;
+  for (size_t r = 0; r < flags.size(); ++r) {
+    if (flags[r] != 0) ranks.push_back(std::to_string(r));
+  }
+  if (ranks.size() == 1) return "rank " + ranks.front();
+  std::string out = "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out += ranks[i] + (i + 2 < ranks.size() ? ", " : i + 2 == ranks.size() ? " and " : "");
+  }
+  return out;
+}
+
+}  // namespace
+
+void EveryRankOrThrow(int rank, int world_size, const SumOverRanks& sum,
+                      const std::function<void()>& work) {
+  std::exception_ptr failure;
+  try {
+    work();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::vector<int64_t> failed(static_cast<size_t>(world_size), 0);
+  failed[static_cast<size_t>(rank)] = failure ? 1 : 0;
+  failed = sum(failed);
+  if (failure) std::rethrow_exception(failure);
+  if (std::any_of(failed.begin(), failed.end(), [](int64_t f) { return f != 0; })) {
+    throw DistributedError(fmt::format(
+        "rank {}: {} failed to start (the error is printed by the rank that failed); nothing was "
+        "written",
+        rank, RanksNamed(failed)));
+  }
+}
+
+void CheckSameOnEveryRank(
+    int rank, int world_size, const SumOverRanks& sum, const std::vector<int64_t>& values,
+    const std::function<std::string(const std::vector<int64_t>& own,
+                                    const std::vector<int64_t>& main)>& describe) {
+  // Rank 0's values to every rank (the others add zeros), then which ranks differ.
+  const std::vector<int64_t> main =
+      sum(rank == 0 ? values : std::vector<int64_t>(values.size(), 0));
+  std::vector<int64_t> differs(static_cast<size_t>(world_size), 0);
+  differs[static_cast<size_t>(rank)] = values != main ? 1 : 0;
+  differs = sum(differs);
+  if (values != main)
+    throw DistributedError(fmt::format("rank {}: {}", rank, describe(values, main)));
+  if (std::any_of(differs.begin(), differs.end(), [](int64_t d) { return d != 0; })) {
+    const bool one = std::count(differs.begin(), differs.end(), int64_t{0}) + 1 ==
+                     static_cast<std::ptrdiff_t>(differs.size());
+    throw DistributedError(fmt::format("rank {}: {} {} from rank 0 ({} how); nothing was written",
+                                       rank, RanksNamed(differs), one ? "differs" : "differ",
+                                       one ? "its error says" : "their errors say"));
+  }
+}
+
+void Distributed::EveryRankOrThrow(const std::function<void()>& work) {
+  if (!active()) return work();
+  distill::EveryRankOrThrow(
+      rank(), world_size(), [this](const std::vector<int64_t>& v) { return AllReduceSumInts(v); },
+      work);
+}
+
+void Distributed::CheckSameOnEveryRank(
+    const std::vector<int64_t>& values,
+    const std::function<std::string(const std::vector<int64_t>& own,
+                                    const std::vector<int64_t>& main)>& describe) {
+  if (!active()) return;
+  distill::CheckSameOnEveryRank(
+      rank(), world_size(), [this](const std::vector<int64_t>& v) { return AllReduceSumInts(v); },
+      values, describe);
+}
+
+std::vector<int64_t> Distributed::AllReduceSumInts(const std::vector<int64_t>& values) {
+  std::vector<at::Tensor> t{at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device())};
+  group_->nccl.backend->allreduce(t)->wait();
+  const at::Tensor host = t[0].cpu();
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
 
 bool Distributed::MainDecides(const std::function<bool()>& decide) {
   if (!active()) return decide();

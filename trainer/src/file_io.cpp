@@ -72,6 +72,51 @@ std::string DescribeWriteError(int error) {
   }
 }
 
+std::vector<std::string> CreateDirectories(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const auto fail = [&dir](const std::string& why) {
+    return FileError(fmt::format("cannot create {}: {}", dir, why));
+  };
+  // The missing levels, deepest first. symlink_status: a link is there even when its target is
+  // not, and is never taken for a missing directory.
+  std::vector<fs::path> missing;
+  for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
+    std::error_code error;
+    const fs::file_status link = fs::symlink_status(p, error);
+    if (fs::is_symlink(link) && !fs::exists(p, error)) {
+      std::error_code ignored;
+      throw fail(
+          fmt::format("{} is a symbolic link to {}, which does not exist (a disk not "
+                      "mounted?); create its target or choose another path",
+                      p.string(), fs::read_symlink(p, ignored).string()));
+    }
+    if (fs::exists(link)) {
+      if (!fs::is_directory(p, error)) {
+        throw fail(fmt::format("{} is a file, not a directory", p.string()));
+      }
+      break;
+    }
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  std::vector<std::string> created;  // deepest first
+  for (auto p = missing.rbegin(); p != missing.rend(); ++p) {
+    std::error_code error;
+    if (fs::create_directory(*p, error)) {
+      created.insert(created.begin(), p->string());
+      continue;
+    }
+    if (!error) continue;  // made by another process meanwhile ("a/.." after "a": there)
+    for (const std::string& made : created) {
+      std::error_code ignored;
+      fs::remove(made, ignored);  // rmdir: ours, and still empty
+    }
+    const std::string why = DescribeWriteError(error.value());
+    throw fail(*p == fs::path(dir) ? why : fmt::format("{}: {}", p->string(), why));
+  }
+  return created;
+}
+
 int CreateFileForWriting(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return -1;
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);

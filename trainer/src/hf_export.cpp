@@ -407,19 +407,13 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
   const fs::path old = target.string() + ".old-" + pid;
   // Before anything is created: a student that the format cannot hold leaves no trace.
   const std::string config_json = HfConfigJson(model.config(), sources.config_template) + "\n";
-  // The directories above the target that the export creates, outermost first, one level at a
-  // time (those that existed, "a/.." included, are not ours): removed again, if still empty,
-  // when it fails.
-  std::vector<fs::path> above, created;
-  for (fs::path up = target.parent_path(); !up.empty(); up = up.parent_path()) {
-    above.push_back(up);
-    if (up == up.parent_path()) break;
-  }
+  // The directories above the target that the export creates (those that existed, "a/.."
+  // included, are not ours): removed again, if still empty, when it fails. A link on the way
+  // whose target is missing, or a file there, is named (CreateDirectories).
+  const std::vector<std::string> created = target.has_parent_path()
+                                               ? CreateDirectories(target.parent_path().string())
+                                               : std::vector<std::string>();
   try {
-    for (auto up = above.rbegin(); up != above.rend(); ++up) {
-      std::error_code exists;  // a file there: the create of tmp below says so
-      if (fs::create_directory(*up, exists)) created.push_back(*up);
-    }
     RemoveTree(tmp.string());  // ours: left by a killed export of this very process id
     fs::create_directories(tmp);
     WriteFileAtomically((tmp / "config.json").string(), config_json);
@@ -437,9 +431,7 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     // The previous export moved aside and the new one not in place: the previous one goes back.
     std::error_code ignored;
     if (Present(old) && !Present(target)) fs::rename(old, target, ignored);
-    for (auto dir = created.rbegin(); dir != created.rend(); ++dir) {
-      fs::remove(*dir, ignored);  // rmdir: only while empty
-    }
+    for (const std::string& dir : created) fs::remove(dir, ignored);  // deepest first; rmdir
     throw;
   }
   // The new export is in place: what follows only tidies the previous one, and its failure is a

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,6 +64,28 @@ JsonRecord& JsonRecord::Add(const std::string& key, const std::string& value) {
   return *this;
 }
 
+namespace {
+
+// The type and step of a record the trainer wrote ({"type":"train","step":12,...: JsonRecord
+// puts them first, in that order); nullopt for any other line (a note someone added, even one
+// with a "step": of its own).
+std::optional<std::pair<std::string, int64_t>> TrainerRecord(const std::string& line) {
+  const std::string head = "{\"type\":\"";
+  if (line.rfind(head, 0) != 0 || line.back() != '}') return std::nullopt;
+  const size_t type_end = line.find('"', head.size());
+  if (type_end == std::string::npos) return std::nullopt;
+  const std::string type = line.substr(head.size(), type_end - head.size());
+  const std::string step_key = "\",\"step\":";
+  if (type.empty() || line.compare(type_end, step_key.size(), step_key) != 0) return std::nullopt;
+  const size_t digits = type_end + step_key.size();
+  size_t end = digits;
+  while (end < line.size() && std::isdigit(static_cast<unsigned char>(line[end]))) ++end;
+  if (end == digits || (line[end] != ',' && line[end] != '}')) return std::nullopt;
+  return std::make_pair(type, std::atoll(line.c_str() + digits));
+}
+
+}  // namespace
+
 std::string KeptMetrics(const std::string& content, int64_t keep_up_to_step, RecordKeys* kept) {
   std::string out;
   for (size_t begin = 0; begin < content.size();) {
@@ -68,18 +93,13 @@ std::string KeptMetrics(const std::string& content, int64_t keep_up_to_step, Rec
     if (end == std::string::npos) break;  // a partial last line: never completed, dropped
     const std::string line = content.substr(begin, end - begin);
     begin = end + 1;
-    const size_t at = line.find("\"step\":");
-    if (at == std::string::npos) {  // not a record of ours (a note someone added): kept
+    const auto record = TrainerRecord(line);
+    if (!record) {  // not a record of ours (a note someone added): kept
       out += line + '\n';
       continue;
     }
-    const int64_t step = std::atoll(line.c_str() + at + 7);
-    if (step > keep_up_to_step) continue;
-    const size_t type_at = line.find("\"type\":\"");
-    if (type_at != std::string::npos) {
-      const size_t type_begin = type_at + 8;
-      kept->emplace(line.substr(type_begin, line.find('"', type_begin) - type_begin), step);
-    }
+    if (record->second > keep_up_to_step) continue;
+    kept->emplace(record->first, record->second);
     out += line + '\n';
   }
   return out;

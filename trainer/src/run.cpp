@@ -148,7 +148,8 @@ std::string VersionText() {
 std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ostream& out) {
   Distributed single;  // the no-op group, when not data-parallel
   Distributed& dist = flags.distributed ? *flags.distributed : single;
-  CheckMemoryAtStart(config, flags, dist);
+  // Each rank's own device: refused on every rank where it does not fit on one.
+  dist.EveryRankOrThrow([&] { CheckMemoryAtStart(config, flags, dist); });
   std::vector<ResultRow> rows;
   RunDirPlan plan;  // a pipeline's directory: its lock is held until results.txt is written
   if (!IsPipeline(config)) {

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "distill/file_io.h"   // CreateDirectories
 #include "distill/hf_files.h"  // IsExportFileOrTemporary, IsExportSibling
 #include "distill/run.h"       // IsPipeline
 
@@ -51,7 +52,15 @@ bool IsInterruptedStart(const fs::path& dir) {
 }
 
 // What a directory holding only our start-up files (or nothing) is: a new run's.
-bool IsUnstarted(const fs::path& dir) { return fs::is_empty(dir) || IsInterruptedStart(dir); }
+// A directory that cannot be listed (no read permission) is an error naming it, not
+// std::filesystem's message.
+bool IsUnstarted(const fs::path& dir) {
+  try {
+    return fs::is_empty(dir) || IsInterruptedStart(dir);
+  } catch (const fs::filesystem_error& e) {
+    throw RunDirError(fmt::format("{}: cannot list it: {}", dir.string(), e.code().message()));
+  }
+}
 
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -208,9 +217,33 @@ uint64_t Fnv1a64(const void* data, size_t size, uint64_t hash) {
   return hash;
 }
 
-std::string RunIdentityHash(const Config& config) {
-  const std::string identity = RunIdentity(config);
+namespace {
+
+std::string HashOf(const std::string& identity) {
   return fmt::format("{:016x}", Fnv1a64(identity.data(), identity.size()));
+}
+
+// What RunIdentity writes for a teacher.checkpoint beside train.out_dir.
+constexpr const char* kTeacherBesideOutDir = "../teacher (beside train.out_dir)";
+
+bool TeacherBesideOutDir(const Config& c) {
+  if (c.teacher.checkpoint.empty()) return false;
+  const fs::path out = fs::path(c.train.out_dir).lexically_normal();
+  return out.filename() == "student" && fs::path(c.teacher.checkpoint).lexically_normal() ==
+                                            (out.parent_path() / "teacher").lexically_normal();
+}
+
+std::string RunIdentityAsTyped(const Config& config);
+
+}  // namespace
+
+std::string RunIdentityHash(const Config& config) { return HashOf(RunIdentity(config)); }
+
+std::vector<std::string> AcceptedRunIdentityHashes(const Config& config) {
+  std::vector<std::string> hashes{RunIdentityHash(config)};
+  const std::string as_typed = HashOf(RunIdentityAsTyped(config));
+  if (as_typed != hashes.front()) hashes.push_back(as_typed);
+  return hashes;
 }
 
 std::optional<int64_t> CheckpointStep(const std::string& name) {
@@ -417,6 +450,17 @@ void RemoveTree(const std::string& path) {
 }
 
 std::string RunIdentity(const Config& config) {
+  if (!TeacherBesideOutDir(config)) return RunIdentityAsTyped(config);
+  Config c = config;
+  c.teacher.checkpoint = kTeacherBesideOutDir;
+  return RunIdentityAsTyped(c);
+}
+
+namespace {
+
+// RunIdentity with every path as typed (the identity of runs started before a teacher beside
+// train.out_dir was written relative to it).
+std::string RunIdentityAsTyped(const Config& config) {
   Config c = config;
   const TrainConfig defaults;
   c.train.steps = defaults.steps;
@@ -455,6 +499,8 @@ std::string RunIdentity(const Config& config) {
   return identity;
 }
 
+}  // namespace
+
 RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   const fs::path dir = config.train.out_dir;
   const fs::path config_file = dir / "config.yaml";
@@ -467,6 +513,14 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   if (exists && !fs::is_directory(dir)) {
     throw RunDirError(
         fmt::format("train.out_dir \"{}\" is a file; choose a directory", dir.string()));
+  }
+  if (exists) {  // what is in it decides what it is: a directory that cannot be read says so
+    std::error_code listed;
+    fs::directory_iterator probe(dir, listed);
+    if (listed) {
+      throw RunDirError(
+          fmt::format("train.out_dir \"{}\": cannot list it: {}", dir.string(), listed.message()));
+    }
   }
   RunDirPlan plan;
   if (!exists) return plan;  // locked once CommitRunDir has created it
@@ -490,7 +544,9 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   // first checkpoint, is another run than its marker names); the checkpoints' own identities
   // are checked on resume either way.
   const bool own = IsOwnRunDir(dir.string());
-  const bool marker_says_same = own && MarkerConfigHash(dir) == RunIdentityHash(config);
+  const std::vector<std::string> accepted = AcceptedRunIdentityHashes(config);
+  const bool marker_says_same =
+      own && std::find(accepted.begin(), accepted.end(), MarkerConfigHash(dir)) != accepted.end();
   const auto resume_with_repair = [&](const std::string& what) {
     if (!config.train.resume) return false;  // the errors below say what to do
     plan.config_note = fmt::format(
@@ -628,21 +684,14 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     for (const std::string& path : doomed) RemoveTree(path);
     RemoveTree((dir / kRunMarker).string());
   }
-  // The directories a failed creation made on the way are removed again (each only if empty).
-  std::error_code created_error, ignored;
-  std::vector<fs::path> missing;
-  for (fs::path p = dir; !p.empty() && !fs::exists(p, ignored); p = p.parent_path()) {
-    missing.push_back(p);
-    if (p == p.parent_path()) break;
+  // Only the directories this process creates are its own (a failed creation removes them
+  // again; so does a failed start, UndoFailedStart): a link whose target is missing is named,
+  // never taken for a missing directory and removed.
+  try {
+    plan.created = CreateDirectories(dir.string());
+  } catch (const FileError& e) {  // a file on the path, a read-only filesystem, a name too long
+    throw RunDirError(fmt::format("train.out_dir \"{}\": {}", dir.string(), e.what()));
   }
-  fs::create_directories(dir, created_error);
-  if (created_error) {  // a file on the path, a read-only filesystem, a name too long, ...
-    for (const fs::path& p : missing) fs::remove(p, ignored);  // deepest first; rmdir only
-    throw RunDirError(fmt::format("train.out_dir \"{}\": cannot create it: {}", dir.string(),
-                                  created_error.message()));
-  }
-  plan.created.clear();
-  for (const fs::path& p : missing) plan.created.push_back(p.string());
   if (plan.lock == nullptr || !plan.lock->Current()) {
     plan.lock = std::make_shared<RunLock>(dir.string());
     // Planned as a new run: a process that started one here meanwhile (and may have finished

@@ -1,5 +1,6 @@
 #include "distill/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -371,75 +372,95 @@ Trainer::Trainer(Config config, RunOptions options)
     plan = PlanRunDir(config_, options_.fresh);
     return plan.same_run;
   });
-  // Tokens must be real for every model: below distill.vocab_size when it is set.
-  data_ = MakeDataSource(config_.data, RealVocabSize(config_), config_.distill.ignore_index);
-
-  torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
   std::vector<std::string> warnings;  // printed once the run's log is open
-  if (auto warning = RepeatedValidationWarning(config_, *data_)) warnings.push_back(*warning);
-  if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
-  if (distill_) {
-    teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
-    teacher_weights_ = WeightsFingerprint(*teacher_);  // as loaded: before any cast below
-    teacher_->eval();
-    for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
-  }
-  // The student's initialisation and dropout stream come from train.seed alone, not from whether
-  // (or which) teacher was built before it: the hard-label baseline, a kd_weight 0 control and
-  // students of different teachers start from the same weights.
-  torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
-  student_ = BuildModel(config_.student, /*checkpoint=*/"", device_);
-  student_->set_activation_checkpointing(config_.train.activation_checkpointing);
-  if (config_.student.init_from_teacher && config_.student.hf_dir.empty()) {
-    CopyWeights(*teacher_, *student_);
-  }
-  if (distill_ && config_.train.precision == Precision::kBf16 && device_.is_cuda()) {
-    // The frozen teacher's matmul weights in bf16 once, instead of autocast re-casting each at
-    // every micro-batch (it caches casts only of tensors that require grad): the same bits, half
-    // their memory (docs/trainer.md, "CUDA").
-    StoreMatmulWeightsAs(*teacher_, at::kBFloat16);
-  }
-  student_->train();
+  // What each rank builds and reads, before rank 0 writes anything: a failure on any rank (its
+  // data, its teacher, its device's memory, its checkpoint) stops every rank here, so that the
+  // commit below (a deletion with --fresh) never runs for a start that failed elsewhere.
+  dist_->EveryRankOrThrow([&] {
+    // Tokens must be real for every model: below distill.vocab_size when it is set.
+    data_ = MakeDataSource(config_.data, RealVocabSize(config_), config_.distill.ignore_index);
 
-  optimizer_ = MakeOptimizer(config_.optim, *student_);
-  // The run's checkpoint (read only) before the directory is written: a resume whose every
-  // checkpoint is corrupt fails with the directory as it was.
-  if (same_run) {
-    std::set<std::string> skipped;  // damaged or misnamed: never pruned by this process
-    auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_, device_,
-                                             RunIdentityHash(config_), &warnings, &skipped);
-    for (const std::string& name : skipped) checkpoint_is_ours_[name] = false;
-    if (position) {
-      position_ = *position;
-      elapsed_ = position_.elapsed_s;
-      checkpointed_step_ = position_.step;
-      // Its run identity was checked as it loaded (and its name matches its step).
-      checkpoint_is_ours_
-          [fs::path(CheckpointPath(config_.train.out_dir, position_.step)).filename().string()] =
-              true;
-      if (position_.step > config_.train.steps) {
-        // A run is not shortened after the fact: it stays at its step, and its config.yaml,
-        // progress and summary say so (not the smaller train.steps asked for).
-        warnings.push_back(fmt::format(
-            "warning: {} is at step {}, past train.steps {}: a run is not shortened after the "
-            "fact; nothing is trained, the run ends again at step {} and keeps train.steps {}. "
-            "Raise train.steps to train on, or pass --fresh to train {} steps from the start",
-            config_.train.out_dir, position_.step, config_.train.steps, position_.step,
-            position_.step, config_.train.steps));
-        config_.train.steps = position_.step;
-      }
-      if (auto warning = DataFilesChanged(position_.data_files, data_->Files(), position_.step,
-                                          position_.step >= config_.train.steps, config_.data)) {
-        warnings.push_back(*warning);
-      }
-      if (auto warning = TeacherChanged(config_, position_, teacher_weights_)) {
-        warnings.push_back(*warning);
+    torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
+    if (auto warning = RepeatedValidationWarning(config_, *data_)) warnings.push_back(*warning);
+    if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
+    if (distill_) {
+      teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
+      teacher_weights_ = WeightsFingerprint(*teacher_);  // as loaded: before any cast below
+      teacher_->eval();
+      for (auto& p : teacher_->parameters()) p.set_requires_grad(false);
+    }
+    // The student's initialisation and dropout stream come from train.seed alone, not from whether
+    // (or which) teacher was built before it: the hard-label baseline, a kd_weight 0 control and
+    // students of different teachers start from the same weights.
+    torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
+    student_ = BuildModel(config_.student, /*checkpoint=*/"", device_);
+    student_->set_activation_checkpointing(config_.train.activation_checkpointing);
+    if (config_.student.init_from_teacher && config_.student.hf_dir.empty()) {
+      CopyWeights(*teacher_, *student_);
+    }
+    if (distill_ && config_.train.precision == Precision::kBf16 && device_.is_cuda()) {
+      // The frozen teacher's matmul weights in bf16 once, instead of autocast re-casting each at
+      // every micro-batch (it caches casts only of tensors that require grad): the same bits, half
+      // their memory (docs/trainer.md, "CUDA").
+      StoreMatmulWeightsAs(*teacher_, at::kBFloat16);
+    }
+    student_->train();
+
+    optimizer_ = MakeOptimizer(config_.optim, *student_);
+    // The run's checkpoint (read only) before the directory is written: a resume whose every
+    // checkpoint is corrupt fails with the directory as it was.
+    if (same_run) {
+      std::set<std::string> skipped;  // damaged or misnamed: never pruned by this process
+      auto position =
+          LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_, device_,
+                                   AcceptedRunIdentityHashes(config_), &warnings, &skipped);
+      for (const std::string& name : skipped) checkpoint_is_ours_[name] = false;
+      if (position) {
+        position_ = *position;
+        elapsed_ = position_.elapsed_s;
+        checkpointed_step_ = position_.step;
+        // Its run identity was checked as it loaded (and its name matches its step).
+        checkpoint_is_ours_
+            [fs::path(CheckpointPath(config_.train.out_dir, position_.step)).filename().string()] =
+                true;
+        if (position_.step > config_.train.steps) {
+          // A run is not shortened after the fact: it stays at its step, and its config.yaml,
+          // progress and summary say so (not the smaller train.steps asked for).
+          warnings.push_back(fmt::format(
+              "warning: {} is at step {}, past train.steps {}: a run is not shortened after the "
+              "fact; nothing is trained, the run ends again at step {} and keeps train.steps {}. "
+              "Raise train.steps to train on, or pass --fresh to train {} steps from the start",
+              config_.train.out_dir, position_.step, config_.train.steps, position_.step,
+              position_.step, config_.train.steps));
+          config_.train.steps = position_.step;
+        }
+        if (auto warning = DataFilesChanged(position_.data_files, data_->Files(), position_.step,
+                                            position_.step >= config_.train.steps, config_.data)) {
+          warnings.push_back(*warning);
+        }
+        if (auto warning = TeacherChanged(config_, position_, teacher_weights_)) {
+          warnings.push_back(*warning);
+        }
       }
     }
-  }
-  if (position_.step < config_.train.steps) {  // steps left to train
-    if (auto warning = UnfinishedScheduleWarning(config_)) warnings.push_back(*warning);
-  }
+    if (position_.step < config_.train.steps) {  // steps left to train
+      if (auto warning = UnfinishedScheduleWarning(config_)) warnings.push_back(*warning);
+    }
+  });
+  // Every rank resumes from the same place: a train.out_dir that is not one directory for all
+  // (not on a shared filesystem) or a checkpoint one rank could not read would let the replicas
+  // train on from different steps, silently.
+  dist_->CheckSameOnEveryRank(
+      {position_.step, position_.data_position, position_.skipped_steps, config_.train.steps},
+      [&](const std::vector<int64_t>& own, const std::vector<int64_t>& main) {
+        return fmt::format(
+            "resumed at step {} (data position {}, {} steps skipped, train.steps {}) where rank 0 "
+            "resumed at step {} (data position {}, {} skipped, train.steps {}): every rank must "
+            "see the same train.out_dir, {} (one directory on a filesystem all ranks share), and "
+            "read the same checkpoint",
+            own[0], own[1], own[2], own[3], main[0], main[1], main[2], main[3],
+            config_.train.out_dir);
+      });
   dist_->MainDecides([&] {
     if (options_.before_commit) options_.before_commit();
     CommitRunDir(config_, plan);
@@ -827,13 +848,14 @@ bool Trainer::CheckpointOwned(const std::string& path) {
   }
   // A file from before this process: read once (a checkpoint written before checkpoints
   // carried the run identity counts as this run's, as its resume does).
-  const std::string identity = RunIdentityHash(config_);
+  const std::vector<std::string> identities = AcceptedRunIdentityHashes(config_);
   std::string why;
   try {
     const std::string saved = CheckpointRunIdentity(path);
-    if (!saved.empty() && saved != identity) {
+    if (!saved.empty() &&
+        std::find(identities.begin(), identities.end(), saved) == identities.end()) {
       why = fmt::format("a checkpoint of another run (run identity {}; this run's is {})", saved,
-                        identity);
+                        identities.front());
     }
   } catch (const CorruptCheckpointError& e) {
     why = fmt::format("not an intact checkpoint ({})", e.what());
@@ -958,6 +980,10 @@ void Trainer::TrainUntil(int64_t stop_step) {
   const int signal =
       stop_signal_ != 0 ? stop_signal_ : (dist_->active() ? 0 : StopSignals::Pending());
   if (signal != 0) {
+    // Every rank agreed on the stop (the step's all-reduce): the others wait for rank 0's
+    // checkpoint before they exit, since a launcher that sees one rank exit stops the rest
+    // (torchrun: SIGTERM at once), rank 0 mid-write included.
+    if (dist_->active()) dist_->Barrier();
     throw Interrupted(signal, fmt::format("{}: checkpoint at step {} written to {}; resume with "
                                           "the same command",
                                           SignalName(signal), position_.step,

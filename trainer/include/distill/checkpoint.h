@@ -64,10 +64,11 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
 // Restores everything SaveCheckpoint wrote (also the RNG states). Throws CorruptCheckpointError
 // for a damaged file (before changing anything; an archive the trainer did not write possibly
 // after loading some weights), std::runtime_error when the checkpoint's
-// architecture differs from `model`'s or, `run_identity` given, it belongs to another run.
+// architecture differs from `model`'s or, `run_identities` given (AcceptedRunIdentityHashes),
+// it belongs to another run (its identity is none of them).
 TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
                                 torch::optim::Optimizer& optimizer, const at::Device& device,
-                                const std::string& run_identity = "");
+                                const std::vector<std::string>& run_identities = {});
 
 // Restores the newest checkpoint of `run_dir` that is intact, newest first: a corrupt one is
 // skipped with a line in `warnings` naming it and the one used instead, and its file name goes
@@ -75,8 +76,8 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
 // every file when none is intact.
 std::optional<TrainingPosition> LoadLatestGoodCheckpoint(
     const std::string& run_dir, CausalLM& model, torch::optim::Optimizer& optimizer,
-    const at::Device& device, const std::string& run_identity, std::vector<std::string>* warnings,
-    std::set<std::string>* skipped = nullptr);
+    const at::Device& device, const std::vector<std::string>& run_identities,
+    std::vector<std::string>* warnings, std::set<std::string>* skipped = nullptr);
 
 // Loads only the weights (the teacher; export). `path`: a checkpoint file, or a run directory
 // whose newest intact checkpoint is used: a corrupt newer one is skipped with a line in

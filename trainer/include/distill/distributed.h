@@ -39,6 +39,26 @@ class DistributedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Sums `values` elementwise over every rank: each rank calls it with as many values, in the
+// same order of calls (an NCCL all-reduce; threads in the tests).
+using SumOverRanks = std::function<std::vector<int64_t>(const std::vector<int64_t>&)>;
+
+// Runs `work` on this rank, then learns whether it succeeded on every rank. A rank whose work
+// threw rethrows its error; the others throw a DistributedError naming the ranks that failed
+// (each prints its own error), instead of going on to a collective that would wait for them
+// forever, or to rank 0's commit of the run directory (a deletion with --fresh) when the start
+// failed elsewhere.
+void EveryRankOrThrow(int rank, int world_size, const SumOverRanks& sum,
+                      const std::function<void()>& work);
+
+// Checks that every rank holds rank 0's `values`. Where any rank differs, every rank throws a
+// DistributedError: a differing rank's says `describe(its values, rank 0's)`, the others' name
+// the ranks that differ.
+void CheckSameOnEveryRank(
+    int rank, int world_size, const SumOverRanks& sum, const std::vector<int64_t>& values,
+    const std::function<std::string(const std::vector<int64_t>& own,
+                                    const std::vector<int64_t>& main)>& describe);
+
 // What torchrun put in the environment.
 struct LaunchEnv {
   bool launched = false;  // WORLD_SIZE is set: started by torchrun (or by hand, the same way)
@@ -121,12 +141,20 @@ class Distributed : public GradientCommunicator {
   // throws on rank 0, rank 0 rethrows and the other ranks throw a DistributedError that points
   // at rank 0's message, instead of waiting forever.
   bool MainDecides(const std::function<bool()>& decide);
+  // EveryRankOrThrow and CheckSameOnEveryRank over this process group (not active: `work` runs
+  // as it is, and one process always agrees with itself).
+  void EveryRankOrThrow(const std::function<void()>& work);
+  void CheckSameOnEveryRank(
+      const std::vector<int64_t>& values,
+      const std::function<std::string(const std::vector<int64_t>& own,
+                                      const std::vector<int64_t>& main)>& describe);
 
   // Bucket size of BroadcastParameters.
   int64_t bucket_bytes() const { return bucket_bytes_; }
   void set_bucket_bytes(int64_t bytes) { bucket_bytes_ = bytes; }
 
  private:
+  std::vector<int64_t> AllReduceSumInts(const std::vector<int64_t>& values);  // active only
   struct Group;  // the store and the NCCL backend (c10d types stay out of this header)
   LaunchEnv env_;
   std::unique_ptr<Group> group_;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace distill {
 
@@ -34,6 +35,15 @@ void WriteFileAtomicallyBy(const std::string& path,
 // unlinked first (a stale temporary, or a link: never written through to its target) and the
 // file is created exclusively. Returns the descriptor, or -1 with errno set.
 int CreateFileForWriting(const std::string& path);
+
+// Creates directory `dir` and those above it that are missing, outermost first, one level at a
+// time, and returns the ones this call created, deepest first: the caller's own, to remove again
+// (rmdir: only while empty) when what it does next fails. A directory that was there, or that
+// another process made meanwhile, is not in the list. A symbolic link on the way whose target is
+// missing (a disk not mounted) or a file where a directory belongs is named in the FileError
+// ("cannot create <dir>: <which> is ..."); whatever fails, what this call created is removed
+// again before it throws, and nothing else (a link above all) is ever removed.
+std::vector<std::string> CreateDirectories(const std::string& dir);
 
 // A file opened for appending whole lines: each Append is one write() of `line` + '\n'
 // (O_APPEND), so a reader never sees half a record that a later write completes.

@@ -113,6 +113,10 @@ std::optional<int64_t> CheckpointStep(const std::string& name);
 
 // Fnv1a64 of RunIdentity(config), as 16 hex digits.
 std::string RunIdentityHash(const Config& config);
+// The identities a run's checkpoints and marker may carry: RunIdentityHash first, then, where
+// it differs, the one written before a teacher beside train.out_dir (a pipeline's student
+// stage) was named relative to it in the identity (RunIdentity): its path as typed.
+std::vector<std::string> AcceptedRunIdentityHashes(const Config& config);
 
 // `path` without trailing '/' ("runs/x/" -> "runs/x"; "/" stays "/"): a directory the trainer
 // creates or names siblings of (`<out_dir>-baseline`, `<dir>.tmp-<pid>`) is one path however it
@@ -124,7 +128,10 @@ std::string WithoutTrailingSeparators(std::string path);
 // latter that the dynamic linker may bind instead of libstdc++'s (it crashes).
 void RemoveTree(const std::string& path);
 
-// The config with the keys that may differ between attempts of one run reset, as YAML.
+// The config with the keys that may differ between attempts of one run reset, as YAML. A
+// teacher.checkpoint beside train.out_dir (<dir>/teacher for train.out_dir <dir>/student: a
+// pipeline's student stage) is written relative to it, so that a pipeline moved, or named by
+// another spelling of its path ("runs/p", "/home/me/runs/p"), is the same run.
 std::string RunIdentity(const Config& config);
 
 }  // namespace distill
