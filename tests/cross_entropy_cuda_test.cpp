@@ -55,6 +55,24 @@ TEST(CrossEntropyCuda, MatchesTheReferenceAtTrainerVocabularies) {
       }
 }
 
+// A row wider than 65535 of the backward's column chunks (16384 bf16 columns each) takes wider
+// chunks, as distill_loss's backward does: it was an "invalid configuration argument" error. One
+// row of 2^30 + 16 zero logits (2 GiB in bf16, 4 GiB with its gradient): every column but the
+// label's gets the same gradient, 1/W, bit for bit, so a column chunk left out would show.
+TEST(CrossEntropyCuda, ARowWiderThanTheBackwardsGridGetsItsWholeGradient) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t W = (int64_t{1} << 30) + 16, label = W - 3;
+  const at::Tensor x = at::zeros({1, W}, kCuda.dtype(at::kBFloat16)).requires_grad_(true);
+  const at::Tensor loss = cross_entropy_loss(x, at::full({1}, label, kCuda.dtype(at::kLong)),
+                                             CrossEntropyLossOptions());
+  EXPECT_NEAR(loss.item<double>(), std::log(double(W)), 1e-5 * std::log(double(W)));
+  loss.backward();
+  const at::Tensor g = x.grad();
+  const at::Tensor p = at::full({}, 1.0 / double(W), kCuda).to(at::kBFloat16);
+  EXPECT_EQ(g.eq(p).sum().item<int64_t>(), W - 1);
+  EXPECT_NEAR(g[0][label].item<double>(), 1.0 / double(W) - 1.0, 4e-3);
+}
+
 // The op mixed with ordinary ops on a non-default stream gives the same numbers as on the default
 // stream: every launch must go to the current stream.
 TEST(CrossEntropyCuda, RunsOnTheCurrentNonDefaultStream) {

@@ -200,8 +200,8 @@ cudaError_t cross_entropy_backward(const CrossEntropyArgs<T>& a, cudaStream_t st
   int64_t chunk = 256 * N * 8;
   while (chunk > 256 * N && a.rows * ((a.width + chunk - 1) / chunk) < int64_t(a.num_sms) * 8)
     chunk /= 2;
+  while ((a.width + chunk - 1) / chunk > 65535) chunk *= 2;  // gridDim.y's limit: wider blocks
   const int64_t chunks = (a.width + chunk - 1) / chunk;
-  if (chunks > 65535) return cudaErrorInvalidConfiguration;
   ce_backward_kernel<T><<<dim3(unsigned(a.rows), unsigned(chunks)), 256, 0, stream>>>(a, chunk);
   return cudaGetLastError();
 }

@@ -497,7 +497,10 @@ TEST(Safetensors, FailedWriteKeepsTheOldFileAndRemovesTheTemporary) {
   });
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, old_handler);
-  ExpectContains(message, {path, "cannot write", std::strerror(EFBIG)});
+  // With what it means, as the trainer's other files say it (the safetensors writer gave
+  // strerror alone).
+  ExpectContains(message, {path, "cannot write", std::strerror(EFBIG),
+                           "(a file-size limit, ulimit -f, was reached)"});
   EXPECT_EQ(Listing(dir), std::vector<std::string>{"model.safetensors"});
   EXPECT_EQ(ReadBytes(path), before);
   // And an overwrite that succeeds replaces it.

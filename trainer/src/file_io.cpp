@@ -59,7 +59,7 @@ std::string DescribeWriteError(int error) {
   switch (error) {
     case ENOSPC:
     case EDQUOT:
-      return text + " (the disk is full: free space, then resume with the same command)";
+      return text + " (the disk is full: free space, then run the same command again)";
     case EFBIG:
       return text + " (a file-size limit, ulimit -f, was reached)";
     case EROFS:

@@ -71,7 +71,7 @@ std::string RelativeTo(const std::string& path);
 // "runs/"; "*.bin": "./"), or the pattern itself when it has no wildcard.
 std::string GlobDirectories(const std::string& pattern);
 
-// "No space left on device (the disk is full: free space, then resume with the same command)"
+// "No space left on device (the disk is full: free space, then run the same command again)"
 // for errno `error`: strerror plus what to do for the common causes.
 std::string DescribeWriteError(int error);
 

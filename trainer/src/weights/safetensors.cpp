@@ -650,13 +650,13 @@ void WriteSafetensors(const std::string& path,
   const auto fail = [&](const std::string& what, int err, int fd) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
-    throw WeightsError(fmt::format("{}: {} ({}): {}", path, what, tmp, std::strerror(err)));
+    throw WeightsError(fmt::format("{}: {} ({}): {}", path, what, tmp, DescribeWriteError(err)));
   };
   const int fd = CreateFileForWriting(tmp);
   if (fd < 0) {
     const int err = errno;
     throw WeightsError(
-        fmt::format("{}: cannot create the temporary {}: {}", path, tmp, std::strerror(err)));
+        fmt::format("{}: cannot create the temporary {}: {}", path, tmp, DescribeWriteError(err)));
   }
   uint8_t length_bytes[8];
   std::memcpy(length_bytes, &header_length, 8);  // little-endian host
@@ -669,17 +669,21 @@ void WriteSafetensors(const std::string& path,
   if (::fsync(fd) != 0) fail("cannot fsync", errno, fd);
   if (::close(fd) != 0) fail("cannot close", errno, -1);
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename the temporary", errno, -1);
-  // The rename is durable once the directory is.
+  // The rename is durable once the directory is synced. Some filesystems cannot fsync a
+  // directory (EINVAL); the data itself is then as durable as that filesystem allows (as
+  // WriteFileAtomically's).
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
+  if (dir_fd >= 0) {
+    const int synced = ::fsync(dir_fd);
     const int err = errno;
-    if (dir_fd >= 0) ::close(dir_fd);
-    throw WeightsError(fmt::format("{}: written, but cannot fsync its directory {}: {}", path,
-                                   dir.string(), std::strerror(err)));
+    ::close(dir_fd);
+    if (synced != 0 && err != EINVAL) {
+      throw WeightsError(fmt::format("{}: written, but cannot fsync its directory {}: {}", path,
+                                     dir.string(), DescribeWriteError(err)));
+    }
   }
-  ::close(dir_fd);
 }
 
 // ---------------------------------------------------------------------------------------------
