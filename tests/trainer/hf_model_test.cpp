@@ -360,6 +360,16 @@ TEST(HfModel, AFailedExportLeavesNoDirectoriesBehind) {
                   HasSubstr("export: " + cut + "/tokenizer_config.json is not valid JSON ("),
                   HasSubstr("export again with `distill_trainer export`"))));
   EXPECT_FALSE(std::filesystem::exists(root + "/cut"));
+  // A link on the way whose target is missing (a disk not mounted) is named, as the export's
+  // error, and kept.
+  std::filesystem::create_symlink(root + "/unmounted", root + "/runs");
+  EXPECT_THAT([&] { ExportHf(*MakeModel(TinyLlama(32)), root + "/runs/x/hf", {}, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(::testing::StrEq(
+                  "export: " + root + "/runs/x/hf: cannot create " + root + "/runs/x: " + root +
+                  "/runs is a symbolic link to " + root +
+                  "/unmounted, which does not exist (a disk not mounted?); create its target or "
+                  "choose another path")));
+  EXPECT_TRUE(std::filesystem::is_symlink(root + "/runs"));
 }
 
 // "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -437,6 +439,16 @@ TEST(ResumeTest, ALinkToNothingOnTheOutDirsWayIsNamedAndKept) {
     EXPECT_TRUE(fs::is_symlink(dir + "/runs")) << out;
   }
   EXPECT_FALSE(fs::exists(dir + "/unmounted"));
+  // A loop of links is named as one that cannot be followed.
+  fs::create_symlink(dir + "/loop", dir + "/loop");
+  Config looped = TinyConfig(dir + "/loop/exp1");
+  EXPECT_THAT([&] { Trainer t(looped, RunOptions::Quiet()); },
+              ::testing::ThrowsMessage<RunDirError>(::testing::HasSubstr(std::strerror(ELOOP))));
+  EXPECT_THAT([&] { CreateDirectories(dir + "/loop/exp1"); },
+              ::testing::ThrowsMessage<FileError>(::testing::StrEq(
+                  "cannot create " + dir + "/loop/exp1: " + dir + "/loop is a symbolic link to " +
+                  dir + "/loop, which cannot be followed: " + std::strerror(ELOOP))));
+  EXPECT_TRUE(fs::is_symlink(dir + "/loop"));
   // Its target made: the run starts there, through the link.
   fs::create_directories(dir + "/unmounted/runs");
   Config c = TinyConfig(dir + "/runs/exp1");
@@ -1549,8 +1561,30 @@ TEST(ResumeTest, APipelineMovedOrSpelledAnotherWayResumes) {
   c.train.steps = 4;
   distill::Run(c, RunFlags{false, true}, out);
   EXPECT_EQ(student_steps(base + "/q"), (std::vector<int64_t>{1, 2, 3, 4}));
+  // A stage whose checkpoint carries the identity of before (the paths as typed, as a previous
+  // version wrote it), moved: it belongs to the run that config.yaml names.
+  {
+    const Config at_q = StudentStageConfig(c);
+    const std::vector<std::string> ids = AcceptedRunIdentityHashes(at_q);
+    ASSERT_EQ(ids.size(), 2u);
+    auto model = MakeModel(at_q.student);
+    auto optimizer = MakeOptimizer(at_q.optim, *model);
+    const std::string ck = CheckpointPath(at_q.train.out_dir, 4);
+    const TrainingPosition position =
+        LoadCheckpoint(ck, *model, *optimizer, at::Device(at::kCPU), ids);
+    SaveCheckpoint(ck, *model, *optimizer, position, at::Device(at::kCPU), ids[1]);
+  }
+  fs::rename(base + "/q", base + "/r");
+  c.train.out_dir = base + "/r";
+  c.train.steps = 5;
+  distill::Run(c, RunFlags{false, true}, out);
+  EXPECT_EQ(student_steps(base + "/r"), (std::vector<int64_t>{1, 2, 3, 4, 5}));
 
   const Config stage = StudentStageConfig(c);
+  // The identity of a teacher beside the stage does not depend on where the pipeline lies, and
+  // is pinned: a change of what RunIdentity writes for it would leave every pipeline's
+  // checkpoints behind.
+  EXPECT_EQ(RunIdentityHash(stage), "1986d35b904ce893");
   const std::vector<std::string> accepted = AcceptedRunIdentityHashes(stage);
   ASSERT_EQ(accepted.size(), 2u);
   EXPECT_EQ(accepted[0], RunIdentityHash(stage));

@@ -83,12 +83,26 @@ std::vector<std::string> CreateDirectories(const std::string& dir) {
   for (fs::path p = dir; !p.empty(); p = p.parent_path()) {
     std::error_code error;
     const fs::file_status link = fs::symlink_status(p, error);
-    if (fs::is_symlink(link) && !fs::exists(p, error)) {
-      std::error_code ignored;
-      throw fail(
-          fmt::format("{} is a symbolic link to {}, which does not exist (a disk not "
-                      "mounted?); create its target or choose another path",
-                      p.string(), fs::read_symlink(p, ignored).string()));
+    // Not there (or a link above it that goes nowhere, named when the walk reaches it): up.
+    // Anything else is a directory above it that cannot be searched.
+    if (error && error != std::errc::no_such_file_or_directory &&
+        error != std::errc::not_a_directory && error != std::errc::too_many_symbolic_link_levels) {
+      throw fail(fmt::format("cannot look up {}: {}", p.string(), error.message()));
+    }
+    if (fs::is_symlink(link)) {
+      std::error_code followed, ignored;
+      static_cast<void>(fs::status(p, followed));
+      const std::string target = fs::read_symlink(p, ignored).string();
+      if (followed == std::errc::no_such_file_or_directory) {
+        throw fail(
+            fmt::format("{} is a symbolic link to {}, which does not exist (a disk not "
+                        "mounted?); create its target or choose another path",
+                        p.string(), target));
+      }
+      if (followed) {  // a loop of links, a target that cannot be searched
+        throw fail(fmt::format("{} is a symbolic link to {}, which cannot be followed: {}",
+                               p.string(), target, followed.message()));
+      }
     }
     if (fs::exists(link)) {
       if (!fs::is_directory(p, error)) {

@@ -410,9 +410,14 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
   // The directories above the target that the export creates (those that existed, "a/.."
   // included, are not ours): removed again, if still empty, when it fails. A link on the way
   // whose target is missing, or a file there, is named (CreateDirectories).
-  const std::vector<std::string> created = target.has_parent_path()
-                                               ? CreateDirectories(target.parent_path().string())
-                                               : std::vector<std::string>();
+  std::vector<std::string> created;
+  if (target.has_parent_path()) {
+    try {
+      created = CreateDirectories(target.parent_path().string());
+    } catch (const FileError& e) {  // named as the export's other errors are
+      throw std::runtime_error(fmt::format("export: {}: {}", out_dir, e.what()));
+    }
+  }
   try {
     RemoveTree(tmp.string());  // ours: left by a killed export of this very process id
     fs::create_directories(tmp);

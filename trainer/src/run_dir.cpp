@@ -246,6 +246,17 @@ std::vector<std::string> AcceptedRunIdentityHashes(const Config& config) {
   return hashes;
 }
 
+std::vector<std::string> StoredRunIdentityHashes(const std::string& dir) {
+  const fs::path file = fs::path(dir) / "config.yaml";
+  std::error_code error;
+  if (!fs::is_regular_file(file, error)) return {};
+  try {
+    return AcceptedRunIdentityHashes(LoadConfigFile(file.string(), {}, ConfigOrigin::kStored));
+  } catch (const std::exception&) {  // damaged: the marker vouched for the run (PlanRunDir)
+    return {};
+  }
+}
+
 std::optional<int64_t> CheckpointStep(const std::string& name) {
   constexpr size_t kPrefix = 5, kSuffix = 3;  // "step_", ".pt"
   if (name.size() <= kPrefix + kSuffix || name.size() > kPrefix + 18 + kSuffix ||

@@ -409,11 +409,17 @@ Trainer::Trainer(Config config, RunOptions options)
     optimizer_ = MakeOptimizer(config_.optim, *student_);
     // The run's checkpoint (read only) before the directory is written: a resume whose every
     // checkpoint is corrupt fails with the directory as it was.
+    run_identities_ = AcceptedRunIdentityHashes(config_);
     if (same_run) {
+      for (const std::string& stored : StoredRunIdentityHashes(config_.train.out_dir)) {
+        if (std::find(run_identities_.begin(), run_identities_.end(), stored) ==
+            run_identities_.end()) {
+          run_identities_.push_back(stored);
+        }
+      }
       std::set<std::string> skipped;  // damaged or misnamed: never pruned by this process
-      auto position =
-          LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_, device_,
-                                   AcceptedRunIdentityHashes(config_), &warnings, &skipped);
+      auto position = LoadLatestGoodCheckpoint(config_.train.out_dir, *student_, *optimizer_,
+                                               device_, run_identities_, &warnings, &skipped);
       for (const std::string& name : skipped) checkpoint_is_ours_[name] = false;
       if (position) {
         position_ = *position;
@@ -848,7 +854,7 @@ bool Trainer::CheckpointOwned(const std::string& path) {
   }
   // A file from before this process: read once (a checkpoint written before checkpoints
   // carried the run identity counts as this run's, as its resume does).
-  const std::vector<std::string> identities = AcceptedRunIdentityHashes(config_);
+  const std::vector<std::string>& identities = run_identities_;
   std::string why;
   try {
     const std::string saved = CheckpointRunIdentity(path);

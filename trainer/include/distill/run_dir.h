@@ -117,6 +117,11 @@ std::string RunIdentityHash(const Config& config);
 // it differs, the one written before a teacher beside train.out_dir (a pipeline's student
 // stage) was named relative to it in the identity (RunIdentity): its path as typed.
 std::vector<std::string> AcceptedRunIdentityHashes(const Config& config);
+// The same for the config.yaml stored in run directory `dir` (the paths it was written with: a
+// pipeline's stage moved since, and resumed, still owns the checkpoints written before the
+// move); empty where it is missing or does not parse. Only for a directory PlanRunDir found to
+// hold the requested run (their identities agree).
+std::vector<std::string> StoredRunIdentityHashes(const std::string& dir);
 
 // `path` without trailing '/' ("runs/x/" -> "runs/x"; "/" stays "/"): a directory the trainer
 // creates or names siblings of (`<out_dir>-baseline`, `<dir>.tmp-<pid>`) is one path however it

@@ -192,6 +192,9 @@ class Trainer {
   // or misnamed (never pruned nor counted, unless this process writes that file itself); either,
   // once read, for the others (CheckpointOwned).
   std::map<std::string, bool> checkpoint_is_ours_;
+  // The run identities this run's checkpoints may carry (AcceptedRunIdentityHashes, and those of
+  // the directory's config.yaml as it was found: a moved pipeline's stage).
+  std::vector<std::string> run_identities_;
   std::optional<EvalResult> last_eval_;  // evaluation at the current step, if any
   std::shared_ptr<RunLock> run_lock_;    // rank 0 only: train.out_dir is this process's
   std::unique_ptr<MetricsLog> metrics_;  // rank 0 only
