@@ -370,6 +370,12 @@ TEST(HfModel, AFailedExportLeavesNoDirectoriesBehind) {
                   "/unmounted, which does not exist (a disk not mounted?); create its target or "
                   "choose another path")));
   EXPECT_TRUE(std::filesystem::is_symlink(root + "/runs"));
+  // A loop of links: named too (the export's own check of the way threw "cannot write").
+  std::filesystem::create_symlink(root + "/loop", root + "/loop");
+  EXPECT_THAT([&] { ExportHf(*MakeModel(TinyLlama(32)), root + "/loop/x/hf", {}, false); },
+              ::testing::ThrowsMessage<std::runtime_error>(
+                  HasSubstr(root + "/loop is a symbolic link to " + root +
+                            "/loop, which cannot be followed: Too many levels of symbolic links")));
 }
 
 // "out/" exports to the directory "out" and leaves nothing else behind (the temporary copy used to

@@ -1577,8 +1577,21 @@ TEST(ResumeTest, APipelineMovedOrSpelledAnotherWayResumes) {
   fs::rename(base + "/q", base + "/r");
   c.train.out_dir = base + "/r";
   c.train.steps = 5;
+  // A start there that ends before its first checkpoint (killed, out of memory) has rewritten
+  // config.yaml with the new paths: the marker keeps the identity of before, and the next start
+  // still resumes (found by review: it was refused as a checkpoint of another run).
+  { Trainer interrupted(StudentStageConfig(c), RunOptions::Quiet()); }
+  EXPECT_NE(ReadBytes(base + "/r/student/" + kRunMarker).find("previous_identities: "),
+            std::string::npos);
   distill::Run(c, RunFlags{false, true}, out);
   EXPECT_EQ(student_steps(base + "/r"), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  // Later starts still own the checkpoint of before: train.keep_checkpoints (2) prunes it once
+  // steps 5 and 6 are written (a checkpoint of another run would be kept, with a warning).
+  c.train.steps = 6;
+  distill::Run(c, RunFlags{false, true}, out);
+  EXPECT_EQ(student_steps(base + "/r"), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_FALSE(fs::exists(CheckpointPath(base + "/r/student", 4)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(base + "/r/student", 6)));
 
   const Config stage = StudentStageConfig(c);
   // The identity of a teacher beside the stage does not depend on where the pipeline lies, and

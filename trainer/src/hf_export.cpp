@@ -387,7 +387,8 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
   }
   // The new directory's parent (created if missing) must be a directory, or be creatable.
   for (fs::path up = target.parent_path(); !up.empty(); up = up.parent_path()) {
-    if (fs::exists(up)) {
+    std::error_code looked;  // a loop of links, a directory that cannot be searched: named below
+    if (fs::exists(up, looked)) {
       if (!fs::is_directory(up)) {
         throw std::runtime_error(fmt::format(
             "export: cannot create {}: {} is a file, not a directory", out_dir, up.string()));

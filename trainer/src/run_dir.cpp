@@ -246,15 +246,38 @@ std::vector<std::string> AcceptedRunIdentityHashes(const Config& config) {
   return hashes;
 }
 
+namespace {
+
+constexpr const char* kPreviousIdentitiesKey = "previous_identities: ";
+
+// The marker's previous_identities line, split at spaces.
+std::vector<std::string> MarkerPreviousIdentities(const fs::path& dir) {
+  std::ifstream in(dir / kRunMarker);
+  const std::string key = kPreviousIdentitiesKey;
+  std::vector<std::string> hashes;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) != 0) continue;
+    std::istringstream words(line.substr(key.size()));
+    for (std::string hash; words >> hash;) hashes.push_back(hash);
+  }
+  return hashes;
+}
+
+}  // namespace
+
 std::vector<std::string> StoredRunIdentityHashes(const std::string& dir) {
+  std::vector<std::string> hashes = MarkerPreviousIdentities(dir);
   const fs::path file = fs::path(dir) / "config.yaml";
   std::error_code error;
-  if (!fs::is_regular_file(file, error)) return {};
+  if (!fs::is_regular_file(file, error)) return hashes;
   try {
-    return AcceptedRunIdentityHashes(LoadConfigFile(file.string(), {}, ConfigOrigin::kStored));
+    for (const std::string& hash :
+         AcceptedRunIdentityHashes(LoadConfigFile(file.string(), {}, ConfigOrigin::kStored))) {
+      if (std::find(hashes.begin(), hashes.end(), hash) == hashes.end()) hashes.push_back(hash);
+    }
   } catch (const std::exception&) {  // damaged: the marker vouched for the run (PlanRunDir)
-    return {};
   }
+  return hashes;
 }
 
 std::optional<int64_t> CheckpointStep(const std::string& name) {
@@ -719,6 +742,25 @@ void CommitRunDir(const Config& config, RunDirPlan& plan) {
     WriteFileAtomically((dir / kRunMarker).string(),
                         fmt::format("run_id: {}\ncreated: {}\nconfig_hash: {}\n", RandomRunId(),
                                     UtcNow(), RunIdentityHash(config)));
+  } else if (IsOwnRunDir(dir.string())) {
+    // The identities the checkpoints here may carry beside this config's (those of the
+    // config.yaml about to be rewritten: a moved stage's paths as they were typed) go into the
+    // marker first, so that a start interrupted before its first checkpoint, or a fallback to an
+    // older checkpoint later, still finds them this run's.
+    const std::vector<std::string> ours = AcceptedRunIdentityHashes(config);
+    std::vector<std::string> keep;
+    for (const std::string& hash : StoredRunIdentityHashes(dir.string())) {
+      if (std::find(ours.begin(), ours.end(), hash) == ours.end()) keep.push_back(hash);
+    }
+    if (!keep.empty() && keep != MarkerPreviousIdentities(dir)) {
+      std::ifstream in(dir / kRunMarker);
+      std::string marker;
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind(kPreviousIdentitiesKey, 0) != 0) marker += line + "\n";
+      }
+      marker += kPreviousIdentitiesKey + fmt::format("{}\n", fmt::join(keep, " "));
+      WriteFileAtomically((dir / kRunMarker).string(), marker);
+    }
   }
   WriteFileAtomically((dir / "config.yaml").string(), ConfigToYaml(config));
 }
