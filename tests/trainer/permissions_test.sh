@@ -36,6 +36,16 @@ grep -q -i "fresh\|damaged\|previous checkpoint" err && fail "unreadable checkpo
 # Readable again: the same command resumes from it.
 "${as_user[@]}" "$bin" "${args[@]}" train.steps=6 >/dev/null 2>err || fail "resume after chmod"
 [ -f run/checkpoints/step_0000006.pt ] || fail "no resume"
+# Its checkpoints/ that cannot be listed: named, exit status 1, nothing changed.
+chmod 311 run/checkpoints
+"${as_user[@]}" "$bin" "${args[@]}" train.steps=8 >/dev/null 2>err
+rc=$?
+chmod 755 run/checkpoints
+[ "$rc" = 1 ] || fail "unlistable checkpoints/: exit status $rc, expected 1"
+[ "$(cat err)" = 'distill_trainer: run/checkpoints: cannot list it: Permission denied' ] ||
+  fail "unlistable checkpoints/: message"
+[ -f run/checkpoints/step_0000006.pt ] && [ ! -f run/checkpoints/step_0000008.pt ] ||
+  fail "unlistable checkpoints/: checkpoints changed"
 # A train.out_dir that cannot be listed.
 mkdir noread && chmod 311 noread
 "${as_user[@]}" "$bin" "${args[@]}" train.out_dir=noread train.steps=2 >/dev/null 2>err

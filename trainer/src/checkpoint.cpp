@@ -134,7 +134,12 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointEntries(const std::string& r
             : fmt::format("{}: not a directory; a run keeps its checkpoints there: move it away",
                           dir.string()));
   }
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  std::error_code listed;
+  fs::directory_iterator entries(dir, listed);
+  if (listed) {  // no read permission: named, not std::filesystem's message
+    throw std::runtime_error(fmt::format("{}: cannot list it: {}", dir.string(), listed.message()));
+  }
+  for (const auto& entry : entries) {
     if (auto step = CheckpointStep(entry.path().filename().string())) {
       found.emplace_back(*step, entry.path());
     }
