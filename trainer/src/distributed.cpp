@@ -290,8 +290,8 @@ void CheckSameOnEveryRank(
   if (values != main)
     throw DistributedError(fmt::format("rank {}: {}", rank, describe(values, main)));
   if (std::any_of(differs.begin(), differs.end(), [](int64_t d) { return d != 0; })) {
-    const bool one = std::count(differs.begin(), differs.end(), int64_t{0}) + 1 ==
-                     static_cast<std::ptrdiff_t>(differs.size());
+    const bool one =
+        std::count_if(differs.begin(), differs.end(), [](int64_t d) { return d != 0; }) == 1;
     throw DistributedError(fmt::format("rank {}: {} {} from rank 0 ({} how); nothing was written",
                                        rank, RanksNamed(differs), one ? "differs" : "differ",
                                        one ? "its error says" : "their errors say"));
