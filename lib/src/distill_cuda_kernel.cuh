@@ -312,15 +312,18 @@ __global__ void __launch_bounds__(1024) distill_forward_kernel(DistillArgs<T> a)
       float xs[N], ys[N];
       unpack(x, xs);
       unpack(y, ys);
+      float2 v{0.f, 0.f};  // the vector's terms, then into the running sums (add_scaled's why)
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         float p, lp, q, lq, term, g;
         prob(xs[k], k2, ns_s, p, lp);
         prob(ys[k], k2, ns_t, q, lq);
         divergence_element<float, CudaMath>(div, jsd, p, q, lp, lq, term, g);
-        lc.x += term;
-        lc.y += p * g;
+        v.x += term;
+        v.y += p * g;
       }
+      lc.x += v.x;
+      lc.y += v.y;
     };
     // Backwards: the row's end, read last by pass 1, is still in the L2. The kernel's last read
     // of the row (TVD and JSD never write the gradient here: a forward that computes it runs the
