@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which file_io.cpp reports
   // naming the file; SIGXFSZ's default action would kill the process first, mid-write.
   std::signal(SIGXFSZ, SIG_IGN);
-  // SIGTERM / SIGINT outside a training loop: one line instead of a silent death (inside one,
-  // the step finishes and a checkpoint is written: StopSignals).
+  // SIGTERM / SIGINT / SIGHUP outside a training loop: one line instead of a silent death (inside
+  // one, the step finishes and a checkpoint is written: StopSignals).
   distill::ExitOnStopSignals();
   distill::ExplainBusErrors();
   try {

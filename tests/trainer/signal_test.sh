@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SIGTERM / SIGINT during training: the step finishes, a checkpoint is written, one line says
+# SIGTERM / SIGINT / SIGHUP during training: the step finishes, a checkpoint is written, one line says
 # where, the process ends as by the signal (status 128 + signal in the shell); the same command
 # (with more steps) resumes from it.
 # Usage: signal_test.sh DISTILL_TRAINER WORK_DIR
@@ -15,7 +15,7 @@ wait_for_records() {
   done
 }
 
-for sig in TERM INT; do
+for sig in TERM INT HUP; do
   dir="$work/run_$sig"
   rm -rf "$work" && mkdir -p "$work"
   args=(train.mode=pretrain train.baseline=false train.device=cpu train.log_interval=1
@@ -30,7 +30,7 @@ for sig in TERM INT; do
   kill -"$sig" "$pid" 2>/dev/null
   wait "$pid"
   rc=$?
-  want=$([ "$sig" = TERM ] && echo 143 || echo 130)
+  want=$(case $sig in TERM) echo 143 ;; INT) echo 130 ;; HUP) echo 129 ;; esac)
   [ "$rc" = "$want" ] || fail "SIG$sig: exit status $rc, expected $want"
   line=$(grep "^distill_trainer: SIG$sig: " "$work/err") || fail "SIG$sig: no message"
   [[ "$line" =~ ^distill_trainer:\ SIG$sig:\ checkpoint\ at\ step\ ([0-9]+)\ written\ to\ (.*)\;\ resume\ with\ the\ same\ command$ ]] ||
@@ -117,4 +117,39 @@ grep -q "^distill_trainer: SIGTERM: checkpoint at step 3 written to" "$work/err"
   fail "in an evaluation: did not stop at step 3"
 [ -f "$dir/checkpoints/step_0000004.pt" ] && fail "in an evaluation: a step-4 checkpoint was written"
 echo "SIGTERM during step 3's evaluation: stopped at step 3, status $rc"
+# SIGHUP ignored when the trainer starts (nohup, or a parent that ignores it): it stays ignored,
+# and the run goes on until a SIGTERM.
+dir="$work/run_nohup"
+(trap '' HUP && exec "$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000) \
+  2>"$work/err" >/dev/null &
+pid=$!
+wait_for_records "$dir" 3
+kill -HUP "$pid"
+records=$(wc -l <"$dir/metrics.jsonl")
+wait_for_records "$dir" $((records + 2))
+kill -0 "$pid" 2>/dev/null || fail "nohup: the ignored SIGHUP ended the process"
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" = 143 ] || fail "nohup: exit status $rc after SIGTERM, expected 143"
+grep -q "SIGHUP" "$work/err" && fail "nohup: the ignored SIGHUP was reported"
+echo "SIGHUP under nohup: ignored; SIGTERM then stopped the run, status $rc"
+# A SIGHUP whose terminal took the log's reader with it (\`distill_trainer ... 2>&1 | tee log\`
+# when the session ends): the lines written after it go into a broken pipe, and the step still
+# finishes and is checkpointed (no death by SIGPIPE, status 141, before the checkpoint).
+dir="$work/run_hangup_pipe"
+rm -f "$work/fifo" "$work/err" && mkfifo "$work/fifo"
+cat "$work/fifo" >/dev/null &
+reader=$!
+"$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000 >"$work/fifo" 2>&1 &
+pid=$!
+wait_for_records "$dir" 3
+kill -HUP "$pid"
+kill -KILL "$reader"
+wait "$reader" 2>/dev/null
+wait "$pid"
+rc=$?
+[ "$rc" = 129 ] || fail "SIGHUP with a broken pipe: exit status $rc, expected 129"
+ls "$dir"/checkpoints/step_*.pt >/dev/null 2>&1 || fail "SIGHUP with a broken pipe: no checkpoint"
+echo "SIGHUP with the log's reader gone: checkpointed, status $rc"
 echo PASS

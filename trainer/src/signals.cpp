@@ -1,4 +1,5 @@
-// The SIGTERM / SIGINT flag: set by an async-signal-safe handler, read by the training loop.
+// The SIGTERM / SIGINT / SIGHUP flag: set by an async-signal-safe handler, read by the training
+// loop.
 #include "distill/signals.h"
 
 #include <signal.h>
@@ -29,7 +30,10 @@ int64_t NowNs() {  // clock_gettime is async-signal-safe
 
 // One line on stderr from a handler (write(2) is async-signal-safe; no formatting).
 void WriteLine(const char* prefix, int signal, const char* rest) {
-  const char* name = signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : "a signal";
+  const char* name = signal == SIGTERM  ? "SIGTERM"
+                     : signal == SIGINT ? "SIGINT"
+                     : signal == SIGHUP ? "SIGHUP"
+                                        : "a signal";
   for (const char* part : {prefix, name, rest}) {
     ssize_t ignored = write(STDERR_FILENO, part, strlen(part));
     (void)ignored;
@@ -43,7 +47,20 @@ bool Repeat(int signal, int64_t now) {
   return signal == g_signal.load() && (first == 0 || now - first < kRepeatNs);
 }
 
+// A SIGHUP: the terminal is gone, and with it, often, the rest of the pipeline (`| tee log`
+// dies of the same SIGHUP). Writing the remaining lines into a pipe nobody reads must not end the
+// process before its checkpoint: SIGPIPE is ignored from then on (the lines are lost; the write
+// fails with EPIPE, which the trainer's streams take as a failed write).
+void IgnoreBrokenPipesAfterHangup(int signal) {
+  if (signal != SIGHUP) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 void Handle(int signal) {
+  IgnoreBrokenPipesAfterHangup(signal);
   int none = 0;
   const int64_t now = NowNs();
   if (g_signal.compare_exchange_strong(none, signal)) {
@@ -64,6 +81,7 @@ void Handle(int signal) {
 // Outside a training loop (start-up, the final evaluation, writing the summary or the export,
 // between a pipeline's stages) there is no step to finish: one line, and exit at once.
 void HandleOutside(int signal) {
+  IgnoreBrokenPipesAfterHangup(signal);  // its line must not end the process before DieBySignal
   // The repeat of a signal a training loop took (it writes the checkpoint and exits already).
   if (Repeat(signal, NowNs())) return;
   WriteLine("distill_trainer: ", signal,
@@ -146,35 +164,54 @@ void DieBySignal(int signal) {
   _exit(128 + signal);  // not reached
 }
 
+namespace {
+
+// Whether SIGHUP was ignored when the process started (`nohup`, or a parent that ignores it):
+// then it stays ignored, as the user asked. Read once, before any handler of ours is installed.
+bool HangupIgnoredAtStart() {
+  static const bool ignored = [] {
+    struct sigaction current {};
+    sigaction(SIGHUP, nullptr, &current);
+    return current.sa_handler == SIG_IGN;
+  }();
+  return ignored;
+}
+
+// Installs `handler` for SIGTERM, SIGINT and (unless ignored at start) SIGHUP; the previous
+// actions go to `saved` (three of them) when it is not null.
+void InstallStopHandler(void (*handler)(int), struct sigaction* saved) {
+  const bool hangup = !HangupIgnoredAtStart();
+  struct sigaction action {};
+  action.sa_handler = handler;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // reads and writes in progress are not interrupted
+  sigaction(SIGTERM, &action, saved ? &saved[0] : nullptr);
+  sigaction(SIGINT, &action, saved ? &saved[1] : nullptr);
+  if (hangup) sigaction(SIGHUP, &action, saved ? &saved[2] : nullptr);
+}
+
+}  // namespace
+
 void ExitOnStopSignals() {
   g_signal = 0;
   g_first_ns = 0;
-  struct sigaction action {};
-  action.sa_handler = HandleOutside;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;  // a repeat returns: calls in progress go on
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
+  InstallStopHandler(HandleOutside, nullptr);  // a repeat returns: calls in progress go on
 }
 
 struct StopSignals::Saved {
-  struct sigaction term, interrupt;
+  struct sigaction actions[3];  // SIGTERM, SIGINT, SIGHUP
 };
 
 StopSignals::StopSignals() : saved_(new Saved) {
   g_signal = 0;
   g_first_ns = 0;
-  struct sigaction action {};
-  action.sa_handler = Handle;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;  // reads and writes in progress are not interrupted
-  sigaction(SIGTERM, &action, &saved_->term);
-  sigaction(SIGINT, &action, &saved_->interrupt);
+  InstallStopHandler(Handle, saved_->actions);
 }
 
 StopSignals::~StopSignals() {
-  sigaction(SIGTERM, &saved_->term, nullptr);
-  sigaction(SIGINT, &saved_->interrupt, nullptr);
+  sigaction(SIGTERM, &saved_->actions[0], nullptr);
+  sigaction(SIGINT, &saved_->actions[1], nullptr);
+  if (!HangupIgnoredAtStart()) sigaction(SIGHUP, &saved_->actions[2], nullptr);
   delete saved_;
 }
 
@@ -183,6 +220,7 @@ int StopSignals::Pending() { return g_signal.load(); }
 std::string SignalName(int signal) {
   if (signal == SIGTERM) return "SIGTERM";
   if (signal == SIGINT) return "SIGINT";
+  if (signal == SIGHUP) return "SIGHUP";
   return "signal " + std::to_string(signal);
 }
 

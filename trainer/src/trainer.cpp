@@ -703,14 +703,16 @@ StepResult Trainer::Step() {
   stop_signal_ = signal;
   if (dist_->active()) {
     PhaseScope phase(profiler, Phase::kCommunication);
-    // The step's loss terms. A SIGTERM / SIGINT rides along in that same all-reduce (free: no
-    // extra communication), so every rank sees it at the same step and all stop together.
-    const std::vector<double> terms = dist_->AllReduceSum(
-        {r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0, signal == SIGINT ? 1.0 : 0.0});
+    // The step's loss terms. A SIGTERM / SIGINT / SIGHUP rides along in that same all-reduce
+    // (free: no extra communication), so every rank sees it at the same step and all stop
+    // together.
+    const std::vector<double> terms =
+        dist_->AllReduceSum({r.kd_loss, r.ce_loss, signal == SIGTERM ? 1.0 : 0.0,
+                             signal == SIGINT ? 1.0 : 0.0, signal == SIGHUP ? 1.0 : 0.0});
     r.kd_loss = terms[0];
     r.ce_loss = terms[1];
     r.loss = CombinedLoss(r.kd_loss, r.ce_loss);
-    stop_signal_ = terms[2] > 0 ? SIGTERM : terms[3] > 0 ? SIGINT : 0;
+    stop_signal_ = terms[2] > 0 ? SIGTERM : terms[3] > 0 ? SIGINT : terms[4] > 0 ? SIGHUP : 0;
   }
   r.lr = lr;
   // The loss terms are on the host already and clipping computed the norm: no extra sync.
@@ -953,7 +955,7 @@ void Trainer::LogEval(const EvalResult& r) {
 void Trainer::TrainUntil(int64_t stop_step) {
   stop_step = std::min(stop_step, config_.train.steps);
   const TrainConfig& t = config_.train;
-  StopSignals signals;  // SIGTERM / SIGINT: finish the step, checkpoint, throw Interrupted
+  StopSignals signals;  // SIGTERM / SIGINT / SIGHUP: finish the step, checkpoint, throw Interrupted
   stop_signal_ = 0;
   while (position_.step < stop_step) {
     if (profiler_) profiler_->BeforeStep();

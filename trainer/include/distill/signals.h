@@ -1,4 +1,5 @@
-// Graceful stop on SIGTERM / SIGINT: while a StopSignals is alive, the first signal only sets a
+// Graceful stop on SIGTERM / SIGINT / SIGHUP (SIGHUP left alone where it was ignored at start, as
+// under nohup): while a StopSignals is alive, the first signal only sets a
 // flag -- the trainer finishes the current step, writes a checkpoint and throws Interrupted --
 // and a second one ends the process at once (DieBySignal), unless it is the same signal within a
 // second of the first (one request delivered twice: to the process and to its process group). No
@@ -16,7 +17,7 @@ class StopSignals {
   ~StopSignals();  // restores the previous handlers
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  // The signal received since installation (SIGTERM or SIGINT), or 0.
+  // The signal received since installation (SIGTERM, SIGINT or SIGHUP), or 0.
   static int Pending();
 
  private:
@@ -24,8 +25,8 @@ class StopSignals {
   Saved* saved_;
 };
 
-// For the process's life outside StopSignals' scopes: a SIGTERM / SIGINT prints one line (no
-// step to finish, no checkpoint written then; the earlier ones are kept) and exits with 128 +
+// For the process's life outside StopSignals' scopes: a SIGTERM / SIGINT / SIGHUP prints one line
+// (no step to finish, no checkpoint written then; the earlier ones are kept) and exits with 128 +
 // signal, where the default action would end the process without a word. main() installs it.
 void ExitOnStopSignals();
 
@@ -39,8 +40,8 @@ void ExplainBusErrors();
 [[noreturn]] void DieBySignal(int signal);
 
 // While alive, the file at `path` (a temporary being written) is deleted if the process dies by a
-// signal it handles (DieBySignal: a second SIGTERM / SIGINT, one outside a training step, a
-// SIGBUS), so that such a death leaves no half-written temporary behind. Up to 8 at once (one per
+// signal it handles (DieBySignal: a second SIGTERM / SIGINT / SIGHUP, one outside a training step,
+// a SIGBUS), so that such a death leaves no half-written temporary behind. Up to 8 at once (one per
 // writing thread); past that, or for a path of 4096 bytes or more, nothing is tracked.
 class RemoveOnSignalDeath {
  public:
@@ -53,7 +54,7 @@ class RemoveOnSignalDeath {
   int slot_;
 };
 
-// "SIGTERM", "SIGINT", or "signal N".
+// "SIGTERM", "SIGINT", "SIGHUP", or "signal N".
 std::string SignalName(int signal);
 
 // Training stopped by a signal after writing a checkpoint. what(): the one line to print.
