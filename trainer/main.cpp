@@ -1,5 +1,6 @@
 // distill_trainer: the front door. Parses the command line, loads the config, calls Run, and
 // turns any failure into one line on stderr and a non-zero exit. All logic is in the library.
+#include <chrono>
 #include <csignal>
 #include <exception>
 #include <filesystem>
@@ -155,7 +156,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     // Under torchrun: the process group (data-parallel); otherwise a no-op single process.
-    const auto distributed = distill::Distributed::FromEnvironment();
+    const auto distributed = distill::Distributed::FromEnvironment(
+        std::chrono::seconds(config.train.collective_timeout_s));
     flags.distributed = distributed.get();
     flags.memory_check = !no_memory_check;
     resume = config.train.resume;

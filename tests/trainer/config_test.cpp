@@ -84,8 +84,9 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
       "train.eval_batches=5", "train.checkpoint_interval=0", "train.keep_checkpoints=9",
       "train.resume=false", "train.baseline=true", "train.out_dir=elsewhere",
       "train.export_hf=false", "train.export_from=models/tok", "train.nonfinite=skip",
-      "train.max_skipped_steps=3", "train.bucket_mb=7", "distill.vocab_size=25",
-      "distill.fused_linear=true", "train.cuda_graph=false", "train.activation_checkpointing=false",
+      "train.max_skipped_steps=3", "train.bucket_mb=7", "train.collective_timeout_s=60",
+      "distill.vocab_size=25", "distill.fused_linear=true", "train.cuda_graph=false",
+      "train.activation_checkpointing=false",
       // The llama family's keys (hf_dir is tested with real directories in hf_model_test).
       "student.family=llama", "student.n_kv_head=1", "student.head_dim=16",
       "student.intermediate_size=48", "student.norm_eps=1e-6", "student.rope_theta=500000",
@@ -125,6 +126,7 @@ TEST(ConfigTest, EveryKeyIsSettableByOverride) {
   const std::string dumped = ConfigToYaml(c);
   // Each override appears in the dump (flow values as given, modulo number formatting).
   EXPECT_EQ(c.student.vocab_size, 30);
+  EXPECT_EQ(c.train.collective_timeout_s, 60);
   EXPECT_EQ(c.student.padded_vocab_size(), 32);
   EXPECT_EQ(c.teacher.padded_vocab_size(), 32);
   EXPECT_EQ(c.student.context_length, 100);

@@ -498,6 +498,12 @@ std::vector<KeyDecl> Declare() {
       "Data-parallel: MiB of gradients per all-reduce bucket; each bucket's all-reduce starts "
       "during the last micro-batch's backward as soon as its gradients are final.");
   Add(
+      k, "train.collective_timeout_s",
+      [](auto& c) -> auto& { return c.train.collective_timeout_s; }, IntIn(1, 7 * 24 * 3600),
+      "Data-parallel: seconds a rank waits in a collective for the others (a rank writing a "
+      "large checkpoint, or one that failed) before NCCL ends every process; raise it where "
+      "rank 0's checkpoints take minutes to write.");
+  Add(
       k, "train.cuda_graph", [](auto& c) -> auto& { return c.train.cuda_graph; },
       OneOfEnum<CudaGraph>(),
       "CUDA: each micro-batch's forward, loss and backward is captured once as a CUDA graph "

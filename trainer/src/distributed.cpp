@@ -166,9 +166,10 @@ struct Distributed::Group {
 
 Distributed::Distributed() = default;
 
-Distributed::Distributed(const LaunchEnv& env) : env_(env) {
+Distributed::Distributed(const LaunchEnv& env, std::chrono::seconds collective_timeout)
+    : env_(env) {
   group_ = std::make_unique<Group>();
-  group_->nccl = internal::ConnectNccl(env_);
+  group_->nccl = internal::ConnectNccl(env_, collective_timeout);
 }
 
 Distributed::~Distributed() {
@@ -180,7 +181,7 @@ Distributed::~Distributed() {
   }
 }
 
-std::unique_ptr<Distributed> Distributed::FromEnvironment() {
+std::unique_ptr<Distributed> Distributed::FromEnvironment(std::chrono::seconds collective_timeout) {
   const LaunchEnv env = ParseLaunchEnv();
   if (!env.launched) return std::make_unique<Distributed>();
   const bool cuda = torch::cuda::is_available();
@@ -190,7 +191,7 @@ std::unique_ptr<Distributed> Distributed::FromEnvironment() {
                  "NCCL)\n");
     return std::make_unique<Distributed>();
   }
-  return std::make_unique<Distributed>(env);
+  return std::make_unique<Distributed>(env, collective_timeout);
 }
 
 c10::Device Distributed::device() const {

@@ -13,7 +13,7 @@ namespace distill::internal {
 
 #if DISTILL_WITH_NCCL
 
-NcclGroup ConnectNccl(const LaunchEnv& env) {
+NcclGroup ConnectNccl(const LaunchEnv& env, std::chrono::seconds collective_timeout) {
   // NCCL binds a communicator to the current device when its first collective runs.
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
 
@@ -37,14 +37,16 @@ NcclGroup ConnectNccl(const LaunchEnv& env) {
   NcclGroup group;
   group.store = c10::make_intrusive<c10d::PrefixStore>(
       fmt::format("distill/attempt_{}/", env.restart_count), tcp);
-  group.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-      group.store, env.rank, env.world_size, c10d::ProcessGroupNCCL::Options::create());
+  auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+  nccl_options->timeout = collective_timeout;  // train.collective_timeout_s
+  group.backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(group.store, env.rank, env.world_size,
+                                                              nccl_options);
   return group;
 }
 
 #else
 
-NcclGroup ConnectNccl(const LaunchEnv&) {
+NcclGroup ConnectNccl(const LaunchEnv&, std::chrono::seconds) {
   throw DistributedError(
       "data-parallel needs CUDA and NCCL, but distill_trainer was built without the NCCL / CUDA "
       "runtime headers (nccl.h, cuda_runtime_api.h); install them (e.g. the nvidia-nccl and CUDA "

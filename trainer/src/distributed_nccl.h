@@ -16,8 +16,9 @@ struct NcclGroup {
 
 // Sets the current CUDA device to env.local_rank, connects to the TCPStore at
 // MASTER_ADDR:MASTER_PORT (rank 0 hosts it unless env.agent_store), and creates the NCCL
-// process group under the prefix "distill/attempt_<restart_count>/". Throws DistributedError
-// when this build has no NCCL headers or the store cannot be reached.
-NcclGroup ConnectNccl(const LaunchEnv& env);
+// process group under the prefix "distill/attempt_<restart_count>/", its collectives' timeout
+// `collective_timeout`. Throws DistributedError when this build has no NCCL headers or the store
+// cannot be reached.
+NcclGroup ConnectNccl(const LaunchEnv& env, std::chrono::seconds collective_timeout);
 
 }  // namespace distill::internal

@@ -508,7 +508,8 @@ std::string RunIdentityAsTyped(const Config& config) {
   c.train.export_from = defaults.export_from;  // what the export copies, not what is trained
   c.train.nonfinite = defaults.nonfinite;
   c.train.max_skipped_steps = defaults.max_skipped_steps;
-  c.train.bucket_mb = defaults.bucket_mb;    // how the gradients travel, not what they are
+  c.train.bucket_mb = defaults.bucket_mb;  // how the gradients travel, not what they are
+  c.train.collective_timeout_s = defaults.collective_timeout_s;  // how long the ranks wait
   c.train.cuda_graph = defaults.cuda_graph;  // how the kernels are launched, not what they do
   // The same gradients with less memory: a run that ran out of memory resumes with it on.
   c.train.activation_checkpointing = defaults.activation_checkpointing;
@@ -516,11 +517,11 @@ std::string RunIdentityAsTyped(const Config& config) {
   c.distill.fused_linear = DistillConfig().fused_linear;
   std::string identity = ConfigToYaml(c);
   // Keys added since runs existed are left out of the text where they hold the value every
-  // earlier run had (activation_checkpointing and export_from are not part of the identity at
-  // all; a model's activation is, but gelu is what the gpt family always ran): the checkpoints
-  // of runs started before them carry a hash of the identity without these lines.
-  for (const std::string line :
-       {"\n  activation_checkpointing: false", "\n  activation: gelu", "\n  export_from: \"\""}) {
+  // earlier run had (activation_checkpointing, export_from and collective_timeout_s are not part
+  // of the identity at all; a model's activation is, but gelu is what the gpt family always ran):
+  // the checkpoints of runs started before them carry a hash of the identity without these lines.
+  for (const std::string line : {"\n  activation_checkpointing: false", "\n  activation: gelu",
+                                 "\n  export_from: \"\"", "\n  collective_timeout_s: 600"}) {
     for (size_t at = identity.find(line); at != std::string::npos; at = identity.find(line, at)) {
       const size_t end = at + line.size();
       if (end == identity.size() || identity[end] == '\n') {

@@ -250,6 +250,9 @@ struct TrainConfig {
   int64_t max_skipped_steps = 10;
   // Data-parallel: MiB of gradients per all-reduce bucket (25, as PyTorch's DDP).
   int64_t bucket_mb = 25;
+  // Data-parallel: seconds a collective (an all-reduce, a barrier) may wait for the other ranks
+  // before NCCL's watchdog ends the process (600, as torch.distributed's default for NCCL).
+  int64_t collective_timeout_s = 600;
   // A micro-batch's forward, loss and backward captured once as a CUDA graph and replayed
   // (step_graph.h): no per-kernel launch cost. auto: on CUDA in one process (not data-parallel,
   // not under --profile-steps); true: the same, and an error where it cannot be.

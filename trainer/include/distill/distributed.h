@@ -14,6 +14,7 @@
 // identical optimizer steps keep the replicas identical.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -109,15 +110,18 @@ class Distributed : public GradientCommunicator {
   Distributed();
   // Joins the process group described by `env` (NeedsProcessGroup must be true): sets the CUDA
   // device to LOCAL_RANK, connects to the TCPStore (rank 0 hosts it unless the agent does), and
-  // creates the NCCL process group. Throws DistributedError / c10::Error.
-  explicit Distributed(const LaunchEnv& env);
+  // creates the NCCL process group, whose collectives wait at most `collective_timeout` for the
+  // other ranks (then NCCL's watchdog ends the process). Throws DistributedError / c10::Error.
+  explicit Distributed(const LaunchEnv& env,
+                       std::chrono::seconds collective_timeout = std::chrono::minutes(10));
   ~Distributed() override;
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
 
   // From the process environment: the no-op without torchrun, else a process group (with a note
   // on stderr when WORLD_SIZE=1 has no CUDA and runs as a plain process).
-  static std::unique_ptr<Distributed> FromEnvironment();
+  static std::unique_ptr<Distributed> FromEnvironment(
+      std::chrono::seconds collective_timeout = std::chrono::minutes(10));
 
   bool active() const { return group_ != nullptr; }  // a process group exists
   int rank() const { return env_.rank; }
