@@ -215,6 +215,38 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
       {head + "distil:\n  temperature: 2\n",
        "x.yaml:5: distil: unknown key; did you mean \"distill\"?"},
       {head + "bogus: 1\n", "x.yaml:5: bogus: unknown key"},
+      // A key in the wrong section: the sections that have it, not a prefix of what was typed.
+      {head + "schedule:\n  lr: 0.01\n",
+       "x.yaml:6: schedule.lr: unknown key; did you mean \"optim.lr\"?"},
+      {head + "steps: 2\n", "x.yaml:5: steps: unknown key; did you mean \"train.steps\"?"},
+      {head + "optim:\n  n_layer: 2\n",
+       "x.yaml:6: optim.n_layer: unknown key; did you mean \"student.n_layer\" or "
+       "\"teacher.n_layer\"?"},
+      // A null written out is YAML's no-value, not a path's empty string (a model with random
+      // weights where hf_dir: ~ was read as none); left empty, the key is "".
+      {head + "student:\n  hf_dir: ~\n",
+       "x.yaml:6: student.hf_dir: expected a string without NUL characters, got null (YAML's "
+       "no-value, written ~ or null); for no path leave the value empty (\"key:\") or write "
+       "\"\""},
+      {head + "data:\n  val_path: null\n",
+       "x.yaml:6: data.val_path: expected a string without NUL characters, got null (YAML's "
+       "no-value, written ~ or null); for no path leave the value empty (\"key:\") or write "
+       "\"\""},
+      {head + "distill:\n  temperature: ~\n",
+       "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got null (YAML's "
+       "no-value, written ~ or null)"},
+      // A leading zero: YAML 1.1 reads 010 as 8, yaml-cpp as 10; number keys as integer keys.
+      {head + "distill:\n  kd_weight: 010\n",
+       "x.yaml:6: distill.kd_weight: expected a number in [0, 1000000], got \"010\" (a leading "
+       "zero: "
+       "YAML "
+       "1.1 reads it as octal, YAML 1.2 as decimal; write the number without it)"},
+      {head + "student:\n  family: llama\n  rope_scaling:\n    type: yarn\n",
+       "x.yaml:8: student.rope_scaling.type: expected one of: \"\", llama3, got \"yarn\""},
+      // data.min_seq_len left at its default (64) above a shorter data.seq_len: the key set.
+      {head + "data:\n  seq_len: 32\n",
+       "x.yaml:6: data.seq_len: expected at least data.min_seq_len (64, its default), got 32; set "
+       "data.min_seq_len too, to at most 32"},
       {head + "optim:\n  lr: 0.01\n  weight_decay: 100\n",
        "x.yaml:7: optim.weight_decay: expected below 1 / optim.lr = 100 (AdamW multiplies the "
        "weights by 1 - lr * weight_decay at every step: at 1 or more they vanish or change "
@@ -833,6 +865,14 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temprature=2"}),
             "override \"distill.temprature=2\": distill.temprature: unknown key; did you mean "
             "\"distill.temperature\"?");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"student.hf_dir=~"}),
+            "override \"student.hf_dir=~\": student.hf_dir: expected a string without NUL "
+            "characters, got null (YAML's no-value, written ~ or null); for no path leave the "
+            "value empty (\"key:\") or write \"\"");
+  EXPECT_EQ(ParseConfig(kValidDistill, "x.yaml", {"student.hf_dir="}).student.hf_dir, "");
+  EXPECT_EQ(
+      ParseConfig(std::string(kValidDistill) + "student:\n  hf_dir:\n", "x.yaml").student.hf_dir,
+      "");
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill=2"}),
             "override \"distill=2\": distill: is a section; set one of its keys (see --help)");
   EXPECT_EQ(ErrorOf(kValidDistill, {"temperature"}),

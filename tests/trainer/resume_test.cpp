@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -25,6 +26,7 @@
 #include "distill/checkpoint.h"
 #include "distill/file_io.h"
 #include "distill/metrics.h"
+#include "distill/model.h"
 #include "distill/run.h"
 #include "distill/run_dir.h"
 #include "distill/signals.h"
@@ -1201,6 +1203,52 @@ TEST(ResumeTest, AnArchiveTheTrainerDidNotWriteIsADamagedCheckpoint) {
     EXPECT_THAT(resumed.warnings()[0],
                 ::testing::HasSubstr(step4 + ": not a distill_trainer checkpoint"));
   }
+}
+
+// A checkpoint whose weights hold NaN or inf (the trainer never writes one: written by something
+// else) is refused at load, naming the tensor, where a teacher (and a student initialised from
+// it) would otherwise train on it; in a run directory the previous checkpoint is used instead.
+TEST(ResumeTest, NonFiniteWeightsInACheckpointAreRefusedAtLoad) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 4;
+  c.train.checkpoint_interval = 2;
+  Trainer(c, RunOptions::Quiet()).Train();
+  const std::string step4 = CheckpointPath(c.train.out_dir, 4);
+  Model poisoned = MakeModel(c.student);
+  LoadWeights(step4, *poisoned, at::Device(at::kCPU));
+  std::string name;
+  {
+    at::NoGradGuard no_grad;
+    auto named = poisoned->named_parameters();
+    name = named.begin()->key();
+    named.begin()->value().view({-1})[3] = std::numeric_limits<float>::infinity();
+  }
+  {
+    // As SaveCheckpoint writes one, without its refusal (a file from before checksums).
+    torch::serialize::OutputArchive archive, model_archive;
+    poisoned->save(model_archive);
+    archive.write("model", model_archive);
+    archive.write("architecture", c10::IValue(ArchitectureString(poisoned->config())));
+    archive.write("step", c10::IValue(int64_t{4}));
+    archive.save_to(step4);
+  }
+  Model model = MakeModel(c.student);
+  try {
+    LoadWeights(step4, *model, at::Device(at::kCPU));
+    FAIL() << "loaded non-finite weights";
+  } catch (const CorruptCheckpointError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(step4 +
+                                               ": not a distill_trainer checkpoint (its "
+                                               "weight " +
+                                               name + " holds 1 NaN or infinite value of "));
+  }
+  std::vector<std::string> warnings;
+  EXPECT_EQ(
+      LoadWeights(c.train.out_dir, *model, at::Device(at::kCPU), "teacher.checkpoint", &warnings),
+      CheckpointPath(c.train.out_dir, 2));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], ::testing::HasSubstr("its weight " + name + " holds 1 NaN"));
+  for (const auto& p : model->parameters()) EXPECT_TRUE(at::isfinite(p).all().item<bool>());
 }
 
 // Something else where the checkpoints belong is refused before anything is written (it was

@@ -287,25 +287,41 @@ TEST(TrainingTest, PaddedLmHeadRowsGetExactlyZeroGradient) {
 TEST(TrainingTest, NonFiniteStopsBeforeTheOptimizerStep) {
   Config c = TinyDistillConfig(TempRunDir());
   c.train.steps = 6;
-  Trainer trainer(c, RunOptions::Quiet());
-  trainer.TrainUntil(2);
-  PoisonTeacher(trainer);
-  std::vector<at::Tensor> before;
-  for (const auto& p : trainer.student().parameters()) before.push_back(p.clone());
+  {  // the run directory's lock is released when the trainer goes
+    Trainer trainer(c, RunOptions::Quiet());
+    trainer.TrainUntil(2);
+    PoisonTeacher(trainer);
+    std::vector<at::Tensor> before;
+    for (const auto& p : trainer.student().parameters()) before.push_back(p.clone());
+    try {
+      trainer.TrainUntil(6);
+      FAIL() << "a NaN step was trained on";
+    } catch (const NonFiniteError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("step 3: kd_loss is nan"), std::string::npos) << message;
+      EXPECT_NE(message.find("optim.lr"), std::string::npos) << message;
+      EXPECT_NE(message.find("distill.temperature"), std::string::npos) << message;
+      EXPECT_NE(message.find("step_0000002.pt, is intact"), std::string::npos) << message;
+    }
+    const auto after = trainer.student().parameters();
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << i;
+    EXPECT_EQ(trainer.step(), 2);
+    EXPECT_EQ(*LatestCheckpoint(c.train.out_dir), CheckpointPath(c.train.out_dir, 2));
+  }
+  // The checkpoint named is the one the run resumed from, not a newer damaged file it skipped.
+  const std::string damaged = CheckpointPath(c.train.out_dir, 4);
+  WriteBytes(damaged, "not a checkpoint");
+  Trainer resumed(c, RunOptions::Quiet());
+  ASSERT_EQ(resumed.step(), 2);
+  PoisonTeacher(resumed);
   try {
-    trainer.TrainUntil(6);
+    resumed.TrainUntil(6);
     FAIL() << "a NaN step was trained on";
   } catch (const NonFiniteError& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("step 3: kd_loss is nan"), std::string::npos) << message;
-    EXPECT_NE(message.find("optim.lr"), std::string::npos) << message;
-    EXPECT_NE(message.find("distill.temperature"), std::string::npos) << message;
     EXPECT_NE(message.find("step_0000002.pt, is intact"), std::string::npos) << message;
+    EXPECT_EQ(message.find(damaged), std::string::npos) << message;
   }
-  const auto after = trainer.student().parameters();
-  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << i;
-  EXPECT_EQ(trainer.step(), 2);
-  EXPECT_EQ(*LatestCheckpoint(c.train.out_dir), CheckpointPath(c.train.out_dir, 2));
 }
 
 // Step queues the clipping behind the micro-batches and reads the loss terms and the norm in one

@@ -114,6 +114,25 @@ void LoadPart(torch::serialize::InputArchive& archive, const std::string& path, 
   }
 }
 
+// The weights just loaded from `path` are finite: the trainer never writes a checkpoint that is
+// not (SaveCheckpoint), so one whose weights hold NaN or inf was written by something else and is
+// refused as not ours, naming the first such tensor -- a run directory's older checkpoint is then
+// used instead -- where it would otherwise train on them (a student initialised from such a
+// teacher) or fail hours in. One sync for all parameters.
+void CheckFiniteWeights(const CausalLM& model, const std::string& path) {
+  std::vector<at::Tensor> finite;
+  for (const auto& p : model.parameters()) finite.push_back(at::isfinite(p).all());
+  if (finite.empty() || at::stack(finite).all().item<bool>()) return;
+  for (const auto& p : model.named_parameters()) {
+    const int64_t bad = at::logical_not(at::isfinite(p.value())).sum().item<int64_t>();
+    if (bad > 0) {
+      NotACheckpoint(path, fmt::format("its weight {} holds {} NaN or infinite value{} of {}; the "
+                                       "trainer never writes non-finite weights",
+                                       p.key(), bad, bad == 1 ? "" : "s", p.value().numel()));
+    }
+  }
+}
+
 // The run's checkpoints with their steps, oldest step first (by the parsed number: past 7
 // digits the zero-padded names no longer sort by step).
 std::vector<std::pair<int64_t, fs::path>> CheckpointEntries(const std::string& run_dir) {
@@ -502,6 +521,7 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
   // A file torch reads but that is not ours can still fail midway through the weights; a resume
   // then loads the previous checkpoint, which replaces every weight and the optimizer's state.
   LoadPart(archive, path, "model", [&](auto& part) { model.load(part); });
+  CheckFiniteWeights(model, path);
   LoadPart(archive, path, "optimizer", [&](auto& part) { optimizer.load(part); });
   try {
     DefaultGenerator(at::Device(at::kCPU)).set_state(rng_cpu.cpu());
@@ -529,6 +549,7 @@ std::string ReadWeights(const std::string& file, CausalLM& model, const at::Devi
   const int64_t step = step_field ? IntField(*step_field, file, "step") : 0;
   const int64_t skipped = skipped_field ? IntField(*skipped_field, file, "skipped_steps") : -1;
   LoadPart(archive, file, "model", [&](auto& part) { model.load(part); });
+  CheckFiniteWeights(model, file);
   if (step > 0 && skipped == step) {
     return fmt::format(
         "warning: {}: {}: all {} steps before this checkpoint were skipped as non-finite "

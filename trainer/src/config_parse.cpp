@@ -130,9 +130,26 @@ std::string Suggestion(const std::string& path) {
         "model's directory: its config.json is read as it is",
         alias, path.substr(path.find('.') + 1), path.substr(0, path.find('.')));
   }
+  // A key of another section with the same name ("train.lr", top-level "steps"): the section is
+  // what is wrong, not a typo. Where several sections have it (n_layer: student and teacher),
+  // each is named.
+  const std::string name =
+      path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
+  std::vector<std::string> same_name;
+  for (const auto& k : Keys()) {
+    if (k.path != path && k.path.size() > name.size() &&
+        k.path.compare(k.path.size() - name.size() - 1, std::string::npos, "." + name) == 0) {
+      same_name.push_back("\"" + k.path + "\"");
+    }
+  }
+  if (!same_name.empty() && same_name.size() <= 3) {
+    return fmt::format("; did you mean {}?", fmt::join(same_name, " or "));
+  }
   std::string best;
   size_t best_distance = 4;  // more than 3 edits away is not a typo
   auto consider = [&](const std::string& candidate) {
+    // Not a section that the path is inside of ("train" for "train.lr": it exists already).
+    if (path.rfind(candidate + ".", 0) == 0) return;
     size_t d = EditDistance(path, candidate);
     if (d < best_distance) best_distance = d, best = candidate;
   };
@@ -149,8 +166,29 @@ std::string Suggestion(const std::string& path) {
   throw ConfigError(fmt::format("{}: {}: {}", where, path, what));
 }
 
+// Whether `value` is a null written out (`~`, `null`, `Null`, `NULL`) in `text`, the YAML it
+// was read from, rather than left empty (`key:`, which is the empty string for a text key).
+bool ExplicitNull(const YAML::Node& value, const std::string& text) {
+  if (!value.IsNull() || value.Mark().pos < 0) return false;
+  const auto pos = static_cast<size_t>(value.Mark().pos);
+  if (pos >= text.size()) return false;
+  if (text[pos] == '~') return true;
+  for (const char* word : {"null", "Null", "NULL"}) {
+    if (text.compare(pos, 4, word) == 0) return true;
+  }
+  return false;
+}
+
+// `explicit_null`: the value is a null written out (ExplicitNull), refused: YAML's "no value" is
+// not a text key's empty string (`hf_dir: ~` read as "" trained a model with random weights).
 void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& where, Config& config,
-            Locations& locations) {
+            Locations& locations, bool explicit_null = false) {
+  if (explicit_null) {
+    Fail(where, key.path,
+         fmt::format(
+             "expected {}, got null (YAML's no-value, written ~ or null){}", key.expected,
+             key.path_value ? "; for no path leave the value empty (\"key:\") or write \"\"" : ""));
+  }
   // A local tag ("!name"): a value that starts with '!' is a YAML tag, not text, and the text
   // after it is dropped ("hf_dir: !mydir" read as "", a model with random weights).
   const std::string& tag = value.Tag();
@@ -174,8 +212,9 @@ void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& wher
     }
   }
   if (!key.set(value, config)) {
-    const bool octal = key.expected.rfind("an integer", 0) == 0 && value.IsScalar() &&
-                       HasLeadingZero(value.Scalar());
+    const bool octal =
+        (key.expected.rfind("an integer", 0) == 0 || key.expected.rfind("a number", 0) == 0) &&
+        value.IsScalar() && HasLeadingZero(value.Scalar());
     Fail(where, key.path,
          fmt::format("expected {}, got {}{}", key.expected, Describe(value),
                      octal ? " (a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as "
@@ -187,7 +226,7 @@ void SetKey(const KeyDecl& key, const YAML::Node& value, const std::string& wher
 
 // Walks a mapping node whose keys live under `prefix` ("" for the document root).
 void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::string& source,
-              Config& config, Locations& locations) {
+              const std::string& text, Config& config, Locations& locations) {
   for (const auto& item : map) {
     const std::string where_key = fmt::format("{}:{}", source, item.first.Mark().line + 1);
     // A null value's mark points past it (at the next token): report the key's line instead.
@@ -203,7 +242,7 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
       Fail(where_key, path, fmt::format("duplicate key (first set at {})", locations[path]));
     }
     if (const KeyDecl* key = FindKey(path)) {
-      SetKey(*key, item.second, where_value, config, locations);
+      SetKey(*key, item.second, where_value, config, locations, ExplicitNull(item.second, text));
     } else if (IsSection(path)) {
       if (!item.second.IsMap() && !item.second.IsNull()) {
         Fail(where_value, path,
@@ -211,7 +250,7 @@ void ApplyMap(const YAML::Node& map, const std::string& prefix, const std::strin
                          Describe(item.second)));
       }
       locations[path] = where_key;
-      if (item.second.IsMap()) ApplyMap(item.second, path, source, config, locations);
+      if (item.second.IsMap()) ApplyMap(item.second, path, source, text, config, locations);
     } else if (name == "<<") {  // yaml-cpp has no merge keys: "<<" is a key like any other
       Fail(where_key, path,
            "a YAML merge key (<<), which the config reader does not support; write the keys out");
@@ -338,7 +377,7 @@ void ApplyOverride(const std::string& text, Config& config, Locations& locations
          fmt::format("expected {}, got an empty value: YAML reads a leading '{}' as {}{}",
                      key->expected, raw[start], raw[start] == '&' ? "an anchor" : "a tag", hint));
   }
-  SetKey(*key, value, where, config, locations);
+  SetKey(*key, value, where, config, locations, ExplicitNull(value, raw));
 }
 
 std::string Where(const Locations& locations, const std::string& path) {
@@ -681,6 +720,12 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                      (int64_t{1} << 40) / micro_tokens, micro_tokens, c.train.grad_accum));
   }
   if (c.data.source == "synthetic" && c.data.min_seq_len > c.data.seq_len) {  // synthetic only
+    if (!at.count("data.min_seq_len")) {  // its default: the key the user set is seq_len
+      fail("data.seq_len",
+           fmt::format("expected at least data.min_seq_len ({}, its default), got {}; set "
+                       "data.min_seq_len too, to at most {}",
+                       c.data.min_seq_len, c.data.seq_len, c.data.seq_len));
+    }
     fail("data.min_seq_len", fmt::format("expected at most data.seq_len ({}), got {}",
                                          c.data.seq_len, c.data.min_seq_len));
   }
@@ -1179,7 +1224,7 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
         source_name));
   }
   if (root.IsMap()) {
-    ApplyMap(root, "", source_name, config, locations);
+    ApplyMap(root, "", source_name, yaml_text, config, locations);
   } else if (!root.IsNull()) {
     throw ConfigError(
         fmt::format("{}:{}: expected a mapping of sections (student, teacher, data, "

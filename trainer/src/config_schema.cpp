@@ -51,7 +51,9 @@ Rule<double> NumberAboveAtMost(double lo, double hi) {
           [=](const double& v) { return v > lo && v <= hi; }};
 }
 Rule<std::string> OneOf(std::vector<std::string> names) {
-  return {fmt::format("one of: {}", fmt::join(names, ", ")), [names](const std::string& v) {
+  std::vector<std::string> shown;  // the empty choice as "" (an invisible ", llama3" otherwise)
+  for (const auto& n : names) shown.push_back(n.empty() ? "\"\"" : n);
+  return {fmt::format("one of: {}", fmt::join(shown, ", ")), [names](const std::string& v) {
             for (const auto& n : names) {
               if (v == n) return true;
             }
@@ -78,7 +80,8 @@ Rule<std::array<double, 2>> Betas() {
 // YAML node -> value; nullopt when the node is not a scalar of that type.
 template <typename T>
 std::optional<T> Convert(const YAML::Node& node) {
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+  // "010": YAML 1.1 reads 8, YAML 1.2 and yaml-cpp 10 (a config other tools read as 8).
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
     if (node.IsScalar() && HasLeadingZero(node.Scalar())) return std::nullopt;
   }
   if constexpr (std::is_same_v<T, std::string>) {

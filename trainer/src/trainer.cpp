@@ -750,12 +750,19 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   const int64_t step = position_.step + 1;
   const std::string hint = NonFiniteCauses(fmt::format(", this step {:.3g}", r.lr));
   if (config_.train.nonfinite == NonFinite::kStop) {
-    const auto latest = LatestCheckpoint(config_.train.out_dir);
+    // The checkpoint this run resumed from or last wrote (not the newest file by name: a damaged
+    // one the resume skipped).
+    const std::string last =
+        checkpointed_step_ >= 0
+            ? fmt::format("the last checkpoint, {}, is intact",
+                          CheckpointPath(config_.train.out_dir, checkpointed_step_))
+            : std::string("no checkpoint yet");
     throw NonFiniteError(fmt::format(
         "step {}: {} is {} (non-finite); stopped before the optimizer step, so no non-finite "
-        "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps",
-        step, term, value,
-        latest ? "the last checkpoint, " + *latest + ", is intact" : "no checkpoint yet", hint));
+        "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps (the "
+        "same command again resumes from that checkpoint and, on the same data, likely stops "
+        "here again)",
+        step, term, value, last, hint));
   }
   if (graph_) {
     ZeroGradients(student_->parameters());  // in place: the graph (or its capture) adds into them
@@ -767,7 +774,9 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   if (skipped > config_.train.max_skipped_steps) {
     throw NonFiniteError(
         fmt::format("step {}: {} is {} (non-finite) and {} steps of this run were skipped, more "
-                    "than train.max_skipped_steps ({}); the weights are finite. Likely causes: {}",
+                    "than train.max_skipped_steps ({}); the weights are finite. Likely causes: {}; "
+                    "to skip more, raise train.max_skipped_steps and run again (it resumes from "
+                    "the last checkpoint)",
                     step, term, value, skipped, config_.train.max_skipped_steps, hint));
   }
   progress_->Warn(
