@@ -105,6 +105,15 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
                              ") but train.mode is pretrain, which trains on the hard labels "
                              "alone: the teacher is not loaded (train.mode: distill distills "
                              "from it)");
+  c.teacher.hf_dir.clear();
+  c.teacher.pretrain_steps = 7;
+  c.train.out_dir += "-d";
+  warnings = Trainer(c, RunOptions::Quiet()).warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "warning: teacher.pretrain_steps is set (7) but train.mode is pretrain, "
+            "which trains on the hard labels alone: no teacher is pretrained "
+            "(train.mode: distill pretrains one, then distills from it)");
 }
 
 // The student starts from the weights train.seed gives it whatever teacher was built before it:

@@ -29,7 +29,8 @@ struct KeyDecl {
 const std::vector<KeyDecl>& Keys();
 
 // An integer written with a leading zero ("0100", "-007"): YAML 1.1 (and yaml-cpp) reads it as
-// octal, YAML 1.2 as decimal, so no integer key accepts it.
+// octal, YAML 1.2 as decimal, so no number key accepts it (a float "010" would be 10 here, 8 in
+// YAML 1.1).
 bool HasLeadingZero(const std::string& scalar);
 
 }  // namespace distill::internal

@@ -284,6 +284,13 @@ std::optional<std::string> UnusedTeacherWarning(const Config& config) {
   if (config.train.mode != Mode::kPretrain) return std::nullopt;
   const bool checkpoint = !config.teacher.checkpoint.empty();
   const std::string& value = checkpoint ? config.teacher.checkpoint : config.teacher.hf_dir;
+  if (value.empty() && config.teacher.pretrain_steps > 0) {  // the third source of a teacher
+    return fmt::format(
+        "warning: teacher.pretrain_steps is set ({}) but train.mode is pretrain, which trains on "
+        "the hard labels alone: no teacher is pretrained (train.mode: distill pretrains one, then "
+        "distills from it)",
+        config.teacher.pretrain_steps);
+  }
   if (value.empty()) return std::nullopt;
   return fmt::format(
       "warning: {} is set ({}) but train.mode is pretrain, which trains on the hard labels alone: "
