@@ -232,6 +232,18 @@ TEST(ConfigTest, EveryErrorPathNamesWhereKeyExpectedAndFound) {
        "x.yaml:6: data.val_path: expected a string without NUL characters, got null (YAML's "
        "no-value, written ~ or null); for no path leave the value empty (\"key:\") or write "
        "\"\""},
+      {"\xEF\xBB\xBF" + head + "student:\n  hf_dir: ~\n",  // after a UTF-8 byte-order mark
+       "x.yaml:6: student.hf_dir: expected a string without NUL characters, got null (YAML's "
+       "no-value, written ~ or null); for no path leave the value empty (\"key:\") or write "
+       "\"\""},
+      {head + "student:\n  hf_dir: &a ~\n",  // behind an anchor
+       "x.yaml:6: student.hf_dir: expected a string without NUL characters, got null (YAML's "
+       "no-value, written ~ or null); for no path leave the value empty (\"key:\") or write "
+       "\"\""},
+      {head + "student:\n  hf_dir: !!null ~\n",  // was read as the text "~"
+       "x.yaml:6: student.hf_dir: expected a string without NUL characters, got null (YAML's "
+       "no-value, written ~ or null); for no path leave the value empty (\"key:\") or write "
+       "\"\""},
       {head + "distill:\n  temperature: ~\n",
        "x.yaml:6: distill.temperature: expected a number in [0.001, 1000], got null (YAML's "
        "no-value, written ~ or null)"},
@@ -712,6 +724,16 @@ TEST(ConfigTest, TheActivationKeyLeavesTheIdentityOfEarlierRunsAlone) {
   EXPECT_NE(RunIdentityHash(tanh), RunIdentityHash(c));
 }
 
+// How long the ranks wait in a collective is not what is trained: any value leaves the identity
+// (and the hash older runs' checkpoints carry) as it was.
+TEST(ConfigTest, TheCollectiveTimeoutIsNotPartOfTheIdentity) {
+  const Config c = ParseConfig(kValidDistill, "x.yaml");
+  const Config longer = ParseConfig(kValidDistill, "x.yaml", {"train.collective_timeout_s=7200"});
+  EXPECT_EQ(RunIdentity(longer), RunIdentity(c));
+  EXPECT_EQ(RunIdentity(c).find("collective_timeout_s"), std::string::npos);
+  EXPECT_EQ(RunIdentityHash(longer), "32ac12abf6820cef");
+}
+
 // The identity is config.yaml's text, and checkpoints carry it: paths in their usual spellings
 // (relative, leading '.', '-' or a digit) stay plain words there, as in runs made before, so
 // that those runs' checkpoints still match; only what YAML would read otherwise is quoted.
@@ -873,6 +895,18 @@ TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(
       ParseConfig(std::string(kValidDistill) + "student:\n  hf_dir:\n", "x.yaml").student.hf_dir,
       "");
+  // A byte-order mark does not shift what is read as a written-out null: "# ~a" is a comment.
+  EXPECT_EQ(ParseConfig("\xEF\xBB\xBF" + std::string(kValidDistill) + "student:\n  hf_dir: # ~a\n",
+                        "x.yaml")
+                .student.hf_dir,
+            "");
+  // A path that starts with '~' is text, not a null (and refused as such, naming the '~').
+  EXPECT_THAT(ErrorOf(kValidDistill, {"student.hf_dir=~/models/x"}),
+              ::testing::Not(::testing::HasSubstr("got null")));
+  // A misspelt section: its key, not every key of that name.
+  EXPECT_EQ(ErrorOf(kValidDistill, {"techer.hf_dir=t"}),
+            "override \"techer.hf_dir=t\": techer.hf_dir: unknown key; did you mean "
+            "\"teacher.hf_dir\"?");
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill=2"}),
             "override \"distill=2\": distill: is a section; set one of its keys (see --help)");
   EXPECT_EQ(ErrorOf(kValidDistill, {"temperature"}),

@@ -1401,18 +1401,31 @@ TEST(ResumeTest, PipelineFreshThatFailsAtStartDeletesNothing) {
 
 // The handlers set a flag (the process keeps running) and are restored afterwards.
 TEST(ResumeTest, StopSignalsSetAFlagAndRestoreTheHandlers) {
-  struct sigaction before {};
+  struct sigaction before {
+  }, hangup_before{};
   sigaction(SIGTERM, nullptr, &before);
+  sigaction(SIGHUP, nullptr, &hangup_before);
   {
     StopSignals signals;
     EXPECT_EQ(StopSignals::Pending(), 0);
+    struct sigaction hangup_during {};
+    sigaction(SIGHUP, nullptr, &hangup_during);
+    if (hangup_before.sa_handler == SIG_IGN) {  // ignored at start (nohup): it stays ignored
+      EXPECT_EQ(hangup_during.sa_handler, SIG_IGN);
+    } else {
+      EXPECT_NE(hangup_during.sa_handler, hangup_before.sa_handler);  // handled while alive
+    }
     raise(SIGTERM);
     EXPECT_EQ(StopSignals::Pending(), SIGTERM);
   }
-  struct sigaction after {};
+  struct sigaction after {
+  }, hangup_after{};
   sigaction(SIGTERM, nullptr, &after);
+  sigaction(SIGHUP, nullptr, &hangup_after);
   EXPECT_EQ(after.sa_handler, before.sa_handler);
+  EXPECT_EQ(hangup_after.sa_handler, hangup_before.sa_handler);
   EXPECT_EQ(SignalName(SIGINT), "SIGINT");
+  EXPECT_EQ(SignalName(SIGHUP), "SIGHUP");
 }
 
 // A token shard truncated while it is mapped (the trainer reads it): SIGBUS, explained in one

@@ -4,6 +4,12 @@
 # (with more steps) resumes from it.
 # Usage: signal_test.sh DISTILL_TRAINER WORK_DIR
 set -u
+# Under nohup (a CI job's, say) SIGHUP is ignored, and bash cannot un-ignore a signal ignored at
+# its start: run again with SIGHUP at its default, so that the trainer's own handling is tested.
+if [ -z "${SIGNAL_TEST_HUP_DEFAULT:-}" ] && [ -r /proc/$$/status ] &&
+  (( 0x$(awk '/^SigIgn/ {print $2}' /proc/$$/status) & 1 )); then
+  SIGNAL_TEST_HUP_DEFAULT=1 exec env --default-signal=HUP bash "$0" "$@"
+fi
 bin=$1
 work=$2
 fail() { echo "FAIL: $*"; [ -f "$work/err" ] && sed 's/^/  stderr: /' "$work/err"; exit 1; }
@@ -117,6 +123,21 @@ grep -q "^distill_trainer: SIGTERM: checkpoint at step 3 written to" "$work/err"
   fail "in an evaluation: did not stop at step 3"
 [ -f "$dir/checkpoints/step_0000004.pt" ] && fail "in an evaluation: a step-4 checkpoint was written"
 echo "SIGTERM during step 3's evaluation: stopped at step 3, status $rc"
+# SIGTERM and at once SIGHUP (systemd ending a login session): one request, the step finishes and
+# is checkpointed, the process ends as by the first signal.
+dir="$work/run_term_hup"
+"$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000 2>"$work/err" >/dev/null &
+pid=$!
+wait_for_records "$dir" 3
+kill -TERM "$pid"
+kill -HUP "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" = 143 ] || fail "SIGTERM then SIGHUP: exit status $rc, expected 143"
+grep -q "^distill_trainer: SIGTERM: checkpoint at step [0-9]* written to" "$work/err" ||
+  fail "SIGTERM then SIGHUP: no checkpoint"
+grep -q "second SIGHUP" "$work/err" && fail "SIGTERM then SIGHUP: the SIGHUP counted as a second"
+echo "SIGTERM and at once SIGHUP: one request, checkpointed, status $rc"
 # SIGHUP ignored when the trainer starts (nohup, or a parent that ignores it): it stays ignored,
 # and the run goes on until a SIGTERM.
 dir="$work/run_nohup"

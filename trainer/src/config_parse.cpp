@@ -133,17 +133,27 @@ std::string Suggestion(const std::string& path) {
   // A key of another section with the same name ("train.lr", top-level "steps"): the section is
   // what is wrong, not a typo. Where several sections have it (n_layer: student and teacher),
   // each is named.
-  const std::string name =
-      path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
-  std::vector<std::string> same_name;
+  // A misspelt section ("techer.hf_dir") is a typo: the one whose section is nearest.
+  const size_t last_dot = path.rfind('.');
+  const std::string name = path.substr(last_dot == std::string::npos ? 0 : last_dot + 1);
+  const std::string section = last_dot == std::string::npos ? "" : path.substr(0, last_dot);
+  std::vector<std::pair<size_t, std::string>> same_name;  // (distance of the sections, path)
   for (const auto& k : Keys()) {
     if (k.path != path && k.path.size() > name.size() &&
         k.path.compare(k.path.size() - name.size() - 1, std::string::npos, "." + name) == 0) {
-      same_name.push_back("\"" + k.path + "\"");
+      same_name.emplace_back(
+          EditDistance(section, k.path.substr(0, k.path.size() - name.size() - 1)), k.path);
     }
   }
+  std::stable_sort(same_name.begin(), same_name.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (same_name.size() > 1 && same_name[0].first <= 2 && same_name[1].first > same_name[0].first) {
+    same_name.resize(1);
+  }
   if (!same_name.empty() && same_name.size() <= 3) {
-    return fmt::format("; did you mean {}?", fmt::join(same_name, " or "));
+    std::vector<std::string> quoted;
+    for (const auto& candidate : same_name) quoted.push_back("\"" + candidate.second + "\"");
+    return fmt::format("; did you mean {}?", fmt::join(quoted, " or "));
   }
   std::string best;
   size_t best_distance = 4;  // more than 3 edits away is not a typo
@@ -166,11 +176,24 @@ std::string Suggestion(const std::string& path) {
   throw ConfigError(fmt::format("{}: {}: {}", where, path, what));
 }
 
-// Whether `value` is a null written out (`~`, `null`, `Null`, `NULL`) in `text`, the YAML it
-// was read from, rather than left empty (`key:`, which is the empty string for a text key).
+// Whether `value` is a null written out (`~`, `null`, `Null`, `NULL`, a `!!null` tag) in
+// `text`, the YAML it was read from, rather than left empty (`key:`, which is the empty string
+// for a text key). yaml-cpp marks a node at its first property (`&anchor`, `!tag`) if it has any,
+// and counts from after a UTF-8 byte-order mark. (A UTF-16 or UTF-32 file, whose marks count
+// characters, is not checked.)
 bool ExplicitNull(const YAML::Node& value, const std::string& text) {
+  if (value.Tag() == "tag:yaml.org,2002:null") return true;  // "!!null ~" was read as "~"
   if (!value.IsNull() || value.Mark().pos < 0) return false;
-  const auto pos = static_cast<size_t>(value.Mark().pos);
+  if (text.find('\0') != std::string::npos) return false;  // UTF-16 or UTF-32
+  const bool bom = text.rfind("\xEF\xBB\xBF", 0) == 0;
+  size_t pos = static_cast<size_t>(value.Mark().pos) + (bom ? 3 : 0);
+  // The properties before the value: each a word, then spaces.
+  while (pos < text.size() && (text[pos] == '&' || text[pos] == '!')) {
+    pos = text.find_first_of(" \t\r\n", pos);
+    if (pos == std::string::npos) return false;
+    pos = text.find_first_not_of(" \t", pos);
+    if (pos == std::string::npos) return false;
+  }
   if (pos >= text.size()) return false;
   if (text[pos] == '~') return true;
   for (const char* word : {"null", "Null", "NULL"}) {

@@ -40,11 +40,13 @@ void WriteLine(const char* prefix, int signal, const char* rest) {
   }
 }
 
-// The same signal again soon after the first: one request delivered twice (or the first's
-// handler, on another thread, has not stored its time yet: 0).
-bool Repeat(int signal, int64_t now) {
+// A stop signal soon after the first, the same or another: one request delivered twice (GNU
+// timeout signals the process, then its group) or by two senders at once (systemd ends a login
+// session's processes with SIGTERM, then at once SIGHUP); or the first's handler, on another
+// thread, has not stored its time yet (0).
+bool Repeat(int64_t now) {
   const int64_t first = g_first_ns.load();
-  return signal == g_signal.load() && (first == 0 || now - first < kRepeatNs);
+  return g_signal.load() != 0 && (first == 0 || now - first < kRepeatNs);
 }
 
 // A SIGHUP: the terminal is gone, and with it, often, the rest of the pipeline (`| tee log`
@@ -66,11 +68,11 @@ void Handle(int signal) {
   if (g_signal.compare_exchange_strong(none, signal)) {
     g_first_ns = now;
     WriteLine("distill_trainer: stopping on ", signal,
-              ": finishing this step, then a checkpoint (the same signal again, a second or more "
+              ": finishing this step, then a checkpoint (a stop signal again, a second or more "
               "later, exits at once)\n");
     return;
   }
-  if (Repeat(signal, now)) return;
+  if (Repeat(now)) return;
   // A second signal: the user insists; leave now, as a death by that signal.
   WriteLine("distill_trainer: second ", signal,
             ": exiting at once, without finishing the step; the checkpoints written so far are "
@@ -83,7 +85,7 @@ void Handle(int signal) {
 void HandleOutside(int signal) {
   IgnoreBrokenPipesAfterHangup(signal);  // its line must not end the process before DieBySignal
   // The repeat of a signal a training loop took (it writes the checkpoint and exits already).
-  if (Repeat(signal, NowNs())) return;
+  if (Repeat(NowNs())) return;
   WriteLine("distill_trainer: ", signal,
             ": stopped outside a training step (start-up, evaluation, export or between stages): "
             "no checkpoint written now; those written so far are kept\n");

@@ -759,16 +759,16 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   if (config_.train.nonfinite == NonFinite::kStop) {
     // The checkpoint this run resumed from or last wrote (not the newest file by name: a damaged
     // one the resume skipped).
+    const bool checkpointed = checkpointed_step_ >= 0;
     const std::string last =
-        checkpointed_step_ >= 0
-            ? fmt::format("the last checkpoint, {}, is intact",
-                          CheckpointPath(config_.train.out_dir, checkpointed_step_))
-            : std::string("no checkpoint yet");
+        checkpointed ? fmt::format(
+                           "the last checkpoint, {}, is intact; the same command resumes "
+                           "from it and, on the same data, likely stops here again",
+                           CheckpointPath(config_.train.out_dir, checkpointed_step_))
+                     : std::string("no checkpoint yet");
     throw NonFiniteError(fmt::format(
         "step {}: {} is {} (non-finite); stopped before the optimizer step, so no non-finite "
-        "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps (the "
-        "same command again resumes from that checkpoint and, on the same data, likely stops "
-        "here again)",
+        "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps",
         step, term, value, last, hint));
   }
   if (graph_) {
@@ -782,9 +782,9 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
     throw NonFiniteError(
         fmt::format("step {}: {} is {} (non-finite) and {} steps of this run were skipped, more "
                     "than train.max_skipped_steps ({}); the weights are finite. Likely causes: {}; "
-                    "to skip more, raise train.max_skipped_steps and run again (it resumes from "
-                    "the last checkpoint)",
-                    step, term, value, skipped, config_.train.max_skipped_steps, hint));
+                    "to skip more, raise train.max_skipped_steps and run again{}",
+                    step, term, value, skipped, config_.train.max_skipped_steps, hint,
+                    checkpointed_step_ >= 0 ? " (it resumes from the last checkpoint)" : ""));
   }
   progress_->Warn(
       fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})", step,

@@ -1,9 +1,9 @@
 // Graceful stop on SIGTERM / SIGINT / SIGHUP (SIGHUP left alone where it was ignored at start, as
 // under nohup): while a StopSignals is alive, the first signal only sets a
 // flag -- the trainer finishes the current step, writes a checkpoint and throws Interrupted --
-// and a second one ends the process at once (DieBySignal), unless it is the same signal within a
-// second of the first (one request delivered twice: to the process and to its process group). No
-// torch headers: main.cpp includes it.
+// and a second one ends the process at once (DieBySignal), unless it comes within a second of the
+// first (one request delivered twice: to the process and to its process group; or SIGTERM and
+// SIGHUP at once from systemd). No torch headers: main.cpp includes it.
 #pragma once
 
 #include <stdexcept>

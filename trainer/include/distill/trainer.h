@@ -207,7 +207,7 @@ class Trainer {
   int64_t tokens_since_log_ = 0;
   double seconds_since_log_ = 0;
   double elapsed_ = 0;   // training seconds of the run, carried over a resume by the checkpoint
-  int stop_signal_ = 0;  // SIGTERM / SIGINT seen (on any rank) at the last step, or 0
+  int stop_signal_ = 0;  // SIGTERM / SIGINT / SIGHUP seen (on any rank) at the last step, or 0
   std::vector<std::string> warnings_;
 };
 
