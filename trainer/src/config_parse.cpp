@@ -132,8 +132,7 @@ std::string Suggestion(const std::string& path) {
   }
   // A key of another section with the same name ("train.lr", top-level "steps"): the section is
   // what is wrong, not a typo. Where several sections have it (n_layer: student and teacher),
-  // each is named.
-  // A misspelt section ("techer.hf_dir") is a typo: the one whose section is nearest.
+  // each is named, unless one section is a typo away from the one typed ("techer.hf_dir").
   const size_t last_dot = path.rfind('.');
   const std::string name = path.substr(last_dot == std::string::npos ? 0 : last_dot + 1);
   const std::string section = last_dot == std::string::npos ? "" : path.substr(0, last_dot);
