@@ -226,7 +226,9 @@ TEST_F(ReliabilityTest, KillNineAtRandomMomentsThenResumeMatchesAnUninterruptedR
   // some finish on their own.
   std::uniform_real_distribution<double> moment(0.02, 1.0);
   int kills = 0;
-  for (int trial = 0; trial < 5; ++trial) {
+  // Five trials, and more (up to 15) while fewer than 3 kills landed: on a loaded machine the
+  // reference run can be slower than the trials, whose kills then come after they finished.
+  for (int trial = 0; trial < 15 && (trial < 5 || kills < 3); ++trial) {
     const std::string dir = work_ + "/killed" + std::to_string(trial);
     // Up to three kills, then the same command once more without one, to the end.
     for (int attempt = 0; attempt < 4; ++attempt) {
@@ -243,7 +245,7 @@ TEST_F(ReliabilityTest, KillNineAtRandomMomentsThenResumeMatchesAnUninterruptedR
   }
   std::cout << "seed " << seed << ": " << kills << " kills at random moments of "
             << reference_seconds_ << " s runs\n";
-  EXPECT_GE(kills, 3) << "seed " << seed;  // the first attempt of a trial is nearly always cut
+  EXPECT_GE(kills, 3) << "seed " << seed;  // most trials' first attempt is cut
 }
 
 // kill -9 inside the file writes, at points a random moment rarely hits: a torn checkpoint, a
