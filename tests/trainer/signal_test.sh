@@ -124,7 +124,8 @@ grep -q "^distill_trainer: SIGTERM: checkpoint at step 3 written to" "$work/err"
 [ -f "$dir/checkpoints/step_0000004.pt" ] && fail "in an evaluation: a step-4 checkpoint was written"
 echo "SIGTERM during step 3's evaluation: stopped at step 3, status $rc"
 # SIGTERM and at once SIGHUP (systemd ending a login session): one request, the step finishes and
-# is checkpointed, the process ends as by the first signal.
+# is checkpointed, the process ends as by the signal handled first (both pending at once, the
+# kernel delivers SIGHUP, the lower number, first).
 dir="$work/run_term_hup"
 "$bin" "${args[@]}" "train.out_dir=$dir" train.steps=1000000 2>"$work/err" >/dev/null &
 pid=$!
@@ -133,10 +134,12 @@ kill -TERM "$pid"
 kill -HUP "$pid"
 wait "$pid"
 rc=$?
-[ "$rc" = 143 ] || fail "SIGTERM then SIGHUP: exit status $rc, expected 143"
-grep -q "^distill_trainer: SIGTERM: checkpoint at step [0-9]* written to" "$work/err" ||
+[ "$rc" = 143 ] || [ "$rc" = 129 ] ||
+  fail "SIGTERM then SIGHUP: exit status $rc, expected 143 or 129"
+grep -q "^distill_trainer: SIG\(TERM\|HUP\): checkpoint at step [0-9]* written to" "$work/err" ||
   fail "SIGTERM then SIGHUP: no checkpoint"
-grep -q "second SIGHUP" "$work/err" && fail "SIGTERM then SIGHUP: the SIGHUP counted as a second"
+grep -q "^distill_trainer: second " "$work/err" &&
+  fail "SIGTERM then SIGHUP: the second signal counted as insisting"
 echo "SIGTERM and at once SIGHUP: one request, checkpointed, status $rc"
 # SIGHUP ignored when the trainer starts (nohup, or a parent that ignores it): it stays ignored,
 # and the run goes on until a SIGTERM.
