@@ -114,22 +114,35 @@ void LoadPart(torch::serialize::InputArchive& archive, const std::string& path, 
   }
 }
 
+// The first parameter of `model` holding NaN or inf, with how many such values; nullopt when
+// every one is finite. One sync for all parameters on the common (finite) path.
+struct NonFiniteParameter {
+  std::string name;
+  int64_t count;
+  int64_t numel;
+};
+std::optional<NonFiniteParameter> FirstNonFiniteParameter(const CausalLM& model) {
+  std::vector<at::Tensor> finite;
+  for (const auto& p : model.parameters()) finite.push_back(at::isfinite(p).all());
+  if (finite.empty() || at::stack(finite).all().item<bool>()) return std::nullopt;
+  for (const auto& p : model.named_parameters()) {
+    const int64_t bad = at::logical_not(at::isfinite(p.value())).sum().item<int64_t>();
+    if (bad > 0) return NonFiniteParameter{p.key(), bad, p.value().numel()};
+  }
+  return std::nullopt;
+}
+
 // The weights just loaded from `path` are finite: the trainer never writes a checkpoint that is
 // not (SaveCheckpoint), so one whose weights hold NaN or inf was written by something else and is
 // refused as not ours, naming the first such tensor -- a run directory's older checkpoint is then
 // used instead -- where it would otherwise train on them (a student initialised from such a
-// teacher) or fail hours in. One sync for all parameters.
+// teacher) or fail hours in.
 void CheckFiniteWeights(const CausalLM& model, const std::string& path) {
-  std::vector<at::Tensor> finite;
-  for (const auto& p : model.parameters()) finite.push_back(at::isfinite(p).all());
-  if (finite.empty() || at::stack(finite).all().item<bool>()) return;
-  for (const auto& p : model.named_parameters()) {
-    const int64_t bad = at::logical_not(at::isfinite(p.value())).sum().item<int64_t>();
-    if (bad > 0) {
-      NotACheckpoint(path, fmt::format("its weight {} holds {} NaN or infinite value{} of {}; the "
-                                       "trainer never writes non-finite weights",
-                                       p.key(), bad, bad == 1 ? "" : "s", p.value().numel()));
-    }
+  if (const auto bad = FirstNonFiniteParameter(model)) {
+    NotACheckpoint(path,
+                   fmt::format("its weight {} holds {} NaN or infinite value{} of {}; the "
+                               "trainer never writes non-finite weights",
+                               bad->name, bad->count, bad->count == 1 ? "" : "s", bad->numel));
   }
 }
 
@@ -317,16 +330,10 @@ void PruneCheckpoints(const std::string& run_dir, int64_t keep, int64_t step,
 void SaveCheckpoint(const std::string& path, const CausalLM& model,
                     const torch::optim::Optimizer& optimizer, const TrainingPosition& position,
                     const at::Device& device, const std::string& run_identity) {
-  // One sync for all parameters; a non-finite checkpoint would poison every resume.
-  std::vector<at::Tensor> finite;
-  for (const auto& p : model.parameters()) finite.push_back(at::isfinite(p).all());
-  if (!finite.empty() && !at::stack(finite).all().item<bool>()) {
-    for (const auto& p : model.named_parameters()) {
-      if (!at::isfinite(p.value()).all().item<bool>()) {
-        throw std::runtime_error(fmt::format(
-            "not writing {}: the model's parameter {} holds NaN or inf values", path, p.key()));
-      }
-    }
+  // A non-finite checkpoint would poison every resume.
+  if (const auto bad = FirstNonFiniteParameter(model)) {
+    throw std::runtime_error(fmt::format(
+        "not writing {}: the model's parameter {} holds NaN or inf values", path, bad->name));
   }
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optimizer_archive;
