@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  bool resume = true;  // train.resume of the config run (for the errors' advice)
+  bool resume = true;     // train.resume of the config run (for the errors' advice)
+  distill::Config given;  // where its keys were set, for run-start errors (WithWhereGiven)
   try {
     if (print_reference) {
       std::cout << distill::ConfigReference();
@@ -161,6 +162,7 @@ int main(int argc, char** argv) {
     flags.distributed = distributed.get();
     flags.memory_check = !no_memory_check;
     resume = config.train.resume;
+    given.given_at = config.given_at;
     distill::Run(config, flags, std::cout);
     return 0;
   } catch (const distill::Interrupted& e) {
@@ -176,7 +178,9 @@ int main(int argc, char** argv) {
     std::cerr << "distill_trainer: " << e.what_without_backtrace() << '\n';
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "distill_trainer: " << WithResumeAdvice(e.what(), flags.fresh, resume) << '\n';
+    std::cerr << "distill_trainer: "
+              << WithResumeAdvice(distill::WithWhereGiven(given, e.what()), flags.fresh, resume)
+              << '\n';
     return 1;
   }
 }

@@ -879,6 +879,24 @@ TEST(ConfigTest, InvalidYamlNamesTheLine) {
                        "(this line is indented with a tab: YAML indents with spaces only)"));
 }
 
+// Where each key was set, for errors a valid value meets when the run starts: the file's line,
+// the last override of a key over the file, nothing for a default; WithWhereGiven puts it in
+// front of a message about the key, as a config error has it.
+TEST(ConfigTest, RemembersWhereEachKeyWasGiven) {
+  const Config c = ParseConfig("train:\n  mode: pretrain\n  device: cpu\ndata:\n  seed: 3\n",
+                               "x.yaml", {"data.seed=4", "data.seed=5"});
+  EXPECT_EQ(c.given_at.at("train.mode"), "x.yaml:2");
+  EXPECT_EQ(c.given_at.at("train.device"), "x.yaml:3");
+  EXPECT_EQ(c.given_at.at("data.seed"), "override \"data.seed=5\"");
+  EXPECT_EQ(c.given_at.count("train.steps"), 0u);
+  EXPECT_EQ(WithWhereGiven(c, "train.device: no such device"),
+            "x.yaml:3: train.device: no such device");
+  EXPECT_EQ(WithWhereGiven(c, "data.seed: odd"), "override \"data.seed=5\": data.seed: odd");
+  EXPECT_EQ(WithWhereGiven(c, "train.steps: at its default"), "train.steps: at its default");
+  EXPECT_EQ(WithWhereGiven(c, "train: a section"), "train: a section");
+  EXPECT_EQ(WithWhereGiven(c, "no key here"), "no key here");
+}
+
 TEST(ConfigTest, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"distill.temperature=hot"}),
             "override \"distill.temperature=hot\": distill.temperature: expected a number in "

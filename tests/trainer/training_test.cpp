@@ -116,6 +116,36 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
             "(train.mode: distill pretrains one, then distills from it)");
 }
 
+// Likewise the distillation loss's keys: the start-up names each one the user set, and where. A
+// pipeline's pretraining stages (the teacher, the baseline) say nothing: the distill keys are
+// the student stage's.
+TEST(TrainingTest, PretrainModeSaysItsDistillKeysAreNotUsed) {
+  Config c = TinyConfig(TempRunDir());
+  c.given_at = ParseConfig("train:\n  mode: pretrain\ndistill:\n  temperature: 2\n", "x.yaml",
+                           {"distill.ce_weight=0.5"})
+                   .given_at;
+  std::vector<std::string> warnings = Trainer(c, RunOptions::Quiet()).warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "warning: distill.temperature (x.yaml:4), distill.ce_weight (override "
+            "\"distill.ce_weight=0.5\") are set but train.mode is pretrain, which trains on the "
+            "hard labels alone (cross-entropy, weight 1): they are not used (train.mode: distill "
+            "uses them)");
+  c.given_at.erase("distill.temperature");
+  c.train.out_dir += "-b";
+  warnings = Trainer(c, RunOptions::Quiet()).warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "warning: distill.ce_weight (override \"distill.ce_weight=0.5\") is set but "
+            "train.mode is pretrain, which trains on the hard labels alone (cross-entropy, weight "
+            "1): it is not used (train.mode: distill uses it)");
+  Config pipeline = TinyDistillConfig(c.train.out_dir + "-c");
+  pipeline.given_at = c.given_at;
+  for (const Config& stage : {TeacherStageConfig(pipeline), BaselineStageConfig(pipeline)}) {
+    EXPECT_EQ(stage.given_at.count("distill.ce_weight"), 0u) << stage.train.out_dir;
+  }
+}
+
 // The student starts from the weights train.seed gives it whatever teacher was built before it:
 // the hard-label baseline (pretrain mode, no teacher) and a distillation with kd_weight 0 are one
 // run, bit for bit, from the first weights to the last step's. (The teacher's random

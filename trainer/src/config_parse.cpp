@@ -1265,7 +1265,16 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
   ResolveHfModel("student", config.student, config, locations, origin);
   ResolveHfModel("teacher", config.teacher, config, locations, origin);
   CheckCrossKey(config, locations, origin);
+  config.given_at = std::move(locations);
   return config;
+}
+
+std::string WithWhereGiven(const Config& config, const std::string& message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return message;
+  const auto it = config.given_at.find(message.substr(0, colon));
+  if (it == config.given_at.end() || IsSection(it->first)) return message;
+  return fmt::format("{}: {}", it->second, message);
 }
 
 Config LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides,

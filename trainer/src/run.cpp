@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <ostream>
 
@@ -78,6 +79,14 @@ bool IsPipeline(const Config& config) {
          config.teacher.pretrain_steps > 0;
 }
 
+// A stage that pretrains (the teacher, the baseline) trains on hard labels by design: the distill
+// keys the user gave are the student stage's, not set for it (no UnusedDistillKeysWarning).
+void ForgetGivenDistillKeys(Config& c) {
+  for (auto it = c.given_at.begin(); it != c.given_at.end();) {
+    it = it->first.rfind("distill.", 0) == 0 ? c.given_at.erase(it) : std::next(it);
+  }
+}
+
 Config TeacherStageConfig(const Config& config) {
   Config c = config;
   SetArchitecture(c.student, config.teacher);
@@ -88,6 +97,7 @@ Config TeacherStageConfig(const Config& config) {
   c.train.baseline = false;
   c.distill.fused_linear = FusedLinear::kOff;  // a distillation loss; pretraining has none
   c.train.out_dir = Subdir(config, "teacher");
+  ForgetGivenDistillKeys(c);
   return c;
 }
 
@@ -112,6 +122,7 @@ Config BaselineStageConfig(const Config& config) {
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "baseline");
   c.distill.fused_linear = FusedLinear::kOff;  // a distillation loss; pretraining has none
+  ForgetGivenDistillKeys(c);
   return c;
 }
 

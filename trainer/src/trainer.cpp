@@ -298,6 +298,26 @@ std::optional<std::string> UnusedTeacherWarning(const Config& config) {
       checkpoint ? "teacher.checkpoint" : "teacher.hf_dir", value);
 }
 
+// The distillation loss's keys set in pretrain mode weigh nothing: said once at the start, with
+// where each was set. (A pipeline's pretraining stages, the teacher and the baseline, get configs
+// without the user's distill keys: PretrainingStage in run.cpp.)
+std::optional<std::string> UnusedDistillKeysWarning(const Config& config) {
+  if (config.train.mode != Mode::kPretrain) return std::nullopt;
+  std::vector<std::string> given;
+  for (const char* key : {"distill.divergence", "distill.jsd_beta", "distill.temperature",
+                          "distill.kd_weight", "distill.ce_weight"}) {
+    if (const auto it = config.given_at.find(key); it != config.given_at.end()) {
+      given.push_back(fmt::format("{} ({})", key, it->second));
+    }
+  }
+  if (given.empty()) return std::nullopt;
+  return fmt::format(
+      "warning: {} {} set but train.mode is pretrain, which trains on the hard labels alone "
+      "(cross-entropy, weight 1): {} not used (train.mode: distill uses {})",
+      fmt::join(given, ", "), given.size() == 1 ? "is" : "are",
+      given.size() == 1 ? "it is" : "they are", given.size() == 1 ? "it" : "them");
+}
+
 }  // namespace
 
 at::Device ResolveDevice(const std::string& device) {
@@ -390,6 +410,7 @@ Trainer::Trainer(Config config, RunOptions options)
     torch::manual_seed(static_cast<uint64_t>(config_.train.seed));
     if (auto warning = RepeatedValidationWarning(config_, *data_)) warnings.push_back(*warning);
     if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
+    if (auto warning = UnusedDistillKeysWarning(config_)) warnings.push_back(*warning);
     if (distill_) {
       teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
       teacher_weights_ = WeightsFingerprint(*teacher_);  // as loaded: before any cast below

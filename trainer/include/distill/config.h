@@ -279,7 +279,16 @@ struct Config {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  // Where each key and section the user set was given, by key path: "<file>:<line>" or
+  // `override "key=value"` (the last override of a key); keys left at their default are absent.
+  // Not a key: for errors a valid value meets at run start (WhereGiven).
+  std::map<std::string, std::string> given_at;
 };
+
+// "<where>: <message>" when `message` starts with "<key.path>: " for a key the user set (no CUDA
+// device for train.device: cuda, an unreadable data.path), in the format of ConfigError's
+// messages; else `message` unchanged.
+std::string WithWhereGiven(const Config& config, const std::string& message);
 
 // A configuration error, already formatted as "<where>: <key.path>: expected ..., got ...".
 class ConfigError : public std::runtime_error {
