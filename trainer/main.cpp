@@ -5,14 +5,17 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 
 #include "distill/config.h"
 #include "distill/distributed.h"
+#include "distill/memory_estimate.h"
 #include "distill/run.h"
 #include "distill/signals.h"
 
@@ -31,6 +34,15 @@ std::string WithResumeAdvice(std::string text, bool fresh, bool resume) {
     text.insert(at + same.size(), fix);
   }
   return text;
+}
+
+// An allocation that failed: c10's OutOfMemoryError (CUDA's caching allocator), or the CPU
+// allocator's refusal, which c10 raises as a plain enforce failure.
+bool IsOutOfMemory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  const std::string what = e.what_without_backtrace();
+  return what.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
+         what.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
 }
 
 }  // namespace
@@ -136,8 +148,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  bool resume = true;     // train.resume of the config run (for the errors' advice)
-  distill::Config given;  // where its keys were set, for run-start errors (WithWhereGiven)
+  bool resume = true;                     // train.resume of the config run (for the errors' advice)
+  std::optional<distill::Config> parsed;  // for the errors: where keys were set, what saves memory
   try {
     if (print_reference) {
       std::cout << distill::ConfigReference();
@@ -162,7 +174,7 @@ int main(int argc, char** argv) {
     flags.distributed = distributed.get();
     flags.memory_check = !no_memory_check;
     resume = config.train.resume;
-    given.given_at = config.given_at;
+    parsed = config;
     distill::Run(config, flags, std::cout);
     return 0;
   } catch (const distill::Interrupted& e) {
@@ -175,12 +187,19 @@ int main(int argc, char** argv) {
     std::cerr << "distill_trainer: config error: " << e.what() << '\n';
     return 2;
   } catch (const c10::Error& e) {
-    std::cerr << "distill_trainer: " << e.what_without_backtrace() << '\n';
+    std::string what = e.what_without_backtrace();
+    if (parsed && IsOutOfMemory(e)) {
+      const std::string& device = parsed->train.device;
+      what = WithResumeAdvice(
+          distill::OutOfMemoryMessage(
+              what, *parsed, device == "cuda" || (device == "auto" && torch::cuda::is_available())),
+          flags.fresh, resume);
+    }
+    std::cerr << "distill_trainer: " << what << '\n';
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "distill_trainer: "
-              << WithResumeAdvice(distill::WithWhereGiven(given, e.what()), flags.fresh, resume)
-              << '\n';
+    const std::string what = parsed ? distill::WithWhereGiven(*parsed, e.what()) : e.what();
+    std::cerr << "distill_trainer: " << WithResumeAdvice(what, flags.fresh, resume) << '\n';
     return 1;
   }
 }

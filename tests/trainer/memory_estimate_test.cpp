@@ -229,5 +229,35 @@ TEST(MemoryEstimateTest, RunRefusesBeforeWritingAnything) {
   EXPECT_GT(cpu.bytes, 0) << cpu.source;
 }
 
+// An allocation that failed mid-run: the allocator's words, then what needs less memory for this
+// config, naming only the switches the run has off (distill.fused_linear only in distill mode,
+// and not where auto turns it on: CUDA), and the batch split that keeps the batch.
+TEST(MemoryEstimateTest, OutOfMemoryNamesWhatNeedsLess) {
+  const std::string what = "CUDA out of memory. Tried to allocate 2.00 GiB.\n";
+  const std::string batch =
+      "a smaller data.batch_size with a larger train.grad_accum (the same batch; a new run, in "
+      "another train.out_dir or with --fresh)";
+  Config c;
+  c.train.mode = Mode::kDistill;
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false),
+            "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
+            "memory: train.activation_checkpointing=true or distill.fused_linear=true (a run "
+            "resumes with either: the same command plus the override); or " +
+                batch);
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/true),
+            "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
+            "memory: train.activation_checkpointing=true (a run resumes with it: the same "
+            "command plus the override); or " +
+                batch);
+  c.train.activation_checkpointing = true;
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/true),
+            "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
+            "memory: " +
+                batch);
+  c.train.mode = Mode::kPretrain;  // no distillation loss: distill.fused_linear is not named
+  c.train.activation_checkpointing = false;
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false).find("fused_linear"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace distill

@@ -4,6 +4,7 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -342,6 +343,27 @@ void CheckMemoryFits(const MemoryEstimate& e, const c10::Device& device,
       "--no-memory-check to try anyway",
       FormatBytes(e.total()), device.str(), e.stage.empty() ? "" : " (" + e.stage + " stage)",
       device.str(), FormatBytes(available.bytes), available.source, detail));
+}
+
+std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda) {
+  std::vector<std::string> switches;
+  if (!config.train.activation_checkpointing)
+    switches.push_back("train.activation_checkpointing=true");
+  if (config.train.mode == Mode::kDistill && !UsesFusedLinear(config.distill.fused_linear, cuda)) {
+    switches.push_back("distill.fused_linear=true");
+  }
+  std::string text = what;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '.')) {
+    text.pop_back();
+  }
+  return fmt::format(
+      "out of memory: {}. What needs less memory: {}{}a smaller data.batch_size with a larger "
+      "train.grad_accum (the same batch; a new run, in another train.out_dir or with --fresh)",
+      text, fmt::join(switches, " or "),
+      switches.empty()       ? ""
+      : switches.size() == 1 ? " (a run resumes with it: the same command plus the override); or "
+                             : " (a run resumes with either: the same command plus the "
+                               "override); or ");
 }
 
 }  // namespace distill
