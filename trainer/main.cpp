@@ -184,7 +184,11 @@ int main(int argc, char** argv) {
     // signal (its status, 143 / 130 in a shell).
     distill::DieBySignal(e.signal());
   } catch (const distill::ConfigError& e) {
-    std::cerr << "distill_trainer: config error: " << e.what() << '\n';
+    // (A run-start check's, train.cuda_graph: true on the CPU, gets where the key was set;
+    // the parser's carry it already.)
+    std::cerr << "distill_trainer: config error: "
+              << (parsed ? distill::WithWhereGiven(*parsed, e.what()) : std::string(e.what()))
+              << '\n';
     return 2;
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();

@@ -1367,6 +1367,33 @@ TEST(ResumeTest, OnlyTheTrainersCheckpointNamesAreCheckpoints) {
   }
 }
 
+// A pipeline asked for fewer steps than its stages have trained: the stages are not shortened,
+// and the pipeline's config.yaml keeps their steps as theirs do (it used to take the request's).
+TEST(ResumeTest, APipelineIsNotShortenedAndItsConfigSaysSo) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.mode = Mode::kDistill;
+  c.teacher.pretrain_steps = 2;
+  c.train.steps = 3;
+  c.train.baseline = true;
+  ASSERT_TRUE(IsPipeline(c));
+  std::ostringstream out;
+  distill::Run(c, RunFlags{false, true}, out);
+  c.train.steps = 2;
+  std::vector<ResultRow> rows = distill::Run(c, RunFlags{false, true}, out);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[1].steps, 3);
+  EXPECT_EQ(rows[2].steps, 3);
+  for (const std::string dir : {"", "/student", "/baseline"}) {
+    EXPECT_NE(ReadBytes(c.train.out_dir + dir + "/config.yaml").find("\n  steps: 3\n"),
+              std::string::npos)
+        << dir;
+  }
+  c.train.steps = 4;  // a larger one trains on, and is kept
+  rows = distill::Run(c, RunFlags{false, true}, out);
+  EXPECT_EQ(rows[1].steps, 4);
+  EXPECT_NE(ReadBytes(c.train.out_dir + "/config.yaml").find("\n  steps: 4\n"), std::string::npos);
+}
+
 // --fresh on a pipeline deletes the previous run only once the first stage has built its models
 // and data: a start that fails (a typo in data.path) leaves the previous run as it was, and the
 // corrected command then starts over.

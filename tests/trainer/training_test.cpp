@@ -565,6 +565,13 @@ TEST(TrainingTest, SkippedStepsAreReportedAndAllSkippedIsAnError) {
             std::string::npos)
       << table;
   EXPECT_EQ(table.find("teacher:"), std::string::npos) << table;
+  // A non-finite val_loss is "nan", as the log lines and summary.json (null) have it, never
+  // the C library's "-nan" of a negative NaN.
+  const std::string diverged =
+      FormatTable({{"student (distilled)", "runs/s", 5, -std::numeric_limits<double>::quiet_NaN(),
+                    1.25, 3, 0}});
+  EXPECT_EQ(diverged.substr(diverged.find('\n') + 1),
+            "student (distilled)                 5       nan    1.2500       nan  runs/s\n");
 }
 
 // A checkpoint of non-finite weights is never written.

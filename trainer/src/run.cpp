@@ -1,5 +1,6 @@
 #include "distill/run.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -129,12 +130,16 @@ Config BaselineStageConfig(const Config& config) {
 std::string FormatTable(const std::vector<ResultRow>& rows) {
   std::string out = fmt::format("{:<26} {:>10} {:>9} {:>9} {:>9}  {}\n", "model", "parameters",
                                 "val_loss", "floor", "excess", "run");
+  // "nan" whatever its sign bit (a diverged run's -nan), as the log lines print it.
+  const auto number = [](double v, bool sign) {
+    if (std::isnan(v)) return std::string("nan");
+    return sign ? fmt::format("{:+.4f}", v) : fmt::format("{:.4f}", v);
+  };
   for (const auto& r : rows) {
     const bool known = std::isfinite(r.entropy_floor);
-    out += fmt::format("{:<26} {:>10} {:>9.4f} {:>9} {:>9}  {}\n", r.name, r.parameters, r.val_loss,
-                       known ? fmt::format("{:.4f}", r.entropy_floor) : "n/a",
-                       known ? fmt::format("{:+.4f}", r.val_loss - r.entropy_floor) : "n/a",
-                       r.run_dir);
+    out += fmt::format("{:<26} {:>10} {:>9} {:>9} {:>9}  {}\n", r.name, r.parameters,
+                       number(r.val_loss, false), known ? number(r.entropy_floor, false) : "n/a",
+                       known ? number(r.val_loss - r.entropy_floor, true) : "n/a", r.run_dir);
   }
   for (const auto& r : rows) {
     if (r.skipped_steps > 0) {
@@ -238,6 +243,16 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
   if (!dist.is_main()) return rows;
   const std::string table = FormatTable(rows);
   if (IsPipeline(config)) {
+    // Stages asked for fewer steps than they had trained were not shortened (Trainer): the
+    // pipeline's config.yaml keeps their steps too, as a single run's does.
+    int64_t steps = config.train.steps;
+    for (size_t i = 1; i < rows.size(); ++i) steps = std::max(steps, rows[i].steps);
+    if (steps != config.train.steps) {
+      Config kept = config;
+      kept.train.steps = steps;
+      WriteFileAtomically((fs::path(config.train.out_dir) / "config.yaml").string(),
+                          ConfigToYaml(kept));
+    }
     WriteFileAtomically((fs::path(config.train.out_dir) / "results.txt").string(), table);
   }
   out << table;
