@@ -116,10 +116,10 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
             "(train.mode: distill pretrains one, then distills from it)");
 }
 
-// Likewise the distillation loss's keys: the start-up names each one the user set, and where. A
-// pipeline's pretraining stages (the teacher, the baseline) say nothing: the distill keys are
-// the student stage's.
-TEST(TrainingTest, PretrainModeSaysItsDistillKeysAreNotUsed) {
+// Likewise the distillation loss's keys, and train.max_skipped_steps where non-finite steps stop
+// the run: the start-up names each one the user set, and where. A pipeline's pretraining stages
+// (the teacher, the baseline) say nothing of the distill keys: they are the student stage's.
+TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
   Config c = TinyConfig(TempRunDir());
   c.given_at = ParseConfig("train:\n  mode: pretrain\ndistill:\n  temperature: 2\n", "x.yaml",
                            {"distill.ce_weight=0.5"})
@@ -139,6 +139,20 @@ TEST(TrainingTest, PretrainModeSaysItsDistillKeysAreNotUsed) {
             "warning: distill.ce_weight (override \"distill.ce_weight=0.5\") is set but "
             "train.mode is pretrain, which trains on the hard labels alone (cross-entropy, weight "
             "1): it is not used (train.mode: distill uses it)");
+  // train.max_skipped_steps where a non-finite step stops the run: said too.
+  Config limit = c;
+  limit.given_at =
+      ParseConfig("train:\n  mode: pretrain\n  max_skipped_steps: 3\n", "y.yaml").given_at;
+  limit.train.out_dir += "-limit";
+  warnings = Trainer(limit, RunOptions::Quiet()).warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "warning: train.max_skipped_steps (y.yaml:3) is set but train.nonfinite is stop, "
+            "which stops the run at its first non-finite step: it is not used "
+            "(train.nonfinite: skip uses it)");
+  limit.train.nonfinite = NonFinite::kSkip;
+  limit.train.out_dir += "-skip";
+  EXPECT_TRUE(Trainer(limit, RunOptions::Quiet()).warnings().empty());
   Config pipeline = TinyDistillConfig(c.train.out_dir + "-c");
   pipeline.given_at = c.given_at;
   for (const Config& stage : {TeacherStageConfig(pipeline), BaselineStageConfig(pipeline)}) {

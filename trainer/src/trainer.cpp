@@ -298,6 +298,19 @@ std::optional<std::string> UnusedTeacherWarning(const Config& config) {
       checkpoint ? "teacher.checkpoint" : "teacher.hf_dir", value);
 }
 
+// train.max_skipped_steps set where non-finite steps stop the run: said once at the start, with
+// where it was set (it is not part of the run's identity: a run may switch train.nonfinite).
+std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
+  const auto it = config.given_at.find("train.max_skipped_steps");
+  if (config.train.nonfinite != NonFinite::kStop || it == config.given_at.end()) {
+    return std::nullopt;
+  }
+  return fmt::format(
+      "warning: train.max_skipped_steps ({}) is set but train.nonfinite is stop, which stops the "
+      "run at its first non-finite step: it is not used (train.nonfinite: skip uses it)",
+      it->second);
+}
+
 // The distillation loss's keys set in pretrain mode weigh nothing: said once at the start, with
 // where each was set. (A pipeline's pretraining stages, the teacher and the baseline, get configs
 // without the user's distill keys: PretrainingStage in run.cpp.)
@@ -411,6 +424,7 @@ Trainer::Trainer(Config config, RunOptions options)
     if (auto warning = RepeatedValidationWarning(config_, *data_)) warnings.push_back(*warning);
     if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
     if (auto warning = UnusedDistillKeysWarning(config_)) warnings.push_back(*warning);
+    if (auto warning = UnusedSkipLimitWarning(config_)) warnings.push_back(*warning);
     if (distill_) {
       teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
       teacher_weights_ = WeightsFingerprint(*teacher_);  // as loaded: before any cast below
