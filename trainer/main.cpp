@@ -36,15 +36,6 @@ std::string WithResumeAdvice(std::string text, bool fresh, bool resume) {
   return text;
 }
 
-// An allocation that failed: c10's OutOfMemoryError (CUDA's caching allocator), or the CPU
-// allocator's refusal, which c10 raises as a plain enforce failure.
-bool IsOutOfMemory(const c10::Error& e) {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
-  const std::string what = e.what_without_backtrace();
-  return what.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
-         what.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,7 +140,7 @@ int main(int argc, char** argv) {
     }
   }
   bool resume = true;                     // train.resume of the config run (for the errors' advice)
-  std::optional<distill::Config> parsed;  // for the errors: where keys were set, what saves memory
+  std::optional<distill::Config> parsed;  // for the errors: where keys were set
   try {
     if (print_reference) {
       std::cout << distill::ConfigReference();
@@ -191,15 +182,13 @@ int main(int argc, char** argv) {
               << '\n';
     return 2;
   } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    if (parsed && IsOutOfMemory(e)) {
-      const std::string& device = parsed->train.device;
-      what = WithResumeAdvice(
-          distill::OutOfMemoryMessage(
-              what, *parsed, device == "cuda" || (device == "auto" && torch::cuda::is_available())),
-          flags.fresh, resume);
-    }
-    std::cerr << "distill_trainer: " << what << '\n';
+    // (Out of memory in a training step is a MemoryError with what needs less memory; outside
+    // one the models, their optimizer state, a checkpoint or the data do not fit.)
+    std::cerr << "distill_trainer: "
+              << (distill::IsOutOfMemory(e) ? "out of memory outside a training step (start-up, "
+                                              "an evaluation, a checkpoint, the export): "
+                                            : "")
+              << e.what_without_backtrace() << '\n';
     return 1;
   } catch (const std::exception& e) {
     const std::string what = parsed ? distill::WithWhereGiven(*parsed, e.what()) : e.what();

@@ -7,6 +7,7 @@
 #include <torch/optim/adamw.h>
 
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "distill/run.h"
@@ -259,5 +260,25 @@ TEST(MemoryEstimateTest, OutOfMemoryNamesWhatNeedsLess) {
   EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false).find("fused_linear"), std::string::npos);
 }
 
+// What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), and the CPU
+// allocator's refusal, which c10 raises as a plain enforce failure; no other error.
+TEST(MemoryEstimateTest, OutOfMemoryIsRecognised) {
+  const auto caught = [](const std::function<void()>& f) -> bool {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return IsOutOfMemory(e);
+    }
+    ADD_FAILURE() << "nothing thrown";
+    return false;
+  };
+  EXPECT_TRUE(caught([] {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB.");
+  }));
+  EXPECT_TRUE(caught([] {
+    TORCH_CHECK(false, "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes");
+  }));
+  EXPECT_FALSE(caught([] { TORCH_CHECK(false, "shape mismatch"); }));
+}
 }  // namespace
 }  // namespace distill

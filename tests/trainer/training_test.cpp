@@ -117,13 +117,18 @@ TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
 }
 
 // Likewise the distillation loss's keys, and train.max_skipped_steps where non-finite steps stop
-// the run: the start-up names each one the user set, and where. A pipeline's pretraining stages
-// (the teacher, the baseline) say nothing of the distill keys: they are the student stage's.
+// the run: the start-up names each one the user set away from its default, and where (a run's
+// stored config.yaml, which a run may be continued with, sets every key). A pipeline's
+// pretraining stages (the teacher, the baseline) say nothing of the distill keys: they are the
+// student stage's.
 TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
   Config c = TinyConfig(TempRunDir());
-  c.given_at = ParseConfig("train:\n  mode: pretrain\ndistill:\n  temperature: 2\n", "x.yaml",
-                           {"distill.ce_weight=0.5"})
-                   .given_at;
+  const Config given =
+      ParseConfig("train:\n  mode: pretrain\ndistill:\n  temperature: 2\n  kd_weight: 1.0\n",
+                  "x.yaml", {"distill.ce_weight=0.5"});
+  c.given_at = given.given_at;
+  c.distill = given.distill;
+  ASSERT_EQ(c.given_at.count("distill.kd_weight"), 1u);  // set, at its default: not named
   std::vector<std::string> warnings = Trainer(c, RunOptions::Quiet()).warnings();
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0],
@@ -143,6 +148,7 @@ TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
   Config limit = c;
   limit.given_at =
       ParseConfig("train:\n  mode: pretrain\n  max_skipped_steps: 3\n", "y.yaml").given_at;
+  limit.train.max_skipped_steps = 3;
   limit.train.out_dir += "-limit";
   warnings = Trainer(limit, RunOptions::Quiet()).warnings();
   ASSERT_EQ(warnings.size(), 1u);
@@ -150,6 +156,10 @@ TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
             "warning: train.max_skipped_steps (y.yaml:3) is set but train.nonfinite is stop, "
             "which stops the run at its first non-finite step: it is not used "
             "(train.nonfinite: skip uses it)");
+  limit.train.max_skipped_steps = TrainConfig().max_skipped_steps;  // set, at its default
+  limit.train.out_dir += "-default";
+  EXPECT_TRUE(Trainer(limit, RunOptions::Quiet()).warnings().empty());
+  limit.train.max_skipped_steps = 3;
   limit.train.nonfinite = NonFinite::kSkip;
   limit.train.out_dir += "-skip";
   EXPECT_TRUE(Trainer(limit, RunOptions::Quiet()).warnings().empty());

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -31,7 +32,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include "distill/file_io.h"
-#include "distill/run_dir.h"  // Fnv1a64
+#include "distill/memory_estimate.h"  // IsOutOfMemory
+#include "distill/run_dir.h"          // Fnv1a64
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -63,6 +65,7 @@ std::optional<c10::IValue> TryField(torch::serialize::InputArchive& archive,
   try {
     if (!archive.try_read(key, value)) return std::nullopt;
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e)) throw;  // the device's state, not the file's
     NotACheckpoint(path, fmt::format("its \"{}\" cannot be read: {}", key, FirstLine(e)));
   }
   return value;
@@ -108,7 +111,10 @@ void LoadPart(torch::serialize::InputArchive& archive, const std::string& path, 
     archive.read(key, part);
     load(part);
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e)) throw;
     NotACheckpoint(path, fmt::format("its \"{}\" cannot be loaded: {}", key, FirstLine(e)));
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const std::exception& e) {  // torch's optimizer loader parses keys with std::stoull
     NotACheckpoint(path, fmt::format("its \"{}\" cannot be loaded: {}", key, e.what()));
   }
@@ -286,6 +292,7 @@ void OpenArchive(const std::string& path, const at::Device& device,
   try {
     archive.load_from(bytes.data() + offset, bytes.size() - offset, device);
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e)) throw;
     throw CorruptCheckpointError(
         fmt::format("{}: unreadable checkpoint ({})", path, e.what_without_backtrace()));
   }
@@ -362,6 +369,7 @@ void SaveCheckpoint(const std::string& path, const CausalLM& model,
       return size;
     });
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e)) throw;
     throw FileError(fmt::format("cannot write {}: serializing the checkpoint failed: {}", path,
                                 e.what_without_backtrace()));
   }
@@ -522,6 +530,7 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
     archive.read("rng_cpu", rng_cpu, /*is_buffer=*/true);
     if (device.is_cuda()) archive.try_read("rng_cuda", rng_cuda, /*is_buffer=*/true);
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e)) throw;
     NotACheckpoint(path,
                    fmt::format("its random generators' states cannot be read: {}", FirstLine(e)));
   }
@@ -534,6 +543,7 @@ TrainingPosition LoadCheckpoint(const std::string& path, CausalLM& model,
     DefaultGenerator(at::Device(at::kCPU)).set_state(rng_cpu.cpu());
     if (rng_cuda.defined()) DefaultGenerator(device).set_state(rng_cuda.cpu());
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e)) throw;
     NotACheckpoint(path, fmt::format("its random generators' states do not fit: {}", FirstLine(e)));
   }
   return position;

@@ -345,6 +345,13 @@ void CheckMemoryFits(const MemoryEstimate& e, const c10::Device& device,
       device.str(), FormatBytes(available.bytes), available.source, detail));
 }
 
+bool IsOutOfMemory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  const std::string what = e.what_without_backtrace();
+  return what.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
+         what.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
+}
+
 std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda) {
   std::vector<std::string> switches;
   if (!config.train.activation_checkpointing)

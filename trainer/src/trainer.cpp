@@ -22,6 +22,7 @@
 #include "distill/autocast.h"
 #include "distill/hf_export.h"
 #include "distill/loss.h"
+#include "distill/memory_estimate.h"
 #include "distill/profile.h"
 #include "distill/run_dir.h"
 #include "distill/safetensors.h"
@@ -298,11 +299,13 @@ std::optional<std::string> UnusedTeacherWarning(const Config& config) {
       checkpoint ? "teacher.checkpoint" : "teacher.hf_dir", value);
 }
 
-// train.max_skipped_steps set where non-finite steps stop the run: said once at the start, with
-// where it was set (it is not part of the run's identity: a run may switch train.nonfinite).
+// train.max_skipped_steps set (away from its default) where non-finite steps stop the run: said
+// once at the start, with where it was set (it is not part of the run's identity: a run may switch
+// train.nonfinite).
 std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
   const auto it = config.given_at.find("train.max_skipped_steps");
-  if (config.train.nonfinite != NonFinite::kStop || it == config.given_at.end()) {
+  if (config.train.nonfinite != NonFinite::kStop || it == config.given_at.end() ||
+      config.train.max_skipped_steps == TrainConfig().max_skipped_steps) {  // as above
     return std::nullopt;
   }
   return fmt::format(
@@ -311,15 +314,23 @@ std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
       it->second);
 }
 
-// The distillation loss's keys set in pretrain mode weigh nothing: said once at the start, with
-// where each was set. (A pipeline's pretraining stages, the teacher and the baseline, get configs
-// without the user's distill keys: PretrainingStage in run.cpp.)
+// The distillation loss's keys set (away from their defaults) in pretrain mode weigh nothing: said
+// once at the start, with where each was set. (A pipeline's pretraining stages, the teacher and the
+// baseline, get configs without the user's distill keys: PretrainingStage in run.cpp.)
 std::optional<std::string> UnusedDistillKeysWarning(const Config& config) {
   if (config.train.mode != Mode::kPretrain) return std::nullopt;
+  // Set away from its default: a run's stored config.yaml lists every key (continued with
+  // --config <out_dir>/config.yaml), and a default there says nothing.
+  const DistillConfig d = config.distill, defaults;
+  const std::pair<const char*, bool> keys[] = {
+      {"distill.divergence", d.divergence != defaults.divergence},
+      {"distill.jsd_beta", d.jsd_beta != defaults.jsd_beta},
+      {"distill.temperature", d.temperature != defaults.temperature},
+      {"distill.kd_weight", d.kd_weight != defaults.kd_weight},
+      {"distill.ce_weight", d.ce_weight != defaults.ce_weight}};
   std::vector<std::string> given;
-  for (const char* key : {"distill.divergence", "distill.jsd_beta", "distill.temperature",
-                          "distill.kd_weight", "distill.ce_weight"}) {
-    if (const auto it = config.given_at.find(key); it != config.given_at.end()) {
+  for (const auto& [key, changed] : keys) {
+    if (const auto it = config.given_at.find(key); changed && it != config.given_at.end()) {
       given.push_back(fmt::format("{} ({})", key, it->second));
     }
   }
@@ -1011,7 +1022,16 @@ void Trainer::TrainUntil(int64_t stop_step) {
   while (position_.step < stop_step) {
     if (profiler_) profiler_->BeforeStep();
     const auto start = std::chrono::steady_clock::now();
-    const StepResult result = Step();
+    StepResult result;
+    try {
+      result = Step();
+    } catch (const c10::Error& e) {
+      // Out of memory in a step: what needs less memory for this run (its stage's config).
+      if (!IsOutOfMemory(e)) throw;
+      throw MemoryError(
+          fmt::format("step {}: {}", position_.step + 1,
+                      OutOfMemoryMessage(e.what_without_backtrace(), config_, device_.is_cuda())));
+    }
     const double seconds = Seconds(start);
     if (profiler_) {
       for (const auto& line : profiler_->AfterStep(result.tokens)) progress_->Log(line);

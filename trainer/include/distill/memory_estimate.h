@@ -6,6 +6,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -73,13 +74,16 @@ std::string FormatEstimate(const MemoryEstimate& estimate, const c10::Device& de
 void CheckMemoryFits(const MemoryEstimate& estimate, const c10::Device& device,
                      const AvailableMemory& available);
 
-// The message for an allocation that failed while a run of `config` started or trained (c10's
-// OutOfMemoryError, the CPU allocator's refusal): `what`, the allocator's own words (how much it
-// asked for, what was free), then what needs less memory for this config: the switches a run
-// resumes with (train.activation_checkpointing, and distill.fused_linear in distill mode), each
-// named only where this run has it off (`cuda`: whether the run's device is CUDA, where
-// distill.fused_linear auto is on), and a smaller data.batch_size with a larger
-// train.grad_accum (the same batch; a new run).
+// An allocation that failed: c10's OutOfMemoryError (CUDA's caching allocator), or the CPU
+// allocator's refusal, which c10 raises as a plain enforce failure.
+bool IsOutOfMemory(const c10::Error& e);
+
+// The message for an allocation that failed in a training step of `config` (IsOutOfMemory):
+// `what`, the allocator's own words (how much it asked for, what was free), then what needs less
+// memory for this config: the switches a run resumes with (train.activation_checkpointing, and
+// distill.fused_linear in distill mode), each named only where this run has it off (`cuda`:
+// whether the run's device is CUDA, where distill.fused_linear auto is on), and a smaller
+// data.batch_size with a larger train.grad_accum (the same batch; a new run).
 std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda);
 
 }  // namespace distill
