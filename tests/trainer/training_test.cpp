@@ -83,34 +83,35 @@ TEST(TrainingTest, EvaluationThatRepeatsValidationWindowsWarns) {
   std::filesystem::remove(c.data.path);
 }
 
+// The one warning a Trainer of `c` gives at its start ("" and a failure for another count).
+std::string OnlyWarning(const Config& c) {
+  const std::vector<std::string> warnings = Trainer(c, RunOptions::Quiet()).warnings();
+  EXPECT_EQ(warnings.size(), 1u) << c.train.out_dir;
+  return warnings.size() == 1 ? warnings[0] : "";
+}
+
 // A distill config switched to pretrain mode keeps its teacher keys; the teacher is not loaded
 // (pretraining trains on the hard labels), which the start-up says, naming the key.
 TEST(TrainingTest, PretrainModeSaysItsTeacherIsNotLoaded) {
   Config c = TinyConfig(TempRunDir());
   c.teacher.checkpoint = c.train.out_dir + "-no-such-teacher";  // never opened
-  std::vector<std::string> warnings = Trainer(c, RunOptions::Quiet()).warnings();
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0], "warning: teacher.checkpoint is set (" + c.teacher.checkpoint +
-                             ") but train.mode is pretrain, which trains on the hard labels "
-                             "alone: the teacher is not loaded (train.mode: distill distills "
-                             "from it)");
+  EXPECT_EQ(OnlyWarning(c), "warning: teacher.checkpoint is set (" + c.teacher.checkpoint +
+                                ") but train.mode is pretrain, which trains on the hard labels "
+                                "alone: the teacher is not loaded (train.mode: distill distills "
+                                "from it)");
   c.teacher.checkpoint.clear();
   c.train.out_dir += "-b";
   EXPECT_TRUE(Trainer(c, RunOptions::Quiet()).warnings().empty());
   c.teacher.hf_dir = c.train.out_dir + "-no-such-hf-dir";
   c.train.out_dir += "-c";
-  warnings = Trainer(c, RunOptions::Quiet()).warnings();
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0], "warning: teacher.hf_dir is set (" + c.teacher.hf_dir +
-                             ") but train.mode is pretrain, which trains on the hard labels "
-                             "alone: the teacher is not loaded (train.mode: distill distills "
-                             "from it)");
+  EXPECT_EQ(OnlyWarning(c), "warning: teacher.hf_dir is set (" + c.teacher.hf_dir +
+                                ") but train.mode is pretrain, which trains on the hard labels "
+                                "alone: the teacher is not loaded (train.mode: distill distills "
+                                "from it)");
   c.teacher.hf_dir.clear();
   c.teacher.pretrain_steps = 7;
   c.train.out_dir += "-d";
-  warnings = Trainer(c, RunOptions::Quiet()).warnings();
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0],
+  EXPECT_EQ(OnlyWarning(c),
             "warning: teacher.pretrain_steps is set (7) but train.mode is pretrain, "
             "which trains on the hard labels alone: no teacher is pretrained "
             "(train.mode: distill pretrains one, then distills from it)");
@@ -129,18 +130,14 @@ TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
   c.given_at = given.given_at;
   c.distill = given.distill;
   ASSERT_EQ(c.given_at.count("distill.kd_weight"), 1u);  // set, at its default: not named
-  std::vector<std::string> warnings = Trainer(c, RunOptions::Quiet()).warnings();
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0],
+  EXPECT_EQ(OnlyWarning(c),
             "warning: distill.temperature (x.yaml:4), distill.ce_weight (override "
             "\"distill.ce_weight=0.5\") are set but train.mode is pretrain, which trains on the "
             "hard labels alone (cross-entropy, weight 1): they are not used (train.mode: distill "
             "uses them)");
   c.given_at.erase("distill.temperature");
   c.train.out_dir += "-b";
-  warnings = Trainer(c, RunOptions::Quiet()).warnings();
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0],
+  EXPECT_EQ(OnlyWarning(c),
             "warning: distill.ce_weight (override \"distill.ce_weight=0.5\") is set but "
             "train.mode is pretrain, which trains on the hard labels alone (cross-entropy, weight "
             "1): it is not used (train.mode: distill uses it)");
@@ -150,9 +147,7 @@ TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
       ParseConfig("train:\n  mode: pretrain\n  max_skipped_steps: 3\n", "y.yaml").given_at;
   limit.train.max_skipped_steps = 3;
   limit.train.out_dir += "-limit";
-  warnings = Trainer(limit, RunOptions::Quiet()).warnings();
-  ASSERT_EQ(warnings.size(), 1u);
-  EXPECT_EQ(warnings[0],
+  EXPECT_EQ(OnlyWarning(limit),
             "warning: train.max_skipped_steps (y.yaml:3) is set but train.nonfinite is stop, "
             "which stops the run at its first non-finite step: it is not used "
             "(train.nonfinite: skip uses it)");
