@@ -892,6 +892,11 @@ TEST(ConfigTest, RemembersWhereEachKeyWasGiven) {
   EXPECT_EQ(WithWhereGiven(c, "train.device: no such device"),
             "x.yaml:3: train.device: no such device");
   EXPECT_EQ(WithWhereGiven(c, "data.seed: odd"), "override \"data.seed=5\": data.seed: odd");
+  EXPECT_EQ(WithWhereGiven(c, "train.device \"cpu\" is odd"),
+            "x.yaml:3: train.device \"cpu\" is odd");
+  EXPECT_EQ(WithWhereGiven(c, "data.seed=5 is odd"),
+            "override \"data.seed=5\": data.seed=5 is odd");
+  EXPECT_EQ(WithWhereGiven(c, "data.seed, or not"), "data.seed, or not");
   EXPECT_EQ(WithWhereGiven(c, "train.steps: at its default"), "train.steps: at its default");
   EXPECT_EQ(WithWhereGiven(c, "train: a section"), "train: a section");
   EXPECT_EQ(WithWhereGiven(c, "no key here"), "no key here");

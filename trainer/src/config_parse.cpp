@@ -1270,9 +1270,14 @@ Config ParseConfig(const std::string& yaml_text, const std::string& source_name,
 }
 
 std::string WithWhereGiven(const Config& config, const std::string& message) {
-  const size_t colon = message.find(": ");
-  if (colon == std::string::npos) return message;
-  const auto it = config.given_at.find(message.substr(0, colon));
+  // The key path the message starts with: "train.device: ...", "train.out_dir \"x\" is a file",
+  // "train.grad_accum=3 is not ...".
+  const size_t end = message.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_.");
+  if (end == std::string::npos ||
+      (message[end] != ':' && message[end] != ' ' && message[end] != '=')) {
+    return message;
+  }
+  const auto it = config.given_at.find(message.substr(0, end));
   if (it == config.given_at.end() || IsSection(it->first)) return message;
   return fmt::format("{}: {}", it->second, message);
 }

@@ -285,9 +285,9 @@ struct Config {
   std::map<std::string, std::string> given_at;
 };
 
-// "<where>: <message>" when `message` starts with "<key.path>: " for a key the user set (no CUDA
-// device for train.device: cuda, an unreadable data.path), in the format of ConfigError's
-// messages; else `message` unchanged.
+// "<where>: <message>" when `message` starts with a key path the user set, followed by ':', ' '
+// or '=' (no CUDA device for train.device: cuda, an unreadable data.path, a train.out_dir that
+// is a file), in the format of ConfigError's messages; else `message` unchanged.
 std::string WithWhereGiven(const Config& config, const std::string& message);
 
 // A configuration error, already formatted as "<where>: <key.path>: expected ..., got ...".
