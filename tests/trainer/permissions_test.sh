@@ -52,6 +52,6 @@ mkdir noread && chmod 311 noread
 rc=$?
 chmod 755 noread
 [ "$rc" = 1 ] || fail "unlistable out_dir: exit status $rc, expected 1"
-[ "$(cat err)" = 'distill_trainer: train.out_dir "noread": cannot list it: Permission denied' ] ||
+[ "$(cat err)" = 'distill_trainer: override "train.out_dir=noread": train.out_dir "noread": cannot list it: Permission denied' ] ||
   fail "unlistable out_dir: message"
 echo PASS
