@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     // (Out of memory in a training step is a MemoryError with what needs less memory; outside
-    // one the models, their optimizer state, a checkpoint or the data do not fit.)
+    // one the models, a checkpoint being loaded, an evaluation's batch or the export do not fit.)
     std::cerr << "distill_trainer: "
               << (distill::IsOutOfMemory(e) ? "out of memory outside a training step (start-up, "
                                               "an evaluation, a checkpoint, the export): "

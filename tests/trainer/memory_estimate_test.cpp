@@ -258,6 +258,18 @@ TEST(MemoryEstimateTest, OutOfMemoryNamesWhatNeedsLess) {
   c.train.mode = Mode::kPretrain;  // no distillation loss: distill.fused_linear is not named
   c.train.activation_checkpointing = false;
   EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false).find("fused_linear"), std::string::npos);
+  // With dropout in a trained model the config refuses activation checkpointing: not named.
+  c.student.dropout = 0.1;
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false).find("activation_checkpointing"),
+            std::string::npos);
+  c.student.dropout = 0;
+  c.train.mode = Mode::kDistill;
+  c.teacher.pretrain_steps = 10;
+  c.teacher.dropout = 0.1;  // a teacher the pipeline trains first
+  EXPECT_EQ(
+      OutOfMemoryMessage(what, c, /*cuda=*/true),
+      "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less memory: " +
+          batch);
 }
 
 // What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), and the CPU

@@ -354,8 +354,14 @@ bool IsOutOfMemory(const c10::Error& e) {
 
 std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda) {
   std::vector<std::string> switches;
-  if (!config.train.activation_checkpointing)
+  // Activation checkpointing needs the trained models without dropout (the config refuses it
+  // otherwise): the student, and a teacher the pipeline pretrains first.
+  const bool dropout = config.student.dropout > 0 ||
+                       (config.train.mode == Mode::kDistill && config.teacher.pretrain_steps > 0 &&
+                        config.teacher.dropout > 0);
+  if (!config.train.activation_checkpointing && !dropout) {
     switches.push_back("train.activation_checkpointing=true");
+  }
   if (config.train.mode == Mode::kDistill && !UsesFusedLinear(config.distill.fused_linear, cuda)) {
     switches.push_back("distill.fused_linear=true");
   }

@@ -305,7 +305,8 @@ std::optional<std::string> UnusedTeacherWarning(const Config& config) {
 std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
   const auto it = config.given_at.find("train.max_skipped_steps");
   if (config.train.nonfinite != NonFinite::kStop || it == config.given_at.end() ||
-      config.train.max_skipped_steps == TrainConfig().max_skipped_steps) {  // as above
+      config.train.max_skipped_steps ==
+          TrainConfig().max_skipped_steps) {  // UnusedDistillKeysWarning says why
     return std::nullopt;
   }
   return fmt::format(
@@ -316,7 +317,7 @@ std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
 
 // The distillation loss's keys set (away from their defaults) in pretrain mode weigh nothing: said
 // once at the start, with where each was set. (A pipeline's pretraining stages, the teacher and the
-// baseline, get configs without the user's distill keys: PretrainingStage in run.cpp.)
+// baseline, get configs without the user's distill keys: ForgetGivenDistillKeys in run.cpp.)
 std::optional<std::string> UnusedDistillKeysWarning(const Config& config) {
   if (config.train.mode != Mode::kPretrain) return std::nullopt;
   // Set away from its default: a run's stored config.yaml lists every key (continued with

@@ -281,7 +281,8 @@ struct Config {
   TrainConfig train;
   // Where each key and section the user set was given, by key path: "<file>:<line>" or
   // `override "key=value"` (the last override of a key); keys left at their default are absent.
-  // Not a key: for errors a valid value meets at run start (WhereGiven).
+  // Not a key: for errors a valid value meets at run start (WithWhereGiven) and the start-up's
+  // warnings about keys a run does not read.
   std::map<std::string, std::string> given_at;
 };
 

@@ -80,10 +80,11 @@ bool IsOutOfMemory(const c10::Error& e);
 
 // The message for an allocation that failed in a training step of `config` (IsOutOfMemory):
 // `what`, the allocator's own words (how much it asked for, what was free), then what needs less
-// memory for this config: the switches a run resumes with (train.activation_checkpointing, and
-// distill.fused_linear in distill mode), each named only where this run has it off (`cuda`:
-// whether the run's device is CUDA, where distill.fused_linear auto is on), and a smaller
-// data.batch_size with a larger train.grad_accum (the same batch; a new run).
+// memory for this config: the switches a run resumes with (train.activation_checkpointing where
+// the trained models have no dropout, and distill.fused_linear in distill mode), each named only
+// where this run has it off (`cuda`: whether the run's device is CUDA, where distill.fused_linear
+// auto is on), and a smaller data.batch_size with a larger train.grad_accum (the same batch; a
+// new run).
 std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda);
 
 }  // namespace distill
