@@ -19,7 +19,9 @@ import argparse
 
 import torch
 
-import lossfns
+from distill_bench import load_lossfns  # the checkout's python/ package, LOSSFNS_LIBRARY's library
+
+lossfns = load_lossfns()
 
 DIVERGENCES = ("tvd", "forward_kl", "reverse_kl", "jsd")
 

@@ -138,6 +138,12 @@ def main():
     ap.add_argument("--short", action="store_true", help="leave out the '+scale fwd' rows")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    if unknown := sorted(set(args.divergences.split(",")) - set(DIVERGENCES)):
+        ap.error(f"--divergences: unknown {unknown}; expected some of {', '.join(DIVERGENCES)}")
+    if not 0 <= args.beta <= 1:
+        ap.error(f"--beta: expected a number in [0, 1], got {args.beta}")
+    if args.iters < 1:
+        ap.error(f"--iters: expected at least 1, got {args.iters}")
     if args.threads:
         torch.set_num_threads(args.threads)
     lossfns = load_lossfns()

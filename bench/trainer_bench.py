@@ -197,8 +197,11 @@ def run_child(cmd: list, work: Path, name: str, device: str, env: dict | None = 
     log_path = work / f"{name}.log"
     with open(log_path, "w") as out:
         memory = PeakMemory(device)
+        # On the CPU, OpenMP threads that spin while they wait slow a run on a busy machine 10x and
+        # more (scripts/doc_numbers.py too): passive waiting, unless the caller chose a policy.
+        passive = {"OMP_WAIT_POLICY": "PASSIVE"} if device == "cpu" and "OMP_WAIT_POLICY" not in os.environ else {}
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
+                                env={**os.environ, **passive, **(env or {})})
         _, status, rusage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
     peak = memory.finish(rusage)
@@ -431,6 +434,11 @@ def main(argv=None) -> int:
         worker(args.worker)
         return 0
     args.modes = [m for m in args.modes.split(",") if m]
+    if not args.modes or (unknown := sorted(set(args.modes) - {"trainer", "eager", "compile"})):
+        ap.error(f"--modes: expected some of trainer, eager, compile, got {args.modes or 'none'}")
+    if args.steps < 1 or args.warmup < 1 or args.parity_steps < 0:
+        ap.error(f"--steps and --warmup must be at least 1, --parity-steps at least 0 (got "
+                 f"{args.steps}, {args.warmup}, {args.parity_steps})")
     args.trainer = str(Path(args.trainer).resolve())
     if not Path(args.trainer).exists():
         raise SystemExit(f"trainer_bench: {args.trainer} not found: build distill_trainer or pass --trainer")

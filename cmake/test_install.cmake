@@ -1,7 +1,7 @@
 # ctest script: install the project into a temporary prefix, move that prefix elsewhere (the
 # package must be relocatable), then configure, build and run examples/link_lossfns against it;
 # then the same against the build tree's package.
-# Inputs: -DBUILD_DIR -DSOURCE_DIR -DWORK_DIR -DTORCH_PREFIX -DGENERATOR
+# Inputs: -DBUILD_DIR -DSOURCE_DIR -DWORK_DIR -DTORCH_PREFIX -DGENERATOR -DREADELF
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -33,12 +33,49 @@ foreach(dir IN LISTS runpath_dirs)
     message(FATAL_ERROR "${installed_lib}: its RUNPATH names ${dir}, of the build or install tree (${runpath})")
   endif()
 endforeach()
+# With the CUDA kernels the library needs the CUDA runtime: the first RUNPATH directory holding one
+# is the one libtorch_cuda loads its runtime from (Torch's own, a wheel's nvidia/*/lib) where Torch
+# ships one, so an app does not need the toolkit where it runs (nor load a second runtime).
+execute_process(COMMAND ${READELF} -d ${installed_lib} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${READELF} -d ${installed_lib} failed (${rc})")
+endif()
+if(dynamic MATCHES "NEEDED[^\n]*\\[libcudart\\.so")
+  set(torch_cudart_dir "")
+  set(first_cudart_dir "")
+  foreach(dir IN LISTS runpath_dirs)
+    file(GLOB torch_cudart "${dir}/../../nvidia/*/lib/libcudart.so.*")
+    if(EXISTS "${dir}/libtorch_cuda.so" AND torch_cudart AND torch_cudart_dir STREQUAL "")
+      list(GET torch_cudart 0 torch_cudart)
+      get_filename_component(torch_cudart_dir "${torch_cudart}" DIRECTORY)
+      file(REAL_PATH "${torch_cudart_dir}" torch_cudart_dir)
+    endif()
+    file(GLOB cudart_here "${dir}/libcudart.so.*")
+    if(cudart_here AND first_cudart_dir STREQUAL "")
+      file(REAL_PATH "${dir}" first_cudart_dir)
+    endif()
+  endforeach()
+  if(torch_cudart_dir AND NOT first_cudart_dir STREQUAL torch_cudart_dir)
+    message(FATAL_ERROR "${installed_lib}: the first CUDA runtime on its RUNPATH is in "
+                        "${first_cudart_dir}, not Torch's own in ${torch_cudart_dir} (${runpath})")
+  endif()
+  message("the CUDA runtime it finds first: ${first_cudart_dir} (Torch's: ${torch_cudart_dir}): ok")
+endif()
 # The environment form of CMAKE_PREFIX_PATH (':'-separated) survives execute_process's list splitting.
 set(ENV{CMAKE_PREFIX_PATH} "${WORK_DIR}/moved:${TORCH_PREFIX}")
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/link_lossfns -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/link_lossfns)
+# The app's RUNPATH names no directory that does not exist (Torch's MKL target lists some: the
+# package keeps only the existing ones, as for the library).
+file(READ_ELF ${WORK_DIR}/build/link_lossfns RUNPATH app_runpath RPATH app_rpath)
+string(REPLACE ":" ";" app_dirs "${app_runpath}${app_rpath}")
+foreach(dir IN LISTS app_dirs)
+  if(NOT IS_DIRECTORY "${dir}")
+    message(FATAL_ERROR "the app's RUNPATH names ${dir}, which does not exist (${app_runpath}${app_rpath})")
+  endif()
+endforeach()
 # A consumer whose CMAKE_PREFIX_PATH finds another Torch minor version first is refused by the
 # package, with both versions named (here a stand-in TorchConfig.cmake of version 2.10.0).
 file(WRITE ${WORK_DIR}/torch210/share/cmake/Torch/TorchConfig.cmake "set(TORCH_FOUND TRUE)\n")

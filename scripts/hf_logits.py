@@ -169,8 +169,19 @@ def generate(args: argparse.Namespace) -> int:
     model, info = load_model(args.hf_dir, args.attn)
     if problems := loading_problems(info):
         print(f"warning: {args.hf_dir}: " + "; ".join(problems), file=sys.stderr)
+    rows = model.get_input_embeddings().weight.shape[0]
+    tok_size = len(tok)
+    if tok_size > rows:  # ids the model has no embedding row for: not its tokenizer
+        print(f"warning: the tokenizer in {tok_dir} has {tok_size} ids, the model in {args.hf_dir} "
+              f"{rows} embedding rows: is it the tokenizer that made the model's training data?",
+              file=sys.stderr)
     for prompt in args.generate:
         enc = tok(prompt, return_tensors="pt")
+        if enc["input_ids"].numel() and int(enc["input_ids"].max()) >= rows:
+            bad_input(f"the prompt {json.dumps(prompt, ensure_ascii=False)} becomes ids up to "
+                      f"{int(enc['input_ids'].max())} with the tokenizer in {tok_dir}, but the model in "
+                      f"{args.hf_dir} has {rows} embedding rows: give --tokenizer-dir the tokenizer "
+                      "that made its training data")
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False,
                                  num_beams=1, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None

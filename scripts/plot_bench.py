@@ -4,11 +4,10 @@ a fraction of the three-stream limit (CUDA); print the same numbers as a Markdow
 Usage: plot_bench.py tvd_bench.json [out.png] [--update-docs]
 out.png defaults to the JSON's name with .png (next to it). The repository's docs/img (the
 committed plots of docs/benchmarks.md) is refused unless --update-docs is given."""
-import json
 import pathlib
 import sys
 
-from plot_common import refuse_docs_img  # first: selects the Agg backend
+from plot_common import file_args, load_json, refuse_docs_img, save_figure  # first: selects Agg
 
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -18,9 +17,19 @@ def label(c):
     return f'{c["device"]} {c["BT"]}x{c["V"]} {c["dtype"]} g={c["grad_output"]:g}{ign}'
 
 
+CASE_KEYS = ("device", "BT", "V", "dtype", "grad_output", "ignored_rows", "ours_fwd_ms", "ours_bwd_ms",
+             "ours_full_ms", "ref_full_ms", "limit_ms")
+
+
 def main(src, dst):
-    data = json.load(open(src))
+    data = load_json(src, ["cases", "device", "copy_bandwidth_gbs"], "tvd_bench --json")
     cases = data["cases"]
+    if not isinstance(cases, list) or not cases:
+        sys.exit(f"plot_bench.py: error: {src} has no cases: nothing to plot")
+    for c in cases:
+        if missing := [k for k in CASE_KEYS if not isinstance(c, dict) or k not in c]:
+            sys.exit(f"plot_bench.py: error: {src}: a case without {', '.join(missing)}: not the JSON "
+                     "that tvd_bench --json writes")
     cuda = [c for c in cases if c["device"] == "cuda"]
     fig, axes = plt.subplots(1, 2 if cuda else 1, figsize=(15 if cuda else 8, 0.35 * len(cases) + 2))
     axes = axes if cuda else [axes]
@@ -46,7 +55,7 @@ def main(src, dst):
         ax.legend()
     fig.suptitle(f'TVD loss benchmark on {data["device"]}')
     fig.tight_layout()
-    fig.savefig(dst, dpi=110)
+    save_figure(fig, dst)
     print_table(data)
 
 
@@ -63,9 +72,8 @@ def print_table(data):
 
 
 if __name__ == "__main__":
-    update = "--update-docs" in sys.argv[1:]
-    args = [a for a in sys.argv[1:] if a != "--update-docs"]
-    if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
+    args, update = file_args(__doc__)
+    if len(args) > 2:
         sys.exit(__doc__)
     dst = pathlib.Path(args[1]) if len(args) == 2 else pathlib.Path(args[0]).with_suffix(".png")
     refuse_docs_img(dst.parent, update)

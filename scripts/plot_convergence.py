@@ -134,18 +134,28 @@ def parse(argv):
 
 def main(argv):
     csv_dir, out_dir, prefix = parse(argv)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not csv_dir.is_dir():
+        sys.exit(f"plot_convergence: error: {csv_dir} is not a directory (give the directory of the "
+                 "convergence examples' CSVs, their --out)")
     written = 0
     for path in sorted(csv_dir.rglob("*.csv")):
         name, _, dtype = path.stem.rpartition("_")
         if name not in PLOTS:
             continue
-        cols = read(path)
+        try:
+            cols = read(path)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            sys.exit(f"plot_convergence: error: cannot read {path} as a convergence CSV: {e}")
         if not cols:
             continue
         fn, panels = PLOTS[name]
         fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.2), squeeze=False)
-        fn(cols, axes[0], dtype)
+        try:
+            fn(cols, axes[0], dtype)
+        except KeyError as e:
+            sys.exit(f"plot_convergence: error: {path} has no column {e}: not a CSV of this version's "
+                     f"`convergence {name}`")
+        out_dir.mkdir(parents=True, exist_ok=True)
         for ax in axes[0]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)

@@ -79,6 +79,10 @@ def main() -> int:
             print(f"plot_run: error: {path} does not exist{hint}", file=sys.stderr)
             return 2
         records = read_metrics(path)
+        if not any(r.get("type") in ("train", "eval") for r in records):
+            print(f"plot_run: error: {path} has no training or evaluation records (is it the "
+                  "trainer's metrics.jsonl, of a run that logged a step?)", file=sys.stderr)
+            return 2
         label = run.name if run.is_dir() else run.name.removesuffix(".metrics.jsonl").removesuffix(".jsonl")
         colour = f"C{i}"
         for key, style in (("loss", "-"), ("kd_loss", "--"), ("ce_loss", ":")):
@@ -100,11 +104,13 @@ def main() -> int:
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.out, dpi=110)
     except ValueError as e:  # an extension matplotlib has no writer for
         sys.exit(f"plot_run: error: --out {args.out}: {e}")
+    except OSError as e:  # a directory that cannot be made or written
+        sys.exit(f"plot_run: error: cannot write --out {args.out}: {e}")
     print(f"plot_run: wrote {args.out}")
     return 0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up for a fresh Debian 12 / Ubuntu machine: system packages and LibTorch.
-# Writes build/setup.env with LOSSFNS_PYTHON (a python3 that imports torch 2.11), TORCH_PREFIX
+# Writes build/setup.env (or BUILD_DIR/setup.env: the first argument, relative to the repository)
+# with LOSSFNS_PYTHON (a python3 that imports torch 2.11), TORCH_PREFIX
 # (its torch.utils.cmake_prefix_path) and LOSSFNS_SMOLLM2_DIR (the prepared real-model test data, or
 # empty). Nothing is downloaded during build or test; only here.
 set -euo pipefail
@@ -10,6 +11,9 @@ CACHE_ROOT="${LOSSFNS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lossfns}"
 VENV="$CACHE_ROOT/venv-torch-$TORCH_VERSION"
 BUILD_DIR="${1:-build}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A relative build directory is the repository's, wherever this runs from (as the Makefile's and
+# the other scripts' build/setup.env are).
+case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$ROOT/$BUILD_DIR" ;; esac
 # Python packages beside torch: numpy silences torch's import warning, matplotlib draws the plots;
 # transformers & co. read and check Hugging Face models (scripts/hf_logits.py, make_hf_fixtures.py),
 # gguf + accelerate let transformers read the GGUF file that scripts/prepare_smollm2.py converts;

@@ -240,40 +240,71 @@ TEST(MemoryEstimateTest, OutOfMemoryNamesWhatNeedsLess) {
       "another train.out_dir or with --fresh)";
   Config c;
   c.train.mode = Mode::kDistill;
-  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false),
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false, c),
             "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
             "memory: train.activation_checkpointing=true or distill.fused_linear=true (a run "
             "resumes with either: the same command plus the override); or " +
                 batch);
-  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/true),
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/true, c),
             "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
             "memory: train.activation_checkpointing=true (a run resumes with it: the same "
             "command plus the override); or " +
                 batch);
   c.train.activation_checkpointing = true;
-  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/true),
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/true, c),
             "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
             "memory: " +
                 batch);
   c.train.mode = Mode::kPretrain;  // no distillation loss: distill.fused_linear is not named
   c.train.activation_checkpointing = false;
-  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false).find("fused_linear"), std::string::npos);
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false, c).find("fused_linear"), std::string::npos);
   // With dropout in a trained model the config refuses activation checkpointing: not named.
   c.student.dropout = 0.1;
-  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false).find("activation_checkpointing"),
+  EXPECT_EQ(OutOfMemoryMessage(what, c, /*cuda=*/false, c).find("activation_checkpointing"),
             std::string::npos);
   c.student.dropout = 0;
   c.train.mode = Mode::kDistill;
   c.teacher.pretrain_steps = 10;
   c.teacher.dropout = 0.1;  // a teacher the pipeline trains first
   EXPECT_EQ(
-      OutOfMemoryMessage(what, c, /*cuda=*/true),
+      OutOfMemoryMessage(what, c, /*cuda=*/true, c),
       "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less memory: " +
           batch);
+  // A pipeline's stages: the override goes to the pipeline's command, whose config refuses it
+  // where a model trained in another stage has dropout (the teacher stage does not know the
+  // student's dropout, the baseline stage the teacher's).
+  Config pipeline;
+  pipeline.teacher.pretrain_steps = 10;
+  pipeline.student.dropout = 0.1;
+  const Config teacher_stage = TeacherStageConfig(pipeline);
+  ASSERT_EQ(teacher_stage.student.dropout, 0);
+  EXPECT_NE(OutOfMemoryMessage(what, teacher_stage, /*cuda=*/true, teacher_stage)
+                .find("activation_checkpointing"),
+            std::string::npos);
+  EXPECT_EQ(OutOfMemoryMessage(what, teacher_stage, /*cuda=*/true, pipeline),
+            "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
+            "memory: " +
+                batch);
+  pipeline.student.dropout = 0;
+  pipeline.teacher.dropout = 0.1;
+  const Config baseline_stage = BaselineStageConfig(pipeline);
+  EXPECT_EQ(OutOfMemoryMessage(what, baseline_stage, /*cuda=*/true, pipeline),
+            "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB. What needs less "
+            "memory: " +
+                batch);
+  pipeline.teacher.dropout = 0;  // no dropout anywhere: named in every stage
+  for (const Config& stage : {TeacherStageConfig(pipeline), StudentStageConfig(pipeline),
+                              BaselineStageConfig(pipeline)}) {
+    EXPECT_NE(OutOfMemoryMessage(what, stage, /*cuda=*/true, pipeline)
+                  .find("train.activation_checkpointing=true"),
+              std::string::npos)
+        << stage.train.out_dir;
+  }
 }
 
-// What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), and the CPU
-// allocator's refusal, which c10 raises as a plain enforce failure; no other error.
+// What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), the CPU allocator's
+// refusal, which c10 raises as a plain enforce failure, and CUDA's, cuBLAS's and cuDNN's own
+// allocation failures; no other error.
 TEST(MemoryEstimateTest, OutOfMemoryIsRecognised) {
   const auto caught = [](const std::function<void()>& f) -> bool {
     try {
@@ -290,7 +321,17 @@ TEST(MemoryEstimateTest, OutOfMemoryIsRecognised) {
   EXPECT_TRUE(caught([] {
     TORCH_CHECK(false, "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes");
   }));
+  // The device's allocations outside the caching allocator, as c10's CUDA checks word them.
+  for (const char* what :
+       {"CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some "
+        "other API call, so the stacktrace below might be incorrect.",
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"}) {
+    EXPECT_TRUE(caught([&] { TORCH_CHECK(false, what); })) << what;
+  }
   EXPECT_FALSE(caught([] { TORCH_CHECK(false, "shape mismatch"); }));
+  EXPECT_FALSE(
+      caught([] { TORCH_CHECK(false, "CUDA error: an illegal memory access was encountered"); }));
 }
 }  // namespace
 }  // namespace distill

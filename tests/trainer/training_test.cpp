@@ -163,6 +163,24 @@ TEST(TrainingTest, KeysThisRunDoesNotReadAreNamed) {
   for (const Config& stage : {TeacherStageConfig(pipeline), BaselineStageConfig(pipeline)}) {
     EXPECT_EQ(stage.given_at.count("distill.ce_weight"), 0u) << stage.train.out_dir;
   }
+  // teacher.dropout where the teacher is loaded (it runs in eval mode, without dropout): said.
+  Config loaded = TinyDistillConfig(c.train.out_dir + "-d");
+  loaded.given_at =
+      ParseConfig("train:\n  mode: pretrain\nteacher:\n  dropout: 0.2\n", "z.yaml").given_at;
+  loaded.teacher.dropout = 0.2;
+  EXPECT_EQ(OnlyWarning(loaded),
+            "warning: teacher.dropout (z.yaml:4) is 0.2 but the teacher is loaded, not trained, "
+            "and runs without dropout: it is not used (teacher.pretrain_steps > 0 pretrains a "
+            "teacher with it; student.dropout is the student's)");
+  // The pipeline's distillation stage loads the teacher its first stage trained with it: no word.
+  Config trained = loaded;
+  trained.teacher.checkpoint.clear();
+  trained.teacher.pretrain_steps = 5;
+  const Config student_stage = StudentStageConfig(trained);
+  EXPECT_EQ(student_stage.given_at.count("teacher.dropout"), 0u);
+  loaded.given_at.erase("teacher.dropout");  // a default-free value nobody set: no word
+  loaded.train.out_dir += "-e";
+  EXPECT_TRUE(Trainer(loaded, RunOptions::Quiet()).warnings().empty());
 }
 
 // The student starts from the weights train.seed gives it whatever teacher was built before it:

@@ -225,9 +225,12 @@ void AddModelKeys(std::vector<KeyDecl>& keys, const std::string& section, Model 
   Add(
       keys, key("dropout"), [=](auto& c) -> auto& { return model(c).dropout; },
       NumberIn(0, 1, true),
-      "Dropout while training: gpt on attention, MLP and embeddings; llama on the attention "
-      "probabilities (HF: attention_dropout, GPT-2's attn_pdrop, which an hf_dir model takes "
-      "from config.json unless this key is set).");
+      std::string("Dropout while training: gpt on attention, MLP and embeddings; llama on the "
+                  "attention probabilities (HF: attention_dropout, GPT-2's attn_pdrop, which an "
+                  "hf_dir model takes from config.json unless this key is set).") +
+          (section == "teacher" ? " Only a teacher the pipeline trains (pretrain_steps > 0) uses "
+                                  "it: a loaded teacher runs without dropout."
+                                : ""));
   Add(
       keys, key("tie_embeddings"), [=](auto& c) -> auto& { return model(c).tie_embeddings; },
       Bool(), "lm_head shares the token embedding matrix.");

@@ -348,18 +348,28 @@ void CheckMemoryFits(const MemoryEstimate& e, const c10::Device& device,
 bool IsOutOfMemory(const c10::Error& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
   const std::string what = e.what_without_backtrace();
-  return what.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
-         what.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
+  // The CPU allocator's refusal, and the device's allocations outside the caching allocator:
+  // CUDA's runtime (cudaErrorMemoryAllocation), a cuBLAS or cuSOLVER handle's own workspace, cuDNN.
+  for (const char* words :
+       {"DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
+        "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED",
+        "CUDNN_STATUS_ALLOC_FAILED"}) {
+    if (what.find(words) != std::string::npos) return true;
+  }
+  return false;
 }
 
-std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda) {
+std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda,
+                               const Config& command) {
   std::vector<std::string> switches;
   // Activation checkpointing needs the trained models without dropout (the config refuses it
-  // otherwise): the student, and a teacher the pipeline pretrains first.
-  const bool dropout = config.student.dropout > 0 ||
-                       (config.train.mode == Mode::kDistill && config.teacher.pretrain_steps > 0 &&
-                        config.teacher.dropout > 0);
-  if (!config.train.activation_checkpointing && !dropout) {
+  // otherwise): the student, and a teacher the pipeline pretrains first. Those of the command,
+  // which the override goes to: a pipeline's teacher stage does not know the student's dropout.
+  const auto dropout = [](const Config& c) {
+    return c.student.dropout > 0 || (c.train.mode == Mode::kDistill &&
+                                     c.teacher.pretrain_steps > 0 && c.teacher.dropout > 0);
+  };
+  if (!config.train.activation_checkpointing && !dropout(config) && !dropout(command)) {
     switches.push_back("train.activation_checkpointing=true");
   }
   if (config.train.mode == Mode::kDistill && !UsesFusedLinear(config.distill.fused_linear, cuda)) {

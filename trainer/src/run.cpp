@@ -44,13 +44,16 @@ std::string StudentName(const Config& config) {
   return config.distill.kd_weight == 0 ? "student (ce only)" : "student (distilled)";
 }
 
+// `command`: the config the command gave, where `config` is one of its stages (a pipeline's,
+// or the baseline after a distillation).
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags,
-                   std::function<void()> before_commit = {}) {
+                   const Config& command, std::function<void()> before_commit = {}) {
   Trainer trainer(config, RunOptions{flags.fresh,
                                      flags.quiet,
                                      flags.distributed,
                                      {flags.profile_steps, flags.profile_skip},
-                                     std::move(before_commit)});
+                                     std::move(before_commit),
+                                     &command});
   const EvalResult result = trainer.Train();
   return {name,
           config.train.out_dir,
@@ -106,6 +109,9 @@ Config StudentStageConfig(const Config& config) {
   Config c = config;
   c.teacher.checkpoint = Subdir(config, "teacher");
   c.teacher.pretrain_steps = 0;
+  // teacher.dropout was the teacher stage's, which trained with it (no
+  // UnusedTeacherDropoutWarning for the teacher this stage loads).
+  c.given_at.erase("teacher.dropout");
   c.train.baseline = false;
   c.train.out_dir = Subdir(config, "student");
   return c;
@@ -197,8 +203,9 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
         return true;
       });
     }
-    rows.push_back(TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags));
-    if (baseline) rows.push_back(TrainOne(*baseline, "student (hard labels)", flags));
+    rows.push_back(
+        TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags, config));
+    if (baseline) rows.push_back(TrainOne(*baseline, "student (hard labels)", flags, config));
   } else {
     // The pipeline's own directory holds its config; --fresh clears all stages at once. Checked
     // now, written (and with --fresh deleted) only when the first stage has built its models and
@@ -216,11 +223,13 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     RunFlags first_flags = flags;
     first_flags.fresh = plan.delete_first;
     try {
-      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", first_flags,
+      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", first_flags, config,
                               [&] { CommitRunDir(config, plan); }));
-      rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags));
+      rows.push_back(
+          TrainOne(StudentStageConfig(config), StudentName(config), stage_flags, config));
       if (config.train.baseline) {
-        rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags));
+        rows.push_back(
+            TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags, config));
       }
     } catch (...) {
       // A first stage that failed at start-up created no stage directory: undo the pipeline

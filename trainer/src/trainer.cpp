@@ -315,6 +315,23 @@ std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
       it->second);
 }
 
+// teacher.dropout set (above 0) where the teacher is only loaded: a loaded teacher runs in eval
+// mode, without dropout, so the key changes nothing; said once at the start, with where it was set.
+// (A pipeline's distillation stage gets a config without it: StudentStageConfig in run.cpp.)
+std::optional<std::string> UnusedTeacherDropoutWarning(const Config& config) {
+  const auto it = config.given_at.find("teacher.dropout");
+  if (config.train.mode != Mode::kDistill || config.teacher.pretrain_steps > 0 ||
+      config.teacher.dropout <= 0 || it == config.given_at.end()) {
+    return std::nullopt;
+  }
+  return fmt::format(
+      "warning: teacher.dropout ({}) is {} but the teacher is loaded, not trained, and runs "
+      "without "
+      "dropout: it is not used (teacher.pretrain_steps > 0 pretrains a teacher with it; "
+      "student.dropout is the student's)",
+      it->second, config.teacher.dropout);
+}
+
 // The distillation loss's keys set (away from their defaults) in pretrain mode weigh nothing: said
 // once at the start, with where each was set. (A pipeline's pretraining stages, the teacher and the
 // baseline, get configs without the user's distill keys: ForgetGivenDistillKeys in run.cpp.)
@@ -437,6 +454,7 @@ Trainer::Trainer(Config config, RunOptions options)
     if (auto warning = UnusedTeacherWarning(config_)) warnings.push_back(*warning);
     if (auto warning = UnusedDistillKeysWarning(config_)) warnings.push_back(*warning);
     if (auto warning = UnusedSkipLimitWarning(config_)) warnings.push_back(*warning);
+    if (auto warning = UnusedTeacherDropoutWarning(config_)) warnings.push_back(*warning);
     if (distill_) {
       teacher_ = BuildModel(config_.teacher, config_.teacher.checkpoint, device_, &warnings);
       teacher_weights_ = WeightsFingerprint(*teacher_);  // as loaded: before any cast below
@@ -1027,11 +1045,13 @@ void Trainer::TrainUntil(int64_t stop_step) {
     try {
       result = Step();
     } catch (const c10::Error& e) {
-      // Out of memory in a step: what needs less memory for this run (its stage's config).
+      // Out of memory in a step: what needs less memory for this run (its stage's config, and
+      // the command's, which the overrides go to).
       if (!IsOutOfMemory(e)) throw;
-      throw MemoryError(
-          fmt::format("step {}: {}", position_.step + 1,
-                      OutOfMemoryMessage(e.what_without_backtrace(), config_, device_.is_cuda())));
+      throw MemoryError(fmt::format(
+          "step {}: {}", position_.step + 1,
+          OutOfMemoryMessage(e.what_without_backtrace(), config_, device_.is_cuda(),
+                             options_.command != nullptr ? *options_.command : config_)));
     }
     const double seconds = Seconds(start);
     if (profiler_) {

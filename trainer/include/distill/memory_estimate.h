@@ -74,8 +74,9 @@ std::string FormatEstimate(const MemoryEstimate& estimate, const c10::Device& de
 void CheckMemoryFits(const MemoryEstimate& estimate, const c10::Device& device,
                      const AvailableMemory& available);
 
-// An allocation that failed: c10's OutOfMemoryError (CUDA's caching allocator), or the CPU
-// allocator's refusal, which c10 raises as a plain enforce failure.
+// An allocation that failed: c10's OutOfMemoryError (CUDA's caching allocator); the CPU
+// allocator's refusal, which c10 raises as a plain enforce failure; or a device allocation outside
+// the caching allocator (CUDA's runtime, cuBLAS, cuSOLVER or cuDNN reporting its own failure).
 bool IsOutOfMemory(const c10::Error& e);
 
 // The message for an allocation that failed in a training step of `config` (IsOutOfMemory):
@@ -84,7 +85,9 @@ bool IsOutOfMemory(const c10::Error& e);
 // the trained models have no dropout, and distill.fused_linear in distill mode), each named only
 // where this run has it off (`cuda`: whether the run's device is CUDA, where distill.fused_linear
 // auto is on), and a smaller data.batch_size with a larger train.grad_accum (the same batch; a
-// new run).
-std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda);
+// new run). `command`: the config of the command this run is a stage of (a pipeline's), which
+// the overrides go to; activation checkpointing is named only where it accepts that too.
+std::string OutOfMemoryMessage(const std::string& what, const Config& config, bool cuda,
+                               const Config& command);
 
 }  // namespace distill

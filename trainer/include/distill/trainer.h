@@ -53,6 +53,11 @@ struct RunOptions {
   // data were built: a pipeline commits its own directory there (with --fresh, the deletion of
   // its previous run), so that a stage that fails at start-up deletes nothing.
   std::function<void()> before_commit;
+  // The config of the command this run is a stage of (a pipeline's, or the distillation that
+  // train.baseline follows with this baseline), not owned; nullptr: this run's own. The overrides
+  // that the out-of-memory advice names go to that command, so they must be ones its config
+  // accepts.
+  const Config* command = nullptr;
 
   // A run without console output (tests, examples): RunOptions::Quiet(/*fresh=*/true).
   static RunOptions Quiet(bool fresh = false, Distributed* distributed = nullptr) {
