@@ -155,13 +155,19 @@ def main(argv):
         except KeyError as e:
             sys.exit(f"plot_convergence: error: {path} has no column {e}: not a CSV of this version's "
                      f"`convergence {name}`")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            sys.exit(f"plot_convergence: error: cannot make {out_dir}: {e}")
         for ax in axes[0]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
         out = out_dir / f"{prefix}{name}_{dtype}.png"
-        fig.savefig(out, dpi=80)
+        try:
+            fig.savefig(out, dpi=80)
+        except OSError as e:
+            sys.exit(f"plot_convergence: error: cannot write {out}: {e}")
         plt.close(fig)
         print(out)
         written += 1

