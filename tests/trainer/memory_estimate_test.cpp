@@ -326,6 +326,7 @@ TEST(MemoryEstimateTest, OutOfMemoryIsRecognised) {
        {"CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some "
         "other API call, so the stacktrace below might be incorrect.",
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`",
         "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"}) {
     EXPECT_TRUE(caught([&] { TORCH_CHECK(false, what); })) << what;
   }
