@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -101,22 +102,63 @@ Sample Time(const std::function<void()>& fn, int reps) {
 
 }  // namespace
 
+// A positive integer no larger than `most`, or nullopt.
+std::optional<int64_t> PositiveInt(const std::string& text, int64_t most) {
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n < 1 || n > most) {
+    return std::nullopt;
+  }
+  return n;
+}
+
+constexpr const char* kUsage =
+    "usage: cpu_fresh_output [--rows N] [--V N] [--threads 1,4,16] [--reps N]\n"
+    "  (defaults: 1024 rows, V 32000, threads 1,4,16, 15 reps; every number a positive integer;\n"
+    "  SOFTMAX=1 in the environment: softmax inputs instead of uniform ones)\n";
+
 int main(int argc, char** argv) {
   int64_t rows = 1024, V = 32000;
   int reps = 15;
   std::vector<int> threads = {1, 4, 16};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--rows")
-      rows = std::stoll(v);
-    else if (a == "--V")
-      V = std::stoll(v);
-    else if (a == "--reps")
-      reps = std::stoi(v);
-    else if (a == "--threads") {
-      threads.clear();
-      std::stringstream s(v);
-      for (std::string t; std::getline(s, t, ',');) threads.push_back(std::stoi(t));
+  for (int i = 1; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    const bool known = a == "--rows" || a == "--V" || a == "--reps" || a == "--threads";
+    if (!known || i + 1 >= argc) {
+      std::fprintf(stderr, "cpu_fresh_output: %s\n%s",
+                   (known ? a + " needs a value" : "unknown option \"" + a + "\"").c_str(), kUsage);
+      return 2;
+    }
+    const std::string v = argv[i + 1];
+    std::vector<int64_t> values;
+    std::stringstream list(v);
+    for (std::string t; std::getline(list, t, a == "--threads" ? ',' : '\0');) {
+      const auto n = PositiveInt(t, a == "--threads" || a == "--reps" ? 1 << 20 : int64_t{1} << 31);
+      if (!n) {
+        std::fprintf(
+            stderr, "cpu_fresh_output: %s: expected %s, got \"%s\"\n", a.c_str(),
+            a == "--threads" ? "a list of positive integers (e.g. 1,4,16)" : "a positive integer",
+            v.c_str());
+        return 2;
+      }
+      values.push_back(*n);
+    }
+    if (values.empty()) {
+      std::fprintf(stderr, "cpu_fresh_output: %s: expected a value\n", a.c_str());
+      return 2;
+    }
+    if (a == "--rows") {
+      rows = values[0];
+    } else if (a == "--V") {
+      V = values[0];
+    } else if (a == "--reps") {
+      reps = static_cast<int>(values[0]);
+    } else {
+      threads.assign(values.begin(), values.end());
     }
   }
   std::printf("THP enabled: %s\nTHP defrag:  %s\n",

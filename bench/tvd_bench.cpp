@@ -10,6 +10,7 @@
 //     --cpu-only   skip the CUDA cases even when a GPU is present
 //     --quick      3 timed repetitions per case instead of 15 (CUDA) / 7 (CPU): a smoke run
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -196,10 +197,32 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--threads" && i + 1 < argc) {
       thread_counts.clear();
-      std::stringstream list(argv[++i]);
-      for (std::string t; std::getline(list, t, ',');) thread_counts.push_back(std::stoi(t));
+      const std::string text = argv[++i];
+      std::stringstream list(text);
+      for (std::string t; std::getline(list, t, ',');) {
+        int n = 0;
+        const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+        if (ec != std::errc() || end != t.data() + t.size() || n < 1) {
+          std::fprintf(stderr,
+                       "tvd_bench: --threads: expected a list of positive integers (e.g. 1,4,16), "
+                       "got \"%s\"\n",
+                       text.c_str());
+          return 2;
+        }
+        thread_counts.push_back(n);
+      }
+      if (thread_counts.empty()) {
+        std::fprintf(stderr, "tvd_bench: --threads: expected a list of positive integers\n");
+        return 2;
+      }
     } else {
       const bool help = a == "--help" || a == "-h";
+      if (!help) {
+        std::fprintf(stderr, "tvd_bench: %s\n",
+                     (a == "--json" || a == "--threads")
+                         ? (a + " needs a value").c_str()
+                         : ("unknown option \"" + a + "\"").c_str());
+      }
       std::fprintf(help ? stdout : stderr,
                    "usage: tvd_bench [--json FILE] [--cpu-only] [--quick] [--threads 1,4,16]\n"
                    "  --json FILE  also write the results as JSON to FILE (default: no file)\n"
@@ -209,11 +232,15 @@ int main(int argc, char** argv) {
       return help ? 0 : 2;
     }
   }
-  if (!json_path.empty()) {  // fail now, not after the benchmark: create the folder, open the file
+  // The JSON is written to JSON_FILE.tmp and renamed over JSON_FILE at the end: an earlier file
+  // there stays whole until the new results are. Checked now, not after the benchmark: the
+  // folder is made and the temporary file opened.
+  const std::string json_tmp = json_path + ".tmp";
+  if (!json_path.empty()) {
     const std::filesystem::path parent = std::filesystem::path(json_path).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    if (!std::ofstream(json_path)) {
+    if (std::filesystem::is_directory(json_path, ec) || !std::ofstream(json_tmp)) {
       std::fprintf(stderr, "tvd_bench: cannot write %s\n", json_path.c_str());
       return 2;
     }
@@ -276,7 +303,7 @@ int main(int argc, char** argv) {
   }
 
   if (json_path.empty()) return 0;
-  std::ofstream js(json_path);
+  std::ofstream js(json_tmp);
   js << "{\n  \"device\": \"" << device_name << "\",\n  \"copy_bandwidth_gbs\": " << bw
      << ",\n  \"read_bandwidth_gbs\": " << read_bw << ",\n  \"write_bandwidth_gbs\": " << write_bw
      << ",\n  \"cases\": [\n";
@@ -294,8 +321,11 @@ int main(int argc, char** argv) {
   }
   js << "  ]\n}\n";
   js.close();
-  if (!js) {
+  std::error_code renamed;
+  if (js) std::filesystem::rename(json_tmp, json_path, renamed);
+  if (!js || renamed) {
     std::fprintf(stderr, "tvd_bench: could not write %s\n", json_path.c_str());
+    std::filesystem::remove(json_tmp, renamed);
     return 1;
   }
   std::printf("\nwrote %s\n", json_path.c_str());

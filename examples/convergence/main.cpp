@@ -13,12 +13,14 @@
 
 namespace {
 
-int Usage(const char* message) {
-  std::fprintf(stderr,
-               "convergence: %s\nusage: convergence "
-               "kernel_vs_reference|ties|padded|distill_works|divergences "
-               "[--small] [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]\n",
-               message);
+constexpr const char* kUsage =
+    "usage: convergence kernel_vs_reference|ties|padded|distill_works|divergences "
+    "[--small] [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]\n"
+    "  (docs/convergence.md: what each experiment shows; DIR, default out/convergence, gets the\n"
+    "  CSV and log of each run and the runs/ of the ones that train a teacher)\n";
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "convergence: %s\n%s", message.c_str(), kUsage);
   return 2;
 }
 
@@ -31,7 +33,14 @@ int main(int argc, char** argv) {
       {"padded", convergence::Padded},
       {"distill_works", convergence::DistillWorks},
       {"divergences", convergence::Divergences}};
-  if (argc < 2 || !commands.count(argv[1])) return Usage("expected a subcommand");
+  if (argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (argc < 2) return Usage("expected a subcommand");
+  if (!commands.count(argv[1])) {
+    return Usage(std::string("unknown subcommand \"") + argv[1] + "\"");
+  }
   convergence::Options options;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -48,7 +57,7 @@ int main(int argc, char** argv) {
       options.out = value();
       if (options.out.empty()) return Usage("--out: a directory");
     } else {
-      return Usage(("unknown argument " + arg).c_str());
+      return Usage("unknown argument " + arg);
     }
   }
   try {
