@@ -29,9 +29,10 @@ def file_args(doc: str) -> tuple[list[str], bool]:
     """The positional arguments and whether --update-docs was given; exits with the usage (`doc`)
     for -h/--help, no argument, or an option the script does not know."""
     argv = sys.argv[1:]
-    if not argv or any(a.startswith("-") and a != "--update-docs" for a in argv):
-        print(doc, file=sys.stderr if argv and "-h" not in argv and "--help" not in argv else sys.stdout)
-        sys.exit(0 if argv and ("-h" in argv or "--help" in argv) else 2)
+    help = "-h" in argv or "--help" in argv
+    if help or not argv or any(a.startswith("-") and a != "--update-docs" for a in argv):
+        print(doc, file=sys.stdout if help else sys.stderr)
+        sys.exit(0 if help else 2)
     return [a for a in argv if a != "--update-docs"], "--update-docs" in argv
 
 

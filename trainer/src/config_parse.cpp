@@ -1017,11 +1017,7 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     }
   }
   if (c.train.activation_checkpointing) {
-    // The trained models: the student, and a teacher that the pipeline pretrains first.
-    const bool teacher_trained = distill && c.teacher.pretrain_steps > 0;
-    for (const auto& [name, dropout] :
-         {std::pair<std::string, double>{"student", c.student.dropout},
-          {"teacher", teacher_trained ? c.teacher.dropout : 0.0}}) {
+    for (const auto& [name, dropout] : internal::TrainedModelDropouts(c)) {
       if (dropout > 0) {
         fail(name + ".dropout",
              fmt::format("expected 0 with train.activation_checkpointing true (the recomputed "

@@ -528,6 +528,14 @@ std::vector<KeyDecl> Declare() {
 
 }  // namespace
 
+std::vector<std::pair<std::string, double>> TrainedModelDropouts(const Config& c) {
+  std::vector<std::pair<std::string, double>> trained = {{"student", c.student.dropout}};
+  if (c.train.mode == Mode::kDistill && c.teacher.pretrain_steps > 0) {
+    trained.emplace_back("teacher", c.teacher.dropout);
+  }
+  return trained;
+}
+
 bool HasLeadingZero(const std::string& scalar) {
   const size_t start = !scalar.empty() && (scalar[0] == '-' || scalar[0] == '+') ? 1 : 0;
   if (scalar.size() < start + 2 || scalar[start] != '0') return false;

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -32,5 +33,10 @@ const std::vector<KeyDecl>& Keys();
 // octal, YAML 1.2 as decimal, so no number key accepts it (a float "010" would be 10 here, 8 in
 // YAML 1.1).
 bool HasLeadingZero(const std::string& scalar);
+
+// The dropout of each model a run of `c` trains, by section: the student, and a teacher that the
+// pipeline pretrains first. train.activation_checkpointing needs every one 0 (the recomputed
+// forward would draw other dropout masks): the config's check and the out-of-memory advice.
+std::vector<std::pair<std::string, double>> TrainedModelDropouts(const Config& c);
 
 }  // namespace distill::internal

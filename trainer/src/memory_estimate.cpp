@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "config_schema.h"  // TrainedModelDropouts
 #include "distill/run.h"
 
 namespace distill {
@@ -363,11 +364,11 @@ std::string OutOfMemoryMessage(const std::string& what, const Config& config, bo
                                const Config& command) {
   std::vector<std::string> switches;
   // Activation checkpointing needs the trained models without dropout (the config refuses it
-  // otherwise): the student, and a teacher the pipeline pretrains first. Those of the command,
-  // which the override goes to: a pipeline's teacher stage does not know the student's dropout.
+  // otherwise). Those of the command too, which the override goes to: a pipeline's teacher stage
+  // does not know the student's dropout.
   const auto dropout = [](const Config& c) {
-    return c.student.dropout > 0 || (c.train.mode == Mode::kDistill &&
-                                     c.teacher.pretrain_steps > 0 && c.teacher.dropout > 0);
+    const auto trained = internal::TrainedModelDropouts(c);
+    return std::any_of(trained.begin(), trained.end(), [](const auto& m) { return m.second > 0; });
   };
   if (!config.train.activation_checkpointing && !dropout(config) && !dropout(command)) {
     switches.push_back("train.activation_checkpointing=true");
