@@ -46,14 +46,17 @@ std::string StudentName(const Config& config) {
 
 // `command`: the config the command gave, where `config` is one of its stages (a pipeline's,
 // or the baseline after a distillation).
+// `stage`: which of its stages ("teacher", "student", "baseline"); empty for the command's own run.
 ResultRow TrainOne(const Config& config, const std::string& name, const RunFlags& flags,
-                   const Config& command, std::function<void()> before_commit = {}) {
+                   const Config& command, const std::string& stage,
+                   std::function<void()> before_commit = {}) {
   Trainer trainer(config, RunOptions{flags.fresh,
                                      flags.quiet,
                                      flags.distributed,
                                      {flags.profile_steps, flags.profile_skip},
                                      std::move(before_commit),
-                                     &command});
+                                     &command,
+                                     stage});
   const EvalResult result = trainer.Train();
   return {name,
           config.train.out_dir,
@@ -204,8 +207,10 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
       });
     }
     rows.push_back(
-        TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags, config));
-    if (baseline) rows.push_back(TrainOne(*baseline, "student (hard labels)", flags, config));
+        TrainOne(config, distill ? StudentName(config) : "model (pretrained)", flags, config, ""));
+    if (baseline) {
+      rows.push_back(TrainOne(*baseline, "student (hard labels)", flags, config, "baseline"));
+    }
   } else {
     // The pipeline's own directory holds its config; --fresh clears all stages at once. Checked
     // now, written (and with --fresh deleted) only when the first stage has built its models and
@@ -223,13 +228,13 @@ std::vector<ResultRow> Run(const Config& config, const RunFlags& flags, std::ost
     RunFlags first_flags = flags;
     first_flags.fresh = plan.delete_first;
     try {
-      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", first_flags, config,
+      rows.push_back(TrainOne(TeacherStageConfig(config), "teacher", first_flags, config, "teacher",
                               [&] { CommitRunDir(config, plan); }));
-      rows.push_back(
-          TrainOne(StudentStageConfig(config), StudentName(config), stage_flags, config));
+      rows.push_back(TrainOne(StudentStageConfig(config), StudentName(config), stage_flags, config,
+                              "student"));
       if (config.train.baseline) {
-        rows.push_back(
-            TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags, config));
+        rows.push_back(TrainOne(BaselineStageConfig(config), "student (hard labels)", stage_flags,
+                                config, "baseline"));
       }
     } catch (...) {
       // A first stage that failed at start-up created no stage directory: undo the pipeline

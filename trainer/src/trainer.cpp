@@ -806,10 +806,21 @@ StepResult Trainer::Step() {
 std::string Trainer::NonFiniteCauses(const std::string& lr_detail) const {
   const std::string lr =
       fmt::format("a learning rate too high (optim.lr {}{})", config_.optim.lr, lr_detail);
-  if (!distill_) return lr + ", or non-finite initial weights (student.hf_dir)";
+  if (!distill_) {
+    // Initial weights come from a file only with hf_dir (a pipeline's teacher stage: the
+    // command's teacher.hf_dir).
+    if (config_.student.hf_dir.empty()) return lr;
+    return fmt::format("{}, or non-finite initial weights ({}.hf_dir)", lr,
+                       options_.stage == "teacher" ? "teacher" : "student");
+  }
   return fmt::format(
       "{}, an extreme distill.temperature ({}), or a teacher with non-finite weights", lr,
       config_.distill.temperature);
+}
+
+std::string Trainer::StepName(int64_t step) const {
+  if (options_.stage.empty()) return fmt::format("step {}", step);
+  return fmt::format("the {} stage ({}), step {}", options_.stage, config_.train.out_dir, step);
 }
 
 bool Trainer::SkipNonFinite(const StepResult& r) {
@@ -835,9 +846,9 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
                            CheckpointPath(config_.train.out_dir, checkpointed_step_))
                      : std::string("no checkpoint yet");
     throw NonFiniteError(fmt::format(
-        "step {}: {} is {} (non-finite); stopped before the optimizer step, so no non-finite "
+        "{}: {} is {} (non-finite); stopped before the optimizer step, so no non-finite "
         "weights were written ({}). Likely causes: {}; train.nonfinite=skip skips such steps",
-        step, term, value, last, hint));
+        StepName(step), term, value, last, hint));
   }
   if (graph_) {
     ZeroGradients(student_->parameters());  // in place: the graph (or its capture) adds into them
@@ -848,15 +859,15 @@ bool Trainer::SkipNonFinite(const StepResult& r) {
   const int64_t skipped = ++position_.skipped_steps;
   if (skipped > config_.train.max_skipped_steps) {
     throw NonFiniteError(
-        fmt::format("step {}: {} is {} (non-finite) and {} steps of this run were skipped, more "
+        fmt::format("{}: {} is {} (non-finite) and {} steps of this run were skipped, more "
                     "than train.max_skipped_steps ({}); the weights are finite. Likely causes: {}; "
                     "to skip more, raise train.max_skipped_steps and run again{}",
-                    step, term, value, skipped, config_.train.max_skipped_steps, hint,
+                    StepName(step), term, value, skipped, config_.train.max_skipped_steps, hint,
                     checkpointed_step_ >= 0 ? " (it resumes from the last checkpoint)" : ""));
   }
-  progress_->Warn(
-      fmt::format("step {}: {} is {} (non-finite); skipped the update ({} of at most {})", step,
-                  term, value, skipped, config_.train.max_skipped_steps));
+  progress_->Warn(fmt::format("{}: {} is {} (non-finite); skipped the update ({} of at most {})",
+                              StepName(step), term, value, skipped,
+                              config_.train.max_skipped_steps));
   return true;
 }
 
@@ -1052,7 +1063,7 @@ void Trainer::TrainUntil(int64_t stop_step) {
       // the command's, which the overrides go to).
       if (!IsOutOfMemory(e)) throw;
       throw MemoryError(fmt::format(
-          "step {}: {}", position_.step + 1,
+          "{}: {}", StepName(position_.step + 1),
           OutOfMemoryMessage(e.what_without_backtrace(), config_, device_.is_cuda(),
                              options_.command != nullptr ? *options_.command : config_)));
     }
@@ -1098,9 +1109,12 @@ EvalResult Trainer::Train() {
   TrainUntil(config_.train.steps);
   if (position_.step > 0 && position_.skipped_steps == position_.step) {
     throw NonFiniteError(fmt::format(
-        "all {} steps of this run were skipped as non-finite (train.nonfinite=skip): the {} was "
+        "{}all {} steps of this run were skipped as non-finite (train.nonfinite=skip): the {} was "
         "never updated, and running this command again repeats this error. Likely causes: {}; "
         "fix the cause and start over with --fresh (or another train.out_dir)",
+        options_.stage.empty()
+            ? ""
+            : fmt::format("the {} stage ({}): ", options_.stage, config_.train.out_dir),
         position_.step, distill_ ? "student" : "model", NonFiniteCauses("")));
   }
   EvalResult final_eval;

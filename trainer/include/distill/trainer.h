@@ -58,6 +58,9 @@ struct RunOptions {
   // that the out-of-memory advice names go to that command, so they must be ones its config
   // accepts.
   const Config* command = nullptr;
+  // Which stage of that command this run is ("teacher", "student", "baseline"); empty: a run of
+  // its own. The errors of its steps (out of memory, non-finite) name it with its directory.
+  std::string stage;
 
   // A run without console output (tests, examples): RunOptions::Quiet(/*fresh=*/true).
   static RunOptions Quiet(bool fresh = false, Distributed* distributed = nullptr) {
@@ -158,6 +161,9 @@ class Trainer {
   bool SkipNonFinite(const StepResult& r);
   // The likely causes of a non-finite step, for the errors (`lr_detail` follows optim.lr).
   std::string NonFiniteCauses(const std::string& lr_detail) const;
+  // "step N", or for a stage of a command "the teacher stage (<out_dir>), step N": how the
+  // errors and warnings of a step begin.
+  std::string StepName(int64_t step) const;
   // The step's micro-batches at `data_position` (this rank's share), prefetched or made now.
   std::vector<Batch> StepBatches(int64_t data_position);
   // AccumulateGradients' work queued on the device, its loss sums not read yet.
