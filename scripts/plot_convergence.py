@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns the CSVs of the `convergence` examples into PNG plots (matplotlib, Agg).
 
-    python3 scripts/plot_convergence.py CSV_DIR [OUT_DIR] [--prefix P] [--update-docs]
+Usage: python3 scripts/plot_convergence.py CSV_DIR [OUT_DIR] [--prefix P] [--update-docs]
 
 Reads every <name>_<dtype>.csv under CSV_DIR (recursively; only .csv files, so the .log files
 next to them are ignored) for the names kernel_vs_reference, ties, padded, distill_works,
@@ -110,6 +110,14 @@ PLOTS = {"kernel_vs_reference": (plot_kernel_vs_reference, 2), "ties": (plot_tie
 def parse(argv):
     """(CSV_DIR, OUT_DIR, prefix) from the command line; exits with the usage otherwise."""
     prefix, positional, i, update_docs = "convergence_", [], 1, False
+    if "-h" in argv[1:] or "--help" in argv[1:]:  # as the other plot scripts: stdout, 0
+        print(__doc__)
+        sys.exit(0)
+
+    def usage():
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+
     while i < len(argv):
         arg = argv[i]
         if arg == "--prefix" and i + 1 < len(argv):
@@ -120,12 +128,12 @@ def parse(argv):
         elif arg == "--update-docs":
             update_docs = True
         elif arg.startswith("-"):
-            sys.exit(__doc__)
+            usage()
         else:
             positional.append(arg)
         i += 1
     if len(positional) not in (1, 2):
-        sys.exit(__doc__)
+        usage()
     csv_dir = pathlib.Path(positional[0])
     out_dir = pathlib.Path(positional[1]) if len(positional) == 2 else csv_dir / "plots"
     refuse_docs_img(out_dir, update_docs)

@@ -1,12 +1,13 @@
 // convergence: the five convergence examples of docs/convergence.md, one subcommand each.
 //   convergence kernel_vs_reference|ties|padded|distill_works|divergences [--small]
-//               [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]
+//               [--device cpu|cuda|auto] [--dtype fp32|bf16] [--out DIR]
 // Exit code 0 when the experiment's assertions hold, 1 when one fails, 2 on a usage error.
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <string>
 
+#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include "experiments.h"
@@ -15,9 +16,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: convergence kernel_vs_reference|ties|padded|distill_works|divergences "
-    "[--small] [--device cpu|cuda] [--dtype fp32|bf16] [--out DIR]\n"
-    "  (docs/convergence.md: what each experiment shows; DIR, default out/convergence, gets the\n"
-    "  CSV and log of each run and the runs/ of the ones that train a teacher)\n";
+    "[--small] [--device cpu|cuda|auto] [--dtype fp32|bf16] [--out DIR]\n"
+    "  (docs/convergence.md: what each experiment shows; auto: cuda where a GPU is visible, else\n"
+    "  cpu; DIR, default out/convergence, gets the CSV of each run and the runs/ of the ones that\n"
+    "  train a teacher)\n";
 
 int Usage(const std::string& message) {
   std::fprintf(stderr, "convergence: %s\n%s", message.c_str(), kUsage);
@@ -49,7 +51,11 @@ int main(int argc, char** argv) {
       options.small = true;
     } else if (arg == "--device") {
       options.device = value();
-      if (options.device != "cpu" && options.device != "cuda") return Usage("--device: cpu|cuda");
+      // auto, as the trainer's train.device: auto (whose errors suggest it).
+      if (options.device == "auto") options.device = torch::cuda::is_available() ? "cuda" : "cpu";
+      if (options.device != "cpu" && options.device != "cuda") {
+        return Usage("--device: cpu|cuda|auto");
+      }
     } else if (arg == "--dtype") {
       options.dtype = value();
       if (options.dtype != "fp32" && options.dtype != "bf16") return Usage("--dtype: fp32|bf16");

@@ -157,6 +157,11 @@ def main():
     r = run(SCRIPTS / "plot_convergence.py", work / "no_csvs")
     check(r.returncode == 1 and "is not a directory" in r.stderr and not (work / "no_csvs").exists(),
           f"plot_convergence: {r.returncode} {r.stderr}")
+    r = run(SCRIPTS / "plot_convergence.py", "--help")
+    check(r.returncode == 0 and "Usage:" in r.stdout and not r.stderr,
+          f"plot_convergence --help: {r.returncode} {r.stdout} {r.stderr}")
+    r = run(SCRIPTS / "plot_convergence.py", "--bogus", work)
+    check(r.returncode == 2 and "Usage:" in r.stderr, f"plot_convergence --bogus: {r.returncode}")
 
     # The benches refuse a divergence or mode they do not know (instead of timing another one).
     r = run(ROOT / "bench" / "distill_bench.py", "--device", "cpu", "--divergences", "kl")
