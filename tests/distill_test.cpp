@@ -938,18 +938,18 @@ TEST(DistillLoss, BadInputsAreErrorsNamingWhatWasExpectedAndFound) {
             "");  // and a good call is none
 }
 
-// One CUDA call takes at most 2^27 rows (32-bit grids): one more is refused with what to do
-// instead, and 2^27 itself runs. The rows are one broadcast row (stride 0): no memory for them.
-TEST(DistillLoss, CudaTakesAtMost2To27RowsAndSaysWhatToDoBeyond) {
+// One CUDA call takes at most 2^27 - 1 rows (32-bit grids): one more is refused with what to do
+// instead, and 2^27 - 1 runs. The rows are one broadcast row (stride 0): no memory for them.
+TEST(DistillLoss, CudaRefusesMoreRowsThanItsGridsTakeAndSaysWhatToDo) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::Tensor row = at::randn({1, 3}, opts);
-  const int64_t most = int64_t{1} << 27;
+  const int64_t most = (int64_t{1} << 27) - 1;
   const std::string refused = error_of([&] {
     distill_loss(row.expand({most + 1, 3}), row.expand({most + 1, 3}), {});
   });
-  EXPECT_NE(refused.find("at most 2^27 (134217728) rows per call on CUDA; got 134217729: call it "
-                         "on slices of the rows"),
+  EXPECT_NE(refused.find("at most 2^27 - 1 (134217727) rows per call on CUDA; got 134217728: "
+                         "call it on slices of the rows"),
             std::string::npos)
       << refused;
   const at::Tensor s = row.expand({most, 3}).detach().requires_grad_(true);

@@ -43,7 +43,7 @@ kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, dou
 // (callable on their own, with statistics of any origin).
 void check_cuda_rows(const DistillInputs& in) {
   TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX},
-              "lossfns.distill_loss: at most 2^27 (134217728) rows per call on CUDA; got ",
+              "lossfns.distill_loss: at most 2^27 - 1 (134217727) rows per call on CUDA; got ",
               num(in.rows),
               ": call it on slices of the rows (with reduction \"sum\" or \"none\", the slices' "
               "results add up or concatenate to the whole's) or on the CPU");
