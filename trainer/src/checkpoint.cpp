@@ -259,6 +259,14 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
           "u+r, and run the same command again)",
           path, std::strerror(error)));
     }
+    // Nor is a process out of file descriptors or memory: the same command may open it later.
+    if (error == EMFILE || error == ENFILE || error == ENOMEM) {
+      throw FileError(fmt::format(
+          "{}: cannot be opened now: {} (this process's limits, not the file: the checkpoint may "
+          "be intact; raise the limit, e.g. ulimit -n, or free memory, and run the same command "
+          "again)",
+          path, std::strerror(error)));
+    }
     throw CorruptCheckpointError(
         fmt::format("{}: cannot be opened: {}", path, std::strerror(error)));
   }
