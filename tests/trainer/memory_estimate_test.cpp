@@ -305,6 +305,46 @@ TEST(MemoryEstimateTest, OutOfMemoryNamesWhatNeedsLess) {
 // What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), the CPU allocator's
 // refusal, which c10 raises as a plain enforce failure, and CUDA's, cuBLAS's and cuDNN's own
 // allocation failures; no other error.
+// The CPU's memory limit is the smallest of the cgroup hierarchy's root as mounted (a
+// container's own group) and the process's own group and its parents (systemd-run -p MemoryMax=,
+// Slurm), cgroup v2 and v1; "max" and v1's huge default are no limit.
+TEST(MemoryEstimateTest, CgroupLimitIsTheSmallestOnTheProcesssPath) {
+  const std::string root = TempRunDir();
+  auto write = [&](const std::string& path, const std::string& text) {
+    fs::create_directories(fs::path(root + path).parent_path());
+    testing::WriteBytes(root + path, text);
+  };
+  EXPECT_LT(CgroupMemoryLimit(root).bytes, 0);  // nothing there: no limit
+  write("/proc/self/cgroup", "0::/user.slice/job.scope\n");
+  write("/sys/fs/cgroup/memory.max", "max\n");
+  write("/sys/fs/cgroup/user.slice/job.scope/memory.max", "max\n");
+  EXPECT_LT(CgroupMemoryLimit(root).bytes, 0);
+  write("/sys/fs/cgroup/user.slice/memory.max", "3221225472\n");  // a parent's limit applies
+  AvailableMemory limit = CgroupMemoryLimit(root);
+  EXPECT_EQ(limit.bytes, 3221225472.0);
+  EXPECT_EQ(limit.source,
+            "the memory limit of this process's cgroup (/sys/fs/cgroup/user.slice/memory.max)");
+  write("/sys/fs/cgroup/user.slice/job.scope/memory.max", "2147483648\n");
+  EXPECT_EQ(CgroupMemoryLimit(root).bytes, 2147483648.0);
+  // v1 (here beside v2, as in a hybrid layout): the memory controller's line, its own tree.
+  write("/proc/self/cgroup", "4:cpu,memory:/slurm/uid_0/job_7\n0::/user.slice/job.scope\n");
+  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  write("/sys/fs/cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes", "1073741824\n");
+  limit = CgroupMemoryLimit(root);
+  EXPECT_EQ(limit.bytes, 1073741824.0);
+  EXPECT_NE(limit.source.find("/sys/fs/cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes"),
+            std::string::npos)
+      << limit.source;
+  // A path outside the namespace's root is not read below the mount.
+  write("/proc/self/cgroup", "0::/../../elsewhere\n");
+  write("/sys/fs/cgroup/elsewhere/memory.max", "1024\n");
+  EXPECT_LT(CgroupMemoryLimit(root).bytes, 0);
+  // The mount's own limit (a container with its own cgroup namespace, "0::/").
+  write("/proc/self/cgroup", "0::/\n");
+  write("/sys/fs/cgroup/memory.max", "536870912\n");
+  EXPECT_EQ(CgroupMemoryLimit(root).bytes, 536870912.0);
+}
+
 TEST(MemoryEstimateTest, OutOfMemoryIsRecognised) {
   const auto caught = [](const std::function<void()>& f) -> bool {
     try {

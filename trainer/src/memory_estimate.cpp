@@ -303,15 +303,48 @@ AvailableMemory DeviceMemory(const c10::Device& device) {
       m = {static_cast<double>(pages) * page, "physical memory (sysconf)"};
     }
   }
-  // A container's limit (cgroup v2, then v1; "max" and v1's huge default read as no limit).
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    const double limit = ReadNumberAfter(path, "");
-    if (limit > 0 && limit < 1e18 && (m.bytes < 0 || limit < m.bytes)) {
-      m = {limit, fmt::format("the memory limit of this cgroup ({})", path)};
+  const AvailableMemory limit = CgroupMemoryLimit();
+  if (limit.bytes > 0 && (m.bytes < 0 || limit.bytes < m.bytes)) m = limit;
+  return m;
+}
+
+AvailableMemory CgroupMemoryLimit(const std::string& root) {
+  AvailableMemory smallest;
+  auto consider = [&](const std::string& file) {
+    const double limit = ReadNumberAfter(root + file, "");  // "max": no number, no limit
+    if (limit > 0 && limit < 1e18 && (smallest.bytes < 0 || limit < smallest.bytes)) {
+      smallest = {limit, fmt::format("the memory limit of this process's cgroup ({})", file)};
+    }
+  };
+  struct Hierarchy {
+    std::string mount, file;
+  };
+  const Hierarchy v2{"/sys/fs/cgroup", "memory.max"};
+  const Hierarchy v1{"/sys/fs/cgroup/memory", "memory.limit_in_bytes"};
+  // The hierarchy's root as mounted: a container's own group where it has a cgroup namespace.
+  for (const Hierarchy* h : {&v2, &v1}) consider(h->mount + "/" + h->file);
+  // The process's own group and every group above it (a parent's limit applies too): where the
+  // mount shows the whole tree (systemd-run -p MemoryMax=, Slurm, a container without a cgroup
+  // namespace). Lines "0::/a/b" (v2) and "4:memory:/a/b" (v1, controllers comma-separated).
+  std::ifstream in(root + "/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(first + 1, second - first - 1) + ",";
+    std::string path = line.substr(second + 1);
+    const Hierarchy* h = line.compare(0, first, "0") == 0 && controllers == ",," ? &v2
+                         : controllers.find(",memory,") != std::string::npos     ? &v1
+                                                                                 : nullptr;
+    // (A path outside this namespace's root, "/../x", is not below the mount.)
+    if (h == nullptr || path.rfind('/', 0) != 0 || path.find("/..") != std::string::npos) {
+      continue;
+    }
+    while (path.size() > 1) {  // "/a/b", then "/a"; the root was considered above
+      consider(h->mount + path + "/" + h->file);
+      path.resize(path.rfind('/'));
     }
   }
-  return m;
+  return smallest;
 }
 
 std::string FormatEstimate(const MemoryEstimate& e, const c10::Device& device,

@@ -61,8 +61,14 @@ MemoryEstimate EstimateMemory(const Config& config, c10::DeviceType device_type,
                               int world_size = 1);
 
 // Free memory of `device` (CUDA: cudaMemGetInfo through c10's device allocator) or physical
-// memory (CPU: /proc/meminfo MemTotal, else sysconf; capped by a cgroup memory limit).
+// memory (CPU: /proc/meminfo MemTotal, else sysconf; capped by CgroupMemoryLimit).
 AvailableMemory DeviceMemory(const c10::Device& device);
+
+// The smallest memory limit that applies to this process (cgroup v2's memory.max, v1's
+// memory.limit_in_bytes): of the hierarchy's root as mounted (a container's own group), and of
+// the process's group in /proc/self/cgroup and every group above it. `bytes` < 0: none.
+// `root`: a prefix for every path read (tests build a tree there).
+AvailableMemory CgroupMemoryLimit(const std::string& root = "");
 
 // "memory estimate: 12.3 MiB on cpu (...terms...); 23.5 GiB physical memory of cpu (...)".
 std::string FormatEstimate(const MemoryEstimate& estimate, const c10::Device& device,
