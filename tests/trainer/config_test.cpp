@@ -2,7 +2,10 @@
 // where, which key, what was expected and what was found.
 #include <sys/stat.h>
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -1088,6 +1091,41 @@ TEST(ConfigTest, SecondYamlDocumentIsAnErrorNamingTheLine) {
   EXPECT_EQ(ErrorOf("---\n" + std::string(kValidDistill)), "");  // one document, marked
 }
 
+// Every number key's range, read from its own "expected" text: a closed bound is accepted (or
+// refused by another key's rule, never by its own range), an open bound and a value just beyond
+// either bound are refused with the key and its range. The sweep walks the schema: a key added
+// later is swept too.
+TEST(ConfigTest, EveryNumberRangeAcceptsItsBoundsAndRefusesJustBeyond) {
+  const std::regex range(R"(^(a number|an integer) in ([\[(])([^,]+), ([^\])]+)([\])]))");
+  auto step = [](const std::string& bound, bool integer, int direction) {
+    if (integer) return std::to_string(std::stoll(bound) + direction);
+    const double v = std::stod(bound);
+    return fmt::format("{}", v == 0 ? direction * 1e-300 : v + direction * std::fabs(v) * 1e-9);
+  };
+  int swept = 0;
+  for (const auto& k : internal::Keys()) {
+    std::smatch m;
+    if (!std::regex_search(k.expected, m, range)) continue;
+    ++swept;
+    const bool integer = m[1] == "an integer";
+    const std::string own = k.path + ": expected " + m[0].str();
+    const std::string lo = m[3], hi = m[4];
+    for (const auto& [bound, closed, direction] :
+         {std::tuple{lo, m[2] == "[", -1}, std::tuple{hi, m[5] == "]", +1}}) {
+      const std::string at = ErrorOf(kValidDistill, {k.path + "=" + bound});
+      if (closed) {
+        EXPECT_EQ(at.find(own), std::string::npos) << k.path << "=" << bound << ": " << at;
+      } else {
+        EXPECT_NE(at.find(own), std::string::npos) << k.path << "=" << bound << ": " << at;
+      }
+      const std::string past = step(bound, integer, direction);
+      const std::string beyond = ErrorOf(kValidDistill, {k.path + "=" + past});
+      EXPECT_NE(beyond.find(own), std::string::npos) << k.path << "=" << past << ": " << beyond;
+    }
+  }
+  EXPECT_GE(swept, 50);  // the schema's number keys (55 when this test was written)
+}
+
 TEST(ConfigTest, SizesAreRangeCheckedAgainstOverflow) {
   EXPECT_EQ(ErrorOf(kValidDistill, {"data.batch_size=9223372036854775807"}),
             "override \"data.batch_size=9223372036854775807\": data.batch_size: expected an "
@@ -1095,8 +1133,12 @@ TEST(ConfigTest, SizesAreRangeCheckedAgainstOverflow) {
   EXPECT_NE(ErrorOf(kValidDistill, {"train.steps=1099511627777"})
                 .find("train.steps: expected an integer in [1, 1099511627776]"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(kValidDistill, {"train.grad_accum=2000000"}), "");
-  EXPECT_NE(ErrorOf(kValidDistill, {"train.eval_batches=2000000"}), "");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.grad_accum=2000000"}),
+            "override \"train.grad_accum=2000000\": train.grad_accum: expected an integer in [1, "
+            "1048576], got \"2000000\"");
+  EXPECT_EQ(ErrorOf(kValidDistill, {"train.eval_batches=2000000"}),
+            "override \"train.eval_batches=2000000\": train.eval_batches: expected an integer in "
+            "[1, 1048576], got \"2000000\"");
   // Each in range, the products not: tokens per micro-batch and per step.
   EXPECT_EQ(ErrorOf(kValidDistill, {"student.context_length=4096", "teacher.context_length=4096",
                                     "data.seq_len=4096", "data.batch_size=1048576"}),
