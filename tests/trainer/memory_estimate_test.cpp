@@ -302,9 +302,6 @@ TEST(MemoryEstimateTest, OutOfMemoryNamesWhatNeedsLess) {
   }
 }
 
-// What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), the CPU allocator's
-// refusal, which c10 raises as a plain enforce failure, and CUDA's, cuBLAS's and cuDNN's own
-// allocation failures; no other error.
 // The CPU's memory limit is the smallest of the cgroup hierarchy's root as mounted (a
 // container's own group) and the process's own group and its parents (systemd-run -p MemoryMax=,
 // Slurm), cgroup v2 and v1; "max" and v1's huge default are no limit.
@@ -323,7 +320,8 @@ TEST(MemoryEstimateTest, CgroupLimitIsTheSmallestOnTheProcesssPath) {
   AvailableMemory limit = CgroupMemoryLimit(root);
   EXPECT_EQ(limit.bytes, 3221225472.0);
   EXPECT_EQ(limit.source,
-            "the memory limit of this process's cgroup (/sys/fs/cgroup/user.slice/memory.max)");
+            "the memory limit of this process's cgroup or one above it "
+            "(/sys/fs/cgroup/user.slice/memory.max)");
   write("/sys/fs/cgroup/user.slice/job.scope/memory.max", "2147483648\n");
   EXPECT_EQ(CgroupMemoryLimit(root).bytes, 2147483648.0);
   // v1 (here beside v2, as in a hybrid layout): the memory controller's line, its own tree.
@@ -345,6 +343,9 @@ TEST(MemoryEstimateTest, CgroupLimitIsTheSmallestOnTheProcesssPath) {
   EXPECT_EQ(CgroupMemoryLimit(root).bytes, 536870912.0);
 }
 
+// What counts as out of memory: c10's OutOfMemoryError (CUDA's allocator), the CPU allocator's
+// refusal, which c10 raises as a plain enforce failure, and CUDA's, cuBLAS's and cuDNN's own
+// allocation failures; no other error.
 TEST(MemoryEstimateTest, OutOfMemoryIsRecognised) {
   const auto caught = [](const std::function<void()>& f) -> bool {
     try {

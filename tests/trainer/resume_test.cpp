@@ -1169,9 +1169,6 @@ TEST(ResumeTest, PruningLeavesACheckpointTheResumeSkippedOutOfTheCount) {
             (std::vector<std::string>{"step_0000008.pt", "step_6.pt"}));
 }
 
-// A zip archive that torch reads but that the trainer did not write (a TorchScript module, a
-// file of another program) is a damaged checkpoint: refused naming the file and what is wrong in
-// it, not with torch's internal assertion, and a resume falls back to the previous checkpoint.
 // A checkpoint the process cannot open for want of file descriptors is not damaged: the error
 // says so (run again), where a damaged one would be skipped for the one before it.
 TEST(ResumeTest, ACheckpointThatCannotBeOpenedForWantOfDescriptorsIsNotDamaged) {
@@ -1181,28 +1178,38 @@ TEST(ResumeTest, ACheckpointThatCannotBeOpenedForWantOfDescriptorsIsNotDamaged) 
   Trainer(c, RunOptions::Quiet()).Train();
   const std::string step2 = CheckpointPath(c.train.out_dir, 2);
   Model model = MakeModel(c.student);
-  const int lowest_free = dup(0);  // what the next open would get
+  const int lowest_free = ::open("/dev/null", O_RDONLY);  // what the next open would get
   ASSERT_GE(lowest_free, 0);
-  close(lowest_free);
-  rlimit saved{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  rlimit limited = saved;
-  limited.rlim_cur = static_cast<rlim_t>(lowest_free);  // the next open fails: EMFILE
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &limited), 0);
+  ::close(lowest_free);
   std::string what = "nothing thrown";
-  try {
-    LoadWeights(step2, *model, at::Device(at::kCPU));
-  } catch (const CorruptCheckpointError& e) {
-    what = std::string("damaged: ") + e.what();
-  } catch (const FileError& e) {
-    what = e.what();
+  {
+    // Lowered for this scope only, whatever is thrown (the later tests need descriptors).
+    struct DescriptorLimit {
+      rlimit saved{};
+      explicit DescriptorLimit(int most) {
+        getrlimit(RLIMIT_NOFILE, &saved);
+        rlimit limited = saved;
+        limited.rlim_cur = static_cast<rlim_t>(most);
+        EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &limited), 0);
+      }
+      ~DescriptorLimit() { setrlimit(RLIMIT_NOFILE, &saved); }
+    } limit(lowest_free);  // the next open fails: EMFILE
+    try {
+      LoadWeights(step2, *model, at::Device(at::kCPU));
+    } catch (const CorruptCheckpointError& e) {
+      what = std::string("damaged: ") + e.what();
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
   }
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
   EXPECT_THAT(what, ::testing::HasSubstr(step2 + ": cannot be opened now: Too many open files "
-                                                 "(this process's limits, not the file"));
+                                                 "(this process's descriptor limit, not the file"));
   EXPECT_NO_THROW(LoadWeights(step2, *model, at::Device(at::kCPU)));  // intact
 }
 
+// A zip archive that torch reads but that the trainer did not write (a TorchScript module, a
+// file of another program) is a damaged checkpoint: refused naming the file and what is wrong in
+// it, not with torch's internal assertion, and a resume falls back to the previous checkpoint.
 TEST(ResumeTest, AnArchiveTheTrainerDidNotWriteIsADamagedCheckpoint) {
   Config c = TinyConfig(TempRunDir());
   c.train.steps = 4;

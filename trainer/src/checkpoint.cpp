@@ -249,6 +249,7 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
                     "file",
                     path));
   }
+  errno = 0;  // the open's own error below, not an earlier one
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;
@@ -259,13 +260,19 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
           "u+r, and run the same command again)",
           path, std::strerror(error)));
     }
-    // Nor is a process out of file descriptors or memory: the same command may open it later.
-    if (error == EMFILE || error == ENFILE || error == ENOMEM) {
+    // Nor is a process or system out of file descriptors or memory: the same command may open
+    // it later.
+    const char* want = error == EMFILE   ? "this process's descriptor limit, not the file: raise "
+                                           "it (ulimit -n)"
+                       : error == ENFILE ? "the system's open-file table, not the file: close "
+                                           "files or raise fs.file-max"
+                       : error == ENOMEM ? "the system's memory, not the file: free memory"
+                                         : nullptr;
+    if (want != nullptr) {
       throw FileError(fmt::format(
-          "{}: cannot be opened now: {} (this process's limits, not the file: the checkpoint may "
-          "be intact; raise the limit, e.g. ulimit -n, or free memory, and run the same command "
+          "{}: cannot be opened now: {} ({}; the checkpoint may be intact: run the same command "
           "again)",
-          path, std::strerror(error)));
+          path, std::strerror(error), want));
     }
     throw CorruptCheckpointError(
         fmt::format("{}: cannot be opened: {}", path, std::strerror(error)));

@@ -313,7 +313,9 @@ AvailableMemory CgroupMemoryLimit(const std::string& root) {
   auto consider = [&](const std::string& file) {
     const double limit = ReadNumberAfter(root + file, "");  // "max": no number, no limit
     if (limit > 0 && limit < 1e18 && (smallest.bytes < 0 || limit < smallest.bytes)) {
-      smallest = {limit, fmt::format("the memory limit of this process's cgroup ({})", file)};
+      smallest = {
+          limit,
+          fmt::format("the memory limit of this process's cgroup or one above it ({})", file)};
     }
   };
   struct Hierarchy {
@@ -321,7 +323,10 @@ AvailableMemory CgroupMemoryLimit(const std::string& root) {
   };
   const Hierarchy v2{"/sys/fs/cgroup", "memory.max"};
   const Hierarchy v1{"/sys/fs/cgroup/memory", "memory.limit_in_bytes"};
-  // The hierarchy's root as mounted: a container's own group where it has a cgroup namespace.
+  // The hierarchies where distributions and container runtimes mount them (not looked up in
+  // /proc/self/mountinfo: a hierarchy mounted elsewhere gives no limit, and a bind mount of a
+  // group below the root is read at its root). The root as mounted: a container's own group
+  // where it has a cgroup namespace.
   for (const Hierarchy* h : {&v2, &v1}) consider(h->mount + "/" + h->file);
   // The process's own group and every group above it (a parent's limit applies too): where the
   // mount shows the whole tree (systemd-run -p MemoryMax=, Slurm, a container without a cgroup

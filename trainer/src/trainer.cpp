@@ -1035,11 +1035,11 @@ void Trainer::LogEval(const EvalResult& r) {
                       (!distill_ || (std::isfinite(r.teacher_val_loss) && std::isfinite(r.val_kd)));
   if (!finite) {
     const std::string warning = fmt::format(
-        "warning: step {}: the validation losses are not finite (val_loss {}{}): the logits "
+        "warning: {}: the validation losses are not finite (val_loss {}{}): the logits "
         "overflow on some validation tokens. Likely causes: huge weights (1e38 or so) in rows of "
         "the embedding or lm_head that the training data never reaches, or validation data from "
         "another tokenizer; check them before using the model",
-        position_.step, LogNumber(r.val_loss, 4),
+        StepName(position_.step), LogNumber(r.val_loss, 4),
         distill_ ? fmt::format(", teacher {}, val_kd {}", LogNumber(r.teacher_val_loss, 4),
                                LogNumber(r.val_kd, 4))
                  : "");
