@@ -818,9 +818,14 @@ std::string Trainer::NonFiniteCauses(const std::string& lr_detail) const {
       config_.distill.temperature);
 }
 
+std::string Trainer::StageName() const {
+  if (options_.stage.empty()) return "";
+  return fmt::format("the {} stage ({})", options_.stage, config_.train.out_dir);
+}
+
 std::string Trainer::StepName(int64_t step) const {
-  if (options_.stage.empty()) return fmt::format("step {}", step);
-  return fmt::format("the {} stage ({}), step {}", options_.stage, config_.train.out_dir, step);
+  const std::string stage = StageName();
+  return stage.empty() ? fmt::format("step {}", step) : fmt::format("{}, step {}", stage, step);
 }
 
 bool Trainer::SkipNonFinite(const StepResult& r) {
@@ -1112,10 +1117,8 @@ EvalResult Trainer::Train() {
         "{}all {} steps of this run were skipped as non-finite (train.nonfinite=skip): the {} was "
         "never updated, and running this command again repeats this error. Likely causes: {}; "
         "fix the cause and start over with --fresh (or another train.out_dir)",
-        options_.stage.empty()
-            ? ""
-            : fmt::format("the {} stage ({}): ", options_.stage, config_.train.out_dir),
-        position_.step, distill_ ? "student" : "model", NonFiniteCauses("")));
+        options_.stage.empty() ? "" : StageName() + ": ", position_.step,
+        distill_ ? "student" : "model", NonFiniteCauses("")));
   }
   EvalResult final_eval;
   if (last_eval_) {

@@ -161,8 +161,9 @@ class Trainer {
   bool SkipNonFinite(const StepResult& r);
   // The likely causes of a non-finite step, for the errors (`lr_detail` follows optim.lr).
   std::string NonFiniteCauses(const std::string& lr_detail) const;
-  // "step N", or for a stage of a command "the teacher stage (<out_dir>), step N": how the
-  // errors and warnings of a step begin.
+  // "the teacher stage (<out_dir>)" for a stage of a command, else "".
+  std::string StageName() const;
+  // "step N", or for a stage "<StageName()>, step N": how the errors and warnings of a step begin.
   std::string StepName(int64_t step) const;
   // The step's micro-batches at `data_position` (this rank's share), prefetched or made now.
   std::vector<Batch> StepBatches(int64_t data_position);
