@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -262,19 +263,29 @@ def worker(spec_path: str) -> None:
 def parity(trainer: dict, port: dict, steps: int, bf16: bool) -> dict:
     """Loss terms and gradient norms of the first `steps` steps: |a - b| <= atol + rtol * |b|.
     fp32: rtol 1e-4 (the same ops in another order of float sums; 1e-6 seen on CPU), bf16:
-    rtol 2e-2 for the losses, 5e-2 for the gradient norm (bf16 rounding, guessed, not measured)."""
+    rtol 2e-2 for the losses, 5e-2 for the gradient norm (bf16 rounding, guessed, not measured).
+    A step either side lacks, or a value only one side has (the trainer writes a non-finite
+    value as null; a pretraining row has no kd_loss on either side), fails the check: parity
+    that compared nothing is no parity."""
     rtol_loss, rtol_norm, atol = (2e-2, 5e-2, 1e-5) if bf16 else (1e-4, 1e-3, 1e-6)
-    worst, ok = 0.0, True
-    for t, p in zip(trainer["records"][:steps], port["records"][:steps]):
+    worst, ok, compared = 0.0, True, 0
+    records = list(zip(trainer["records"][:steps], port["records"][:steps]))
+    ok = len(records) == steps
+    for t, p in records:
         for key, rtol in (("loss", rtol_loss), ("kd_loss", rtol_loss), ("ce_loss", rtol_loss),
                           ("grad_norm", rtol_norm)):
             a, b = p.get(key), t.get(key)
-            if a is None or b is None:
+            if a is None and b is None:
+                continue
+            if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+                ok = False
                 continue
             diff = abs(a - b)
             worst = max(worst, diff / max(abs(b), 1e-12))
             ok = ok and diff <= atol + rtol * abs(b)
-    return {"ok": ok, "max_rel_diff": worst, "steps": min(steps, len(port["records"]))}
+            compared += 1
+    return {"ok": ok and compared > 0, "max_rel_diff": worst, "steps": len(records),
+            "values_compared": compared}
 
 
 def flops_per_step(config: dict) -> float:

@@ -24,7 +24,8 @@ instructions that LibTorch's kernels pick): on another CPU type the last digits 
 block's opening comment records the CPU it was generated on (vendor, family/model, the vector
 extensions that matter); on a different CPU a mismatch of the last digits is not a failure: the
 script prints the diff and exits 77 (ctest: skipped). A changed PASS/FAIL, or a number off by more
-than half of it + 0.5 (a broken build's zeros), fails on any CPU. Standard library only.
+than 10% of it + 1e-3, another table, word or parameter count fail on any CPU (see REL_TOL).
+Standard library only.
 """
 from __future__ import annotations
 
@@ -306,29 +307,49 @@ def opening(name: str, section: str, cpu: str) -> str:
             f"cpu: {cpu}) -->\n")
 
 
-# Another CPU type moves the last digits of a sum and, through them, a trajectory a little, and a
-# value at the rounding noise (a difference of 3e-9 where this CPU printed an exact 0, the name of
-# the worse of two nearly equal errors) may be printed in other words. What it does not do: turn a
-# PASS into a FAIL, or move a number by more than half of it plus 0.5 (a floor of 1.2770 printed
-# as 0.0000: a broken build). Those fail on any CPU; the rest of a difference is a skip there.
-REL_TOL, ABS_TOL = 0.5, 0.5
+# Another CPU type moves the last digits of a sum and, through them, a trajectory: measured on
+# an AMD EPYC (family 25 model 17) against the Intel Xeon the docs were made on, the quickstart's
+# distilled student ended at val_loss 1.7036 instead of 1.6838 (its excess over the floor
+# +0.4266 instead of +0.4068, 5% apart), the padded-vocabulary curve's val_kd 2% apart, and the
+# convergence examples bit for bit the same. A value at the rounding noise (3e-9 where this CPU
+# printed an exact 0) may also be printed in other words. What another CPU does not do: change
+# the table (its lines, labels and words), a parameter count, a PASS/FAIL, or move a number by
+# more than REL_TOL of it plus ABS_TOL (twice the largest difference measured; a distilled loss
+# equal to the hard-label one, a floor printed as 0.0000, an exact 0 turned into -5.9e-3 all
+# fail). Those fail on any CPU; the rest of a difference is a skip there.
+REL_TOL, ABS_TOL = 0.1, 1e-3
+NOISE = 1e-6  # a line that reads differently is allowed where its numbers are all this small
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 VERDICT = re.compile(r"\b(?:PASS|FAIL)\b")
 
 
+def words(line: str) -> str:
+    """A line without its numbers and its columns' padding (a wider number shifts them)."""
+    return " ".join(NUMBER.sub("#", line).split())
+
+
 def last_digits_only(doc_block: str, program_block: str) -> bool:
     """Whether another CPU type could print `program_block` where the doc has `doc_block`: the same
-    PASS/FAIL verdicts, and (where both have as many numbers) every number within REL_TOL relative
-    plus ABS_TOL absolute of the doc's."""
+    lines with the same words around the numbers (or, on a line, only noise-level numbers either
+    way), the same PASS/FAIL verdicts, integers of 4 digits or more (parameter counts) equal, and
+    every other number within REL_TOL relative plus ABS_TOL absolute of the doc's."""
     if VERDICT.findall(doc_block) != VERDICT.findall(program_block):
         return False
-    doc_numbers, program_numbers = NUMBER.findall(doc_block), NUMBER.findall(program_block)
-    if len(doc_numbers) != len(program_numbers):
-        return True  # a value printed in other words: not comparable number by number
-    for a, b in zip(doc_numbers, program_numbers):
-        x, y = float(a), float(b)
-        if abs(x - y) > REL_TOL * max(abs(x), abs(y)) + ABS_TOL:
+    doc_lines, program_lines = doc_block.splitlines(), program_block.splitlines()
+    if len(doc_lines) != len(program_lines):
+        return False
+    for doc_line, program_line in zip(doc_lines, program_lines):
+        doc_numbers, program_numbers = NUMBER.findall(doc_line), NUMBER.findall(program_line)
+        if words(doc_line) != words(program_line):
+            if all(abs(float(x)) <= NOISE for x in doc_numbers + program_numbers):
+                continue  # e.g. "0 (bit-identical)" where another CPU prints "3.1e-9"
             return False
+        for a, b in zip(doc_numbers, program_numbers):
+            x, y = float(a), float(b)
+            if re.fullmatch(r"[-+]?\d{4,}", a) and a != b:
+                return False
+            if abs(x - y) > REL_TOL * max(abs(x), abs(y)) + ABS_TOL:
+                return False
     return True
 
 
@@ -404,8 +425,9 @@ def main() -> int:
         if other_cpu and far:
             print(f"doc_numbers: the doc's numbers were generated on another CPU type "
                   f"({'; '.join(sorted(other_cpu))}), but block(s) {', '.join(far)} differ by more "
-                  f"than another CPU's last digits (a PASS/FAIL, or a number off by more than "
-                  f"{REL_TOL:.0%} of it + {ABS_TOL:g}): a failure on any CPU", file=sys.stderr)
+                  f"than another CPU's last digits (another line, word or parameter count, a "
+                  f"PASS/FAIL, or a number off by more than {REL_TOL:.0%} of it + {ABS_TOL:g}): a "
+                  "failure on any CPU", file=sys.stderr)
         print(f"doc_numbers: to regenerate: python3 scripts/doc_numbers.py {args.section} "
               f"--build BUILD_DIR --update", file=sys.stderr)
         return 1

@@ -104,6 +104,14 @@ if ! smollm2_complete && [ "$PYTHON" = "$VENV/bin/python" ] && [ "${LOSSFNS_PREP
 fi
 SMOLLM2_ENV=""
 smollm2_complete && SMOLLM2_ENV="$SMOLLM2_DIR"
+# What this set-up promises the tests (ctest's setup.* tests check it, so that a set-up that
+# failed part-way fails CI instead of turning tests into skips): our own venv has every package
+# of PY_EXTRAS, and SmolLM2 prepared unless LOSSFNS_PREPARE_SMOLLM2=0.
+SETUP_CHECKS=""
+if [ "$PYTHON" = "$VENV/bin/python" ]; then
+  SETUP_CHECKS="python"
+  [ "${LOSSFNS_PREPARE_SMOLLM2:-1}" = 0 ] || SETUP_CHECKS="python,smollm2"
+fi
 
 TORCH_PREFIX="$("$PYTHON" -W ignore -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
 mkdir -p "$BUILD_DIR"
@@ -111,6 +119,7 @@ cat >"$BUILD_DIR/setup.env.tmp" <<ENV
 LOSSFNS_PYTHON=$PYTHON
 TORCH_PREFIX=$TORCH_PREFIX
 LOSSFNS_SMOLLM2_DIR=$SMOLLM2_ENV
+LOSSFNS_SETUP_CHECKS=$SETUP_CHECKS
 ENV
 mv "$BUILD_DIR/setup.env.tmp" "$BUILD_DIR/setup.env"
 log "python: $PYTHON"

@@ -3,10 +3,13 @@
 // model families, with a padded vocabulary and a cross-entropy term. The suite is named
 // Training* so that `ctest -R "distill\.Training"` runs it with the other training tests.
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <set>
 #include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/utils.h>
 
@@ -66,6 +69,24 @@ void ExpectClose(double fused, double unfused, const std::string& what) {
   EXPECT_NEAR(fused, unfused, kAtol + kRtol * std::abs(unfused)) << what;
 }
 
+// The dispatcher ops that `f` calls on this thread (their RecordFunction names, such as
+// "lossfns::fused_linear_distill_loss"): which path a trainer took, seen from outside it.
+std::set<std::string>* recorded_ops = nullptr;
+std::set<std::string> OpsCalledBy(const std::function<void()>& f) {
+  std::set<std::string> names;
+  recorded_ops = &names;
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        recorded_ops->insert(fn.name());
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  f();
+  at::removeCallback(handle);
+  recorded_ops = nullptr;
+  return names;
+}
+
 class TrainingFusedLinearTest : public ::testing::TestWithParam<ModelFamily> {};
 
 TEST_P(TrainingFusedLinearTest, StepsMatchTheLogitsPath) {
@@ -82,8 +103,17 @@ TEST_P(TrainingFusedLinearTest, StepsMatchTheLogitsPath) {
   const Batch batch = unfused.data().TrainBatch(0);
   unfused.optimizer().zero_grad(true);
   fused.optimizer().zero_grad(true);
-  const StepResult u0 = unfused.AccumulateGradients({batch});
-  const StepResult f0 = fused.AccumulateGradients({batch});
+  StepResult u0, f0;
+  // Each trainer took the path it was configured for (the comparison below would pass
+  // trivially if both took the same one).
+  const std::set<std::string> unfused_ops =
+      OpsCalledBy([&] { u0 = unfused.AccumulateGradients({batch}); });
+  const std::set<std::string> fused_ops =
+      OpsCalledBy([&] { f0 = fused.AccumulateGradients({batch}); });
+  EXPECT_EQ(fused_ops.count("lossfns::fused_linear_distill_loss"), 1u);
+  EXPECT_EQ(fused_ops.count("lossfns::distill_loss"), 0u);
+  EXPECT_EQ(unfused_ops.count("lossfns::fused_linear_distill_loss"), 0u);
+  EXPECT_EQ(unfused_ops.count("lossfns::distill_loss"), 1u);
   ExpectClose(f0.kd_loss, u0.kd_loss, "kd_loss");
   ExpectClose(f0.ce_loss, u0.ce_loss, "ce_loss");
   ExpectClose(f0.loss, u0.loss, "loss");

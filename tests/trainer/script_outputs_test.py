@@ -163,6 +163,25 @@ def main():
     r = run(SCRIPTS / "plot_convergence.py", "--bogus", work)
     check(r.returncode == 2 and "Usage:" in r.stderr, f"plot_convergence --bogus: {r.returncode}")
 
+    # A python without matplotlib (a stand-in module that fails to import hides the real one):
+    # every plotting script still prints its usage, and otherwise names the python and the fix
+    # in one line instead of an ImportError's traceback.
+    hidden = work / "no_matplotlib"
+    hidden.mkdir()
+    (hidden / "matplotlib.py").write_text("raise ImportError('hidden by the test')\n")
+    for script in ("plot_run.py", "plot_bench.py", "plot_distill.py", "plot_convergence.py"):
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(hidden)}
+        r = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], capture_output=True,
+                           text=True, env=env)
+        check(r.returncode == 0 and "usage" in r.stdout.lower() and not r.stderr,
+              f"{script} --help without matplotlib: {r.returncode} {r.stderr}")
+        r = subprocess.run([sys.executable, str(SCRIPTS / script), str(work / "x.json")],
+                           capture_output=True, text=True, env=env)
+        check(r.returncode == 1 and "Traceback" not in r.stderr and
+              f"{script}: error: matplotlib cannot be imported by {sys.executable} (hidden by the test)"
+              in r.stderr and "LOSSFNS_PYTHON" in r.stderr,
+              f"{script} without matplotlib: {r.returncode} {r.stderr}")
+
     # The benches refuse a divergence or mode they do not know (instead of timing another one).
     r = run(ROOT / "bench" / "distill_bench.py", "--device", "cpu", "--divergences", "kl")
     check(r.returncode == 2 and "--divergences: unknown ['kl']" in r.stderr,
@@ -171,15 +190,33 @@ def main():
     check(r.returncode == 2 and "--modes: expected some of trainer, eager, compile" in r.stderr,
           f"trainer_bench: {r.returncode} {r.stderr}")
 
+    QUICKSTART_ROWS = ("teacher 607360 1.3367 1.2770 +0.0597 runs/quickstart/teacher\n"
+                       "student (distilled) 106240 1.6838 1.2770 +0.4068 runs/quickstart/student\n"
+                       "student (hard labels) 106240 2.6756 1.2770 +1.3986 runs/quickstart/baseline")
     # doc_numbers.py: what another CPU type may print (last digits, a noise-level value in other
-    # words) against what it may not (a PASS turned FAIL, a broken build's zeros).
+    # words) against what it may not (another table, a PASS turned FAIL, a broken build's zeros).
     sys.path.insert(0, str(SCRIPTS))
     from doc_numbers import last_digits_only
     for doc, program, same in (("1.2770 | +0.0597", "1.2771 | +0.0601", True),
                                ("costs 0.023 nats", "costs 0.026 nats", True),
                                ("**0 (bit-identical)**", "3.1e-9", True),
                                ("| fp32 | PASS |", "| fp32 | FAIL |", False),
-                               ("floor 1.2770 excess +0.0597", "floor 0.0000 excess +1.3367", False)):
+                               ("floor 1.2770 excess +0.0597", "floor 0.0000 excess +1.3367", False),
+                               # measured: the quickstart's distilled row on an AMD EPYC (Zen 4)
+                               # against the Intel Xeon the doc was made on
+                               (QUICKSTART_ROWS, QUICKSTART_ROWS.replace("1.6838 1.2770 +0.4068",
+                                                                         "1.7036 1.2770 +0.4266"), True),
+                               # a distilled student no better than the hard-label one, a row
+                               # gone, a table gone, a parameter count, an exact 0 turned into a
+                               # value: on any CPU a failure
+                               (QUICKSTART_ROWS, QUICKSTART_ROWS.replace("1.6838 1.2770 +0.4068",
+                                                                         "2.6756 1.2770 +1.3986"), False),
+                               (QUICKSTART_ROWS, QUICKSTART_ROWS.rsplit("\n", 1)[0], False),
+                               (QUICKSTART_ROWS, "", False),
+                               (QUICKSTART_ROWS, QUICKSTART_ROWS.replace("106240", "106241", 1), False),
+                               ("| ties | 0 exactly |", "| ties | -5.882e-03 exactly |", False),
+                               ("| +0.0597 |", "|  -0.0597 |", False),
+                               ("| 12.3 | x |", "|  12.4 | x |", True)):
         check(last_digits_only(doc, program) == same, f"doc_numbers {doc!r} vs {program!r}")
     print("PASS")
 
