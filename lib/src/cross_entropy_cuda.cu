@@ -74,6 +74,9 @@ at::Tensor cross_entropy_backward_cuda(const at::Tensor& grad_output, const at::
                                        int64_t reduction, int64_t V) {
   const CrossEntropyInputs in = check_ce_inputs(logits, labels, reduction, V, kCudaDtypes, "CUDA");
   check_ce_backward_inputs(in, logits, stats, at::kFloat, grad_output, reduction);
+  TORCH_CHECK(scale.device() == logits.device(),
+              "lossfns._cross_entropy_backward: scale must be on the device of logits, ",
+              logits.device(), "; got ", scale.device());
   TORCH_CHECK(in.rows <= int64_t{INT32_MAX},
               "lossfns._cross_entropy_backward: at most 2^31 - 1 rows on CUDA; got ", num(in.rows));
   const c10::cuda::CUDAGuard guard(logits.device());

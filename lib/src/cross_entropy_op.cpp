@@ -70,6 +70,9 @@ void check_ce_backward_inputs(const CrossEntropyInputs& in, const at::Tensor& lo
   const int64_t n = reduction == kernels::kNone ? in.rows : 1;
   TORCH_CHECK(grad_output.numel() == n, op, ": grad_output must have ", num(n),
               " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
+  TORCH_CHECK(grad_output.device() == logits.device(), op,
+              ": grad_output must be on the device of logits, ", logits.device(), "; got ",
+              grad_output.device());
 }
 
 void check_ce_label_values(const CrossEntropyInputs& in, int64_t ignore_index,

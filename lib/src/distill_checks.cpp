@@ -116,6 +116,9 @@ void check_distill_backward(const DistillInputs& in, const at::Tensor& stats,
   const int64_t n = reduction == kernels::kNone ? in.rows : 1;
   TORCH_CHECK(grad_output.numel() == n, "lossfns._distill_backward: grad_output must have ", num(n),
               " element(s) (the loss's shape); got ", dims(grad_output.sizes()));
+  TORCH_CHECK(grad_output.device() == in.s.device(),
+              "lossfns._distill_backward: grad_output must be on the device of student_logits, ",
+              in.s.device(), "; got ", grad_output.device());
 }
 
 void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, const at::Tensor& stats,
@@ -129,9 +132,9 @@ void check_distill_ce_grad(const DistillInputs& in, const at::Tensor& grad, cons
       op, ": grad must be a contiguous (", num(in.rows), ", ", num(in.ws), ") ", in.s.scalar_type(),
       " tensor on ", in.s.device(), " (the student's logits' shape); got ", grad.scalar_type(), " ",
       dims(grad.sizes()), " on ", grad.device());
-  check_distill_backward(in, stats, stats_dtype, kd_weight, kernels::kNone);
   TORCH_CHECK(kd_weight.device() == in.s.device(), op, ": kd_weight must be on ", in.s.device(),
               "; got ", kd_weight.device());
+  check_distill_backward(in, stats, stats_dtype, kd_weight, kernels::kNone);
   if (!ce_weight.has_value() || !ce_weight->defined()) return;
   TORCH_CHECK(in.labels.defined(), op, ": a cross-entropy weight needs labels");
   TORCH_CHECK(ce_weight->numel() == in.rows && ce_weight->device() == in.s.device(), op,

@@ -102,6 +102,9 @@ at::Tensor distill_backward_cuda(const at::Tensor& grad_output, const at::Tensor
   const DistillInputs in =
       check_distill_inputs(s, t, labels, divergence, beta, temperature, V, kCudaDtypes, "CUDA");
   check_distill_backward(in, stats, at::kFloat, grad_output, reduction);
+  TORCH_CHECK(scale.device() == s.device(),
+              "lossfns._distill_backward: scale must be on the device of student_logits, ",
+              s.device(), "; got ", scale.device());
   check_cuda_rows(in);
   const c10::cuda::CUDAGuard guard(s.device());
   at::Tensor grad =
@@ -164,6 +167,12 @@ void distill_rescale_grad_cuda(at::Tensor& grad, const at::Tensor& grad_output,
   TORCH_CHECK(grad.is_contiguous() && grad_output.numel() == 1 && grad_scale.numel() == 1,
               "lossfns._distill_rescale_grad_: a contiguous gradient and 1-element grad_output and "
               "grad_scale");
+  TORCH_CHECK(grad_output.device() == grad.device(),
+              "lossfns._distill_rescale_grad_: grad_output must be on the device of grad, ",
+              grad.device(), "; got ", grad_output.device());
+  TORCH_CHECK(grad_scale.device() == grad.device(),
+              "lossfns._distill_rescale_grad_: grad_scale must be on the device of grad, ",
+              grad.device(), "; got ", grad_scale.device());
   if (grad.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(grad.device());
   const at::Tensor go = grad_output.to(at::kFloat).contiguous(),

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "cross_entropy_common.h"
@@ -112,17 +113,28 @@ at::ScalarType acc_dtype(const at::Tensor& x) {
 // and smaller GEMMs tile worse: 1.5-2% at V = 151936 with a 3 GiB cap, 2 chunks of 4096 instead
 // of 3 of 2752), but a 3 GiB cap also made the trainer's smollm2 step hold one chunk of 16384
 // tokens instead of two: +2.9 GiB of peak memory for no measurable speed (docs/fused_linear.md,
-// session 16). The op is chosen for its memory, so the cap stays at 2 GiB.
+// session 16). The op is chosen for its memory, so the cap stays at 2 GiB. An allocator that
+// cannot tell (an application's own, through torch.cuda.memory.change_current_allocator: the
+// native one is then not initialised, and a pluggable one keeps no statistics) gets no credit for
+// cached blocks, and where not even the free memory is known, the CPU's 256 MiB.
 int64_t memory_budget(const at::Device& device) {
-  constexpr int64_t kCap = int64_t{2} << 30, kCpu = int64_t{256} << 20;
-  if (device.is_cpu()) return kCpu;
+  constexpr int64_t kCap = int64_t{2} << 30, kFallback = int64_t{256} << 20;
+  if (device.is_cpu()) return kFallback;
   c10::DeviceAllocator* alloc = c10::getDeviceAllocator(device.type());
-  const auto free_total = alloc->getMemoryInfo(device.index());
-  const auto stats = alloc->getDeviceStats(device.index());
-  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  const int64_t cached = stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current;
-  return std::min(static_cast<int64_t>(free_total.first) / 8 + std::max<int64_t>(cached, 0) / 8,
-                  kCap);
+  int64_t free = 0, cached = 0;
+  try {
+    free = static_cast<int64_t>(alloc->getMemoryInfo(device.index()).first);
+  } catch (const c10::Error&) {
+    return kFallback;
+  }
+  try {
+    const auto stats = alloc->getDeviceStats(device.index());
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    cached = stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current;
+  } catch (const c10::Error&) {
+    cached = 0;
+  }
+  return std::min(free / 8 + std::max<int64_t>(cached, 0) / 8, kCap);
 }
 
 // Rows per chunk: what a chunk allocates per row within the budget. The student's and teacher's
@@ -131,13 +143,20 @@ int64_t memory_budget(const at::Device& device) {
 // composite (the CPU), or without a divergence term (kd_weight 0: the cross-entropy's own
 // backward), one or two more rows.
 int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
-  if (a.chunk_size > 0) return std::min(a.chunk_size, std::max<int64_t>(in.rows, 1));
+  // The CUDA distillation kernels take at most 2^27 - 1 rows per call (distill_cuda.cu's
+  // check_cuda_rows): a chunk never has more, whatever the budget or chunk_size says.
+  const int64_t kernel_rows = in.sh.is_cuda() ? (int64_t{1} << 27) - 1 : in.rows;
+  if (a.chunk_size > 0) {
+    return std::min(
+        {a.chunk_size, std::max<int64_t>(in.rows, 1), std::max<int64_t>(kernel_rows, 1)});
+  }
   const int64_t elem = static_cast<int64_t>(in.sh.element_size());
   const bool fused = in.sh.is_cuda() && a.kd_weight != 0.0;
   const int64_t extra = fused ? 0 : in.ws * (in.labels.defined() ? 2 : 1);
   const int64_t per_row = elem * (in.ws + in.wt + extra);
   const int64_t rows = std::max<int64_t>(in.rows, 1);
-  const int64_t most = std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1, rows);
+  const int64_t most = std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
+                                           std::min(rows, std::max<int64_t>(kernel_rows, 1)));
   // As many chunks as the budget needs, of equal size (a small last chunk runs its GEMMs and
   // kernels below the device's width), rounded up to 64 rows for the GEMMs' tiles when that fits.
   const int64_t chunks = (rows + most - 1) / most;
@@ -146,20 +165,27 @@ int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
 }
 
 // Whether CUDA's addmm accumulates bf16 products into a float32 matrix in place
-// (addmm.dtype_out with self = out in float32: newer Torch; older ones insist on self in the
-// inputs' dtype). Probed once, on 2x2 matrices.
+// (addmm.dtype_out with self = out in float32: newer Torch; older ones refuse it, insisting on
+// self in the inputs' dtype, when called). Probed on 2x2 matrices, on the current stream and
+// without reading the result back: no host synchronisation (under a CUDA graph's capture, or
+// torch.cuda.set_sync_debug_mode("error"), it is two small kernels more). The answer is the
+// Torch build's, kept once known; an out-of-memory error answers nothing and is asked again.
 bool cuda_addmm_accumulates_in_float(const at::Device& device) {
-  static const bool ok = [&] {
-    try {
-      at::Tensor acc = at::ones({2, 2}, at::TensorOptions(device).dtype(at::kFloat));
-      const at::Tensor one = at::ones({2, 2}, at::TensorOptions(device).dtype(at::kBFloat16));
-      at::addmm_out(acc, acc, one, one, at::kFloat);
-      return acc.eq(3).all().item<bool>();
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return ok;
+  static std::atomic<int> known{-1};  // -1 unknown, 0 no, 1 yes
+  const int answer = known.load(std::memory_order_relaxed);
+  if (answer >= 0) return answer == 1;
+  try {
+    at::Tensor acc = at::ones({2, 2}, at::TensorOptions(device).dtype(at::kFloat));
+    const at::Tensor one = at::ones({2, 2}, at::TensorOptions(device).dtype(at::kBFloat16));
+    at::addmm_out(acc, acc, one, one, at::kFloat);
+  } catch (const c10::OutOfMemoryError&) {
+    return false;  // this call takes the sliced path; the next one asks again
+  } catch (const c10::Error&) {
+    known.store(0, std::memory_order_relaxed);
+    return false;
+  }
+  known.store(1, std::memory_order_relaxed);
+  return true;
 }
 
 // Rows of the lm_head per float32 product where ATen cannot accumulate the product in place

@@ -84,6 +84,13 @@ at::Tensor tvd_backward_cuda(const at::Tensor& grad_output, const at::Tensor& si
               num(sign_row_pitch(V)), ") from _tvd_forward(save_signs=True); got ",
               signs.scalar_type(), " ", dims(signs.sizes()));
   check_backward_inputs(grad_output, scale, signs.size(0), V, reduction);
+  // (An argument on another device would be read through a pointer of the wrong device.)
+  TORCH_CHECK(grad_output.device() == signs.device(),
+              "lossfns._tvd_backward: grad_output must be on the device of signs, ", signs.device(),
+              "; got ", grad_output.device());
+  TORCH_CHECK(reduction == kernels::kNone || scale.device() == signs.device(),
+              "lossfns._tvd_backward: scale must be on the device of signs, ", signs.device(),
+              "; got ", scale.device());
   TORCH_CHECK(signs.size(0) <= int64_t{INT32_MAX},
               "lossfns._tvd_backward: at most 2^31-1 rows on CUDA; got ", num(signs.size(0)));
   TORCH_CHECK(

@@ -606,6 +606,49 @@ def test_internal_ops_with_one_argument_on_meta_are_errors():
     assert g.device.type == "cpu" and torch.isfinite(g).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_internal_ops_with_one_argument_off_the_gpu_are_errors():
+    """The CUDA kernels of the internal ops run when any argument is on the GPU (the dispatcher
+    picks CUDA): a grad_output, scale or grad_scale left on the CPU would be read through a host
+    pointer on the device (an illegal address, the CUDA context lost). An error naming the
+    argument instead, as for meta above."""
+    ops = torch.ops.lossfns
+    s, t = torch.randn(4, 5, device="cuda"), torch.randn(4, 5, device="cuda")
+    lab = torch.tensor([0, 1, -100, 2], device="cuda")
+    _, stats, scale, _ = ops._distill_forward(s, t, lab, 0, 0.5, 1.0, -100, 3, 5, None, True)
+    _, ce_stats, ce_scale = ops._cross_entropy_forward(s, lab, -100, 3, 5)
+    p, q = s.softmax(-1), t.softmax(-1)
+    _, signs, tvd_scale = ops._tvd_forward(p, q, lab, -100, 3, True)
+    seven, cpu = torch.tensor(7.0, device="cuda"), (lambda x: x.cpu())  # noqa: E731
+    dev = str(s.device)
+    grad = torch.zeros(4, 5, device="cuda")
+    cases = [
+        (lambda: ops._distill_backward(cpu(seven), s, t, lab, stats, scale, 0, 0.5, 1.0, -100, 3, 5),
+         rf"_distill_backward: grad_output must be on the device of student_logits, {dev}; got cpu"),
+        (lambda: ops._distill_backward(seven, s, t, lab, stats, cpu(scale), 0, 0.5, 1.0, -100, 3, 5),
+         rf"_distill_backward: scale must be on the device of student_logits, {dev}; got cpu"),
+        (lambda: ops._distill_rescale_grad_(grad, cpu(seven), seven),
+         rf"_distill_rescale_grad_: grad_output must be on the device of grad, {dev}; got cpu"),
+        (lambda: ops._distill_rescale_grad_(grad, seven, cpu(seven)),
+         rf"_distill_rescale_grad_: grad_scale must be on the device of grad, {dev}; got cpu"),
+        (lambda: ops._cross_entropy_backward(cpu(seven), s, lab, ce_stats, ce_scale, -100, 3, 5),
+         rf"_cross_entropy_backward: grad_output must be on the device of logits, {dev}; got cpu"),
+        (lambda: ops._cross_entropy_backward(seven, s, lab, ce_stats, cpu(ce_scale), -100, 3, 5),
+         rf"_cross_entropy_backward: scale must be on the device of logits, {dev}; got cpu"),
+        (lambda: ops._tvd_backward(cpu(seven), signs, tvd_scale, p, q, lab, -100, 5, torch.float32, 3),
+         rf"_tvd_backward: grad_output must be on the device of signs, {dev}; got cpu"),
+        (lambda: ops._tvd_backward(seven, signs, cpu(tvd_scale), p, q, lab, -100, 5, torch.float32, 3),
+         rf"_tvd_backward: scale must be on the device of signs, {dev}; got cpu"),
+    ]
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    # The same calls on one device still run, and the context is intact.
+    g = ops._distill_backward(seven, s, t, lab, stats, scale, 0, 0.5, 1.0, -100, 3, 5)
+    ops._distill_rescale_grad_(g, seven, seven)
+    assert g.device == s.device and torch.isfinite(g).all().item()
+
+
 def test_module_arguments_are_checked_when_built():
     """beta=None is refused for every divergence (the op's schema takes a float: it failed at the
     first call with the schema's words), and an int too large for a float is a ValueError like
@@ -981,6 +1024,58 @@ def test_fused_linear_under_autocast_casts_like_a_linear_layer(reduction, device
     with torch.autocast(device, dtype=low), pytest.raises(
             RuntimeError, match=r"teacher_hidden must have student_hidden's dtype Double; got Float \(convert"):
         lossfns.fused_linear_distill_loss(sh.double(), sw.double(), th, tw, lab, reduction=reduction)
+
+
+ALLOCATOR_C = r"""
+#include <stddef.h>
+#include <sys/types.h>
+typedef struct CUstream_st* cudaStream_t;
+int cudaMalloc(void** p, size_t n);
+int cudaFree(void* p);
+void* lossfns_test_malloc(ssize_t size, int device, cudaStream_t stream) {
+  void* p = 0;
+  return cudaMalloc(&p, (size_t)size) == 0 ? p : 0;
+}
+void lossfns_test_free(void* p, ssize_t size, int device, cudaStream_t stream) { cudaFree(p); }
+"""
+
+ALLOCATOR_RUN = r"""
+import sys, torch
+torch.cuda.memory.change_current_allocator(
+    torch.cuda.memory.CUDAPluggableAllocator(sys.argv[1], "lossfns_test_malloc", "lossfns_test_free"))
+import lossfns
+g = torch.Generator(device="cuda").manual_seed(0)
+sh = torch.randn(300, 32, device="cuda", generator=g, dtype=torch.bfloat16, requires_grad=True)
+sw = torch.randn(1000, 32, device="cuda", generator=g, dtype=torch.bfloat16, requires_grad=True)
+th = torch.randn(300, 48, device="cuda", generator=g, dtype=torch.bfloat16)
+tw = torch.randn(1000, 48, device="cuda", generator=g, dtype=torch.bfloat16)
+lab = torch.randint(0, 1000, (300,), device="cuda", generator=g)
+loss = lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, "forward_kl", ce_weight=0.5)
+loss.backward()
+ref = lossfns.fused_linear_distill_loss(sh, sw, th, tw, lab, "forward_kl", ce_weight=0.5, chunk_size=300)
+assert torch.isfinite(sh.grad).all() and torch.isfinite(sw.grad).all(), "non-finite gradient"
+torch.testing.assert_close(loss, ref, rtol=1e-3, atol=1e-3)
+print("OK", float(loss))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_fused_linear_under_an_applications_own_cuda_allocator(tmp_path):
+    """With torch.cuda.memory.change_current_allocator (RMM and the like), c10's native allocator
+    is never initialised and a pluggable one keeps no statistics: the automatic chunk size asked
+    them and the op failed with an error about neither. It runs, sizing chunks from free memory.
+    (A subprocess: the allocator must be chosen before CUDA's first allocation.)"""
+    src, lib = tmp_path / "alloc.c", tmp_path / "alloc.so"
+    src.write_text(ALLOCATOR_C)
+    cudart = [d for d in (os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu13", "lib"),
+                          "/usr/local/cuda/lib64", "/usr/local/cuda/lib") if os.path.isdir(d)]
+    cc = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)] +
+                        [f"-L{d}" for d in cudart] + ["-l:libcudart.so.13"], capture_output=True, text=True)
+    if cc.returncode != 0:
+        pytest.skip(f"cannot build the test allocator: {cc.stderr.strip()[:200]}")
+    r = subprocess.run([sys.executable, "-c", ALLOCATOR_RUN, str(lib)], capture_output=True, text=True,
+                       env=dict(os.environ), timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr
 
 
 def test_fused_linear_errors_and_teacher_constant():
