@@ -7,9 +7,7 @@ committed plots of docs/benchmarks.md) is refused unless --update-docs is given.
 import pathlib
 import sys
 
-from plot_common import file_args, load_json, refuse_docs_img, save_figure  # first: selects Agg
-
-import matplotlib.pyplot as plt  # noqa: E402
+from plot_common import file_args, load_json, refuse_docs_img, save_figure, plt  # pyplot, Agg backend
 
 
 def label(c):

@@ -6,9 +6,17 @@ import json
 import pathlib
 import sys
 
-import matplotlib
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError as _e:
+    if "-h" not in sys.argv[1:] and "--help" not in sys.argv[1:]:  # the usage needs no matplotlib
+        sys.exit(f"{pathlib.Path(sys.argv[0]).name}: error: matplotlib cannot be imported by "
+                 f"{sys.executable} ({_e}); run the script with the set-up's python (LOSSFNS_PYTHON "
+                 "in build/setup.env), or install matplotlib into this one")
+    plt = None
 
 DOCS_IMG = pathlib.Path(__file__).resolve().parent.parent / "docs" / "img"
 

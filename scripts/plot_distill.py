@@ -7,9 +7,7 @@ out.png defaults to the JSON's name with .png; the repository's docs/img is refu
 import pathlib
 import sys
 
-from plot_common import file_args, load_json, refuse_docs_img, save_figure  # first: selects Agg
-
-import matplotlib.pyplot as plt  # noqa: E402
+from plot_common import file_args, load_json, refuse_docs_img, save_figure, plt  # pyplot, Agg backend
 
 IMPLS = [("composite", "PyTorch composite (eager)"), ("liger", "Liger (Triton)"), ("ours", "lossfns.distill_loss"),
          ("ours+scale", "lossfns, grad_scale given")]

@@ -20,9 +20,7 @@ import math
 import pathlib
 import sys
 
-from plot_common import refuse_docs_img  # first: selects the Agg backend
-
-import matplotlib.pyplot as plt  # noqa: E402
+from plot_common import refuse_docs_img, plt  # pyplot, Agg backend
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:

@@ -7,7 +7,10 @@
 //   <substring> is not done; the process gets SIGKILL (killed between fsync and rename).
 // DISTILL_FAULT_FULL="<bytes>:<dir>": a small full filesystem: writes to files under <dir>
 //   succeed until <bytes> bytes were written in all, then come up short and fail with ENOSPC.
-// Only write() and rename() are intercepted: what file_io.cpp uses for every run file.
+// DISTILL_FAULT_EIO="<substring>": every read() of a file whose path contains <substring>
+//   fails with EIO (a disk or network filesystem that cannot deliver the bytes).
+// Only write(), rename() and read() are intercepted: what file_io.cpp uses for every run file,
+// and what a checkpoint is read with.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@ struct FullPlan {
 
 KillPlan kill_plan;
 FullPlan full_plan;
+char eio_pattern[4096] = {};  // empty: no read faults
 bool parsed = false;
 
 void Parse() {
@@ -60,6 +64,9 @@ void Parse() {
       std::strcpy(full_plan.dir, colon + 1);
       full_plan.active = true;
     }
+  }
+  if (const char* spec = std::getenv("DISTILL_FAULT_EIO")) {
+    if (std::strlen(spec) < sizeof(eio_pattern)) std::strcpy(eio_pattern, spec);
   }
 }
 
@@ -119,4 +126,17 @@ extern "C" int rename(const char* from, const char* to) {
     Die();
   }
   return real(from, to);
+}
+
+extern "C" ssize_t read(int fd, void* data, size_t size) {
+  using ReadFn = ssize_t (*)(int, void*, size_t);
+  static const ReadFn real = Next<ReadFn>("read");
+  Parse();
+  char path[4096];
+  if (fd > 2 && eio_pattern[0] != '\0' && FdPath(fd, path, sizeof(path)) &&
+      std::strstr(path, eio_pattern) != nullptr) {
+    errno = EIO;
+    return -1;
+  }
+  return real(fd, data, size);
 }

@@ -358,6 +358,29 @@ TEST_F(ReliabilityTest, CorruptAndForeignCheckpointsThroughTheCommandLine) {
   }
 }
 
+// A checkpoint the disk cannot deliver (every read() of it fails with EIO, from the shim) is not
+// damaged: one line naming it and the cause, exit status 1, no older checkpoint used instead and
+// the file untouched; once it reads again the same command carries on as before.
+TEST_F(ReliabilityTest, ACheckpointWithReadErrorsIsNotCalledDamaged) {
+  const std::string reference = Reference();
+  const std::string dir = work_ + "/read_errors";
+  fs::copy(reference, dir, fs::copy_options::recursive);
+  const std::string newest = CheckpointPath(dir, kSteps);
+  const std::string bytes = ReadBytes(newest);
+  const Outcome o = Distill(dir, {"LD_PRELOAD=" DISTILL_FAULT_SHIM,
+                                  "DISTILL_FAULT_EIO=" + fs::path(newest).filename().string()});
+  ASSERT_EQ(o.exit_status, 1) << o;
+  ExpectContains(o.err, {newest + ": cannot be read: Input/output error",
+                         "not a damaged checkpoint: it may be intact"});
+  for (const char* wrong : {"checksum", "corrupt", "resuming", "previous checkpoint"}) {
+    EXPECT_EQ(o.err.find(wrong), std::string::npos) << wrong << ": " << o;
+  }
+  EXPECT_EQ(ReadBytes(newest), bytes);
+  const Outcome again = Distill(dir);
+  ASSERT_EQ(again.exit_status, 0) << again;
+  ExpectSameFinish(dir, reference);
+}
+
 // NaN injected through a teacher whose weights overflow (finite, so the checkpoint is
 // accepted; its forward gives inf, the softmax NaN): stop ends at step 1 with the term named
 // and no checkpoint written; skip gives up after train.max_skipped_steps, or at the end when it

@@ -432,7 +432,7 @@ TEST_F(TokenDataErrorTest, NoFileMatchesTheGlob) {
 TEST_F(TokenDataErrorTest, AnUnreadableDirectoryIsNamedWithTheReason) {
   const std::string loop = dir_ + "/loop";
   std::filesystem::create_symlink("loop", loop);
-  for (const std::string pattern : {loop + "/*.bin", loop + "/val_000000.bin"}) {
+  for (const std::string& pattern : {loop + "/*.bin", loop + "/val_000000.bin"}) {
     EXPECT_EQ(ErrorOf([&] { MakeTokenShardSource(TokensConfig(path_, pattern), 100); }),
               "data.val_path: no file matches \"" + pattern + "\": cannot read \"" +
                   (pattern.find('*') == std::string::npos ? pattern : loop) +

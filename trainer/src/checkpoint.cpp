@@ -249,9 +249,8 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
                     "file",
                     path));
   }
-  errno = 0;  // the open's own error below, not an earlier one
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     const int error = errno;
     // Unreadable is not damaged: no fallback to an older checkpoint, and no advice to delete it.
     if (error == EACCES || error == EPERM) {
@@ -267,6 +266,8 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
                        : error == ENFILE ? "the system's open-file table, not the file: close "
                                            "files or raise fs.file-max"
                        : error == ENOMEM ? "the system's memory, not the file: free memory"
+                       : error == EIO    ? "a read error of the disk or filesystem: check it, "
+                                           "e.g. dmesg"
                                          : nullptr;
     if (want != nullptr) {
       throw FileError(fmt::format(
@@ -277,9 +278,29 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
     throw CorruptCheckpointError(
         fmt::format("{}: cannot be opened: {}", path, std::strerror(error)));
   }
-  std::stringstream content;
-  content << in.rdbuf();
-  *bytes = content.str();
+  // A read that fails (EIO: a disk or network filesystem error) is not damage either: what the
+  // file holds is judged by its checksum, once all of it could be read.
+  bytes->clear();
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes->reserve(static_cast<size_t>(st.st_size));
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got > 0) {
+      bytes->append(buffer, static_cast<size_t>(got));
+    } else if (got == 0) {
+      break;
+    } else if (errno != EINTR) {
+      const int error = errno;
+      ::close(fd);
+      throw FileError(fmt::format(
+          "{}: cannot be read: {} after {} bytes (a read error of the disk or filesystem, not a "
+          "damaged checkpoint: it may be intact; check the disk, e.g. dmesg, and run the same "
+          "command again)",
+          path, std::strerror(error), bytes->size()));
+    }
+  }
+  ::close(fd);
   if (bytes->compare(0, 2, "PK") == 0) return "";  // written before checksums: unverified
   if (bytes->size() < kHeaderSize || bytes->compare(0, kMagicSize, kMagic) != 0 ||
       (*bytes)[kHeaderSize - 1] != '\n') {
