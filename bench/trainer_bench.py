@@ -450,6 +450,9 @@ def main(argv=None) -> int:
     if args.steps < 1 or args.warmup < 1 or args.parity_steps < 0:
         ap.error(f"--steps and --warmup must be at least 1, --parity-steps at least 0 (got "
                  f"{args.steps}, {args.warmup}, {args.parity_steps})")
+    if args.parity_steps > args.warmup + args.steps:
+        ap.error(f"--parity-steps {args.parity_steps}: at most --warmup + --steps "
+                 f"({args.warmup + args.steps}), the steps each run takes")
     args.trainer = str(Path(args.trainer).resolve())
     if not Path(args.trainer).exists():
         raise SystemExit(f"trainer_bench: {args.trainer} not found: build distill_trainer or pass --trainer")

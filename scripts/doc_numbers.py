@@ -330,26 +330,31 @@ def words(line: str) -> str:
 
 def last_digits_only(doc_block: str, program_block: str) -> bool:
     """Whether another CPU type could print `program_block` where the doc has `doc_block`: the same
-    lines with the same words around the numbers (or, on a line, only noise-level numbers either
-    way), the same PASS/FAIL verdicts, integers of 4 digits or more (parameter counts) equal, and
-    every other number within REL_TOL relative plus ABS_TOL absolute of the doc's."""
+    lines with the same words around the numbers, cell by cell in a table (or, in a cell, only
+    noise-level numbers either way), the same PASS/FAIL verdicts, integers of 4 digits or more
+    (parameter counts) equal, and every other number within REL_TOL relative plus ABS_TOL absolute
+    of the doc's."""
     if VERDICT.findall(doc_block) != VERDICT.findall(program_block):
         return False
     doc_lines, program_lines = doc_block.splitlines(), program_block.splitlines()
     if len(doc_lines) != len(program_lines):
         return False
     for doc_line, program_line in zip(doc_lines, program_lines):
-        doc_numbers, program_numbers = NUMBER.findall(doc_line), NUMBER.findall(program_line)
-        if words(doc_line) != words(program_line):
-            if all(abs(float(x)) <= NOISE for x in doc_numbers + program_numbers):
-                continue  # e.g. "0 (bit-identical)" where another CPU prints "3.1e-9"
+        doc_cells, program_cells = doc_line.split("|"), program_line.split("|")
+        if len(doc_cells) != len(program_cells):
             return False
-        for a, b in zip(doc_numbers, program_numbers):
-            x, y = float(a), float(b)
-            if re.fullmatch(r"[-+]?\d{4,}", a) and a != b:
+        for doc_cell, program_cell in zip(doc_cells, program_cells):
+            doc_numbers, program_numbers = NUMBER.findall(doc_cell), NUMBER.findall(program_cell)
+            if words(doc_cell) != words(program_cell):
+                if all(abs(float(x)) <= NOISE for x in doc_numbers + program_numbers):
+                    continue  # e.g. "0 (bit-identical)" where another CPU prints "3.1e-9"
                 return False
-            if abs(x - y) > REL_TOL * max(abs(x), abs(y)) + ABS_TOL:
-                return False
+            for a, b in zip(doc_numbers, program_numbers):
+                x, y = float(a), float(b)
+                if re.fullmatch(r"[-+]?\d{4,}", a) and a != b:
+                    return False
+                if abs(x - y) > REL_TOL * max(abs(x), abs(y)) + ABS_TOL:
+                    return False
     return True
 
 

@@ -4,6 +4,10 @@
 # with LOSSFNS_PYTHON (a python3 that imports torch 2.11), TORCH_PREFIX
 # (its torch.utils.cmake_prefix_path) and LOSSFNS_SMOLLM2_DIR (the prepared real-model test data, or
 # empty). Nothing is downloaded during build or test; only here.
+#   bash scripts/setup.sh --check-extras PYTHON   only tells: exit 0 when PYTHON has every package
+#                                                 of PY_EXTRAS at its pinned version, else names
+#                                                 the missing ones and exits 1 (ctest's
+#                                                 setup.VirtualenvHasWhatTheTestsNeed)
 set -euo pipefail
 
 TORCH_VERSION="${LOSSFNS_TORCH_VERSION:-2.11.0}"
@@ -21,6 +25,31 @@ case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$ROOT/$BUILD_DIR" ;; esac
 # and pytest runs its tests (tests/python).
 PY_EXTRAS=(numpy matplotlib transformers==5.24.0 safetensors==0.8.0 tokenizers==0.23.3 gguf==0.19.0
            accelerate==1.15.0 scikit-build-core==1.1.2 pytest==9.2.0)
+missing_extras() {  # $1: a python; prints the PY_EXTRAS it lacks (or has at another version)
+  "$1" - "${PY_EXTRAS[@]}" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version, PackageNotFoundError
+missing = []
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        have = version(name)
+        if want and have != want:
+            missing.append(f"{spec} (has {have})")
+    except PackageNotFoundError:
+        missing.append(spec)
+print(" ".join(missing))
+sys.exit(1 if missing else 0)
+PY
+}
+if [ "${1:-}" = "--check-extras" ]; then
+  if ! out="$(missing_extras "${2:?--check-extras PYTHON}")"; then
+    echo "setup: $2 lacks ${out:-(it does not run)}: run make test (or bash scripts/setup.sh) again to install them"
+    exit 1
+  fi
+  echo "setup: $2 has every package of PY_EXTRAS"
+  exit 0
+fi
 # The real-model tests' data (SmolLM2-135M + Shakespeare shards), prepared here once, when the python
 # is our own virtualenv: LOSSFNS_SMOLLM2_DIR (default $CACHE_ROOT/smollm2) chooses where;
 # LOSSFNS_PREPARE_SMOLLM2=0 prepares nothing (a complete directory is still used); offline,
@@ -67,19 +96,7 @@ else
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" "${PY_EXTRAS[@]}"
   PYTHON="$VENV/bin/python"
 fi
-extras_ok() {  # true if every PY_EXTRAS package is installed (at its pinned version, if pinned)
-  "$PYTHON" - "${PY_EXTRAS[@]}" <<'PY' 2>/dev/null
-import sys
-from importlib.metadata import version, PackageNotFoundError
-for spec in sys.argv[1:]:
-    name, _, want = spec.partition("==")
-    try:
-        if want and version(name) != want:
-            sys.exit(1)
-    except PackageNotFoundError:
-        sys.exit(1)
-PY
-}
+extras_ok() { missing_extras "$PYTHON" >/dev/null; }  # every PY_EXTRAS package, as pinned
 if [ "$PYTHON" = "$VENV/bin/python" ] && ! extras_ok; then  # our own venv: the extras too
   log "installing into $VENV: ${PY_EXTRAS[*]}"
   "$PYTHON" -m pip install -q --disable-pip-version-check "${PY_EXTRAS[@]}"

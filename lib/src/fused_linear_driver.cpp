@@ -169,7 +169,8 @@ int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
 // self in the inputs' dtype, when called). Probed on 2x2 matrices, on the current stream and
 // without reading the result back: no host synchronisation (under a CUDA graph's capture, or
 // torch.cuda.set_sync_debug_mode("error"), it is two small kernels more). The answer is the
-// Torch build's, kept once known; an out-of-memory error answers nothing and is asked again.
+// Torch build's, kept once known; an out-of-memory error answers nothing and is asked again, and
+// a CUDA error is the caller's.
 bool cuda_addmm_accumulates_in_float(const at::Device& device) {
   static std::atomic<int> known{-1};  // -1 unknown, 0 no, 1 yes
   const int answer = known.load(std::memory_order_relaxed);
@@ -180,6 +181,8 @@ bool cuda_addmm_accumulates_in_float(const at::Device& device) {
     at::addmm_out(acc, acc, one, one, at::kFloat);
   } catch (const c10::OutOfMemoryError&) {
     return false;  // this call takes the sliced path; the next one asks again
+  } catch (const c10::AcceleratorError&) {
+    throw;  // a CUDA error (an earlier kernel's, sticky): the answer to nothing, and the caller's
   } catch (const c10::Error&) {
     known.store(0, std::memory_order_relaxed);
     return false;

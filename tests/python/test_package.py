@@ -1067,10 +1067,12 @@ def test_fused_linear_under_an_applications_own_cuda_allocator(tmp_path):
     (A subprocess: the allocator must be chosen before CUDA's first allocation.)"""
     src, lib = tmp_path / "alloc.c", tmp_path / "alloc.so"
     src.write_text(ALLOCATOR_C)
-    cudart = [d for d in (os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu13", "lib"),
+    major = torch.version.cuda.split(".")[0]  # the runtime torch itself loaded, not the toolkit's
+    cudart = [d for d in (os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", f"cu{major}", "lib"),
+                          os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cuda_runtime", "lib"),
                           "/usr/local/cuda/lib64", "/usr/local/cuda/lib") if os.path.isdir(d)]
     cc = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)] +
-                        [f"-L{d}" for d in cudart] + ["-l:libcudart.so.13"], capture_output=True, text=True)
+                        [f"-L{d}" for d in cudart] + [f"-l:libcudart.so.{major}"], capture_output=True, text=True)
     if cc.returncode != 0:
         pytest.skip(f"cannot build the test allocator: {cc.stderr.strip()[:200]}")
     r = subprocess.run([sys.executable, "-c", ALLOCATOR_RUN, str(lib)], capture_output=True, text=True,

@@ -38,11 +38,8 @@ struct FullPlan {
 KillPlan kill_plan;
 FullPlan full_plan;
 char eio_pattern[4096] = {};  // empty: no read faults
-bool parsed = false;
-
-void Parse() {
-  if (parsed) return;
-  parsed = true;
+// The plans, read from the environment once, before any thread uses them (Parse()'s static).
+void ParseOnce() {
   if (const char* spec = std::getenv("DISTILL_FAULT_KILL")) {
     // op:pattern:n, the pattern may hold ':' (split at the first and the last).
     const char* first = std::strchr(spec, ':');
@@ -68,6 +65,11 @@ void Parse() {
   if (const char* spec = std::getenv("DISTILL_FAULT_EIO")) {
     if (std::strlen(spec) < sizeof(eio_pattern)) std::strcpy(eio_pattern, spec);
   }
+}
+
+void Parse() {
+  static const bool parsed = (ParseOnce(), true);  // thread-safe initialisation
+  (void)parsed;
 }
 
 // The path of an open file descriptor ("" when unknown).

@@ -74,16 +74,27 @@ void ExpectClose(double fused, double unfused, const std::string& what) {
 std::set<std::string>* recorded_ops = nullptr;
 std::set<std::string> OpsCalledBy(const std::function<void()>& f) {
   std::set<std::string> names;
-  recorded_ops = &names;
-  const at::CallbackHandle handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn)
-                                     -> std::unique_ptr<at::ObserverContext> {
-        recorded_ops->insert(fn.name());
-        return nullptr;
-      }).scopes({at::RecordScope::FUNCTION}));
-  f();
-  at::removeCallback(handle);
-  recorded_ops = nullptr;
+  // Removed whatever f throws: gtest goes on with the next test on this thread.
+  struct Recording {
+    at::CallbackHandle handle;
+    explicit Recording(std::set<std::string>* into) {
+      recorded_ops = into;
+      handle = at::addThreadLocalCallback(
+          at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                         -> std::unique_ptr<at::ObserverContext> {
+            recorded_ops->insert(fn.name());
+            return nullptr;
+          }).scopes({at::RecordScope::FUNCTION}));
+    }
+    ~Recording() {
+      at::removeCallback(handle);
+      recorded_ops = nullptr;
+    }
+  };
+  {
+    const Recording recording(&names);
+    f();
+  }
   return names;
 }
 

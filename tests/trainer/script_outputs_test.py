@@ -200,6 +200,9 @@ def main():
     for doc, program, same in (("1.2770 | +0.0597", "1.2771 | +0.0601", True),
                                ("costs 0.023 nats", "costs 0.026 nats", True),
                                ("**0 (bit-identical)**", "3.1e-9", True),
+                               ("| bf16 | **0** | **0 (bit-identical)** | 2.366959 / 2.366959 | PASS |",
+                                "| bf16 | 1.2e-9 | 3.1e-9 | 2.366961 / 2.366958 | PASS |", True),
+                               ("| bf16 | **0** | 2.366959 |", "| bf16 | **0** | 2.366959 | 1 |", False),
                                ("| fp32 | PASS |", "| fp32 | FAIL |", False),
                                ("floor 1.2770 excess +0.0597", "floor 0.0000 excess +1.3367", False),
                                # measured: the quickstart's distilled row on an AMD EPYC (Zen 4)

@@ -249,7 +249,10 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
                     "file",
                     path));
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     const int error = errno;
     // Unreadable is not damaged: no fallback to an older checkpoint, and no advice to delete it.
@@ -266,9 +269,9 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
                        : error == ENFILE ? "the system's open-file table, not the file: close "
                                            "files or raise fs.file-max"
                        : error == ENOMEM ? "the system's memory, not the file: free memory"
-                       : error == EIO    ? "a read error of the disk or filesystem: check it, "
-                                           "e.g. dmesg"
-                                         : nullptr;
+                       : error == EIO || error == ESTALE || error == ETIMEDOUT
+                           ? "the disk or (network) filesystem, not the file: check it, e.g. dmesg"
+                           : nullptr;
     if (want != nullptr) {
       throw FileError(fmt::format(
           "{}: cannot be opened now: {} ({}; the checkpoint may be intact: run the same command "
@@ -280,6 +283,10 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
   }
   // A read that fails (EIO: a disk or network filesystem error) is not damage either: what the
   // file holds is judged by its checksum, once all of it could be read.
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   bytes->clear();
   struct stat st {};
   if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes->reserve(static_cast<size_t>(st.st_size));
@@ -292,7 +299,6 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
       break;
     } else if (errno != EINTR) {
       const int error = errno;
-      ::close(fd);
       throw FileError(fmt::format(
           "{}: cannot be read: {} after {} bytes (a read error of the disk or filesystem, not a "
           "damaged checkpoint: it may be intact; check the disk, e.g. dmesg, and run the same "
@@ -300,7 +306,6 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
           path, std::strerror(error), bytes->size()));
     }
   }
-  ::close(fd);
   if (bytes->compare(0, 2, "PK") == 0) return "";  // written before checksums: unverified
   if (bytes->size() < kHeaderSize || bytes->compare(0, kMagicSize, kMagic) != 0 ||
       (*bytes)[kHeaderSize - 1] != '\n') {
