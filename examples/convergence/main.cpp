@@ -51,10 +51,13 @@ int main(int argc, char** argv) {
       options.small = true;
     } else if (arg == "--device") {
       options.device = value();
-      // auto, as the trainer's train.device: auto (whose errors suggest it).
+      // auto, as the trainer's train.device: auto.
       if (options.device == "auto") options.device = torch::cuda::is_available() ? "cuda" : "cpu";
       if (options.device != "cpu" && options.device != "cuda") {
         return Usage("--device: cpu|cuda|auto");
+      }
+      if (options.device == "cuda" && !torch::cuda::is_available()) {  // as the trainer's would
+        return Usage("--device cuda: no CUDA device is available; use --device auto or cpu");
       }
     } else if (arg == "--dtype") {
       options.dtype = value();
