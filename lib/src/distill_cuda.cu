@@ -42,7 +42,7 @@ kernels::DistillArgs<T> args_of(const DistillInputs& in, int64_t divergence, dou
 // The kernels' grids and row offsets are 32-bit: every entry point checks, the backward ops too
 // (callable on their own, with statistics of any origin).
 void check_cuda_rows(const DistillInputs& in) {
-  TORCH_CHECK(in.rows * 16 <= int64_t{INT32_MAX},
+  TORCH_CHECK(in.rows <= kCudaMaxRows,
               "lossfns.distill_loss: at most 2^27 - 1 (134217727) rows per call on CUDA; got ",
               num(in.rows),
               ": call it on slices of the rows (with reduction \"sum\" or \"none\", the slices' "

@@ -22,6 +22,11 @@ struct DistillInputs {
   int64_t rows = 0, ws = 0, wt = 0, V = 0;
 };
 
+// The most rows one CUDA call of the distillation kernels takes, 2^27 - 1: their grids and row
+// offsets are 32-bit (16 slots per row). Checked at every CUDA entry point (check_cuda_rows);
+// the fused op's chunks stay within it.
+inline constexpr int64_t kCudaMaxRows = int64_t{INT32_MAX} / 16;
+
 // The public arguments of the divergence ops in kernel form: the divergence code (JSD at beta 0 /
 // 1 is forward / reverse KL, as TRL and Liger define it), the reduction code and V, the columns
 // that count (min(vocab_size, width), width: the wider vocabulary). TORCH_CHECKs the names, beta

@@ -143,20 +143,15 @@ int64_t memory_budget(const at::Device& device) {
 // composite (the CPU), or without a divergence term (kd_weight 0: the cross-entropy's own
 // backward), one or two more rows.
 int64_t chunk_rows(const FusedInputs& in, const FusedArgs& a) {
-  // The CUDA distillation kernels take at most 2^27 - 1 rows per call (distill_cuda.cu's
-  // check_cuda_rows): a chunk never has more, whatever the budget or chunk_size says.
-  const int64_t kernel_rows = in.sh.is_cuda() ? (int64_t{1} << 27) - 1 : in.rows;
-  if (a.chunk_size > 0) {
-    return std::min(
-        {a.chunk_size, std::max<int64_t>(in.rows, 1), std::max<int64_t>(kernel_rows, 1)});
-  }
+  // A chunk never has more rows than the CUDA kernels take, whatever the budget or chunk_size.
+  const int64_t rows = std::max<int64_t>(in.rows, 1);
+  const int64_t limit = in.sh.is_cuda() ? std::min(rows, kCudaMaxRows) : rows;
+  if (a.chunk_size > 0) return std::min(a.chunk_size, limit);
   const int64_t elem = static_cast<int64_t>(in.sh.element_size());
   const bool fused = in.sh.is_cuda() && a.kd_weight != 0.0;
   const int64_t extra = fused ? 0 : in.ws * (in.labels.defined() ? 2 : 1);
   const int64_t per_row = elem * (in.ws + in.wt + extra);
-  const int64_t rows = std::max<int64_t>(in.rows, 1);
-  const int64_t most = std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1,
-                                           std::min(rows, std::max<int64_t>(kernel_rows, 1)));
+  const int64_t most = std::clamp<int64_t>(memory_budget(in.sh.device()) / per_row, 1, limit);
   // As many chunks as the budget needs, of equal size (a small last chunk runs its GEMMs and
   // kernels below the device's width), rounded up to 64 rows for the GEMMs' tiles when that fits.
   const int64_t chunks = (rows + most - 1) / most;
