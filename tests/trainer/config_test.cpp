@@ -807,7 +807,7 @@ TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
               ::testing::EndsWith(": train.export_from: expected tokenizer files that the "
                                   "end-of-run export can copy (train.export_hf is on), got \"" +
                                   model + "/tokenizer_config.json\" (a link to \"" + model +
-                                  "/gone.json\"): a link to a file that does not exist; restore "
+                                  "/gone.json\"): a link that leads to no file; restore "
                                   "it (e.g. download the model again) or set train.export_hf: "
                                   "false"));
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model, "train.export_hf=false"}), "");
@@ -826,6 +826,22 @@ TEST(ConfigTest, ExportFromIsAModelDirectoryWhoseTokenizerFitsTheStudent) {
                               "set train.export_hf: false")));
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model, "train.export_hf=false"}), "");
   testing::WriteBytes(model + "/generation_config.json", R"({"bos_token_id": 1})");
+  // A directory where a tokenizer file belongs (the copy refuses it) and a link that loops: refused
+  // now, not at the export after the training.
+  std::filesystem::create_directories(model + "/merges.txt");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
+              ::testing::EndsWith(": train.export_from: expected tokenizer files that the "
+                                  "end-of-run export can copy (train.export_hf is on), got \"" +
+                                  model +
+                                  "/merges.txt\": a directory, not a file; restore it (e.g. "
+                                  "download the model again) or set train.export_hf: false"));
+  std::filesystem::remove(model + "/merges.txt");
+  std::filesystem::create_symlink("vocab.json", model + "/vocab.json");
+  EXPECT_THAT(ErrorOf(kValidDistill, {"train.export_from=" + model}),
+              ::testing::HasSubstr(": train.export_from: expected tokenizer files that the "
+                                   "end-of-run export can copy (train.export_hf is on), got \"" +
+                                   model + "/vocab.json\" (a link that cannot be followed: "));
+  std::filesystem::remove(model + "/vocab.json");
   EXPECT_EQ(ErrorOf(kValidDistill, {"train.export_from=" + model}), "");
   std::filesystem::remove(model + "/generation_config.json");
   tokenizer(64);

@@ -467,19 +467,24 @@ TEST(HfModel, ReplacingAnExportKeepsAPreviousOneWithForeignFiles) {
 // What an export killed before left (another process id) is recovered by the run's next export:
 // the previous export it had moved aside is put back (and, holding a user's file, kept as
 // .previous when the new export replaces it), its temporary deleted; a temporary holding a file
-// the export does not write is left alone.
+// the export does not write, or without the export's marker, is left alone.
 TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
   Model model = MakeModel(TinyLlama(32));
   const std::string root = TempRunDir();
   const std::string out = root + "/hf";
+  const auto mark = [](const std::string& dir) {
+    WriteBytes(dir + "/" + kExportMarker, "");  // what an export puts there
+  };
   std::filesystem::create_directories(out + ".old-2000000001");
   WriteBytes(out + ".old-2000000001/config.json", "{}");
   WriteBytes(out + ".old-2000000001/README.md", "my model card");
   std::filesystem::create_directories(out + ".tmp-2000000001");
+  mark(out + ".tmp-2000000001");
   WriteBytes(out + ".tmp-2000000001/config.json", "{}");
   WriteBytes(out + ".tmp-2000000001/model.safetensors.tmp.2000000001",
              "half a model");  // killed mid-write
   std::filesystem::create_directories(out + ".tmp-2000000002");
+  mark(out + ".tmp-2000000002");
   WriteBytes(out + ".tmp-2000000002/notes.txt", "not the export's");
   const std::string warnings = ExportHf(*model, out, {}, /*replace=*/true);
   EXPECT_THAT(warnings, HasSubstr("warning: " + out +
@@ -487,6 +492,8 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
                                   out + " again\n"));
   EXPECT_THAT(warnings, HasSubstr("it was kept as " + out + ".previous"));
   EXPECT_EQ(ReadBytes(out + ".previous/README.md"), "my model card");
+  EXPECT_FALSE(std::filesystem::exists(out + ".previous/" + kExportMarker));
+  EXPECT_FALSE(std::filesystem::exists(out + "/" + kExportMarker));  // never shipped
   EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
   EXPECT_FALSE(std::filesystem::exists(out + ".old-2000000001"));
   EXPECT_FALSE(std::filesystem::exists(out + ".tmp-2000000001"));
@@ -523,25 +530,68 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
 
   // Killed after the new export was in place: the old copy, only export files, is deleted.
   std::filesystem::create_directories(out + ".old-2000000003");
+  mark(out + ".old-2000000003");
   WriteBytes(out + ".old-2000000003/config.json", "{}");
   EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
   EXPECT_FALSE(std::filesystem::exists(out + ".old-2000000003"));
+  // One no export moved there (a user's directory merely named so): kept, never deleted.
+  std::filesystem::create_directories(out + ".old-2000000006");
+  WriteBytes(out + ".old-2000000006/config.json", "my own");
+  EXPECT_THAT(ExportHf(*model, out, {}, /*replace=*/true),
+              HasSubstr("warning: " + out +
+                        ".old-2000000006 (named like an export's previous copy) was not moved "
+                        "there by an export: it was kept as " +
+                        out + ".previous-4"));
+  EXPECT_EQ(ReadBytes(out + ".previous-4/config.json"), "my own");
   // Left by an earlier process with this process's id (a container's pid 1 at every start): an
   // old copy in the way of this export's own .old-<pid> is tidied first, not renamed onto.
   const std::string own_old = out + ".old-" + std::to_string(::getpid());
   std::filesystem::create_directories(own_old);
+  mark(own_old);
   WriteBytes(own_old + "/config.json", "{}");
   EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
   EXPECT_FALSE(std::filesystem::exists(own_old));
   // `distill_trainer export` (replace=false): its own stopped export's temporary is tidied too
   // (no .old- copies: it never replaces), not one of a process that still runs.
   std::filesystem::create_directories(root + "/x.tmp-2000000004");
+  mark(root + "/x.tmp-2000000004");
   WriteBytes(root + "/x.tmp-2000000004/model.safetensors.tmp.2000000004", "half");
   const std::string running = root + "/x.tmp-" + std::to_string(::getppid());
   std::filesystem::create_directories(running);
   EXPECT_EQ(ExportHf(*model, root + "/x", {}, /*replace=*/false), "");
   EXPECT_FALSE(std::filesystem::exists(root + "/x.tmp-2000000004"));
   EXPECT_TRUE(std::filesystem::exists(running));
+}
+
+// A directory merely named like an export's temporary (no marker: an export never wrote it) is
+// never deleted: not one of a process gone, nor one with this very process id, which is in the
+// export's way and refused, naming it.
+TEST(HfModel, AnExportNeverDeletesADirectoryNamedLikeItsTemporary) {
+  Model model = MakeModel(TinyLlama(32));
+  const std::string root = TempRunDir();
+  const std::string gone = root + "/out.tmp-2000000007";
+  std::filesystem::create_directories(gone);
+  WriteBytes(gone + "/config.json", "{\"my\": \"own\"}");
+  EXPECT_EQ(ExportHf(*model, root + "/out", {}, /*replace=*/false), "");
+  EXPECT_EQ(ReadBytes(gone + "/config.json"), "{\"my\": \"own\"}");
+  EXPECT_EQ(HfModelConfig(root + "/out").vocab_size, 32);
+
+  const std::string own = root + "/mine.tmp-" + std::to_string(::getpid());
+  std::filesystem::create_directories(own + "/photos");
+  WriteBytes(own + "/photos/a.jpg", "x");
+  EXPECT_THAT([&] { ExportHf(*model, root + "/mine", {}, /*replace=*/false); },
+              ::testing::ThrowsMessage<std::runtime_error>(
+                  HasSubstr("export: " + own +
+                            " is in the way of the export's temporary directory and is not one an "
+                            "export left; move it away and export again")));
+  EXPECT_EQ(ReadBytes(own + "/photos/a.jpg"), "x");
+  EXPECT_FALSE(std::filesystem::exists(root + "/mine"));
+  // The same name holding only export files, unmarked: still not the export's.
+  RemoveTree(own);
+  std::filesystem::create_directories(own);
+  WriteBytes(own + "/config.json", "{}");
+  EXPECT_THROW(ExportHf(*model, root + "/mine", {}, /*replace=*/false), std::runtime_error);
+  EXPECT_EQ(ReadBytes(own + "/config.json"), "{}");
 }
 
 // A relative hf_dir that is not found is reported with the working directory it was looked up
@@ -603,7 +653,7 @@ TEST(HfModel, ExportTakesTokenizerFilesWithoutATokenizerJson) {
   EXPECT_EQ(ExportSources(c).note,
             "warning: the export has no copy of \"" + gpt2 +
                 "/tokenizer_config.json\" (a link to \"" + gpt2 +
-                "/gone.txt\"): links to files that do not exist (a Hugging Face cache whose files "
+                "/gone.txt\"): links that lead to no file (a Hugging Face cache whose files "
                 "were deleted?); restore them, e.g. by downloading the model again, and export "
                 "again with `distill_trainer export`");
   ExportHf(*model, out + "-dangling", ExportSources(c), /*replace=*/false);
@@ -1057,6 +1107,44 @@ TEST(HfModel, TheBaselineOfAnHfTeacherExportsWithTheTeachersTokenizer) {
 // A finished run stays exportable after its Hugging Face directories are moved or deleted: its
 // stored config.yaml holds the architecture, and the run's own export (hf/) stands in for
 // config.json's other keys and the tokenizer files.
+// An end-of-run export that fails (here a tokenizer file made a directory after the start-up
+// checks) says that the training is done, where its checkpoint is and how to export it.
+TEST(HfModel, AFailedEndOfRunExportSaysTheTrainingIsKept) {
+  const std::string out = TempRunDir();
+  const std::string models = out + "-models";
+  for (const char* name : {"qwen2_teacher", "qwen2_student"}) {
+    fs::create_directories(models + "/" + name);
+    for (const char* file : {"config.json", "model.safetensors"}) {
+      fs::copy_file(Fixture(name) + "/" + file, models + "/" + name + "/" + file);
+    }
+  }
+  WriteBytes(models + "/qwen2_teacher/tokenizer.json", "{\"model\": {}}");
+  fs::create_directories(models + "/qwen2_teacher/merges.txt");
+  Config c = testing::TinyConfig(out);  // not parsed: no start-up checks
+  c.train.mode = Mode::kDistill;
+  c.teacher.hf_dir = models + "/qwen2_teacher";
+  c.student.hf_dir = models + "/qwen2_student";
+  ReadHfConfig(c.teacher.hf_dir, c.teacher);
+  ReadHfConfig(c.student.hf_dir, c.student);
+  c.distill.vocab_size = 130;
+  c.data.synthetic.branching = 4;
+  c.train.steps = 2;
+  c.schedule.warmup_steps = 1;
+  std::ostringstream table;
+  EXPECT_EQ(testing::ErrorOf<std::runtime_error>([&] {
+              distill::Run(c, RunFlags{false, true, nullptr}, table);
+            }),
+            "export: " + models +
+                "/qwen2_teacher/merges.txt: not a regular file (a directory, device or pipe); "
+                "expected a tokenizer file to copy; the training itself is done, its final "
+                "checkpoint in " +
+                out + "/checkpoints: once that is fixed, `distill_trainer export " + out +
+                " <new directory>` exports it");
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_0000002.pt"));
+  EXPECT_FALSE(fs::exists(out + "/hf"));
+  RemoveTree(models);
+}
+
 TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
   const std::string out = TempRunDir();
   const std::string models = out + "-models";
@@ -1192,6 +1280,51 @@ TEST(HfModel, AStudentWithAnotherTokenizerIsRefused) {
                 teacher +
                 "\") has \"b\", and 2 ids differ in all; take a student "
                 "that uses the teacher's tokenizer");
+  // A teacher's tokenizer.json that cannot be read is the teacher's key's error, at its line.
+  WriteBytes(teacher + "/tokenizer.json", "{\"model\": ");
+  EXPECT_THAT(error(), ::testing::StartsWith("x.yaml:5: teacher.hf_dir: expected a readable "
+                                             "tokenizer: "));
+  RemoveTree(models);
+}
+
+// A Hugging Face model given as teacher.checkpoint (its directory, or a file of it) is named as
+// one, with the key that takes it, before the checks its architecture would fail (the teacher's
+// default vocab_size); and a context length that config.json gives is said to come from there.
+TEST(HfModel, AHuggingFaceModelGivenAsTeacherCheckpointIsNamed) {
+  const std::string models = TempRunDir() + "-models";
+  const std::string teacher = models + "/qwen2_teacher";
+  fs::create_directories(teacher);
+  for (const char* file : {"config.json", "model.safetensors"}) {
+    fs::copy_file(Fixture("qwen2_teacher") + "/" + file, teacher + "/" + file);
+  }
+  const auto error = [&](const std::string& yaml) {
+    try {
+      ParseConfig(yaml, "x.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string base = "train:\n  mode: distill\nstudent:\n  vocab_size: 128\n";
+  EXPECT_EQ(error(base + "teacher:\n  checkpoint: " + teacher + "\n"),
+            "x.yaml:6: teacher.checkpoint: expected a distill_trainer checkpoint file or run "
+            "directory, got \"" +
+                teacher +
+                "\": a Hugging Face model directory (config.json, no checkpoints/); give it as "
+                "teacher.hf_dir instead (and unset teacher.checkpoint)");
+  EXPECT_EQ(error(base + "teacher:\n  checkpoint: " + teacher + "/model.safetensors\n"),
+            "x.yaml:6: teacher.checkpoint: expected a distill_trainer checkpoint file or run "
+            "directory, got \"" +
+                teacher +
+                "/model.safetensors\": a file of a Hugging Face model; give its directory \"" +
+                teacher + "\" as teacher.hf_dir instead (and unset teacher.checkpoint)");
+  const int64_t positions = HfModelConfig(teacher).context_length;
+  EXPECT_THAT(
+      error("train:\n  mode: distill\nteacher:\n  hf_dir: " + teacher + "\nstudent:\n  hf_dir: " +
+            teacher + "\ndata:\n  seq_len: " + std::to_string(positions + 1) + "\n"),
+      HasSubstr("data.seq_len: expected at most student.context_length (" +
+                std::to_string(positions) + ", " + teacher +
+                "/config.json's max_position_embeddings), got " + std::to_string(positions + 1)));
   RemoveTree(models);
 }
 

@@ -851,6 +851,38 @@ TEST(ResumeTest, MetricsAreRepairedAtomicallyOnResume) {
   }
 }
 
+// The same run with a path spelled otherwise ("d/./a.txt" for "d/a.txt", a trailing '/'): named
+// as this run, with the run's spelling to pass, not as another run that --fresh would delete.
+TEST(ResumeTest, APathSpelledOtherwiseNamesTheRunsSpelling) {
+  Config c = TinyConfig(TempRunDir());
+  c.train.steps = 2;
+  c.data.source = "text";
+  for (ModelConfig* m :
+       {static_cast<ModelConfig*>(&c.student), static_cast<ModelConfig*>(&c.teacher)}) {
+    m->vocab_size = 256;
+  }
+  const std::string data = c.train.out_dir + "-data";
+  fs::create_directories(data);
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  WriteBytes(data + "/a.txt", text);
+  WriteBytes(data + "/b.txt", text);
+  c.data.path = data + "/a.txt";
+  Trainer(c, RunOptions::Quiet()).Train();
+  Config respelled = c;
+  respelled.data.path = data + "/./a.txt";
+  EXPECT_EQ(testing::ErrorOf<RunDirError>([&] { Trainer t(respelled, RunOptions::Quiet()); }),
+            c.train.out_dir +
+                " holds this run, started with the same path spelled otherwise; the spelling is "
+                "part of the run's identity: to continue it, pass data.path=" +
+                c.data.path + " (or spell it so in the config file)");
+  // Another file is another run.
+  respelled.data.path = data + "/b.txt";
+  EXPECT_THAT(testing::ErrorOf<RunDirError>([&] { Trainer t(respelled, RunOptions::Quiet()); }),
+              ::testing::HasSubstr(" holds a different run (data: "));
+  RemoveTree(data);
+}
+
 // The pipeline: a first stage that fails at start-up (a missing data file) leaves no pipeline
 // directory behind either.
 TEST(ResumeTest, PipelineFailedStartLeavesNoRunDirectory) {

@@ -19,7 +19,7 @@
 #include "distill/config.h"
 #include "distill/file_io.h"
 #include "distill/hf_config.h"
-#include "distill/hf_files.h"  // DanglingExportTokenizerFiles
+#include "distill/hf_files.h"  // DanglingExportTokenizerFiles, UncopyableExportTokenizerFiles
 #include "distill/run_dir.h"
 
 namespace distill {
@@ -707,8 +707,14 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
       }
     }
     if (c.data.seq_len > m.context_length) {
-      fail("data.seq_len", fmt::format("expected at most {}.context_length ({}), got {}", name,
-                                       m.context_length, c.data.seq_len));
+      // A Hugging Face model's context length comes from its config.json: say so.
+      const std::string from =
+          m.hf_dir.empty() ? ""
+                           : fmt::format(", {}/config.json's {}", m.hf_dir,
+                                         m.family == ModelFamily::kGpt ? "n_positions"
+                                                                       : "max_position_embeddings");
+      fail("data.seq_len", fmt::format("expected at most {}.context_length ({}{}), got {}", name,
+                                       m.context_length, from, c.data.seq_len));
     }
     if (c.data.source == "text" && m.vocab_size != 256) {
       fail(name + ".vocab_size",
@@ -724,6 +730,32 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                        c.distill.ignore_index));
     }
   };
+  // A Hugging Face model given as teacher.checkpoint: said before the architecture checks, whose
+  // errors (the teacher's default vocab_size) would hide it.
+  if (distill && requested && !c.teacher.checkpoint.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path given = c.teacher.checkpoint;
+    std::error_code error;
+    const bool hf_dir = fs::is_directory(given, error) &&
+                        fs::is_regular_file(given / "config.json", error) &&
+                        !fs::exists(given / "checkpoints", error);
+    const bool hf_file =
+        fs::is_regular_file(given, error) &&
+        (given.extension() == ".safetensors" || given.filename() == "config.json" ||
+         given.filename() == "model.safetensors.index.json");
+    if (hf_dir || hf_file) {
+      const std::string dir =
+          hf_dir ? c.teacher.checkpoint
+                 : (given.has_parent_path() ? given.parent_path().string() : std::string("."));
+      fail("teacher.checkpoint",
+           fmt::format("expected a distill_trainer checkpoint file or run directory, got \"{}\": "
+                       "{}; give {} as teacher.hf_dir instead (and unset teacher.checkpoint)",
+                       c.teacher.checkpoint,
+                       hf_dir ? "a Hugging Face model directory (config.json, no checkpoints/)"
+                              : "a file of a Hugging Face model",
+                       hf_dir ? "it" : fmt::format("its directory \"{}\"", dir)));
+    }
+  }
   check_model("student", c.student);
   if (distill) check_model("teacher", c.teacher);
 
@@ -820,7 +852,14 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     try {
       diff = HfTokenizerDifference(c.teacher.hf_dir, c.student.hf_dir);
     } catch (const ConfigError& e) {
-      fail("student.hf_dir", fmt::format("expected readable tokenizers: {}", e.what()));
+      // Whose tokenizer it is: the teacher's is read first, so the teacher's where it fails alone.
+      const char* key = "student.hf_dir";
+      try {
+        HfTokenizerSize(c.teacher.hf_dir);
+      } catch (const ConfigError&) {
+        key = "teacher.hf_dir";
+      }
+      fail(key, fmt::format("expected a readable tokenizer: {}", e.what()));
     }
     if (diff) {
       fail("student.hf_dir",
@@ -973,20 +1012,21 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
                                   "(train.export_hf is on), got {}: {}; restore {} (e.g. "
                                   "download the model again) or set train.export_hf: false",
                                   fmt::join(files, ", "),
-                                  files.size() == 1 ? "a link to a file that does not exist"
-                                                    : "links to files that do not exist",
+                                  files.size() == 1 ? "a link that leads to no file"
+                                                    : "links that lead to no file",
                                   files.size() == 1 ? "it" : "them"));
     }
     // A JSON file there that does not parse (a cut-short download, an edit gone wrong) would be
-    // copied as it is, and the exported model would not load.
-    const auto invalid =
-        exports ? InvalidJsonExportTokenizerFiles(dirs) : std::vector<UncopyableTokenizerFile>{};
-    if (!invalid.empty()) {
-      fail(keys[invalid.front().dir],
+    // copied as it is, and the exported model would not load; a directory or a pipe where a file
+    // belongs, or a link that loops, would fail the export after the training.
+    const auto uncopyable =
+        exports ? UncopyableExportTokenizerFiles(dirs) : std::vector<UncopyableTokenizerFile>{};
+    if (!uncopyable.empty()) {
+      fail(keys[uncopyable.front().dir],
            fmt::format("expected tokenizer files that the end-of-run export can copy "
-                       "(train.export_hf is on), got {}: not valid JSON; restore it (e.g. "
-                       "download the model again) or set train.export_hf: false",
-                       invalid.front().file));
+                       "(train.export_hf is on), got {}: {}; restore it (e.g. download the "
+                       "model again) or set train.export_hf: false",
+                       uncopyable.front().file, uncopyable.front().problem));
     }
     // The teacher's tokenizer, where the export ships it (the student's hf_dir has none): its ids
     // must be rows of the student's embedding (a student narrower than the teacher's tokenizer,

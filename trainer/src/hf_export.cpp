@@ -27,6 +27,7 @@
 #include "distill/run.h"
 #include "distill/run_dir.h"
 #include "distill/safetensors.h"
+#include "weights/json_limits.h"
 
 namespace distill {
 namespace fs = std::filesystem;
@@ -50,7 +51,7 @@ std::string JsonError(const fs::path& name, const std::string& bytes) {
   try {
     [[maybe_unused]] const nlohmann::json parsed = nlohmann::json::parse(bytes);
   } catch (const nlohmann::json::exception& e) {
-    return e.what();
+    return JsonReason(e);  // without the library's "[json.exception.parse_error.101]"
   }
   return "";
 }
@@ -109,7 +110,8 @@ std::vector<std::pair<std::string, at::Tensor>> HfTensors(const CausalLM& model)
 // merges.txt); not generation_config.json alone, which save_pretrained writes beside any model.
 bool HasTokenizer(const std::string& dir) {
   for (const char* name : {"tokenizer.json", "tokenizer.model", "vocab.json"}) {
-    if (fs::exists(fs::path(dir) / name)) return true;
+    std::error_code error;  // a link that loops: not a tokenizer
+    if (fs::exists(fs::path(dir) / name, error)) return true;
   }
   return false;
 }
@@ -144,11 +146,13 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
   for (const std::string& dir :
        {config.student.hf_dir, config.teacher.hf_dir, config.train.export_from}) {
     if (dir.empty()) continue;
-    (fs::exists(fs::path(dir) / "config.json") ? dirs : gone).push_back(dir);
+    std::error_code error;  // a config.json that cannot be reached counts as gone
+    (fs::exists(fs::path(dir) / "config.json", error) ? dirs : gone).push_back(dir);
   }
   if (!gone.empty() && !run_dir.empty()) {
     const fs::path own = fs::path(run_dir) / "hf";
-    if (fs::exists(own / "config.json")) {
+    std::error_code error;
+    if (fs::exists(own / "config.json", error)) {
       sources.config_template = (own / "config.json").string();
       sources.tokenizer_dir = TokenizerDir({own.string()});
       sources.note = fmt::format(
@@ -169,7 +173,7 @@ HfExportSources ExportSources(const Config& config, const std::string& run_dir) 
       dangling.empty()
           ? ""
           : fmt::format(
-                "warning: the export has no copy of {}: links to files that do not exist (a "
+                "warning: the export has no copy of {}: links that lead to no file (a "
                 "Hugging Face cache whose files were deleted?); restore them, e.g. by downloading "
                 "the model again, and export again with `distill_trainer export`",
                 fmt::join(dangling, ", "));
@@ -200,10 +204,16 @@ std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
     if (dirs[d].empty() || !fs::exists(fs::path(dirs[d]) / "config.json", error)) continue;
     for (const char* name : kTokenizerFiles) {
       const fs::path file = fs::path(dirs[d]) / name;
-      if (!fs::is_symlink(fs::symlink_status(file, error)) || fs::exists(file, error)) continue;
-      const fs::path target = fs::read_symlink(file, error);
-      dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
-                                         error ? std::string("?") : target.string())});
+      if (!fs::is_symlink(fs::symlink_status(file, error))) continue;
+      const fs::file_status status = fs::status(file, error);
+      if (status.type() == fs::file_type::not_found) {
+        const fs::path target = fs::read_symlink(file, error);
+        dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
+                                           error ? std::string("?") : target.string())});
+      } else if (error) {  // a loop of links (tokenizer.json -> tokenizer.json)
+        dangling.push_back({d, fmt::format("\"{}\" (a link that cannot be followed: {})",
+                                           file.string(), error.message())});
+      }
     }
     if (HasTokenizer(dirs[d])) break;
   }
@@ -221,27 +231,43 @@ std::optional<size_t> ExportTokenizerDir(const std::vector<std::string>& dirs) {
   return std::nullopt;
 }
 
-std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
+std::vector<UncopyableTokenizerFile> UncopyableExportTokenizerFiles(
     const std::vector<std::string>& dirs) {
-  std::vector<UncopyableTokenizerFile> invalid;
+  std::vector<UncopyableTokenizerFile> uncopyable;
   // Only the directory the export copies from (TokenizerDir's): the first with a tokenizer.
   if (const std::optional<size_t> found = ExportTokenizerDir(dirs)) {
     const size_t d = *found;
-    std::error_code error;
     for (const char* name : kTokenizerFiles) {
       const fs::path file = fs::path(dirs[d]) / name;
-      if (file.extension() != ".json" || !fs::is_regular_file(file, error)) continue;
+      const std::string quoted = fmt::format("\"{}\"", file.string());
+      std::error_code error;
+      const fs::file_status status = fs::status(file, error);
+      // Absent, or a link to nothing (DanglingExportTokenizerFiles'): not copied, not refused.
+      if (status.type() == fs::file_type::not_found) continue;
+      if (error) {  // a link that loops, a directory that cannot be searched
+        uncopyable.push_back(
+            {d, quoted, fmt::format("it cannot be reached ({})", error.message())});
+        continue;
+      }
+      if (!fs::is_regular_file(status)) {
+        uncopyable.push_back({d, quoted,
+                              fs::is_directory(status)
+                                  ? "a directory, not a file"
+                                  : "not a regular file (a device, pipe or socket)"});
+        continue;
+      }
+      if (file.extension() != ".json") continue;
       std::ifstream in(file, std::ios::binary);
       std::stringstream bytes;
       bytes << in.rdbuf();
-      const std::string message = in ? JsonError(file, bytes.str())
-                                     : std::string("it cannot be read, so it cannot be copied");
-      if (!message.empty()) {
-        invalid.push_back({d, fmt::format("\"{}\" ({})", file.string(), message)});
+      if (!in) {
+        uncopyable.push_back({d, quoted, "it cannot be read"});
+      } else if (const std::string message = JsonError(file, bytes.str()); !message.empty()) {
+        uncopyable.push_back({d, fmt::format("{} ({})", quoted, message), "not valid JSON"});
       }
     }
   }
-  return invalid;
+  return uncopyable;
 }
 
 bool IsExportFileName(const std::string& name) {
@@ -261,7 +287,7 @@ bool AllDigits(const std::string& s, size_t from) {
 }  // namespace
 
 bool IsExportFileOrTemporary(const std::string& name) {
-  if (IsExportFileName(name)) return true;
+  if (IsExportFileName(name) || name == kExportMarker) return true;
   const size_t at = name.rfind(".tmp");
   if (at == std::string::npos || !IsExportFileName(name.substr(0, at))) return false;
   return at + 4 == name.size() || (name[at + 4] == '.' && AllDigits(name, at + 5));
@@ -275,15 +301,31 @@ bool IsExportSibling(const std::string& name, const std::string& target, const s
 
 namespace {
 
-// The entries of `dir` that an export does not write (a user's notes or model card), by name.
-std::vector<std::string> ForeignEntries(const fs::path& dir) {
+// The entries of `dir` that an export does not write (a user's notes or model card), by name;
+// the export's marker is its own, and with `temporaries` so are the temporaries of its files.
+std::vector<std::string> ForeignEntries(const fs::path& dir, bool temporaries = false) {
   std::vector<std::string> foreign;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (!IsExportFileName(name)) foreign.push_back(name);
+    const bool ours = temporaries ? IsExportFileOrTemporary(name)
+                                  : IsExportFileName(name) || name == kExportMarker;
+    if (!ours) foreign.push_back(name);
   }
   std::sort(foreign.begin(), foreign.end());
   return foreign;
+}
+
+// The marker an export puts in the directories it creates or moves aside (a temporary, the
+// previous export): what it may delete when a stopped export left one. A directory merely named
+// like one is a user's.
+bool Marked(const fs::path& dir) {
+  std::error_code ignored;
+  return fs::is_regular_file(fs::symlink_status(dir / kExportMarker, ignored));
+}
+void Mark(const fs::path& dir) { WriteFileAtomically((dir / kExportMarker).string(), ""); }
+void Unmark(const fs::path& dir) {
+  std::error_code ignored;
+  if (Marked(dir)) fs::remove(dir / kExportMarker, ignored);
 }
 
 // Whether anything is at `path`, a link to nothing included (fs::exists follows links).
@@ -309,12 +351,14 @@ bool OtherProcessAlive(const std::string& pid_text) {
 }
 
 // Before an export: what an export killed before left beside `target`, named after its process
-// id. Its temporary <target>.tmp-<pid>, holding only export files (or their temporaries), is
-// deleted, unless that process still runs (`distill_trainer export` takes no run lock). With
-// `replace` (the run's own export), also its <target>.old-<pid>, the export before it, moved
-// aside: put back where no export took its place; else deleted when it holds only export files,
-// or kept as <target>.previous when it holds a user's. Only tidying: a failure is a warning, not
-// the export's. Returns warnings, one a line.
+// id. Its temporary <target>.tmp-<pid>, holding the export's marker (kExportMarker: written by
+// an export, never by hand) and only export files (or their temporaries), is deleted, unless that
+// process still runs (`distill_trainer export` takes no run lock); a directory named so without
+// the marker, or holding a user's files, is not the export's to delete and is left as it is.
+// With `replace` (the run's own export), also its <target>.old-<pid>, the export before it, moved
+// aside: put back where no export took its place; else deleted when it holds the marker and only
+// export files, or kept as <target>.previous. Only tidying: a failure is a warning, not the
+// export's. Returns warnings, one a line.
 std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
   std::string warnings;
   try {
@@ -329,20 +373,21 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
       if (!entry.is_directory() || entry.is_symlink()) continue;
       if (IsExportSibling(n, name, ".tmp-")) temporaries.push_back(entry.path());
     }
+    std::sort(temporaries.begin(), temporaries.end());
     for (const fs::path& tmp : temporaries) {
       const std::string pid = tmp.filename().string().substr(name.size() + 5);
       if (OtherProcessAlive(pid)) continue;
-      bool only_ours = true;
-      for (const auto& f : fs::directory_iterator(tmp)) {
-        only_ours = only_ours && IsExportFileOrTemporary(f.path().filename().string());
+      // Unmarked, or holding a user's files: not the export's to delete, left as it is.
+      if (Marked(tmp) && ForeignEntries(tmp, /*temporaries=*/true).empty()) {
+        RemoveTree(tmp.string());
       }
-      if (only_ours) RemoveTree(tmp.string());
     }
     std::sort(olds.begin(), olds.end());
     for (const fs::path& old : olds) {
       if (OtherProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
       const fs::file_status was = fs::symlink_status(old);
       if (!Present(target)) {
+        Unmark(old);
         fs::rename(old, target);
         warnings +=
             fmt::format("warning: {} was left by an export that was stopped; it is {} again\n",
@@ -353,15 +398,18 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
         warnings +=
             fmt::format("warning: {} ({}, left by an export that was stopped) was kept as {}\n",
                         old.string(), fs::is_symlink(was) ? "a link" : "a file", kept.string());
-      } else if (ForeignEntries(old).empty()) {
+      } else if (Marked(old) && ForeignEntries(old).empty()) {
         RemoveTree(old.string());
       } else {
+        const bool marked = Marked(old);
+        Unmark(old);
         const fs::path kept = PreviousName(target);
         fs::rename(old, kept);
         warnings += fmt::format(
-            "warning: {} (left by an export that was stopped) holds files the export does not "
-            "write: it was kept as {}\n",
-            old.string(), kept.string());
+            "warning: {} ({}) {}: it was kept as {}\n", old.string(),
+            marked ? "left by an export that was stopped" : "named like an export's previous copy",
+            marked ? "holds files the export does not write" : "was not moved there by an export",
+            kept.string());
       }
     }
   } catch (const std::exception& e) {
@@ -419,24 +467,56 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
       throw std::runtime_error(fmt::format("export: {}: {}", out_dir, e.what()));
     }
   }
+  // Ours only once created here: one of this very process id that a killed export left was
+  // tidied above; one still there is a user's (RecoverInterruptedExports' warning names it).
+  bool tmp_created = false;
   try {
-    RemoveTree(tmp.string());  // ours: left by a killed export of this very process id
-    fs::create_directories(tmp);
+    if (Present(tmp) || !fs::create_directory(tmp)) {
+      throw std::runtime_error(fmt::format(
+          "export: {} is in the way of the export's temporary directory and is not one an export "
+          "left; move it away and export again",
+          tmp.string()));
+    }
+    tmp_created = true;
+    Mark(tmp);
     WriteFileAtomically((tmp / "config.json").string(), config_json);
     WriteSafetensors((tmp / "model.safetensors").string(), HfTensors(model), {{"format", "pt"}});
     if (!sources.tokenizer_dir.empty()) {
       for (const char* name : kTokenizerFiles) {
         const fs::path from = fs::path(sources.tokenizer_dir) / name;
-        if (fs::exists(from)) CopyFile(from, tmp / name);
+        std::error_code error;
+        const bool there = fs::exists(from, error);
+        if (error) {  // a link that loops
+          throw std::runtime_error(
+              fmt::format("export: {}: cannot be followed ({}); expected a tokenizer file to copy",
+                          from.string(), error.message()));
+        }
+        if (there) CopyFile(from, tmp / name);
       }
     }
-    if (Present(target)) fs::rename(target, old);
+    if (Present(target)) {
+      fs::rename(target, old);
+      // The previous export, aside: the next export deletes it if this one is stopped now.
+      std::error_code ignored;
+      if (fs::is_directory(fs::symlink_status(old, ignored))) {
+        try {
+          Mark(old);
+        } catch (const std::exception&) {  // unmarked: kept as .previous, never deleted
+        }
+      }
+    }
+    // Not shipped with the model (stopped between this and the rename: an unmarked temporary,
+    // which later exports leave alone).
+    fs::remove(tmp / kExportMarker);
     fs::rename(tmp, target);
   } catch (...) {
-    RemoveTree(tmp.string());
+    if (tmp_created) RemoveTree(tmp.string());
     // The previous export moved aside and the new one not in place: the previous one goes back.
     std::error_code ignored;
-    if (Present(old) && !Present(target)) fs::rename(old, target, ignored);
+    if (Present(old) && !Present(target)) {
+      Unmark(old);
+      fs::rename(old, target, ignored);
+    }
     for (const std::string& dir : created) fs::remove(dir, ignored);  // deepest first; rmdir
     throw;
   }
@@ -461,6 +541,7 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
       RemoveTree(old.string());
       return recovered;
     }
+    Unmark(old);
     const fs::path kept = PreviousName(target);
     fs::rename(old, kept);
     return before + fmt::format(

@@ -483,6 +483,23 @@ void RemoveTree(const std::string& path) {
   }
 }
 
+namespace {
+
+// Whether two spellings of a path name the same file or directory ("m", "m/", "./m", an
+// absolute path, a link), or, where nothing is there (a glob), the same text once normalised.
+bool SamePath(const std::string& a, const std::string& b) {
+  std::error_code error;
+  if (fs::equivalent(a, b, error) && !error) return true;
+  const auto normal = [](const std::string& p) {
+    std::string n = fs::path(p).lexically_normal().string();
+    while (n.size() > 1 && n.back() == '/') n.pop_back();
+    return n;
+  };
+  return normal(a) == normal(b);
+}
+
+}  // namespace
+
 std::string RunIdentity(const Config& config) {
   if (!TeacherBesideOutDir(config)) return RunIdentityAsTyped(config);
   Config c = config;
@@ -644,8 +661,9 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
           : fmt::format("delete it by hand (rm -r {}; it has no {} marker, so --fresh will not)",
                         dir.string(), kRunMarker);
   std::string stored_identity, stored_out_dir;
+  Config stored;
   try {
-    const Config stored = LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored);
+    stored = LoadConfigFile(config_file.string(), {}, ConfigOrigin::kStored);
     stored_identity = RunIdentity(stored);
     stored_out_dir = stored.train.out_dir;
   } catch (const ConfigError& e) {
@@ -672,6 +690,28 @@ RunDirPlan PlanRunDir(const Config& config, bool fresh) {
   }
   const std::string wanted = RunIdentity(config);
   if (stored_identity != wanted) {
+    // This run with a path spelled otherwise ("m/" for "m", "./m", an absolute path): the run's
+    // spelling is part of its identity (its checkpoints carry it), so it is the one to pass.
+    Config respelled = config;
+    std::vector<std::string> spellings;
+    const auto respell = [&](const char* key, std::string& mine, const std::string& run) {
+      if (mine != run && !mine.empty() && !run.empty() && SamePath(mine, run)) {
+        spellings.push_back(fmt::format("{}={}", key, run));
+        mine = run;
+      }
+    };
+    respell("student.hf_dir", respelled.student.hf_dir, stored.student.hf_dir);
+    respell("teacher.hf_dir", respelled.teacher.hf_dir, stored.teacher.hf_dir);
+    respell("teacher.checkpoint", respelled.teacher.checkpoint, stored.teacher.checkpoint);
+    respell("data.path", respelled.data.path, stored.data.path);
+    respell("data.val_path", respelled.data.val_path, stored.data.val_path);
+    if (!spellings.empty() && RunIdentity(respelled) == stored_identity) {
+      throw RunDirError(fmt::format(
+          "{} holds this run, started with the same path{} spelled otherwise; the spelling is "
+          "part of the run's identity: to continue it, pass {} (or spell {} so in the config file)",
+          dir.string(), spellings.size() == 1 ? "" : "s", fmt::join(spellings, " "),
+          spellings.size() == 1 ? "it" : "them"));
+    }
     // A run directory moved since: its config.yaml names where it was.
     const std::string moved =
         stored_out_dir == config.train.out_dir

@@ -1158,7 +1158,20 @@ EvalResult Trainer::Train() {
       if (!warning.empty()) Warn(warning);
     };
     warn(sources.note);
-    warn(ExportHf(*student_, hf_dir, sources, /*replace=*/true));
+    try {
+      warn(ExportHf(*student_, hf_dir, sources, /*replace=*/true));
+    } catch (const c10::Error&) {
+      throw;  // out of memory: main says so
+    } catch (const std::exception& e) {
+      // The training is not lost with the export: say where it is and how to export it.
+      const std::string message = fmt::format(
+          "{}; the training itself is done, its final checkpoint in {}: once that is fixed, "
+          "`distill_trainer export {} <new directory>` exports it",
+          e.what(), (fs::path(config_.train.out_dir) / "checkpoints").string(),
+          config_.train.out_dir);
+      if (dynamic_cast<const ConfigError*>(&e) != nullptr) throw ConfigError(message);
+      throw std::runtime_error(message);
+    }
     progress_->Log(fmt::format("exported the student to {} (Hugging Face format)", hf_dir));
   }
   return final_eval;

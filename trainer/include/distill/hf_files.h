@@ -12,32 +12,43 @@ namespace distill {
 // files); anything else in an export directory is a user's (a model card).
 bool IsExportFileName(const std::string& name);
 
-// The same, or the temporary of such a file that a killed export left: "<file>.tmp"
-// (WriteFileAtomically's) or "<file>.tmp.<pid>" (WriteSafetensors').
+// The empty file an export puts in the directories it creates or moves aside (its temporary,
+// the previous export): a later export deletes what a stopped one left only where it finds it.
+// Never in a finished export.
+inline constexpr char kExportMarker[] = ".distill_trainer_export";
+
+// The same, the marker, or the temporary of such a file that a killed export left:
+// "<file>.tmp" (WriteFileAtomically's) or "<file>.tmp.<pid>" (WriteSafetensors').
 bool IsExportFileOrTemporary(const std::string& name);
 
 // A tokenizer file an export cannot copy: a link to nothing (a Hugging Face cache whose blobs
-// were deleted), or a JSON file that does not parse.
+// were deleted), a link that loops, a directory or a pipe where a file belongs, or a JSON file
+// that does not parse.
 struct UncopyableTokenizerFile {
-  size_t dir;        // the index of its directory in the list given
-  std::string file;  // its path, quoted, and why: "\"<dir>/<name>\" (a link to \"<target>\")"
+  size_t dir;           // the index of its directory in the list given
+  std::string file;     // its path, quoted, and more where there is: "\"<dir>/<name>\" (a link to
+                        // \"<target>\")", "\"<dir>/<name>\" (<the JSON parser's message>)"
+  std::string problem;  // UncopyableExportTokenizerFiles': "not valid JSON", "a directory, not a
+                        // file", ...
 };
 
-// Those in the directories an export takes tokenizer files from: `dirs` in the export's order
-// (the student's hf_dir, the teacher's, train.export_from; "" and directories without config.json
-// passed over, as the export passes them), up to the first with a tokenizer (tokenizer.json, a
-// SentencePiece tokenizer.model or GPT-2's vocab.json), whose files it copies; a dangling
-// tokenizer.json passes its directory over. The trainer refuses them at start-up where the run
-// exports; ExportSources' note names them.
+// The links to nothing (or that loop) among the tokenizer files of the directories an export
+// takes them from: `dirs` in the export's order (the student's hf_dir, the teacher's,
+// train.export_from; "" and directories without config.json passed over, as the export passes
+// them), up to the first with a tokenizer (tokenizer.json, a SentencePiece tokenizer.model or
+// GPT-2's vocab.json), whose files it copies; a dangling tokenizer.json passes its directory
+// over. The trainer refuses them at start-up where the run exports; ExportSources' note names
+// them.
 std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
     const std::vector<std::string>& dirs);
 
-// The JSON tokenizer files (tokenizer_config.json, generation_config.json, ...) in the same
-// directories, in the same order, that do not parse: copied as they are, they would make the
-// export unloadable (transformers' from_pretrained fails on them). `file` is "\"<path>\" (<the
-// parser's message>)". The trainer refuses them at start-up where the run exports, and the
-// export refuses to copy one.
-std::vector<UncopyableTokenizerFile> InvalidJsonExportTokenizerFiles(
+// The other tokenizer files in the directory the export copies from (ExportTokenizerDir's) that
+// it cannot copy: a link that loops or cannot be reached, a directory, pipe or device (the copy
+// refuses them), one that cannot be read, and a JSON file (tokenizer_config.json,
+// generation_config.json, ...) that does not parse: copied as it is, it would make the export
+// unloadable (transformers' from_pretrained fails on it). The trainer refuses them at start-up
+// where the run exports, and the export refuses to copy one.
+std::vector<UncopyableTokenizerFile> UncopyableExportTokenizerFiles(
     const std::vector<std::string>& dirs);
 
 // The index in `dirs` (the order and rules above) of the directory whose tokenizer files the
