@@ -6,6 +6,12 @@
 # Environment: SKIP_BENCH=1, SKIP_CONVERGENCE=1, BUDGET_S (the convergence runs' time),
 # CTEST_EXCLUDE_LABELS and CTEST_ARGS (a part of the tests: see the ctest line).
 set -uo pipefail
+# A machine without a GPU would build for sm_90 for many minutes and then skip every CUDA test.
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "device_check.sh: no NVIDIA GPU here (nvidia-smi is missing or sees none); run it on a" \
+    "CUDA machine. On this one, make test runs the CPU tests." >&2
+  exit 1
+fi
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-570}  # the device tool's per-call limit is 600 s: leave time to pack results
 stage() { echo "== $1 at +$(( $(date +%s) - START )) s"; }

@@ -476,6 +476,7 @@ TEST(HfModel, TheRunsExportRecoversWhatAKilledExportLeft) {
     WriteBytes(dir + "/" + kExportMarker, "");  // what an export puts there
   };
   std::filesystem::create_directories(out + ".old-2000000001");
+  mark(out + ".old-2000000001");
   WriteBytes(out + ".old-2000000001/config.json", "{}");
   WriteBytes(out + ".old-2000000001/README.md", "my model card");
   std::filesystem::create_directories(out + ".tmp-2000000001");
@@ -582,8 +583,9 @@ TEST(HfModel, AnExportNeverDeletesADirectoryNamedLikeItsTemporary) {
   EXPECT_THAT([&] { ExportHf(*model, root + "/mine", {}, /*replace=*/false); },
               ::testing::ThrowsMessage<std::runtime_error>(
                   HasSubstr("export: " + own +
-                            " is in the way of the export's temporary directory and is not one an "
-                            "export left; move it away and export again")));
+                            " is in the way of the export's temporary directory and has no export "
+                            "marker (not one an export left, or left by an older distill_trainer); "
+                            "move it away and export again")));
   EXPECT_EQ(ReadBytes(own + "/photos/a.jpg"), "x");
   EXPECT_FALSE(std::filesystem::exists(root + "/mine"));
   // The same name holding only export files, unmarked: still not the export's.
@@ -592,6 +594,52 @@ TEST(HfModel, AnExportNeverDeletesADirectoryNamedLikeItsTemporary) {
   WriteBytes(own + "/config.json", "{}");
   EXPECT_THROW(ExportHf(*model, root + "/mine", {}, /*replace=*/false), std::runtime_error);
   EXPECT_EQ(ReadBytes(own + "/config.json"), "{}");
+  RemoveTree(own);
+  // `distill_trainer export` moves nothing aside: a folder named like its previous copy, with
+  // this process's id, is not its own to delete or move.
+  const std::string own_old = root + "/mine.old-" + std::to_string(::getpid());
+  std::filesystem::create_directories(own_old);
+  WriteBytes(own_old + "/config.json", "{}");
+  EXPECT_EQ(ExportHf(*model, root + "/mine", {}, /*replace=*/false), "");
+  EXPECT_EQ(ReadBytes(own_old + "/config.json"), "{}");
+  EXPECT_FALSE(std::filesystem::exists(root + "/mine.previous"));
+
+  // The run's own export (replace): a previous copy no export moved aside, where no export is in
+  // place, is kept as .previous, not put in the export's place (where it would be replaced).
+  const std::string run_hf = root + "/run/hf";
+  std::filesystem::create_directories(run_hf + ".old-2000000008");
+  WriteBytes(run_hf + ".old-2000000008/config.json", "my own");
+  EXPECT_EQ(ExportHf(*model, run_hf, {}, /*replace=*/true),
+            "warning: " + run_hf +
+                ".old-2000000008 (named like an export's previous copy) was not moved there by an "
+                "export: it was kept as " +
+                run_hf + ".previous");
+  EXPECT_EQ(ReadBytes(run_hf + ".previous/config.json"), "my own");
+  EXPECT_EQ(HfModelConfig(run_hf).vocab_size, 32);
+}
+
+// What a kill at any point of an export leaves is tidied by the next export: a temporary stopped
+// before its marker (empty) or only marked; an export killed after its rename (the marker still
+// in it) beside its marked previous copy.
+TEST(HfModel, AnExportKilledAtAnyPointIsTidiedByTheNext) {
+  Model model = MakeModel(TinyLlama(32));
+  const std::string root = TempRunDir();
+  const std::string out = root + "/hf";
+  std::filesystem::create_directories(out + ".tmp-2000000011");
+  std::filesystem::create_directories(out + ".tmp-2000000012");
+  WriteBytes(out + ".tmp-2000000012/" + kExportMarker, "");
+  std::filesystem::create_directories(out);
+  WriteBytes(out + "/config.json", "{}");
+  WriteBytes(out + "/" + kExportMarker, "");
+  std::filesystem::create_directories(out + ".old-2000000013");
+  WriteBytes(out + ".old-2000000013/config.json", "{}");
+  WriteBytes(out + ".old-2000000013/" + kExportMarker, "");
+  EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
+  for (const char* left : {".tmp-2000000011", ".tmp-2000000012", ".old-2000000013", ".previous",
+                           "/.distill_trainer_export"}) {
+    EXPECT_FALSE(std::filesystem::exists(out + left)) << left;
+  }
+  EXPECT_EQ(HfModelConfig(out).vocab_size, 32);
 }
 
 // A relative hf_dir that is not found is reported with the working directory it was looked up

@@ -283,10 +283,7 @@ std::string ReadVerified(const std::string& path, std::string* bytes) {
   }
   // A read that fails (EIO: a disk or network filesystem error) is not damage either: what the
   // file holds is judged by its checksum, once all of it could be read.
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const ScopedFd closer(fd);
   bytes->clear();
   struct stat st {};
   if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes->reserve(static_cast<size_t>(st.st_size));

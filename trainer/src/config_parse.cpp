@@ -739,14 +739,14 @@ void CheckCrossKey(const Config& c, const Locations& at, ConfigOrigin origin) {
     const bool hf_dir = fs::is_directory(given, error) &&
                         fs::is_regular_file(given / "config.json", error) &&
                         !fs::exists(given / "checkpoints", error);
+    // A file of one: config.json or weights beside it.
+    const fs::path beside = given.has_parent_path() ? given.parent_path() : fs::path(".");
     const bool hf_file =
-        fs::is_regular_file(given, error) &&
+        fs::is_regular_file(given, error) && fs::is_regular_file(beside / "config.json", error) &&
         (given.extension() == ".safetensors" || given.filename() == "config.json" ||
          given.filename() == "model.safetensors.index.json");
     if (hf_dir || hf_file) {
-      const std::string dir =
-          hf_dir ? c.teacher.checkpoint
-                 : (given.has_parent_path() ? given.parent_path().string() : std::string("."));
+      const std::string dir = hf_dir ? c.teacher.checkpoint : beside.string();
       fail("teacher.checkpoint",
            fmt::format("expected a distill_trainer checkpoint file or run directory, got \"{}\": "
                        "{}; give {} as teacher.hf_dir instead (and unset teacher.checkpoint)",

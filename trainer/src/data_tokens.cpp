@@ -468,10 +468,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw ShardError(path, "cannot open: " + Errno());
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { close(fd); }
-  } closer{fd};
+  const ScopedFd closer(fd);
   struct stat st {};
   if (fstat(fd, &st) != 0) throw ShardError(path, "cannot stat: " + Errno());
   if (!S_ISREG(st.st_mode)) {

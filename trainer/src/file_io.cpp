@@ -197,6 +197,10 @@ void WriteFileAtomically(const std::string& path, const std::string& content) {
   WriteFileAtomically(path, content.data(), content.size());
 }
 
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 LineAppender::LineAppender(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) {

@@ -1,5 +1,6 @@
 #include "distill/hf_export.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -211,8 +212,10 @@ std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
         dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
                                            error ? std::string("?") : target.string())});
       } else if (error) {  // a loop of links (tokenizer.json -> tokenizer.json)
-        dangling.push_back({d, fmt::format("\"{}\" (a link that cannot be followed: {})",
-                                           file.string(), error.message())});
+        dangling.push_back({d, error.value() == ELOOP
+                                   ? fmt::format("\"{}\" (a link that loops)", file.string())
+                                   : fmt::format("\"{}\" (a link that cannot be followed: {})",
+                                                 file.string(), error.message())});
       }
     }
     if (HasTokenizer(dirs[d])) break;
@@ -256,13 +259,15 @@ std::vector<UncopyableTokenizerFile> UncopyableExportTokenizerFiles(
                                   : "not a regular file (a device, pipe or socket)"});
         continue;
       }
-      if (file.extension() != ".json") continue;
       std::ifstream in(file, std::ios::binary);
+      if (!in) {  // no read permission
+        uncopyable.push_back({d, quoted, "it cannot be read"});
+        continue;
+      }
+      if (file.extension() != ".json") continue;
       std::stringstream bytes;
       bytes << in.rdbuf();
-      if (!in) {
-        uncopyable.push_back({d, quoted, "it cannot be read"});
-      } else if (const std::string message = JsonError(file, bytes.str()); !message.empty()) {
+      if (const std::string message = JsonError(file, bytes.str()); !message.empty()) {
         uncopyable.push_back({d, fmt::format("{} ({})", quoted, message), "not valid JSON"});
       }
     }
@@ -315,17 +320,35 @@ std::vector<std::string> ForeignEntries(const fs::path& dir, bool temporaries = 
   return foreign;
 }
 
-// The marker an export puts in the directories it creates or moves aside (a temporary, the
+// The marker an export puts in the directories it creates or moves aside (its temporary, the
 // previous export): what it may delete when a stopped export left one. A directory merely named
 // like one is a user's.
 bool Marked(const fs::path& dir) {
   std::error_code ignored;
   return fs::is_regular_file(fs::symlink_status(dir / kExportMarker, ignored));
 }
-void Mark(const fs::path& dir) { WriteFileAtomically((dir / kExportMarker).string(), ""); }
+// One create, no temporary: a process killed meanwhile leaves the marker whole or absent.
+void Mark(const fs::path& dir) {
+  const std::string marker = (dir / kExportMarker).string();
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
+    throw FileError(fmt::format("cannot create {}: {}", marker, DescribeWriteError(error)));
+  }
+  ::close(fd);
+}
 void Unmark(const fs::path& dir) {
   std::error_code ignored;
   if (Marked(dir)) fs::remove(dir / kExportMarker, ignored);
+}
+// Deletes a marked directory: the marker last, so that one a kill stopped part-way is still
+// marked, and deleted, at the next export.
+void RemoveMarked(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename() != kExportMarker) RemoveTree(entry.path().string());
+  }
+  fs::remove(dir / kExportMarker);
+  fs::remove(dir);
 }
 
 // Whether anything is at `path`, a link to nothing included (fs::exists follows links).
@@ -377,16 +400,20 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
     for (const fs::path& tmp : temporaries) {
       const std::string pid = tmp.filename().string().substr(name.size() + 5);
       if (OtherProcessAlive(pid)) continue;
-      // Unmarked, or holding a user's files: not the export's to delete, left as it is.
+      // Unmarked, or holding a user's files: not the export's to delete, left as it is; empty:
+      // one stopped before its marker (rmdir, which loses nothing).
+      std::error_code error;
       if (Marked(tmp) && ForeignEntries(tmp, /*temporaries=*/true).empty()) {
-        RemoveTree(tmp.string());
+        RemoveMarked(tmp);
+      } else if (fs::is_empty(tmp, error) && !error) {
+        fs::remove(tmp, error);
       }
     }
     std::sort(olds.begin(), olds.end());
     for (const fs::path& old : olds) {
       if (OtherProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
       const fs::file_status was = fs::symlink_status(old);
-      if (!Present(target)) {
+      if (!Present(target) && fs::is_directory(was) && Marked(old)) {
         Unmark(old);
         fs::rename(old, target);
         warnings +=
@@ -399,7 +426,7 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
             fmt::format("warning: {} ({}, left by an export that was stopped) was kept as {}\n",
                         old.string(), fs::is_symlink(was) ? "a link" : "a file", kept.string());
       } else if (Marked(old) && ForeignEntries(old).empty()) {
-        RemoveTree(old.string());
+        RemoveMarked(old);
       } else {
         const bool marked = Marked(old);
         Unmark(old);
@@ -468,13 +495,14 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     }
   }
   // Ours only once created here: one of this very process id that a killed export left was
-  // tidied above; one still there is a user's (RecoverInterruptedExports' warning names it).
-  bool tmp_created = false;
+  // tidied above; one still there is not marked as an export's, so not the export's to delete.
+  bool tmp_created = false, target_marked = false, moved_aside = false;
   try {
     if (Present(tmp) || !fs::create_directory(tmp)) {
       throw std::runtime_error(fmt::format(
-          "export: {} is in the way of the export's temporary directory and is not one an export "
-          "left; move it away and export again",
+          "export: {} is in the way of the export's temporary directory and has no export marker "
+          "(not one an export left, or left by an older distill_trainer); move it away and export "
+          "again",
           tmp.string()));
     }
     tmp_created = true;
@@ -484,47 +512,48 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     if (!sources.tokenizer_dir.empty()) {
       for (const char* name : kTokenizerFiles) {
         const fs::path from = fs::path(sources.tokenizer_dir) / name;
+        // A link to nothing, or that loops, is left out: ExportSources' note names it.
         std::error_code error;
-        const bool there = fs::exists(from, error);
-        if (error) {  // a link that loops
-          throw std::runtime_error(
-              fmt::format("export: {}: cannot be followed ({}); expected a tokenizer file to copy",
-                          from.string(), error.message()));
-        }
-        if (there) CopyFile(from, tmp / name);
+        if (fs::exists(from, error)) CopyFile(from, tmp / name);
       }
     }
     if (Present(target)) {
-      fs::rename(target, old);
-      // The previous export, aside: the next export deletes it if this one is stopped now.
+      // The previous export, marked before it is moved aside: if this export is stopped now, the
+      // next one puts it back or deletes it (a file or a link is never marked, only kept).
       std::error_code ignored;
-      if (fs::is_directory(fs::symlink_status(old, ignored))) {
-        try {
-          Mark(old);
-        } catch (const std::exception&) {  // unmarked: kept as .previous, never deleted
-        }
+      if (fs::is_directory(fs::symlink_status(target, ignored))) {
+        Mark(target);
+        target_marked = true;
+      }
+      fs::rename(target, old);
+      moved_aside = true;
+    }
+    fs::rename(tmp, target);  // the marker goes with it, and is removed below
+  } catch (...) {
+    std::error_code ignored;
+    if (tmp_created && Present(tmp)) {
+      try {
+        RemoveMarked(tmp);
+      } catch (const std::exception&) {  // the export's own error is the one to report
       }
     }
-    // Not shipped with the model (stopped between this and the rename: an unmarked temporary,
-    // which later exports leave alone).
-    fs::remove(tmp / kExportMarker);
-    fs::rename(tmp, target);
-  } catch (...) {
-    if (tmp_created) RemoveTree(tmp.string());
     // The previous export moved aside and the new one not in place: the previous one goes back.
-    std::error_code ignored;
-    if (Present(old) && !Present(target)) {
+    if (moved_aside && !Present(target)) {
       Unmark(old);
       fs::rename(old, target, ignored);
+    } else if (target_marked && !moved_aside) {
+      Unmark(target);
     }
     for (const std::string& dir : created) fs::remove(dir, ignored);  // deepest first; rmdir
     throw;
   }
   // The new export is in place: what follows only tidies the previous one, and its failure is a
-  // warning, not the export's.
+  // warning, not the export's. (Stopped before the marker is removed: an export that carries
+  // it, which the run's next export replaces; harmless otherwise.)
   const std::string before = recovered.empty() ? "" : recovered + "\n";
   try {
-    if (!Present(old)) return recovered;
+    Unmark(target);
+    if (!moved_aside) return recovered;
     // What stood at the target was no directory (a user's file, or a link, even to a directory,
     // whose target is not the export's to replace): kept beside it, as it was.
     const fs::file_status was = fs::symlink_status(old);
@@ -538,7 +567,7 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     // The previous export holds files the export does not write: not deleted, kept beside it.
     const std::vector<std::string> foreign = ForeignEntries(old);
     if (foreign.empty()) {
-      RemoveTree(old.string());
+      RemoveMarked(old);
       return recovered;
     }
     Unmark(old);

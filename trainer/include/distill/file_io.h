@@ -60,6 +60,19 @@ class LineAppender {
   int fd_ = -1;
 };
 
+// Owns a file descriptor: closes it when it goes out of scope, whatever is thrown meanwhile.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd();
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 // For messages about a path a user gave: "" when `path` is absolute, a note that nothing
 // expands it when it starts with '~', else
 // " (relative paths are resolved against the working directory, <cwd>)". Paths in configs

@@ -14,7 +14,7 @@ bool IsExportFileName(const std::string& name);
 
 // The empty file an export puts in the directories it creates or moves aside (its temporary,
 // the previous export): a later export deletes what a stopped one left only where it finds it.
-// Never in a finished export.
+// Removed once the export is in place.
 inline constexpr char kExportMarker[] = ".distill_trainer_export";
 
 // The same, the marker, or the temporary of such a file that a killed export left:
