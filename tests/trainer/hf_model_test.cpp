@@ -620,7 +620,7 @@ TEST(HfModel, AnExportNeverDeletesADirectoryNamedLikeItsTemporary) {
 
 // What a kill at any point of an export leaves is tidied by the next export: a temporary stopped
 // before its marker (empty) or only marked; an export killed after its rename (the marker still
-// in it) beside its marked previous copy.
+// in it) beside its marked previous copy; a previous copy whose deletion stopped before its rmdir.
 TEST(HfModel, AnExportKilledAtAnyPointIsTidiedByTheNext) {
   Model model = MakeModel(TinyLlama(32));
   const std::string root = TempRunDir();
@@ -634,9 +634,10 @@ TEST(HfModel, AnExportKilledAtAnyPointIsTidiedByTheNext) {
   std::filesystem::create_directories(out + ".old-2000000013");
   WriteBytes(out + ".old-2000000013/config.json", "{}");
   WriteBytes(out + ".old-2000000013/" + kExportMarker, "");
+  std::filesystem::create_directories(out + ".old-2000000014");  // deleted but for its rmdir
   EXPECT_EQ(ExportHf(*model, out, {}, /*replace=*/true), "");
-  for (const char* left : {".tmp-2000000011", ".tmp-2000000012", ".old-2000000013", ".previous",
-                           "/.distill_trainer_export"}) {
+  for (const char* left : {".tmp-2000000011", ".tmp-2000000012", ".old-2000000013",
+                           ".old-2000000014", ".previous", "/.distill_trainer_export"}) {
     EXPECT_FALSE(std::filesystem::exists(out + left)) << left;
   }
   EXPECT_EQ(HfModelConfig(out).vocab_size, 32);

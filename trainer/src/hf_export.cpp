@@ -209,13 +209,17 @@ std::vector<UncopyableTokenizerFile> DanglingExportTokenizerFiles(
       const fs::file_status status = fs::status(file, error);
       if (status.type() == fs::file_type::not_found) {
         const fs::path target = fs::read_symlink(file, error);
-        dangling.push_back({d, fmt::format("\"{}\" (a link to \"{}\")", file.string(),
-                                           error ? std::string("?") : target.string())});
+        dangling.push_back({d,
+                            fmt::format("\"{}\" (a link to \"{}\")", file.string(),
+                                        error ? std::string("?") : target.string()),
+                            "a link that leads to no file"});
       } else if (error) {  // a loop of links (tokenizer.json -> tokenizer.json)
-        dangling.push_back({d, error.value() == ELOOP
-                                   ? fmt::format("\"{}\" (a link that loops)", file.string())
-                                   : fmt::format("\"{}\" (a link that cannot be followed: {})",
-                                                 file.string(), error.message())});
+        dangling.push_back({d,
+                            error.value() == ELOOP
+                                ? fmt::format("\"{}\" (a link that loops)", file.string())
+                                : fmt::format("\"{}\" (a link that cannot be followed: {})",
+                                              file.string(), error.message()),
+                            "a link that leads to no file"});
       }
     }
     if (HasTokenizer(dirs[d])) break;
@@ -364,6 +368,28 @@ fs::path PreviousName(const fs::path& target) {
   return kept;
 }
 
+// Renames the directory `tmp` to `target` unless anything is at `target` (renameat2's
+// RENAME_NOREPLACE: nothing between a check and the rename; where the filesystem lacks it, a
+// check just before). Something there: the export's "already exists" error.
+void MoveIntoPlaceUnlessPresent(const fs::path& tmp, const fs::path& target,
+                                const std::string& out_dir) {
+  int error = 0;
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
+    error = errno;
+  }
+  if (error == EINVAL || error == ENOSYS) {  // a filesystem without RENAME_NOREPLACE
+    error = Present(target) ? EEXIST : ::rename(tmp.c_str(), target.c_str()) != 0 ? errno : 0;
+  }
+  if (error == EEXIST || error == ENOTEMPTY) {
+    throw std::runtime_error(fmt::format(
+        "export: {} already exists; choose a new directory (nothing is overwritten)", out_dir));
+  }
+  if (error != 0) {
+    throw fs::filesystem_error("rename", tmp, target,
+                               std::error_code(error, std::generic_category()));
+  }
+}
+
 // Whether another process of this id is alive (a temporary it is still writing is not left
 // over). This process's own id is not: what carries it was left by an earlier process that had
 // the same id (a container's trainer is often pid 1 at every start).
@@ -413,9 +439,11 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
     for (const fs::path& old : olds) {
       if (OtherProcessAlive(old.filename().string().substr(name.size() + 5))) continue;
       const fs::file_status was = fs::symlink_status(old);
+      // Renamed first, the marker removed after: a kill between leaves a marked export, which
+      // is harmless, never an unmarked previous copy.
       if (!Present(target) && fs::is_directory(was) && Marked(old)) {
-        Unmark(old);
         fs::rename(old, target);
+        Unmark(target);
         warnings +=
             fmt::format("warning: {} was left by an export that was stopped; it is {} again\n",
                         old.string(), target.string());
@@ -427,11 +455,13 @@ std::string RecoverInterruptedExports(const fs::path& target, bool replace) {
                         old.string(), fs::is_symlink(was) ? "a link" : "a file", kept.string());
       } else if (Marked(old) && ForeignEntries(old).empty()) {
         RemoveMarked(old);
+      } else if (std::error_code error; fs::is_empty(old, error) && !error) {
+        fs::remove(old, error);  // one whose deletion a kill stopped after its marker: rmdir
       } else {
         const bool marked = Marked(old);
-        Unmark(old);
         const fs::path kept = PreviousName(target);
         fs::rename(old, kept);
+        Unmark(kept);
         warnings += fmt::format(
             "warning: {} ({}) {}: it was kept as {}\n", old.string(),
             marked ? "left by an export that was stopped" : "named like an export's previous copy",
@@ -517,18 +547,24 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
         if (fs::exists(from, error)) CopyFile(from, tmp / name);
       }
     }
-    if (Present(target)) {
-      // The previous export, marked before it is moved aside: if this export is stopped now, the
-      // next one puts it back or deletes it (a file or a link is never marked, only kept).
-      std::error_code ignored;
-      if (fs::is_directory(fs::symlink_status(target, ignored))) {
-        Mark(target);
-        target_marked = true;
+    if (!replace) {
+      // `distill_trainer export` never replaces: what another export or a user put at the target
+      // meanwhile stays, and this export fails as it would have at the start.
+      MoveIntoPlaceUnlessPresent(tmp, target, out_dir);
+    } else {
+      if (Present(target)) {
+        // The previous export, marked before it is moved aside: if this export is stopped now,
+        // the next one puts it back or deletes it (a file or a link is never marked, only kept).
+        std::error_code ignored;
+        if (fs::is_directory(fs::symlink_status(target, ignored))) {
+          Mark(target);
+          target_marked = true;
+        }
+        fs::rename(target, old);
+        moved_aside = true;
       }
-      fs::rename(target, old);
-      moved_aside = true;
+      fs::rename(tmp, target);  // the marker goes with it, and is removed below
     }
-    fs::rename(tmp, target);  // the marker goes with it, and is removed below
   } catch (...) {
     std::error_code ignored;
     if (tmp_created && Present(tmp)) {
@@ -539,8 +575,8 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
     }
     // The previous export moved aside and the new one not in place: the previous one goes back.
     if (moved_aside && !Present(target)) {
-      Unmark(old);
       fs::rename(old, target, ignored);
+      if (!ignored) Unmark(target);
     } else if (target_marked && !moved_aside) {
       Unmark(target);
     }
@@ -570,9 +606,9 @@ std::string ExportHfInto(const CausalLM& model, const std::string& out_dir,
       RemoveMarked(old);
       return recovered;
     }
-    Unmark(old);
     const fs::path kept = PreviousName(target);
     fs::rename(old, kept);
+    Unmark(kept);
     return before + fmt::format(
                         "warning: the previous {} held files the export does not write ({}): it "
                         "was kept as {}",
