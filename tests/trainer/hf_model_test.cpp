@@ -1153,49 +1153,9 @@ TEST(HfModel, TheBaselineOfAnHfTeacherExportsWithTheTeachersTokenizer) {
   }
 }
 
-// A finished run stays exportable after its Hugging Face directories are moved or deleted: its
-// stored config.yaml holds the architecture, and the run's own export (hf/) stands in for
-// config.json's other keys and the tokenizer files.
-// An end-of-run export that fails (here a tokenizer file made a directory after the start-up
-// checks) says that the training is done, where its checkpoint is and how to export it.
-TEST(HfModel, AFailedEndOfRunExportSaysTheTrainingIsKept) {
-  const std::string out = TempRunDir();
-  const std::string models = out + "-models";
-  for (const char* name : {"qwen2_teacher", "qwen2_student"}) {
-    fs::create_directories(models + "/" + name);
-    for (const char* file : {"config.json", "model.safetensors"}) {
-      fs::copy_file(Fixture(name) + "/" + file, models + "/" + name + "/" + file);
-    }
-  }
-  WriteBytes(models + "/qwen2_teacher/tokenizer.json", "{\"model\": {}}");
-  fs::create_directories(models + "/qwen2_teacher/merges.txt");
-  Config c = testing::TinyConfig(out);  // not parsed: no start-up checks
-  c.train.mode = Mode::kDistill;
-  c.teacher.hf_dir = models + "/qwen2_teacher";
-  c.student.hf_dir = models + "/qwen2_student";
-  ReadHfConfig(c.teacher.hf_dir, c.teacher);
-  ReadHfConfig(c.student.hf_dir, c.student);
-  c.distill.vocab_size = 130;
-  c.data.synthetic.branching = 4;
-  c.train.steps = 2;
-  c.schedule.warmup_steps = 1;
-  std::ostringstream table;
-  EXPECT_EQ(testing::ErrorOf<std::runtime_error>([&] {
-              distill::Run(c, RunFlags{false, true, nullptr}, table);
-            }),
-            "export: " + models +
-                "/qwen2_teacher/merges.txt: not a regular file (a directory, device or pipe); "
-                "expected a tokenizer file to copy; the training itself is done, its final "
-                "checkpoint in " +
-                out + "/checkpoints: once that is fixed, `distill_trainer export " + out +
-                " <new directory>` exports it");
-  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_0000002.pt"));
-  EXPECT_FALSE(fs::exists(out + "/hf"));
-  RemoveTree(models);
-}
-
-TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
-  const std::string out = TempRunDir();
+// A 2-step distillation between the qwen2 fixtures, copied to <out>-models (the teacher with a
+// tokenizer.json), as a Config that Run takes as it is (not parsed: no start-up checks).
+Config QwenFixtureDistill(const std::string& out) {
   const std::string models = out + "-models";
   for (const char* name : {"qwen2_teacher", "qwen2_student"}) {
     fs::create_directories(models + "/" + name);
@@ -1214,6 +1174,38 @@ TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
   c.data.synthetic.branching = 4;
   c.train.steps = 2;
   c.schedule.warmup_steps = 1;
+  return c;
+}
+
+// An end-of-run export that fails (here a tokenizer file made a directory after the start-up
+// checks) says that the training is done, where its checkpoint is and how to export it.
+TEST(HfModel, AFailedEndOfRunExportSaysTheTrainingIsKept) {
+  const std::string out = TempRunDir();
+  const std::string models = out + "-models";
+  const Config c = QwenFixtureDistill(out);
+  fs::create_directories(models + "/qwen2_teacher/merges.txt");
+  std::ostringstream table;
+  EXPECT_EQ(testing::ErrorOf<std::runtime_error>([&] {
+              distill::Run(c, RunFlags{false, true, nullptr}, table);
+            }),
+            "export: " + models +
+                "/qwen2_teacher/merges.txt: not a regular file (a directory, device or pipe); "
+                "expected a tokenizer file to copy; the training itself is done, its final "
+                "checkpoint in " +
+                out + "/checkpoints: once that is fixed, `distill_trainer export " + out +
+                " <new directory>` exports it");
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_0000002.pt"));
+  EXPECT_FALSE(fs::exists(out + "/hf"));
+  RemoveTree(models);
+}
+
+// A finished run stays exportable after its Hugging Face directories are moved or deleted: its
+// stored config.yaml holds the architecture, and the run's own export (hf/) stands in for
+// config.json's other keys and the tokenizer files.
+TEST(HfModel, ARunExportsAfterItsHfDirectoriesAreGone) {
+  const std::string out = TempRunDir();
+  const std::string models = out + "-models";
+  const Config c = QwenFixtureDistill(out);
   std::ostringstream table;
   distill::Run(c, RunFlags{false, true, nullptr}, table);
   ASSERT_TRUE(fs::exists(out + "/hf/tokenizer.json"));
