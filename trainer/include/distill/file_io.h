@@ -67,7 +67,6 @@ class ScopedFd {
   ~ScopedFd();
   ScopedFd(const ScopedFd&) = delete;
   ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
 
  private:
   int fd_;
